@@ -1,0 +1,30 @@
+# dhp-planner: `make run` plans an example batch, `make test` runs the test suite.
+# Both create the virtual environment on first use and install what they need.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+EXTRAS ?= solver,service,bench,dev
+comma := ,
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+
+.PHONY: run test lint bench clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
+	touch $@
+
+run: $(STAMP)
+	$(VENV)/bin/dhp plan --batch examples/batch_video_512.json --cluster-preset h100-8x8 --model-preset qwen2-vl-7b --summary
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,81 @@
+"""A global batch: samples of text tokens and images or video frames."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from optimizer.errors import ProblemError
+
+
+@dataclass(frozen=True)
+class Image:
+    """An image, or ``frames`` video frames of the same size: visual tokens per frame as the language model sees them."""
+
+    tokens: int
+    frames: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tokens, int) or isinstance(self.tokens, bool) or self.tokens < 1:
+            raise ProblemError(f"must be an integer >= 1, got {self.tokens!r}", field="images[].tokens", hint="give the visual token count, or width and height in pixels.")
+        if not isinstance(self.frames, int) or isinstance(self.frames, bool) or self.frames < 1:
+            raise ProblemError(f"must be an integer >= 1, got {self.frames!r}", field="images[].frames", hint="give the number of video frames (1 for a still image).")
+
+    @property
+    def total_tokens(self) -> int:
+        return self.tokens * self.frames
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One training sample; its sequence length is text tokens plus all visual tokens."""
+
+    id: str
+    text_tokens: int
+    images: tuple[Image, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "images", tuple(self.images))
+        if not isinstance(self.id, str) or not self.id:
+            raise ProblemError("must be a non-empty string", field="samples[].id", hint="give every sample a unique id.")
+        if not isinstance(self.text_tokens, int) or isinstance(self.text_tokens, bool) or self.text_tokens < 0:
+            raise ProblemError(f"must be an integer >= 0, got {self.text_tokens!r}", field=f"samples[{self.id}].text_tokens", hint="give the number of text tokens.")
+        if self.length < 1:
+            raise ProblemError("has no tokens", field=f"samples[{self.id}]", hint="give text_tokens > 0 or at least one image.")
+
+    @cached_property
+    def visual_tokens(self) -> int:
+        return sum(im.total_tokens for im in self.images)
+
+    @cached_property
+    def length(self) -> int:
+        """Sequence length seen by the language model."""
+        return self.text_tokens + self.visual_tokens
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A global batch. Sample ids are unique."""
+
+    samples: tuple[Sample, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "samples", tuple(self.samples))
+        if not self.samples:
+            raise ProblemError("is empty", field="batch.samples", hint="send at least one sample.")
+        seen: set[str] = set()
+        for s in self.samples:
+            if s.id in seen:
+                raise ProblemError(f"sample id {s.id!r} appears more than once", field="batch.samples[].id", hint="make every sample id unique.")
+            seen.add(s.id)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    @cached_property
+    def lengths(self) -> tuple[int, ...]:
+        return tuple(s.length for s in self.samples)
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        return {s.id: i for i, s in enumerate(self.samples)}

@@ -1,0 +1,206 @@
+"""Cost tables: per-sample times for every allowed group size, and the rules they come from.
+
+Planners and formulations read :class:`CostTables`; they never see the model or the hardware.
+:func:`sample_time` is the scalar form of the formula (documented in :mod:`optimizer.profile`),
+used by the verifier; the tables compute the same formula with numpy, so the two paths check each
+other.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from optimizer.batch import Sample
+from optimizer.errors import InfeasibleError
+from optimizer.problem import Problem
+from optimizer.profile import CostProfile
+
+
+def vision_work(profile: CostProfile, sample: Sample) -> float:
+    """Vision-encoder seconds of one sample on one rank (before splitting over the group)."""
+    return sum(im.frames * (profile.vision_linear * im.tokens + profile.vision_quadratic * im.tokens * im.tokens) for im in sample.images)
+
+
+def sample_time(profile: CostProfile, length: int, vision: float, d: int, intra: bool, speed: float = 1.0) -> float:
+    """Seconds one sample of ``length`` tokens adds to a group of size ``d``."""
+    attention = profile.quadratic * length * length / d / speed
+    compute = (profile.quadratic * length * length + profile.linear * length + vision) / d / speed + profile.sample_constant / speed
+    if d == 1:
+        return compute
+    bw = profile.bandwidth(d, intra)
+    share = (d - 1) / d if profile.scheme == "ring" else 1.0 / d
+    comm = profile.bytes_per_token * length * share / bw + profile.messages_per_step * (d - 1) * profile.latency(intra)
+    if profile.overlap_with_attention:
+        comm = max(0.0, comm - attention)
+    return compute + comm
+
+
+def allowed_degrees(problem: Problem, max_degree: int) -> list[int]:
+    """Group sizes the options and the CP scheme permit, up to ``max_degree``."""
+    if problem.options.degree_policy == "pow2":
+        sizes = [1 << k for k in range(max_degree.bit_length()) if (1 << k) <= max_degree]
+    else:
+        sizes = list(range(1, max_degree + 1))
+    if problem.scheme == "ulysses":
+        heads = problem.model.llm.heads // problem.cluster.tensor_parallel
+        sizes = [d for d in sizes if heads % d == 0]
+    return sizes
+
+
+@dataclass(frozen=True)
+class CostTables:
+    """Everything planners need, as arrays. Built once per problem by :meth:`build`."""
+
+    problem: Problem
+    profile: CostProfile
+    lengths: np.ndarray  # int64 [n]
+    vision: np.ndarray  # float64 [n], vision seconds on one rank
+    degrees: np.ndarray  # int64 [D], ascending, allowed group sizes
+    rank_node: np.ndarray  # int64 [N]
+    rank_speed: np.ndarray  # float64 [N]
+    rank_capacity: np.ndarray  # float64 [N], tokens per rank per micro-batch
+    node_ranges: tuple[tuple[int, int], ...]
+    group_constant: float
+
+    @classmethod
+    def build(cls, problem: Problem) -> CostTables:
+        profile = problem.cost_profile
+        cluster = problem.cluster
+        samples = problem.batch.samples
+        lengths = np.fromiter((s.length for s in samples), dtype=np.int64, count=len(samples))
+        vision = np.fromiter((vision_work(profile, s) for s in samples), dtype=np.float64, count=len(samples))
+        n_ranks = cluster.domain_size
+        rank_node = np.asarray(cluster.rank_node, dtype=np.int64)
+        gpu_names = [n.gpu.name for n in cluster.nodes]
+        rank_speed = np.array([profile.speed_for(gpu_names[k]) for k in cluster.rank_node], dtype=np.float64)
+        rank_capacity = np.array([profile.capacity_for(gpu_names[k]) for k in cluster.rank_node], dtype=np.float64)
+        best_capacity = float(rank_capacity.max())
+        need = int(math.ceil(int(lengths.max()) / best_capacity))
+        opt_max = problem.options.max_degree
+        if opt_max is None:
+            max_degree = min(n_ranks, max(64, need))
+        else:
+            max_degree = min(n_ranks, opt_max)
+        degrees = allowed_degrees(problem, max_degree)
+        # The longest sample must fit on some allowed group size.
+        fitting = [d for d in degrees if int(lengths.max()) / d <= best_capacity]
+        if not fitting:
+            worst = problem.batch.samples[int(lengths.argmax())]
+            raise InfeasibleError(
+                f"sample {worst.id!r} has {worst.length} tokens and needs a group of at least {need} ranks "
+                f"({best_capacity:.0f} tokens per rank), but the largest allowed group size is {max(degrees)}",
+                field="batch.samples",
+                hint=f"raise options.max_degree to >= {need}, use more ranks, enable recomputation, or shorten the sample.",
+            )
+        return cls(
+            problem=problem,
+            profile=profile,
+            lengths=lengths,
+            vision=vision,
+            degrees=np.asarray(degrees, dtype=np.int64),
+            rank_node=rank_node,
+            rank_speed=rank_speed,
+            rank_capacity=rank_capacity,
+            node_ranges=cluster.node_rank_ranges,
+            group_constant=profile.group_constant,
+        )
+
+    # -- sizes --------------------------------------------------------------------------------
+    @property
+    def n_samples(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def n_ranks(self) -> int:
+        return int(self.rank_node.shape[0])
+
+    @cached_property
+    def node_size(self) -> int:
+        """Ranks of the largest node (groups up to this size can stay inside one node)."""
+        return max(b - a for a, b in self.node_ranges)
+
+    @cached_property
+    def homogeneous(self) -> bool:
+        return bool(np.all(self.rank_speed == self.rank_speed[0]) and np.all(self.rank_capacity == self.rank_capacity[0]))
+
+    @cached_property
+    def degree_index(self) -> dict[int, int]:
+        return {int(d): j for j, d in enumerate(self.degrees)}
+
+    # -- times --------------------------------------------------------------------------------
+    def time_matrix(self, intra: bool, speed: float = 1.0) -> np.ndarray:
+        """[n, D] seconds each sample adds to a group of each allowed size (spanning or not)."""
+        key = (bool(intra), float(speed))
+        cache = self._matrices
+        if key not in cache:
+            cache[key] = self._compute_matrix(*key)
+        return cache[key]
+
+    @cached_property
+    def _matrices(self) -> dict[tuple[bool, float], np.ndarray]:
+        return {}
+
+    def _compute_matrix(self, intra: bool, speed: float) -> np.ndarray:
+        p = self.profile
+        L = self.lengths.astype(np.float64)[:, None]
+        d = self.degrees.astype(np.float64)[None, :]
+        attention = p.quadratic * L * L / d / speed
+        compute = (p.quadratic * L * L + p.linear * L + self.vision[:, None]) / d / speed + p.sample_constant / speed
+        bw = np.array([p.bandwidth(int(x), intra) for x in self.degrees], dtype=np.float64)[None, :]
+        share = (d - 1) / d if p.scheme == "ring" else 1.0 / d
+        comm = p.bytes_per_token * L * share / bw + p.messages_per_step * (d - 1) * p.latency(intra)
+        if p.overlap_with_attention:
+            comm = np.maximum(0.0, comm - attention)
+        comm = np.where(d == 1, 0.0, comm)
+        return compute + comm
+
+    @cached_property
+    def best_time(self) -> np.ndarray:
+        """[n, D] the cheapest placement of each size: intra-node where the size fits a node, on the fastest GPU."""
+        fast = float(self.rank_speed.max())
+        intra = self.time_matrix(True, fast)
+        inter = self.time_matrix(False, fast)
+        fits = (self.degrees <= self.node_size)[None, :]
+        return np.where(fits, np.minimum(intra, inter), inter)
+
+    @cached_property
+    def min_degree_index(self) -> np.ndarray:
+        """[n] index into ``degrees`` of the smallest size on which each sample fits in memory."""
+        cap = float(self.rank_capacity.max())
+        fits = self.lengths[:, None] <= cap * self.degrees[None, :]
+        return fits.argmax(axis=1)
+
+    @cached_property
+    def _rank_lists(self) -> tuple[list[int], list[float], list[float]]:
+        return self.rank_node.tolist(), self.rank_speed.tolist(), self.rank_capacity.tolist()
+
+    @cached_property
+    def _span_cache(self) -> dict[tuple[int, ...], tuple[bool, float, float]]:
+        return {}
+
+    def group_span(self, ranks: tuple[int, ...]) -> tuple[bool, float, float]:
+        """(intra-node?, slowest speed, smallest capacity) of a rank group."""
+        cache = self._span_cache
+        hit = cache.get(ranks)
+        if hit is None:
+            nodes, speeds, caps = self._rank_lists
+            first = nodes[ranks[0]]
+            intra = all(nodes[r] == first for r in ranks)
+            if self.homogeneous:
+                hit = (intra, speeds[0], caps[0])
+            else:
+                hit = (intra, min(speeds[r] for r in ranks), min(caps[r] for r in ranks))
+            cache[ranks] = hit
+        return hit
+
+    def group_time(self, samples: list[int] | np.ndarray | tuple[int, ...], ranks: tuple[int, ...]) -> float:
+        """Predicted seconds of a group holding ``samples`` on ``ranks`` in one micro-batch."""
+        if len(samples) == 0:
+            return 0.0
+        intra, speed, _ = self.group_span(ranks)
+        j = self.degree_index[len(ranks)]
+        return self.group_constant + float(self.time_matrix(intra, speed)[np.asarray(samples), j].sum())

@@ -1,0 +1,319 @@
+"""The default planner: polynomial time, memory-aware, topology-aware.
+
+Outline (M micro-batches are treated as M layers of the domain; a group lives in one layer):
+
+1. Micro-batch count. M starts at the least count that memory allows (total tokens over the
+   capacity of the domain) and goes up only while that pays off (a few counts are tried).
+2. Target time. For a per-layer target S, each sample takes the smallest allowed group size that
+   holds it in memory and finishes it within S (its *degree*). A fluid count of the rank-seconds
+   these degrees need, sum_i d_i t_i(d_i) / (S - b), must fit the M N ranks; S is found by
+   bisection, and a few targets just above it are tried.
+3. Packing. Samples with degree >= 2 are packed best-fit-decreasing into groups of their degree
+   (time within S, tokens within capacity); the groups are spread over the layers and placed onto
+   nodes (:mod:`optimizer.placement`); every rank left over becomes a group of size 1.
+   The remaining short samples go, longest first, to the group where they finish earliest
+   (LPT on related machines), filling the slack of the long groups as well.
+4. Improvement (:mod:`optimizer.local_search`): moves and swaps of samples out of each layer's
+   slowest group, and growing a slow group over idle neighbouring ranks, while the step time falls.
+
+Everything is deterministic for a given input (ties break on index).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from optimizer.costs import CostTables
+from optimizer.errors import InfeasibleError
+from optimizer.local_search import LocalSearch
+from optimizer.placement import place_groups
+from optimizer.plan import Assignment
+
+EXTRA_MICRO_BATCHES = 2
+"""Micro-batch counts tried beyond the least that memory allows."""
+FAST_ROUNDS = 12
+"""Local-search rounds of the fast heuristic; :func:`polish` continues with a deadline."""
+GOOD_ENOUGH = 0.03
+"""Stop trying more micro-batches once within this fraction of the fluid optimum."""
+RETRY_FACTOR = 1.05
+"""Target raised by this factor when a packing does not fit."""
+MAX_FILL = 0.85
+"""A micro-batch count whose memory would be filled beyond this share is skipped when a larger count is allowed."""
+"""Target raised by this factor when a packing does not fit."""
+
+
+@dataclass
+class _Group:
+    degree_index: int
+    samples: list[int] = field(default_factory=list)
+    load: float = 0.0
+    tokens: float = 0.0
+    ranks: tuple[int, ...] = ()
+    layer: int = -1
+
+
+class HeuristicPlanner:
+    """Plans one batch; build once per problem, call :meth:`plan`."""
+
+    def __init__(self, tables: CostTables) -> None:
+        self.t = tables
+        self.b = tables.group_constant
+        self.capacity = float(tables.rank_capacity.min())
+        self.degrees = [int(d) for d in tables.degrees]
+        self.node_size = tables.node_size
+        speed = float(tables.rank_speed.min())
+        intra = tables.time_matrix(True, speed)
+        inter = tables.time_matrix(False, speed)
+        fits = (tables.degrees <= self.node_size)[None, :]
+        self.cost = np.where(fits, intra, inter)  # [n, D] time on a well-placed group of each size
+        self.lengths = tables.lengths.astype(np.float64)
+        self.min_j = self._min_degree_index()
+        self.total_tokens = float(self.lengths.sum())
+
+    def _min_degree_index(self) -> np.ndarray:
+        fits = self.lengths[:, None] <= self.capacity * self.t.degrees[None, :]
+        if not np.all(fits.any(axis=1)):
+            i = int(np.argmin(fits.any(axis=1)))
+            s = self.t.problem.batch.samples[i]
+            need = math.ceil(s.length / self.capacity)
+            raise InfeasibleError(
+                f"sample {s.id!r} ({s.length} tokens) needs a group of {need} ranks at {self.capacity:.0f} tokens per rank, above the largest allowed size {self.degrees[-1]}",
+                field="batch.samples",
+                hint=f"raise options.max_degree to >= {need}, add ranks, or shorten the sample.",
+            )
+        return fits.argmax(axis=1)
+
+    # -- 1. micro-batch counts --------------------------------------------------------------
+    def micro_batch_counts(self) -> list[int]:
+        n_ranks = self.t.n_ranks
+        least = max(1, math.ceil(self.total_tokens / (self.capacity * n_ranks) - 1e-12))
+        most = self.t.problem.options.max_micro_batches
+        if least > most:
+            raise InfeasibleError(
+                f"the batch holds {self.total_tokens:.0f} tokens but {most} micro-batches of {n_ranks} ranks x {self.capacity:.0f} tokens hold only {most * n_ranks * self.capacity:.0f}",
+                field="options.max_micro_batches",
+                hint=f"allow at least {least} micro-batches, add ranks, or send a smaller batch.",
+            )
+        return list(range(least, min(most, least + EXTRA_MICRO_BATCHES) + 1))
+
+    # -- 2. target time ---------------------------------------------------------------------
+    def degrees_for(self, target: float) -> np.ndarray:
+        """Index of each sample's degree for a per-layer target time."""
+        n_d = self.cost.shape[1]
+        ok = (self.cost + self.b <= target) & (np.arange(n_d)[None, :] >= self.min_j[:, None])
+        has = ok.any(axis=1)
+        j = ok.argmax(axis=1)
+        if not np.all(has):
+            # No size finishes the sample within the target: take its fastest size.
+            masked = np.where(np.arange(n_d)[None, :] >= self.min_j[:, None], self.cost, np.inf)
+            j = np.where(has, j, masked.argmin(axis=1))
+        return j
+
+    def fluid_ranks(self, target: float) -> float:
+        j = self.degrees_for(target)
+        rows = np.arange(j.shape[0])
+        work = float((self.t.degrees[j] * self.cost[rows, j]).sum())
+        return work / max(target - self.b, 1e-12)
+
+    def target_time(self, layers: int) -> float:
+        avail = layers * self.t.n_ranks
+        rows = np.arange(self.cost.shape[0])
+        lo = self.b + float(np.where(np.arange(self.cost.shape[1])[None, :] >= self.min_j[:, None], self.cost, np.inf).min(axis=1).max())
+        if self.fluid_ranks(lo) <= avail:
+            return lo
+        hi = self.b + float(self.cost[rows, self.min_j].max()) + float((self.cost[rows, self.min_j] * self.t.degrees[self.min_j]).sum()) / avail
+        while self.fluid_ranks(hi) > avail:
+            hi *= 2
+        for _ in range(40):
+            if hi - lo <= 1e-3 * hi:
+                break
+            mid = 0.5 * (lo + hi)
+            if self.fluid_ranks(mid) > avail:
+                lo = mid
+            else:
+                hi = mid
+        return hi
+
+    # -- 3. packing -------------------------------------------------------------------------
+    def pack(self, target: float, layers: int) -> Assignment | None:
+        t = self.t
+        j_of = self.degrees_for(target)
+        degs = t.degrees
+        cost = self.cost
+        cap = self.capacity
+        slack = target - self.b
+        long_idx = [int(i) for i in np.flatnonzero(degs[j_of] >= 2)]
+        long_idx.sort(key=lambda i: (-int(j_of[i]), -float(cost[i, j_of[i]]), i))
+        groups: list[_Group] = []
+        open_by_j: dict[int, list[int]] = {}
+        for i in long_idx:
+            j = int(j_of[i])
+            ti = float(cost[i, j])
+            li = float(self.lengths[i])
+            limit = cap * int(degs[j])
+            best, best_load = -1, -1.0
+            for g in open_by_j.get(j, ()):
+                grp = groups[g]
+                if grp.load + ti <= slack and grp.tokens + li <= limit and grp.load > best_load:
+                    best, best_load = g, grp.load
+            if best < 0:
+                groups.append(_Group(j))
+                best = len(groups) - 1
+                open_by_j.setdefault(j, []).append(best)
+            grp = groups[best]
+            grp.samples.append(i)
+            grp.load += ti
+            grp.tokens += li
+        if not self._place(groups, layers):
+            return None
+        # Every free rank becomes a group of size 1.
+        for layer, free in enumerate(self._free):
+            for r in free:
+                groups.append(_Group(0, ranks=(r,), layer=layer))
+        short_idx = [int(i) for i in np.flatnonzero(degs[j_of] < 2)]
+        short_idx.sort(key=lambda i: (-float(cost[i, 0]), i))
+        if not self._lpt(groups, short_idx, slack):
+            return None
+        mbs: list[list[tuple[tuple[int, ...], list[int]]]] = [[] for _ in range(layers)]
+        for g in groups:
+            mbs[g.layer].append((g.ranks, g.samples))
+        return Assignment.of(mbs)
+
+    def _place(self, groups: list[_Group], layers: int) -> bool:
+        """Spread groups over layers (largest first, to the emptiest layer) and place them on nodes."""
+        n_ranks = self.t.n_ranks
+        if sum(self.degrees[g.degree_index] for g in groups) > layers * n_ranks:
+            return False
+        used = [0] * layers
+        members: list[list[int]] = [[] for _ in range(layers)]
+        for k in sorted(range(len(groups)), key=lambda k: (-self.degrees[groups[k].degree_index], -groups[k].load, k)):
+            d = self.degrees[groups[k].degree_index]
+            layer = min(range(layers), key=lambda m: (used[m] + d > n_ranks, used[m], m))
+            if used[layer] + d > n_ranks:
+                return False
+            used[layer] += d
+            members[layer].append(k)
+            groups[k].layer = layer
+        self._free = []
+        for layer in range(layers):
+            ks = members[layer]
+            ranks, free = place_groups([self.degrees[groups[k].degree_index] for k in ks], self.t.node_ranges)
+            if ranks is None:
+                return False
+            for k, rs in zip(ks, ranks):
+                groups[k].ranks = rs
+            self._free.append(free)
+        return True
+
+    def _lpt(self, groups: list[_Group], order: list[int], slack: float) -> bool:
+        """Longest first, each sample to the group where it would finish earliest (memory permitting).
+
+        Classes of groups larger than 1 drop out once their least-loaded group is full up to the
+        target (``slack``): from then on only the size-1 groups can finish a sample earlier in practice.
+        """
+        t = self.t
+        speed_cache: dict[tuple[bool, float], np.ndarray] = {}
+        classes: dict[tuple[int, bool, float], list[tuple[float, int]]] = {}
+        for g, grp in enumerate(groups):
+            intra, speed, _ = t.group_span(grp.ranks)
+            # A group's real load (spans may differ from the packing assumption).
+            key = (grp.degree_index, intra, speed)
+            if (intra, speed) not in speed_cache:
+                speed_cache[(intra, speed)] = t.time_matrix(intra, speed)
+            if grp.samples:
+                grp.load = float(speed_cache[(intra, speed)][grp.samples, grp.degree_index].sum())
+            classes.setdefault(key, []).append((grp.load, g))
+        for heap in classes.values():
+            heapq.heapify(heap)
+        columns = {key: speed_cache[(key[1], key[2])][:, key[0]].tolist() for key in classes}
+        cap = self.capacity
+        lengths = self.lengths.tolist()
+        tokens = [grp.tokens for grp in groups]
+        # Per class: [eligible heap of (load, group), waiting heap of (-room, load, group), token limit,
+        # time column, size-1?]. Groups without memory room for the current sample wait, by room,
+        # until a sample that fits comes.
+        table = [[classes[k], [], cap * self.degrees[k[0]], columns[k], k[0] == 0] for k in classes]
+        has_unit = any(entry[4] for entry in table)
+        active = table
+        push, pop = heapq.heappush, heapq.heappop
+        for n_done, i in enumerate(order):
+            li = lengths[i]
+            best = None
+            best_finish = math.inf
+            if has_unit and not n_done % 8 and len(active) > 1:
+                active = [e for e in active if e[4] or (e[0] and e[0][0][0] < slack)]
+            for entry in active:
+                heap, wait, limit, column, _ = entry
+                while wait and -wait[0][0] >= li:
+                    _, load, g = pop(wait)
+                    push(heap, (load, g))
+                while heap and tokens[heap[0][1]] + li > limit:
+                    load, g = pop(heap)
+                    push(wait, (tokens[g] - limit, load, g))
+                if heap:
+                    finish = heap[0][0] + column[i]
+                    if finish < best_finish:
+                        best_finish, best = finish, entry
+            if best is None:
+                return False
+            heap = best[0]
+            load, g = pop(heap)
+            load += best[3][i]
+            grp = groups[g]
+            grp.samples.append(i)
+            grp.load = load
+            tokens[g] += li
+            grp.tokens = tokens[g]
+            push(heap, (load, g))
+        return True
+
+    # -- the whole plan ---------------------------------------------------------------------
+    def plan(self, deadline: float | None = None, rounds: int = FAST_ROUNDS) -> Assignment:
+        """Pack for the fewest micro-batches memory allows, more only while that may pay off; polish the best."""
+        best: LocalSearch | None = None
+        best_time = math.inf
+        floor = math.inf
+        counts = self.micro_batch_counts()
+        for layers in counts:
+            fill = self.total_tokens / (layers * self.t.n_ranks * self.capacity)
+            if fill > MAX_FILL and layers != counts[-1]:
+                continue  # packings this full fail on fragmentation; the next count is the real candidate
+            target = self.target_time(layers)
+            estimate = layers * target  # the fluid optimum for this count
+            if estimate >= best_time:
+                continue
+            floor = min(floor, estimate)
+            # A packing that fails on memory fragmentation rarely succeeds a little higher up: one retry.
+            candidate = self.pack(target, layers) or self.pack(target * RETRY_FACTOR, layers)
+            if candidate is None:
+                continue
+            search = LocalSearch(self.t, candidate, max_rounds=rounds)
+            step = search.step_time()
+            if step < best_time - 1e-12:
+                best, best_time = search, step
+            if best_time <= floor * (1 + GOOD_ENOUGH) or (deadline is not None and time.perf_counter() > deadline):
+                break
+        if best is None:
+            raise InfeasibleError(
+                "no packing of the batch fits the domain's memory",
+                field="batch.samples",
+                hint="allow more micro-batches (options.max_micro_batches), add ranks, or send a smaller batch.",
+            )
+        best.run(deadline)
+        return best.assignment()
+
+
+def heuristic_plan(tables: CostTables, deadline: float | None = None) -> Assignment:
+    return HeuristicPlanner(tables).plan(deadline)
+
+
+def polish(tables: CostTables, assignment: Assignment, deadline: float, max_rounds: int = 100_000) -> Assignment:
+    """Continue the local search on ``assignment`` until it converges or the deadline passes."""
+    search = LocalSearch(tables, assignment, max_rounds=max_rounds)
+    search.run(deadline)
+    return search.assignment()

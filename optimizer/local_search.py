@@ -1,0 +1,276 @@
+"""Local search on an assignment: lower the step time by moving work out of slow groups.
+
+The step time is the sum over micro-batches (layers) of the slowest group's time. Each round takes
+one layer's slowest group g and evaluates, with vectorised arithmetic over all groups and samples:
+
+- *move*: one sample of g to any group with memory room, in any layer;
+- *swap*: one sample of g for one sample of another group;
+- *grow*: g absorbs an idle rank next to it (an empty group of size 1 in the same node), when the
+  larger size is allowed.
+
+The best candidate that lowers the step time is applied; rounds go on until no layer improves, a
+round limit or the deadline. The exact change of the step time is used, with each layer's largest
+three group times kept to know a layer's new maximum without rescanning it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from optimizer.costs import CostTables
+from optimizer.plan import Assignment
+
+EPS = 1e-12
+
+
+class LocalSearch:
+    def __init__(self, tables: CostTables, assignment: Assignment, max_rounds: int = 2000) -> None:
+        self.t = tables
+        self.b = tables.group_constant
+        self.max_rounds = max_rounds
+        self.lengths = tables.lengths.astype(np.float64)
+        self.class_keys: list[tuple[int, bool, float]] = []
+        self.class_rows: list[np.ndarray] = []
+        self._class_index: dict[tuple[int, bool, float], int] = {}
+        ranks, layers, classes, limits, samples = [], [], [], [], []
+        n_ranks = tables.n_ranks
+
+        def add(r: tuple[int, ...], m: int, s: list[int]) -> None:
+            intra, speed, cap = tables.group_span(r)
+            ranks.append(tuple(r))
+            layers.append(m)
+            classes.append(self._class((tables.degree_index[len(r)], intra, speed)))
+            limits.append(cap * len(r))
+            samples.append(list(s))
+
+        for m, mb in enumerate(assignment.micro_batches):
+            used: set[int] = set()
+            for r, s in mb:
+                add(r, m, list(s))
+                used.update(r)
+            # Idle ranks become empty groups of size 1: moves can fill them and "grow" can absorb them.
+            for r in range(n_ranks):
+                if r not in used:
+                    add((r,), m, [])
+        self.n_layers = len(assignment.micro_batches)
+        self.g_ranks = ranks
+        self.g_layer = np.asarray(layers, dtype=np.int64)
+        self.g_class = np.asarray(classes, dtype=np.int64)
+        self.g_limit = np.asarray(limits, dtype=np.float64)
+        self.g_alive = np.ones(len(ranks), dtype=bool)
+        self.samples_of = samples
+        n = tables.n_samples
+        self.s_group = np.empty(n, dtype=np.int64)
+        for g, ss in enumerate(samples):
+            self.s_group[ss] = g
+        self._refresh()
+
+    # -- bookkeeping ------------------------------------------------------------------------
+    def _class(self, key: tuple[int, bool, float]) -> int:
+        k = self._class_index.get(key)
+        if k is None:
+            j, intra, speed = key
+            k = len(self.class_keys)
+            self.class_keys.append(key)
+            self.class_rows.append(self.t.time_matrix(intra, speed)[:, j])
+            self._class_index[key] = k
+            self.cols = np.vstack(self.class_rows)
+        return k
+
+    def _refresh(self) -> None:
+        n_groups = len(self.g_ranks)
+        self.s_cost = self.cols[self.g_class[self.s_group], np.arange(self.t.n_samples)]
+        loads = np.bincount(self.s_group, weights=self.s_cost, minlength=n_groups)
+        counts = np.bincount(self.s_group, minlength=n_groups)
+        self.g_time = np.where(counts > 0, loads + self.b, 0.0)
+        self.g_tokens = np.bincount(self.s_group, weights=self.lengths, minlength=n_groups)
+
+    def _layer_tops(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per layer: the largest time and its group, the second and third largest times and the second's group."""
+        L = self.n_layers
+        top1 = np.zeros(L)
+        top2 = np.zeros(L)
+        top3 = np.zeros(L)
+        id1 = np.full(L, -1)
+        id2 = np.full(L, -1)
+        times = np.where(self.g_alive, self.g_time, 0.0)
+        for m in range(L):
+            idx = np.flatnonzero(self.g_layer == m)
+            tm = times[idx]
+            if tm.size == 0:
+                continue
+            k = min(3, tm.size)
+            part = np.argpartition(-tm, k - 1)[:k]
+            part = part[np.argsort(-tm[part], kind="stable")]
+            top1[m], id1[m] = tm[part[0]], idx[part[0]]
+            if k > 1:
+                top2[m], id2[m] = tm[part[1]], idx[part[1]]
+            if k > 2:
+                top3[m] = tm[part[2]]
+        return top1, top2, top3, np.stack([id1, id2])
+
+    def step_time(self) -> float:
+        times = np.where(self.g_alive, self.g_time, 0.0)
+        return float(sum(times[self.g_layer == m].max(initial=0.0) for m in range(self.n_layers)))
+
+    # -- moves ------------------------------------------------------------------------------
+    def _best_move(self, g: int, tops: tuple) -> tuple[float, tuple]:
+        """Best move or swap of one sample of g; arrays are [members x groups] and [members x samples]."""
+        best: tuple[float, tuple] = (-EPS, ())
+        members = np.asarray(self.samples_of[g], dtype=np.int64)
+        if members.size == 0:
+            return best
+        tg = self.g_time[g]
+        len_a = self.lengths[members][:, None]
+        cost_a = self.s_cost[members][:, None]
+        alive = np.flatnonzero(self.g_alive)
+        alive = alive[alive != g]
+        if alive.size:
+            time_h = self.g_time[alive]
+            base_h = np.where(time_h > 0, time_h, self.b)[None, :]
+            room = (self.g_limit[alive] - self.g_tokens[alive])[None, :]
+            new_tg = tg - cost_a if members.size > 1 else np.zeros_like(cost_a)
+            new_th = base_h + self.cols[self.g_class[alive]][:, members].T
+            delta = self._delta(g, new_tg, new_th, self.g_layer[alive][None, :], alive[None, :], tops)
+            delta = np.where(room >= len_a, delta, np.inf)
+            k = int(np.argmin(delta))
+            if delta.flat[k] < best[0]:
+                a, h = divmod(k, alive.size)
+                best = (float(delta.flat[k]), ("move", int(members[a]), int(alive[h])))
+        others = np.flatnonzero(self.s_group != g)
+        if others.size:
+            h_of_c = self.s_group[others]
+            len_c = self.lengths[others][None, :]
+            room_h = (self.g_limit[h_of_c] - self.g_tokens[h_of_c])[None, :] + len_c
+            room_g = self.g_limit[g] - self.g_tokens[g]
+            cost_a_in_h = self.cols[self.g_class[h_of_c]][:, members].T
+            new_tg = tg - cost_a + self.cols[self.g_class[g], others][None, :]
+            new_th = self.g_time[h_of_c][None, :] - self.s_cost[others][None, :] + cost_a_in_h
+            ok = (room_h >= len_a) & (room_g + len_a >= len_c)
+            delta = self._delta(g, new_tg, new_th, self.g_layer[h_of_c][None, :], h_of_c[None, :], tops)
+            delta = np.where(ok, delta, np.inf)
+            k = int(np.argmin(delta))
+            if delta.flat[k] < best[0]:
+                a, c = divmod(k, others.size)
+                best = (float(delta.flat[k]), ("swap", int(members[a]), int(others[c])))
+        return best
+
+    def _delta(self, g: int, new_tg: np.ndarray, new_th: np.ndarray, h_layer: np.ndarray, h_ids: np.ndarray, tops: tuple) -> np.ndarray:
+        """Change of the step time when g's time becomes new_tg and each h's becomes new_th (broadcasting)."""
+        top1, top2, top3, ids = tops
+        m = int(self.g_layer[g])
+        same = h_layer == m
+        ex_g = top2[m] if ids[0, m] == g else top1[m]
+        other = np.where(ids[0, h_layer] == h_ids, top2[h_layer], top1[h_layer])
+        delta_other = (np.maximum(ex_g, new_tg) - top1[m]) + (np.maximum(other, new_th) - top1[h_layer])
+        if ids[0, m] == g:
+            rest = np.where(ids[1, m] == h_ids, top3[m], top2[m])
+        else:
+            rest = np.where(ids[0, m] == h_ids, np.where(ids[1, m] == g, top3[m], top2[m]), top1[m])
+        delta_same = np.maximum(np.maximum(rest, new_tg), new_th) - top1[m]
+        return np.where(same, delta_same, delta_other)
+
+    def _best_grow(self, g: int, tops: tuple) -> tuple[float, tuple]:
+        """Absorb an idle neighbouring rank of the same node into g."""
+        best = (-EPS, ())
+        ranks = self.g_ranks[g]
+        d = len(ranks)
+        j_new = self.t.degree_index.get(d + 1)
+        if j_new is None or not self.samples_of[g]:
+            return best
+        m = int(self.g_layer[g])
+        lo, hi = min(ranks), max(ranks)
+        if hi - lo + 1 != d:
+            return best
+        idle = {self.g_ranks[h][0]: h for h in np.flatnonzero((self.g_layer == m) & self.g_alive & (self.g_time == 0.0)) if len(self.g_ranks[h]) == 1}
+        top1, top2, _, ids = tops
+        ex_g = top2[m] if ids[0, m] == g else top1[m]
+        for r in (hi + 1, lo - 1):
+            h = idle.get(r)
+            if h is None:
+                continue
+            new_ranks = tuple(sorted(ranks + (r,)))
+            intra, speed, cap = self.t.group_span(new_ranks)
+            if self.g_tokens[g] > cap * (d + 1):
+                continue
+            col = self.t.time_matrix(intra, speed)[:, j_new]
+            new_t = self.b + float(col[self.samples_of[g]].sum())
+            delta = max(ex_g, new_t) - top1[m]
+            if delta < best[0]:
+                best = (delta, ("grow", g, int(h), new_ranks, (j_new, intra, speed), cap))
+        return best
+
+    def _apply(self, move: tuple) -> None:
+        kind = move[0]
+        if kind == "move":
+            _, a, h = move
+            g = int(self.s_group[a])
+            self.samples_of[g].remove(a)
+            self.samples_of[h].append(a)
+            self.s_group[a] = h
+            self._update_groups([g, h])
+        elif kind == "swap":
+            _, a, c = move
+            g, h = int(self.s_group[a]), int(self.s_group[c])
+            self.samples_of[g].remove(a)
+            self.samples_of[h].remove(c)
+            self.samples_of[g].append(c)
+            self.samples_of[h].append(a)
+            self.s_group[a], self.s_group[c] = h, g
+            self._update_groups([g, h])
+        else:
+            _, g, h, new_ranks, key, cap = move
+            self.g_alive[h] = False
+            self.g_ranks[h] = ()
+            self.g_ranks[g] = new_ranks
+            self.g_class[g] = self._class(key)
+            self.g_limit[g] = cap * len(new_ranks)
+            self._update_groups([g])
+
+    def _update_groups(self, gs: list[int]) -> None:
+        for g in gs:
+            ss = self.samples_of[g]
+            col = self.cols[self.g_class[g]]
+            if ss:
+                self.s_cost[ss] = col[ss]
+                self.g_time[g] = self.b + float(col[ss].sum())
+                self.g_tokens[g] = float(self.lengths[ss].sum())
+            else:
+                self.g_time[g] = 0.0
+                self.g_tokens[g] = 0.0
+
+    # -- driver -----------------------------------------------------------------------------
+    def run(self, deadline: float | None = None) -> None:
+        stale = 0
+        rounds = 0
+        m = 0
+        while stale < self.n_layers and rounds < self.max_rounds:
+            if deadline is not None and time.perf_counter() > deadline:
+                break
+            rounds += 1
+            tops = self._layer_tops()
+            g = int(tops[3][0, m])
+            improved = False
+            if g >= 0:
+                gain, move = self._best_move(g, tops)
+                gain2, move2 = self._best_grow(g, tops)
+                if gain2 < gain:
+                    gain, move = gain2, move2
+                if move:
+                    self._apply(move)
+                    improved = True
+            if improved:
+                stale = 0
+            else:
+                stale += 1
+                m = (m + 1) % self.n_layers
+        self.rounds = rounds
+
+    def assignment(self) -> Assignment:
+        mbs: list[list[tuple[tuple[int, ...], list[int]]]] = [[] for _ in range(self.n_layers)]
+        for g in np.flatnonzero(self.g_alive):
+            if self.samples_of[g]:
+                mbs[int(self.g_layer[g])].append((self.g_ranks[g], sorted(self.samples_of[g])))
+        return Assignment.of(mbs)

@@ -1,0 +1,124 @@
+"""Orchestration: the heuristic first, then an exact backend for the rest of the budget.
+
+``plan(problem)`` always returns a verified plan or raises a domain error:
+
+1. build the cost tables and the lower bound;
+2. run the heuristic (it answers in milliseconds and is the fallback);
+3. if the options ask for it and time is left, run an exact backend from ``solver_models`` with
+   the heuristic's assignment as a full hint, until the deadline;
+4. verify the candidates independently and keep the best valid one; a solver failure, time-out
+   or invalid answer is recorded as the fallback reason, never raised;
+5. attach the best static power-of-two layout's step time for comparison.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from optimizer.baselines import best_static
+from optimizer.bounds import lower_bound
+from optimizer.costs import CostTables
+from optimizer.evaluate import assignment_step_time, build_plan
+from optimizer.heuristic import heuristic_plan
+from optimizer.plan import Assignment, Plan, SolverStats, TracePoint
+from optimizer.problem import Problem
+from optimizer.verify import check_assignment, verify
+
+# Share of the budget the heuristic may use when an exact backend follows.
+HEURISTIC_SHARE = 0.3
+# Below this many milliseconds left, no exact backend is started.
+MIN_SOLVER_MS = 20.0
+
+
+def choose_backend(tables: CostTables, requested: str, remaining_ms: float) -> str:
+    """The backend for ``requested`` (``auto`` picks by size and time left)."""
+    if requested != "auto":
+        return requested
+    if remaining_ms < MIN_SOLVER_MS:
+        return "heuristic"
+    from solver_models import available_backends
+
+    have = available_backends()
+    for name in ("cpsat", "highs", "cbc"):
+        if name in have:
+            return name
+    return "heuristic"
+
+
+def plan(problem: Problem, *, compare_static: bool = True, clock: Callable[[], float] = time.perf_counter) -> Plan:
+    start = clock()
+    options = problem.options
+    deadline = start + options.time_budget_ms / 1000.0
+    phases: dict[str, float] = {}
+    mark = start
+
+    def lap(name: str) -> None:
+        nonlocal mark
+        now = clock()
+        phases[name] = round((now - mark) * 1000.0, 3)
+        mark = now
+
+    tables = CostTables.build(problem)
+    lap("tables_ms")
+    bound = lower_bound(tables)
+    lap("bound_ms")
+    solver_follows = options.backend != "heuristic"
+    h_deadline = start + options.time_budget_ms * (HEURISTIC_SHARE if solver_follows else 0.9) / 1000.0
+    hint = heuristic_plan(tables, deadline=h_deadline)
+    lap("heuristic_ms")
+    h_time = assignment_step_time(tables, hint)
+    h_ms = (clock() - start) * 1000.0
+    chosen: Assignment = hint
+    stats = SolverStats(backend="heuristic", status="heuristic", wall_ms=h_ms, objective_s=h_time, bound_s=bound,
+                        trace=(TracePoint(h_ms, h_time, bound),))
+
+    remaining_ms = (deadline - clock()) * 1000.0
+    backend_name = choose_backend(tables, options.backend, remaining_ms)
+    if backend_name != "heuristic":
+        chosen, stats = _run_backend(tables, backend_name, hint, h_time, bound, deadline, stats, start, clock)
+        lap("solver_ms")
+
+    static = best_static(tables) if compare_static else None
+    lap("static_ms")
+    result = build_plan(tables, chosen, stats, max(bound, stats.bound_s or 0.0), static[0] if static else None)
+    lap("build_ms")
+    report = verify(result, problem)
+    lap("verify_ms")
+    if not report.ok and chosen is not hint:
+        stats = SolverStats(**{**stats.__dict__, "status": "fallback", "fallback_reason": "solver plan failed verification: " + report.violations[0]})
+        result = build_plan(tables, hint, stats, bound, static[0] if static else None)
+        report = verify(result, problem)
+    report.raise_if_failed()
+    wall_ms = (clock() - start) * 1000.0
+    final = SolverStats(**{**result.solver.__dict__, "wall_ms": wall_ms, "details": {**result.solver.details, "phases": phases}})
+    return replace(result, solver=final)
+
+
+def _run_backend(tables: CostTables, name: str, hint: Assignment, h_time: float, bound: float, deadline: float,
+                 stats: SolverStats, start: float, clock: Callable[[], float]) -> tuple[Assignment, SolverStats]:
+    from solver_models import get_backend
+
+    trace = list(stats.trace)
+
+    def on_improvement(elapsed_ms: float, objective: float, solver_bound: float | None) -> None:
+        trace.append(TracePoint((clock() - start) * 1000.0, objective, solver_bound))
+
+    backend = get_backend(name)
+    if backend is None or not backend.available():
+        return hint, SolverStats(**{**stats.__dict__, "backend": name, "status": "fallback", "fallback_reason": f"backend {name!r} is not installed (pip install 'dhp-planner[solver]')"})
+    try:
+        result = backend.solve(tables, tables.problem.options, hint, deadline, on_improvement)
+    except Exception as exc:  # a solver crash must never lose the heuristic plan
+        return hint, SolverStats(**{**stats.__dict__, "backend": name, "status": "fallback", "fallback_reason": f"{type(exc).__name__}: {exc}"})
+    best_bound = max(bound, result.bound_s or 0.0)
+    base = dict(backend=name, status=result.status, objective_s=h_time, bound_s=best_bound, trace=tuple(trace), details=dict(result.details))
+    if result.assignment is None:
+        return hint, SolverStats(**{**stats.__dict__, **base, "status": "fallback", "fallback_reason": result.message or f"{name} returned no solution ({result.status})"})
+    check = check_assignment(tables.problem, result.assignment)
+    if not check.ok:
+        return hint, SolverStats(**{**stats.__dict__, **base, "status": "fallback", "fallback_reason": f"{name} answer invalid: {check.violations[0]}"})
+    if check.step_time_s >= h_time * (1 - 1e-9):
+        return hint, SolverStats(**{**stats.__dict__, **base, "fallback_reason": f"{name} found nothing better than the heuristic"})
+    return result.assignment, SolverStats(**{**stats.__dict__, **base, "objective_s": check.step_time_s})
