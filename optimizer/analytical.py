@@ -20,6 +20,7 @@ Sources of the constants:
 from __future__ import annotations
 
 from optimizer.cluster import Cluster
+from optimizer.errors import InfeasibleError
 from optimizer.model import ModelSpec
 from optimizer.profile import Bandwidth, CostProfile
 
@@ -100,7 +101,13 @@ def analytical_profile(model: ModelSpec, cluster: Cluster, scheme: str = "ring")
             speed_by_gpu[node.gpu.name] = node.gpu.peak_flops / ref.peak_flops
     ref_capacity = float(int(capacity(ref.memory_bytes)))
     if ref_capacity < 1:
-        ref_capacity = 1.0  # the planner reports the samples that cannot fit; keep the profile valid
+        states = model_state_bytes_per_rank(model, cluster)
+        raise InfeasibleError(
+            f"the model states alone need {states / 1e9:.1f} GB per rank (ZeRO-{model.training.zero_stage} over {cluster.domain_size} ranks) "
+            f"and {ref.name} has {ref.memory_bytes / 1e9:.0f} GB, {cluster.memory_reserve_bytes / 1e9:.0f} GB of it reserved: no activation fits",
+            field="model.training.zero_stage",
+            hint="shard more (zero_stage 3), add ranks, use tensor or pipeline parallelism, or send a measured profile.",
+        )
 
     return CostProfile(
         quadratic=quadratic_per_token2 / rate,

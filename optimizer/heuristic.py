@@ -42,9 +42,12 @@ GOOD_ENOUGH = 0.03
 """Stop trying more micro-batches once within this fraction of the fluid optimum."""
 RETRY_FACTOR = 1.05
 """Target raised by this factor when a packing does not fit."""
+SMALL_BATCH = 64
+"""Batches up to this many samples also try the coarser targets below."""
+SMALL_BATCH_TARGETS = (1.25, 1.6, 2.2)
+"""Factors of the target tried for small batches."""
 MAX_FILL = 0.85
 """A micro-batch count whose memory would be filled beyond this share is skipped when a larger count is allowed."""
-"""Target raised by this factor when a packing does not fit."""
 
 
 @dataclass
@@ -184,6 +187,47 @@ class HeuristicPlanner:
             mbs[g.layer].append((g.ranks, g.samples))
         return Assignment.of(mbs)
 
+    def pack_memory_first(self, layers: int) -> Assignment | None:
+        """Fallback when the time-targeted packing does not fit: best-fit-decreasing by tokens.
+
+        Each sample joins the group (any layer) with the least memory room that still holds it,
+        or opens a group of its memory-minimal size in the layer with the most free ranks.
+        Time is left to the local search.
+        """
+        n_ranks = self.t.n_ranks
+        free = [n_ranks] * layers
+        groups: list[_Group] = []
+        rooms: list[float] = []
+        for i in sorted(range(self.lengths.shape[0]), key=lambda i: (-self.lengths[i], i)):
+            li = float(self.lengths[i])
+            best, best_room = -1, math.inf
+            for g, room in enumerate(rooms):
+                if li <= room < best_room:
+                    best, best_room = g, room
+            if best < 0:
+                j = int(self.min_j[i])
+                d = self.degrees[j]
+                layer = max(range(layers), key=lambda m: (free[m], -m))
+                if free[layer] < d:
+                    return None
+                free[layer] -= d
+                groups.append(_Group(j, layer=layer))
+                rooms.append(self.capacity * d)
+                best = len(groups) - 1
+            groups[best].samples.append(i)
+            rooms[best] -= li
+        members: list[list[int]] = [[] for _ in range(layers)]
+        for k, g in enumerate(groups):
+            members[g.layer].append(k)
+        mbs: list[list[tuple[tuple[int, ...], list[int]]]] = [[] for _ in range(layers)]
+        for layer in range(layers):
+            ranks, _ = place_groups([self.degrees[groups[k].degree_index] for k in members[layer]], self.t.node_ranges)
+            if ranks is None:
+                return None
+            for k, rs in zip(members[layer], ranks):
+                mbs[layer].append((rs, groups[k].samples))
+        return Assignment.of(mbs)
+
     def _place(self, groups: list[_Group], layers: int) -> bool:
         """Spread groups over layers (largest first, to the emptiest layer) and place them on nodes."""
         n_ranks = self.t.n_ranks
@@ -289,15 +333,28 @@ class HeuristicPlanner:
                 continue
             floor = min(floor, estimate)
             # A packing that fails on memory fragmentation rarely succeeds a little higher up: one retry.
-            candidate = self.pack(target, layers) or self.pack(target * RETRY_FACTOR, layers)
-            if candidate is None:
-                continue
-            search = LocalSearch(self.t, candidate, max_rounds=rounds)
-            step = search.step_time()
-            if step < best_time - 1e-12:
-                best, best_time = search, step
+            candidates = [self.pack(target, layers) or self.pack(target * RETRY_FACTOR, layers)]
+            if self.lengths.shape[0] <= SMALL_BATCH:
+                # Few samples: granularity matters more than the fluid target; coarser targets
+                # choose other group sizes and are cheap to try. Each is polished before comparing.
+                candidates += [self.pack(target * f, layers) for f in SMALL_BATCH_TARGETS]
+            for candidate in candidates:
+                if candidate is None:
+                    continue
+                search = LocalSearch(self.t, candidate, max_rounds=rounds)
+                if len(candidates) > 1:
+                    search.run(deadline)
+                step = search.step_time()
+                if step < best_time - 1e-12:
+                    best, best_time = search, step
             if best_time <= floor * (1 + GOOD_ENOUGH) or (deadline is not None and time.perf_counter() > deadline):
                 break
+        if best is None:
+            for layers in counts:
+                candidate = self.pack_memory_first(layers)
+                if candidate is not None:
+                    best = LocalSearch(self.t, candidate, max_rounds=rounds)
+                    break
         if best is None:
             raise InfeasibleError(
                 "no packing of the batch fits the domain's memory",

@@ -5,8 +5,8 @@ one layer's slowest group g and evaluates, with vectorised arithmetic over all g
 
 - *move*: one sample of g to any group with memory room, in any layer;
 - *swap*: one sample of g for one sample of another group;
-- *grow*: g absorbs an idle rank next to it (an empty group of size 1 in the same node), when the
-  larger size is allowed.
+- *merge*: g joins the group on the rank just below or above it (idle or busy) into one larger
+  group, when that size is allowed (this is how a slow group grows over idle ranks).
 
 The best candidate that lowers the step time is applied; rounds go on until no layer improves, a
 round limit or the deadline. The exact change of the step time is used, with each layer's largest
@@ -65,6 +65,10 @@ class LocalSearch:
         self.s_group = np.empty(n, dtype=np.int64)
         for g, ss in enumerate(samples):
             self.s_group[ss] = g
+        # Which group holds each rank, per layer (merges look up their neighbours here).
+        self.rank_group = np.full((self.n_layers, n_ranks), -1, dtype=np.int64)
+        for g, (r, m) in enumerate(zip(ranks, layers)):
+            self.rank_group[m, list(r)] = g
         self._refresh()
 
     # -- bookkeeping ------------------------------------------------------------------------
@@ -172,34 +176,39 @@ class LocalSearch:
         delta_same = np.maximum(np.maximum(rest, new_tg), new_th) - top1[m]
         return np.where(same, delta_same, delta_other)
 
-    def _best_grow(self, g: int, tops: tuple) -> tuple[float, tuple]:
-        """Absorb an idle neighbouring rank of the same node into g."""
-        best = (-EPS, ())
+    def _best_merge(self, g: int, tops: tuple) -> tuple[float, tuple]:
+        """Merge g with the group on the rank just below or above it (idle or not), when the size is allowed."""
+        best: tuple[float, tuple] = (-EPS, ())
         ranks = self.g_ranks[g]
-        d = len(ranks)
-        j_new = self.t.degree_index.get(d + 1)
-        if j_new is None or not self.samples_of[g]:
+        lo, hi = ranks[0], ranks[-1]
+        if hi - lo + 1 != len(ranks) or not self.samples_of[g]:
             return best
         m = int(self.g_layer[g])
-        lo, hi = min(ranks), max(ranks)
-        if hi - lo + 1 != d:
-            return best
-        idle = {self.g_ranks[h][0]: h for h in np.flatnonzero((self.g_layer == m) & self.g_alive & (self.g_time == 0.0)) if len(self.g_ranks[h]) == 1}
-        top1, top2, _, ids = tops
-        ex_g = top2[m] if ids[0, m] == g else top1[m]
+        owner = self.rank_group[m]
+        top1, top2, top3, ids = tops
         for r in (hi + 1, lo - 1):
-            h = idle.get(r)
-            if h is None:
+            if not 0 <= r < len(owner):
                 continue
-            new_ranks = tuple(sorted(ranks + (r,)))
+            h = int(owner[r])
+            if h < 0 or h == g:
+                continue
+            other = self.g_ranks[h]
+            new_ranks = tuple(sorted(ranks + other))
+            if new_ranks[-1] - new_ranks[0] + 1 != len(new_ranks):
+                continue
+            j_new = self.t.degree_index.get(len(new_ranks))
+            if j_new is None:
+                continue
             intra, speed, cap = self.t.group_span(new_ranks)
-            if self.g_tokens[g] > cap * (d + 1):
+            if self.g_tokens[g] + self.g_tokens[h] > cap * len(new_ranks):
                 continue
+            members = self.samples_of[g] + self.samples_of[h]
             col = self.t.time_matrix(intra, speed)[:, j_new]
-            new_t = self.b + float(col[self.samples_of[g]].sum())
-            delta = max(ex_g, new_t) - top1[m]
+            new_t = self.b + float(col[members].sum())
+            rest = top2[m] if ids[1, m] != h else top3[m]
+            delta = max(rest, new_t) - top1[m]
             if delta < best[0]:
-                best = (delta, ("grow", g, int(h), new_ranks, (j_new, intra, speed), cap))
+                best = (delta, ("merge", g, h, new_ranks, (j_new, intra, speed), cap))
         return best
 
     def _apply(self, move: tuple) -> None:
@@ -222,9 +231,14 @@ class LocalSearch:
             self._update_groups([g, h])
         else:
             _, g, h, new_ranks, key, cap = move
+            for a in self.samples_of[h]:
+                self.s_group[a] = g
+            self.samples_of[g].extend(self.samples_of[h])
+            self.samples_of[h] = []
             self.g_alive[h] = False
             self.g_ranks[h] = ()
             self.g_ranks[g] = new_ranks
+            self.rank_group[int(self.g_layer[g])][list(new_ranks)] = g
             self.g_class[g] = self._class(key)
             self.g_limit[g] = cap * len(new_ranks)
             self._update_groups([g])
@@ -255,7 +269,7 @@ class LocalSearch:
             improved = False
             if g >= 0:
                 gain, move = self._best_move(g, tops)
-                gain2, move2 = self._best_grow(g, tops)
+                gain2, move2 = self._best_merge(g, tops)
                 if gain2 < gain:
                     gain, move = gain2, move2
                 if move:

@@ -82,6 +82,10 @@ def plan(problem: Problem, *, compare_static: bool = True, clock: Callable[[], f
 
     static = best_static(tables) if compare_static else None
     lap("static_ms")
+    if static is not None and static[0].predicted_step_time_s < assignment_step_time(tables, chosen) * (1 - 1e-9):
+        # The static layout is a plan like any other: never return something slower.
+        chosen = static[1]
+        stats = SolverStats(**{**stats.__dict__, "details": {**stats.details, "chosen": f"static layout CP {static[0].degree}"}})
     result = build_plan(tables, chosen, stats, max(bound, stats.bound_s or 0.0), static[0] if static else None)
     lap("build_ms")
     report = verify(result, problem)
