@@ -1,0 +1,94 @@
+"""Cost formulas against numbers computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from optimizer.analytical import activation_bytes_per_token, analytical_profile, model_state_bytes_per_rank
+from optimizer.costs import CostTables, sample_time
+from optimizer.documents import cluster_from_json, model_from_json, problem_from_json, profile_from_json
+from optimizer.presets import load_preset
+from optimizer.profile import Bandwidth
+
+PROFILE = {
+    "time": {"quadratic": 1e-9, "linear": 1e-5, "sample_constant": 1e-3, "group_constant": 2e-3},
+    "comm": {"scheme": "ring", "bytes_per_token": 1000.0, "bandwidth_bytes_per_s": {"intra": 1e9, "inter": {"2": 5e8, "4": 2.5e8}}},
+    "capacity_tokens_per_rank": 4096,
+}
+
+
+def test_profile_formula_by_hand():
+    p = profile_from_json(PROFILE)
+    L = 1000
+    # d = 1: compute only, no communication.
+    assert sample_time(p, L, 0.0, 1, True) == pytest.approx(1e-9 * 1e6 + 1e-5 * 1e3 + 1e-3)
+    # d = 4 intra: (a2 L^2 + a1 L)/4 + a0 + k L (3/4) / bw
+    expected = (1e-3 + 1e-2) / 4 + 1e-3 + 1000.0 * 1000 * 0.75 / 1e9
+    assert sample_time(p, L, 0.0, 4, True) == pytest.approx(expected)
+    # inter bandwidth table: d = 3 reads the smallest listed size >= 3, i.e. "4".
+    expected = (1e-3 + 1e-2) / 3 + 1e-3 + 1000.0 * 1000 * (2 / 3) / 2.5e8
+    assert sample_time(p, L, 0.0, 3, False) == pytest.approx(expected)
+
+
+def test_bandwidth_table_lookup():
+    bw = Bandwidth.from_json({"2": 1.2e11, "4": 1.1e11, "8": 1.0e11}, "x")
+    assert bw.at(1) == 1.2e11 and bw.at(2) == 1.2e11 and bw.at(3) == 1.1e11
+    assert bw.at(8) == 1.0e11 and bw.at(64) == 1.0e11  # above them all: the largest listed size
+
+
+def test_ulysses_and_overlap():
+    doc = dict(PROFILE, comm={"scheme": "ulysses", "bytes_per_token": 1000.0, "bandwidth_bytes_per_s": {"intra": 1e9, "inter": 1e9}})
+    p = profile_from_json(doc)
+    L, d = 2000, 4
+    compute = (1e-9 * L * L + 1e-5 * L) / d + 1e-3
+    assert sample_time(p, L, 0.0, d, True) == pytest.approx(compute + 1000.0 * L / d / 1e9)
+    ring = profile_from_json(dict(PROFILE, comm={**PROFILE["comm"], "overlap_with_attention": True}))
+    exposed = max(0.0, 1000.0 * L * 0.75 / 1e9 - 1e-9 * L * L / d)
+    assert sample_time(ring, L, 0.0, d, True) == pytest.approx(compute + exposed)
+
+
+def test_tables_match_scalar_formula():
+    problem = problem_from_json({"batch": {"samples": [{"id": f"s{i}", "text_tokens": t} for i, t in enumerate([100, 5000, 30000])]},
+                                 "cluster": {"nodes": 2, "gpus_per_node": 4}, "profile": PROFILE})
+    tables = CostTables.build(problem)
+    for intra in (True, False):
+        m = tables.time_matrix(intra)
+        for i, L in enumerate(tables.lengths):
+            for j, d in enumerate(tables.degrees):
+                assert m[i, j] == pytest.approx(sample_time(problem.cost_profile, int(L), 0.0, int(d), intra))
+    # Group time: b + sum of the samples' times.
+    g = tables.group_time([0, 2], (0, 1))
+    assert g == pytest.approx(2e-3 + sample_time(problem.cost_profile, 100, 0, 2, True) + sample_time(problem.cost_profile, 30000, 0, 2, True))
+
+
+def test_analytical_profile_by_hand():
+    model = model_from_json(load_preset("models", "llama3-8b", "m"))
+    cluster = cluster_from_json({"nodes": 1, "gpus_per_node": 8})
+    p = analytical_profile(model, cluster, "ring")
+    rate = 989e12 * 0.5
+    h, kv, f, V, layers = 4096, 1024, 14336, 128256, 32
+    linear = 3 * (layers * 2 * (2 * h * h + 2 * h * kv + 3 * h * f) + 2 * h * V)
+    assert p.linear == pytest.approx(linear / rate)
+    assert p.quadratic == pytest.approx(3 * layers * 2 * h / rate)
+    assert p.bytes_per_token == pytest.approx(3 * layers * 2 * kv * 2)
+    states = 8.03e9 * (2 + 4 + 12 / 8)  # ZeRO-1 over the 8-rank domain
+    assert model_state_bytes_per_rank(model, cluster) == pytest.approx(states)
+    act = layers * 34 * h + 4 * V
+    assert activation_bytes_per_token(model, cluster) == pytest.approx(act)
+    assert p.capacity_tokens_per_rank == math.floor((80e9 - 4e9 - states) / act)
+    assert p.overlap_with_attention and p.scheme == "ring"
+
+
+def test_vision_tokens_from_pixels_and_frames():
+    problem = problem_from_json({"batch": {"samples": [
+        {"id": "img", "text_tokens": 10, "images": [{"width": 448, "height": 448}]},
+        {"id": "vid", "text_tokens": 5, "videos": [{"frames": 8, "tokens_per_frame": 196}]},
+    ]}, "model_preset": "qwen2-vl-7b", "cluster_preset": "h100-1x8"})
+    a, b = problem.batch.samples
+    assert a.length == 10 + (448 // 28) ** 2  # Qwen2-VL: one token per 28x28 pixels
+    assert b.length == 5 + 8 * 196
+    tables = CostTables.build(problem)
+    assert np.all(tables.vision > 0)  # the encoder's work is charged
