@@ -1,0 +1,10 @@
+"""Baseline planners, implemented from their published descriptions under the project's cost model.
+
+Static at its best is :func:`optimizer.baselines.best_static` (reused, not duplicated here).
+"""
+
+from bench.baselines.flexsp import flexsp_milp
+from bench.baselines.megatron_dcp import megatron_dcp
+from bench.baselines.static_deployed import deployed_degree, static_deployed
+
+__all__ = ["deployed_degree", "flexsp_milp", "megatron_dcp", "static_deployed"]
