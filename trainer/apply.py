@@ -1,0 +1,124 @@
+"""What one rank does in each micro-batch of a plan.
+
+:func:`apply_plan` reads a plan (a :class:`optimizer.plan.Plan` or its JSON form) and returns, for
+every micro-batch, the rank's group, its position in the group and, for each of the group's samples,
+the token ranges it holds (zig-zag for ring attention, contiguous for Ulysses, with the padded
+length the split assumes; :mod:`optimizer.sharding` is the single definition of the split). A rank
+that no group of a micro-batch uses gets ``group=None`` there and waits for the next one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from optimizer.errors import ProblemError
+from optimizer.sharding import padded_length, token_ranges
+
+
+@dataclass(frozen=True)
+class Shard:
+    """The part of one sample a rank holds."""
+
+    sample: str
+    length: int
+    padded_length: int
+    ranges: tuple[tuple[int, int], ...]
+    """Half-open token ranges into the unpadded sample (a range in the padding is empty)."""
+    padded_ranges: tuple[tuple[int, int], ...]
+    """The same ranges in the padded sequence (all of equal total size across the group)."""
+
+    @property
+    def tokens(self) -> int:
+        return sum(b - a for a, b in self.ranges)
+
+
+@dataclass(frozen=True)
+class MicroBatchWork:
+    """A rank's part in one micro-batch."""
+
+    index: int
+    group: tuple[int, ...] | None
+    """Ranks of the rank's group (sorted as in the plan), or None when the rank is idle."""
+    position: int
+    """The rank's index in ``group`` (ring order); -1 when idle."""
+    shards: tuple[Shard, ...]
+    predicted_time_s: float = 0.0
+
+    @property
+    def degree(self) -> int:
+        return len(self.group) if self.group else 0
+
+
+@dataclass(frozen=True)
+class RankWork:
+    rank: int
+    scheme: str
+    micro_batches: tuple[MicroBatchWork, ...]
+    communicators: tuple[tuple[int, ...], ...]
+    """Every group of size >= 2 the plan uses, in the plan's order (create them in this order)."""
+    predicted_step_time_s: float
+
+
+def _plan_doc(plan: Any) -> Mapping[str, Any]:
+    if isinstance(plan, Mapping):
+        return plan
+    to_json = getattr(plan, "to_json", None)
+    if to_json is None:
+        raise ProblemError(f"is a {type(plan).__name__}, not a plan", field="plan", hint="pass an optimizer.plan.Plan or the JSON printed by 'dhp plan'.")
+    return to_json(shards=True)
+
+
+def apply_plan(plan: Any, rank: int) -> RankWork:
+    """The work of ``rank`` in every micro-batch of ``plan`` (see the module docstring)."""
+    doc = _plan_doc(plan)
+    scheme = doc.get("scheme", "ring")
+    if scheme not in ("ring", "ulysses"):
+        raise ProblemError(f"unknown scheme {scheme!r}", field="plan.scheme", hint="use 'ring' or 'ulysses'.")
+    mbs = doc.get("micro_batches")
+    if not isinstance(mbs, list):
+        raise ProblemError("has no list 'micro_batches'", field="plan", hint="pass a plan printed by 'dhp plan'.")
+    domain = doc.get("domain_size")
+    if isinstance(domain, int) and not 0 <= rank < domain:
+        raise ProblemError(f"rank {rank} is outside the plan's domain of {domain} ranks", field="rank", hint=f"use a rank from 0 to {domain - 1}.")
+    out = []
+    comms: dict[tuple[int, ...], None] = {}
+    for m, mb in enumerate(mbs):
+        groups = mb.get("groups") if isinstance(mb, Mapping) else None
+        if not isinstance(groups, list):
+            raise ProblemError("has no list 'groups'", field=f"plan.micro_batches[{m}]", hint="pass a plan printed by 'dhp plan'.")
+        mine = None
+        for k, g in enumerate(groups):
+            ranks = tuple(g.get("ranks", ())) if isinstance(g, Mapping) else ()
+            if not ranks:
+                raise ProblemError("has no ranks", field=f"plan.micro_batches[{m}].groups[{k}].ranks", hint="each group lists its global ranks.")
+            if len(ranks) > 1:
+                comms.setdefault(tuple(ranks), None)
+            if rank in ranks:
+                if mine is not None:
+                    raise ProblemError(f"rank {rank} is in two groups", field=f"plan.micro_batches[{m}]", hint="validate the plan with 'dhp validate'.")
+                mine = (ranks, g)
+        if mine is None:
+            out.append(MicroBatchWork(m, None, -1, ()))
+            continue
+        ranks, g = mine
+        d = len(ranks)
+        pos = ranks.index(rank)
+        samples, lengths = g.get("samples", []), g.get("lengths")
+        if lengths is None:
+            shards_doc = g.get("shards")
+            if not isinstance(shards_doc, list):
+                raise ProblemError("gives neither 'lengths' nor 'shards'", field=f"plan.micro_batches[{m}].groups", hint="print the plan with shards (the default of 'dhp plan').")
+            lengths = [int(s["length"]) for s in shards_doc]
+        if len(samples) != len(lengths):
+            raise ProblemError(f"lists {len(samples)} samples but {len(lengths)} lengths", field=f"plan.micro_batches[{m}].groups", hint="pass the plan unchanged as 'dhp plan' printed it.")
+        shards = []
+        for sid, length in zip(samples, lengths, strict=True):
+            length = int(length)
+            padded = padded_length(length, d, scheme) if d > 1 else length
+            real = token_ranges(length, d, scheme)[pos]
+            full = token_ranges(padded, d, scheme)[pos]
+            shards.append(Shard(sid, length, padded, tuple(real), tuple(full)))
+        out.append(MicroBatchWork(m, ranks, pos, tuple(shards), float(g.get("predicted_time_s", 0.0))))
+    return RankWork(rank, scheme, tuple(out), tuple(comms), float(doc.get("predicted_step_time_s", 0.0)))
