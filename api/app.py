@@ -1,0 +1,69 @@
+"""The application factory: ``create_app(settings)`` wires the store, the planning service and the routes.
+
+``uvicorn --factory api.app:create_app`` (what ``dhp serve`` runs) builds one from the environment.
+The store's schema is brought to the newest migration when the app is created.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+
+from api import errors
+from api.metrics import Metrics
+from api.middleware import ArrivalAndMetrics, BodyLimit
+from api.routes import health, plans, presets
+from api.settings import Settings
+from api.solving import PlanningService
+from api.store import Store
+from api.store.migrate import upgrade
+
+STATIC = Path(__file__).resolve().parent / "static"
+DESCRIPTION = """Plans of dynamic hybrid (data x context) parallelism for training batches.
+
+POST /v1/plans takes the same documents as `dhp plan` input files and returns the verified plan
+that `dhp plan` prints, with its id. Errors are RFC 9457 problem documents naming the field at
+fault. When the server sets tokens, /v1 needs `Authorization: Bearer <token>`.
+"""
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    if not settings.database_url:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(settings.sqlalchemy_url)
+    upgrade(store.engine)
+    metrics = Metrics()
+    service = PlanningService(settings, store, metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        service.pool.shutdown()
+        store.close()
+
+    app = FastAPI(title="dhp-planner", version="0.1.0", description=DESCRIPTION, docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.state.settings = settings
+    app.state.store = store
+    app.state.service = service
+    errors.install(app)
+    app.include_router(plans.router)
+    app.include_router(presets.router)
+    app.include_router(health.router)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url=app.openapi_url or "/openapi.json", title="dhp-planner API",
+                                   swagger_js_url="/static/swagger-ui-bundle.js", swagger_css_url="/static/swagger-ui.css",
+                                   swagger_favicon_url="/static/favicon-32x32.png")
+
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(ArrivalAndMetrics, metrics=metrics)
+    return app

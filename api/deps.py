@@ -1,0 +1,53 @@
+"""Shared dependencies of the routes, as typed aliases."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.errors import ServiceError
+from api.settings import Settings
+from api.solving import PlanningService
+from api.store import Store
+
+_bearer = HTTPBearer(auto_error=False, description="a token from DHP_TOKENS (needed only when the server sets tokens)")
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_store(request: Request) -> Store:
+    return request.app.state.store
+
+
+def get_service(request: Request) -> PlanningService:
+    return request.app.state.service
+
+
+def arrival(request: Request) -> float:
+    """When the request arrived (perf_counter seconds), set by the outermost middleware."""
+    return request.scope.get("dhp.arrival") or 0.0
+
+
+def require_token(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+    tokens = request.app.state.settings.token_list
+    if not tokens:
+        return
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise ServiceError(401, "Unauthorized", "this service needs a bearer token", kind="unauthorized", field="Authorization",
+                           hint="send 'Authorization: Bearer <token>' with a token from the server's DHP_TOKENS.",
+                           headers={"WWW-Authenticate": "Bearer"})
+    given = credentials.credentials.encode()
+    if not any(hmac.compare_digest(given, t.encode()) for t in tokens):
+        raise ServiceError(401, "Unauthorized", "the bearer token is not valid", kind="unauthorized", field="Authorization",
+                           hint="use a token from the server's DHP_TOKENS.", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+StoreDep = Annotated[Store, Depends(get_store)]
+ServiceDep = Annotated[PlanningService, Depends(get_service)]
+ArrivalDep = Annotated[float, Depends(arrival)]

@@ -1,0 +1,116 @@
+"""Every error as an RFC 9457 problem document (``application/problem+json``), in one place.
+
+Body members: ``type``, ``title``, ``status``, ``detail``, and where known ``field`` (the path of
+the request field at fault, e.g. ``batch.samples[3].text_tokens``) and ``hint`` (how to fix it).
+Domain errors map as follows: ``ProblemError`` -> 422; ``InfeasibleError`` -> 422 too (the request
+is well-formed and understood but cannot be satisfied; 409 would suggest a conflict with the
+server's state, which it is not), with type ``.../infeasible``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+
+from optimizer.errors import InfeasibleError, PlannerError, ProblemError
+
+PROBLEM_JSON = "application/problem+json"
+TYPE_BASE = "https://dhp-planner.dev/problems/"
+log = logging.getLogger("api")
+
+
+class ServiceError(Exception):
+    """An error the service raises on purpose, with its HTTP status."""
+
+    def __init__(self, status: int, title: str, detail: str, *, kind: str, field: str | None = None, hint: str | None = None,
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.title, self.detail, self.kind = status, title, detail, kind
+        self.field, self.hint, self.headers = field, hint, dict(headers or {})
+
+
+class Overloaded(ServiceError):
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(503, "Service at capacity", "every solve worker is busy and the waiting line is full", kind="overloaded",
+                         hint=f"retry after {retry_after_s} s, or run more workers (DHP_SOLVE_WORKERS, dhp serve --workers).",
+                         headers={"Retry-After": str(retry_after_s)})
+
+
+def problem_response(status: int, title: str, detail: str, *, kind: str, field: str | None = None, hint: str | None = None,
+                     headers: Mapping[str, str] | None = None, instance: str | None = None) -> JSONResponse:
+    body: dict[str, Any] = {"type": TYPE_BASE + kind, "title": title, "status": status, "detail": detail}
+    if field:
+        body["field"] = field
+    if hint:
+        body["hint"] = hint
+    if instance:
+        body["instance"] = instance
+    return JSONResponse(body, status_code=status, headers=dict(headers or {}), media_type=PROBLEM_JSON)
+
+
+def planner_error_response(exc: PlannerError, instance: str | None = None) -> JSONResponse:
+    if isinstance(exc, InfeasibleError):
+        return problem_response(422, "No plan satisfies the request", exc.message, kind="infeasible", field=exc.field, hint=exc.hint, instance=instance)
+    if isinstance(exc, ProblemError):
+        return problem_response(422, "Invalid planning request", exc.message, kind="invalid-request", field=exc.field, hint=exc.hint, instance=instance)
+    return problem_response(500, "Planner error", exc.message, kind="planner-error", field=exc.field, hint=exc.hint, instance=instance)
+
+
+def _loc_to_field(loc: tuple[Any, ...] | list[Any]) -> str:
+    parts = [p for p in loc if p not in ("body", "query", "path", "header")]
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        else:
+            out += ("." if out else "") + str(p)
+    return out or "body"
+
+
+_STATUS_TITLES = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found", 405: "Method not allowed",
+                  406: "Not acceptable", 413: "Request body too large", 415: "Unsupported media type", 429: "Too many requests"}
+_STATUS_HINTS = {404: "see /docs for the endpoints; plan ids come from POST /v1/plans.",
+                 405: "see /docs for the methods each endpoint accepts."}
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that turn every error into problem+json."""
+
+    @app.exception_handler(ServiceError)
+    async def _service(request: Request, exc: ServiceError) -> JSONResponse:
+        return problem_response(exc.status, exc.title, exc.detail, kind=exc.kind, field=exc.field, hint=exc.hint, headers=exc.headers,
+                                instance=request.url.path)
+
+    @app.exception_handler(PlannerError)
+    async def _planner(request: Request, exc: PlannerError) -> JSONResponse:
+        return planner_error_response(exc, request.url.path)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
+        field = _loc_to_field(first.get("loc", ()))
+        detail = f"{field}: {first.get('msg', 'invalid')}"
+        if len(errors) > 1:
+            detail += f" (and {len(errors) - 1} more)"
+        return problem_response(422, "Invalid request", detail, kind="invalid-request", field=field,
+                                hint="fix the field named; see /docs for the request schema.", instance=request.url.path)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        title = _STATUS_TITLES.get(exc.status_code, "HTTP error")
+        detail = exc.detail if isinstance(exc.detail, str) else title
+        return problem_response(exc.status_code, title, detail, kind=f"http-{exc.status_code}", hint=_STATUS_HINTS.get(exc.status_code),
+                                headers=getattr(exc, "headers", None), instance=request.url.path)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return problem_response(500, "Internal error", f"{type(exc).__name__} while handling the request", kind="internal",
+                                hint="this is a bug in the service; the log has the traceback.", instance=request.url.path)

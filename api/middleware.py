@@ -1,0 +1,94 @@
+"""ASGI middleware: arrival time, request latency metric and the request body size limit."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from api.errors import problem_response
+from api.metrics import Metrics
+
+Scope = dict[str, Any]
+
+
+class ArrivalAndMetrics:
+    """Outermost layer: stamps the arrival time (the budget counts from it) and times every request."""
+
+    def __init__(self, app: Any, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        scope["dhp.arrival"] = start
+        status = [500]
+
+        async def send_wrapper(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", None) or "unmatched"
+            self.metrics.request_latency.labels(method=scope["method"], route=path, status=str(status[0])).observe(time.perf_counter() - start)
+
+
+class BodyLimit:
+    """Refuses request bodies larger than ``max_bytes`` with 413, whether or not Content-Length is given."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def _refuse(self, scope: Scope, receive: Any, send: Any, size: str) -> None:
+        response = problem_response(413, "Request body too large", f"the body has {size} bytes; this service accepts at most {self.max_bytes}",
+                                    kind="body-too-large", field="body",
+                                    hint="split the batch into smaller requests, or raise DHP_MAX_BODY_BYTES on the server.",
+                                    instance=scope.get("path"))
+        await response(scope, receive, send)
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = -1
+                if declared > self.max_bytes:
+                    await self._refuse(scope, receive, send, str(declared))
+                    return
+        # Read the body here (the route would read it anyway) so a chunked body is limited too.
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body = message.get("body", b"")
+            total += len(body)
+            if total > self.max_bytes:
+                await self._refuse(scope, receive, send, f"more than {self.max_bytes}")
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        data = b"".join(chunks)
+        sent = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": data, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)

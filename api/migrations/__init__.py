@@ -1,0 +1,1 @@
+"""Alembic migrations of the plan store; ``api.store.migrate.upgrade`` applies them."""

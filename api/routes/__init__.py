@@ -1,0 +1,1 @@
+"""Thin HTTP routes: parse, call the planning service or the store, answer."""

@@ -1,0 +1,111 @@
+"""/v1/plans: plan now or ahead, read plans back, list them, and store trainer feedback."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Path, Query, Response
+
+from api import translate
+from api.deps import ArrivalDep, ServiceDep, SettingsDep, StoreDep, require_token
+from api.errors import ServiceError
+from api.schemas import FeedbackIn, FeedbackOut, PlanList, PlanOut, PlanRequest, ProblemDetail
+
+PlanId = Annotated[str, Path(min_length=1, max_length=64, description="the id POST /v1/plans returned")]
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    s: {"model": ProblemDetail, "content": {"application/problem+json": {}}, "description": d}
+    for s, d in ((401, "missing or wrong bearer token"), (413, "body too large"), (422, "invalid or unsatisfiable request; names the field"),
+                 (503, "at capacity; retry after the Retry-After seconds"))
+}
+
+router = APIRouter(prefix="/v1", tags=["plans"], dependencies=[Depends(require_token)], responses=_ERRORS)
+
+
+def _not_found(plan_id: str) -> ServiceError:
+    return ServiceError(404, "Not found", f"no plan with id {plan_id!r}", kind="not-found", field="plan_id",
+                        hint="use an id returned by POST /v1/plans (GET /v1/plans lists them).")
+
+
+def _plan_response(record: Any, status: int, cached: bool | None = None) -> Response:
+    headers = {"Location": f"/v1/plans/{record.id}"}
+    if cached is not None:
+        headers["X-Plan-Cache"] = "hit" if cached else "miss"
+    return Response(translate.plan_body(record), status_code=status, media_type="application/json", headers=headers)
+
+
+@router.post("/plans", status_code=201, response_model=PlanOut, summary="Plan a batch (now, or ahead with wait=false)",
+             responses={200: {"model": PlanOut, "description": "an identical request was planned before (plan cache)"},
+                        202: {"model": PlanOut, "description": "plan-ahead: accepted and pending; poll GET /v1/plans/{id}"}})
+async def create_plan(body: PlanRequest, service: ServiceDep, arrived: ArrivalDep) -> Response:
+    """Return the verified plan (201), the cached plan of an identical request (200), or with
+    ``"wait": false`` the pending plan's id at once (202). The time budget counts from arrival."""
+    doc = translate.request_document(body)
+    if body.wait:
+        record, cached = await service.plan(doc, arrived, body.cache)
+        return _plan_response(record, 200 if cached else 201, cached)
+    record, cached = await service.plan_ahead(doc, arrived, body.cache)
+    return _plan_response(record, 200 if cached else 202, cached)
+
+
+@router.get("/plans/{plan_id}", response_model=PlanOut, summary="A plan and its status, optionally waiting for a pending one")
+async def get_plan(plan_id: PlanId, service: ServiceDep, settings: SettingsDep,
+                   wait_ms: Annotated[int, Query(ge=0, le=600_000, description="wait up to this long while the plan is pending")] = 0) -> Response:
+    record = await service.get(plan_id, min(wait_ms, settings.long_poll_max_ms))
+    if record is None:
+        raise _not_found(plan_id)
+    return _plan_response(record, 200)
+
+
+def _utc(value: datetime | None, field: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+    except (OverflowError, ValueError):
+        raise ServiceError(422, "Invalid request", "is out of range", kind="invalid-request", field=field, hint="give a date between years 1 and 9999 (UTC).") from None
+
+
+@router.get("/plans", response_model=PlanList, summary="List plans, newest first")
+def list_plans(store: StoreDep,
+               status: Annotated[Literal["pending", "done", "failed"] | None, Query()] = None,
+               backend: Annotated[str | None, Query(max_length=32)] = None,
+               cluster: Annotated[str | None, Query(max_length=128)] = None,
+               model: Annotated[str | None, Query(max_length=128)] = None,
+               created_after: Annotated[datetime | None, Query(description="ISO 8601; inclusive")] = None,
+               created_before: Annotated[datetime | None, Query(description="ISO 8601; exclusive")] = None,
+               limit: Annotated[int, Query(ge=1, le=500)] = 50,
+               offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0) -> PlanList:
+    items, total = store.list(status=status, backend=backend, cluster=cluster, model=model, created_after=_utc(created_after, "created_after"),
+                              created_before=_utc(created_before, "created_before"), limit=limit, offset=offset)
+    nxt = offset + len(items) if offset + len(items) < total else None
+    return PlanList(items=[translate.summary(r) for r in items], total=total, limit=limit, offset=offset, next_offset=nxt)
+
+
+def _feedback_out(fb: Any) -> FeedbackOut:
+    ratio = fb.measured_step_time_s / fb.predicted_step_time_s if fb.predicted_step_time_s else None
+    return FeedbackOut(id=fb.id, plan_id=fb.plan_id, created_at=fb.created_at, measured_step_time_s=fb.measured_step_time_s,
+                       predicted_step_time_s=fb.predicted_step_time_s, measured_over_predicted=ratio)
+
+
+@router.post("/plans/{plan_id}/feedback", status_code=201, response_model=FeedbackOut, summary="Store what the trainer measured")
+def add_feedback(plan_id: PlanId, body: FeedbackIn, store: StoreDep) -> FeedbackOut:
+    """Kept beside the plan's prediction; ``group_times_s`` must follow the plan's micro-batches and groups."""
+    record = store.get(plan_id)
+    if record is None:
+        raise _not_found(plan_id)
+    if record.status != "done":
+        raise ServiceError(409, "Plan not ready", f"the plan is {record.status}", kind="plan-not-done", field="plan_id",
+                           hint="send feedback for a finished plan (GET /v1/plans/{id}?wait_ms=... waits for it).")
+    translate.check_group_times(body.group_times_s, record.plan_json)
+    fb = store.add_feedback(plan_id, body.measured_step_time_s, body.model_dump(exclude_none=True))
+    if fb is None:
+        raise _not_found(plan_id)
+    return _feedback_out(fb)
+
+
+@router.get("/plans/{plan_id}/feedback", response_model=list[FeedbackOut], summary="Feedback stored for a plan")
+def list_feedback(plan_id: PlanId, store: StoreDep) -> list[FeedbackOut]:
+    if store.get(plan_id, with_documents=False) is None:
+        raise _not_found(plan_id)
+    return [_feedback_out(fb) for fb in store.feedback_for(plan_id)]

@@ -1,0 +1,17 @@
+"""/v1/presets: the preset clusters, models and GPU types by name, with their documents."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends
+
+from api.deps import require_token
+from optimizer.presets import describe_presets
+
+router = APIRouter(prefix="/v1", tags=["presets"], dependencies=[Depends(require_token)])
+
+
+@router.get("/presets", summary="Preset clusters, models and GPU types")
+def presets() -> dict[str, Any]:
+    return describe_presets()

@@ -1,0 +1,142 @@
+"""Request and response models of the HTTP API, kept apart from the domain types.
+
+The parts of a plan request (``batch``, ``cluster``, ``model``, ``profile``) are the documents of
+``dhp plan`` input files, passed through unchanged to :mod:`api.translate`, which validates them
+with the same code as the command line (and names the field at fault). These models describe the
+envelope and carry the limits that do not depend on the deployment.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class OptionsIn(BaseModel):
+    """Planner options (the ``options`` document of ``dhp plan --options``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    degree_policy: Literal["any", "pow2"] | None = Field(None, description="group sizes: any integer or powers of two")
+    max_degree: int | None = Field(None, ge=1, description="largest group size")
+    max_micro_batches: int | None = Field(None, ge=1, le=1024, description="most micro-batches per step")
+    cp_scheme: Literal["ring", "ulysses"] | None = Field(None, description="context-parallel scheme")
+    time_budget_ms: float | None = Field(None, ge=1, le=600_000, description="planning budget in ms, counted from the request's arrival")
+    backend: Literal["auto", "heuristic", "cpsat", "highs", "cbc"] | None = Field(None, description="planner after the heuristic")
+    solver_workers: int | None = Field(None, ge=1, le=64, description="threads an exact solver may use (capped by the service)")
+    deterministic: bool | None = None
+
+
+class PlanRequest(BaseModel):
+    """POST /v1/plans. Give ``cluster`` or ``cluster_preset`` and ``model`` or ``model_preset`` (presets default to h100-8x8 and llama3-8b)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "batch": {"samples": [{"id": "a", "text_tokens": 900, "images": [{"tokens": 576}]}, {"id": "b", "text_tokens": 30000}]},
+        "cluster": {"nodes": 2, "gpus_per_node": 8}, "model_preset": "qwen2-vl-7b", "options": {"time_budget_ms": 200, "backend": "heuristic"}}]})
+
+    batch: dict[str, Any] = Field(description='the batch document: {"samples": [{"id", "text_tokens", "images": [{"tokens"}], "videos": [...]}]}')
+    cluster: dict[str, Any] | None = Field(None, description='a cluster document, or the shorthand {"nodes": K, "gpus_per_node": G}')
+    cluster_preset: str | None = Field(None, max_length=128, description="a preset cluster name (GET /v1/presets)")
+    model: dict[str, Any] | None = Field(None, description="a model document")
+    model_preset: str | None = Field(None, max_length=128, description="a preset model name (GET /v1/presets)")
+    profile: dict[str, Any] | None = Field(None, description="a measured cost profile; replaces the analytical cost model")
+    options: OptionsIn | None = None
+    wait: bool = Field(True, description="false: plan ahead; answer 202 with the id at once and solve in the background")
+    cache: bool = Field(True, description="false: solve again even if an identical request was planned before")
+
+
+class PlanOut(BaseModel):
+    """A plan: exactly what ``dhp plan`` prints, plus ``id``, ``status`` and ``created_at``.
+
+    While a plan-ahead request is being solved only ``id``, ``status`` (``pending``) and
+    ``created_at`` are present; a failed one carries ``error`` (a problem document).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    status: Literal["pending", "done", "failed"]
+    created_at: datetime
+    predicted_step_time_s: float | None = None
+    lower_bound_s: float | None = None
+    gap: float | None = None
+    ratio_to_bound: float | None = None
+    scheme: str | None = None
+    domain_size: int | None = None
+    micro_batches: list[dict[str, Any]] | None = None
+    communicators: list[list[int]] | None = None
+    solver: dict[str, Any] | None = None
+    static_baseline: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+
+class PlanSummary(BaseModel):
+    id: str
+    status: str
+    created_at: datetime
+    finished_at: datetime | None = None
+    cluster: str | None = None
+    model: str | None = None
+    n_samples: int
+    n_ranks: int
+    backend: str | None = None
+    solver_status: str | None = None
+    predicted_step_time_s: float | None = None
+    lower_bound_s: float | None = None
+    gap: float | None = None
+    solve_ms: float | None = None
+
+
+class PlanList(BaseModel):
+    items: list[PlanSummary]
+    total: int
+    limit: int
+    offset: int
+    next_offset: int | None = Field(None, description="offset of the next page, or null on the last page")
+
+
+class FeedbackIn(BaseModel):
+    """What the trainer measured for a step run with this plan."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    measured_step_time_s: float = Field(gt=0, lt=1e7, allow_inf_nan=False, description="wall time of the whole step")
+    group_times_s: list[list[float]] | None = Field(None, max_length=4096, description="per micro-batch, per group (in plan order): measured seconds")
+    step: int | None = Field(None, ge=0, description="training step number")
+    metrics: dict[str, float] | None = Field(None, max_length=64, description="other numbers worth keeping (e.g. peak memory)")
+    notes: str | None = Field(None, max_length=2000)
+
+
+class FeedbackOut(BaseModel):
+    id: int
+    plan_id: str
+    created_at: datetime
+    measured_step_time_s: float
+    predicted_step_time_s: float | None
+    measured_over_predicted: float | None = Field(None, description="measured / predicted step time")
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Ready(BaseModel):
+    status: str
+    database: str
+    solves_in_flight: int
+    queue_depth: int
+    capacity: int
+
+
+class ProblemDetail(BaseModel):
+    """An RFC 9457 problem document; ``field`` names the request field at fault, ``hint`` says how to fix it."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    field: str | None = None
+    hint: str | None = None
+    instance: str | None = None

@@ -1,0 +1,189 @@
+"""The repository: every read and write of the plan store goes through :class:`Store`.
+
+SQLite (the embedded default) runs in WAL mode so readers never block the writer; PostgreSQL is
+used through the psycopg 3 driver. Each method is one short transaction and is safe to call from
+worker threads.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, func, select, text, update
+from sqlalchemy.orm import sessionmaker
+
+from api.store.models import FeedbackRow, PlanRow
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    # SQLite hands back naive datetimes; every stored time is UTC.
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """One stored plan request and, once solved, its plan."""
+
+    id: str
+    created_at: datetime
+    status: str
+    request_hash: str
+    n_samples: int
+    n_ranks: int
+    cluster: str | None = None
+    model: str | None = None
+    finished_at: datetime | None = None
+    plan_json: str | None = None
+    error_json: str | None = None
+    backend: str | None = None
+    solver_status: str | None = None
+    predicted_step_time_s: float | None = None
+    lower_bound_s: float | None = None
+    gap: float | None = None
+    solve_ms: float | None = None
+    request_json: str | None = None
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        return json.loads(self.error_json) if self.error_json else None
+
+
+@dataclass(frozen=True)
+class FeedbackRecord:
+    id: int
+    plan_id: str
+    created_at: datetime
+    measured_step_time_s: float
+    predicted_step_time_s: float | None
+    document: dict[str, Any]
+
+
+_SUMMARY_COLUMNS = [c for c in PlanRow.__table__.columns if c.name not in ("plan_json", "request_json")]
+
+
+def _record(row: Any, with_documents: bool) -> PlanRecord:
+    data = {c.name: getattr(row, c.name) for c in _SUMMARY_COLUMNS}
+    data["created_at"] = _aware(data["created_at"])
+    data["finished_at"] = _aware(data["finished_at"])
+    if with_documents:
+        data["plan_json"] = row.plan_json
+        data["request_json"] = row.request_json
+    return PlanRecord(**data)
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+class Store:
+    """Plans and feedback in one database."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        self._session = sessionmaker(self.engine, expire_on_commit=False)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def ping(self) -> bool:
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            return True
+        except Exception:
+            return False
+
+    # -- plans ------------------------------------------------------------------------------
+
+    def add(self, record: PlanRecord) -> None:
+        with self._session.begin() as s:
+            s.add(PlanRow(**{k: v for k, v in record.__dict__.items()}))
+
+    def finish(self, plan_id: str, *, plan_json: str, backend: str, solver_status: str, predicted_step_time_s: float,
+               lower_bound_s: float, gap: float, solve_ms: float) -> None:
+        with self._session.begin() as s:
+            s.execute(update(PlanRow).where(PlanRow.id == plan_id).values(
+                status="done", finished_at=utcnow(), plan_json=plan_json, backend=backend, solver_status=solver_status,
+                predicted_step_time_s=predicted_step_time_s, lower_bound_s=lower_bound_s, gap=gap, solve_ms=solve_ms))
+
+    def fail(self, plan_id: str, error: dict[str, Any]) -> None:
+        with self._session.begin() as s:
+            s.execute(update(PlanRow).where(PlanRow.id == plan_id).values(status="failed", finished_at=utcnow(), error_json=json.dumps(error)))
+
+    def get(self, plan_id: str, *, with_documents: bool = True) -> PlanRecord | None:
+        with self._session() as s:
+            row = s.get(PlanRow, plan_id)
+            return _record(row, with_documents) if row is not None else None
+
+    def find_done(self, request_hash: str) -> PlanRecord | None:
+        """The newest finished plan for this request hash (the lasting plan cache)."""
+        with self._session() as s:
+            row = s.scalars(select(PlanRow).where(PlanRow.request_hash == request_hash, PlanRow.status == "done")
+                            .order_by(PlanRow.created_at.desc()).limit(1)).first()
+            return _record(row, True) if row is not None else None
+
+    def list(self, *, status: str | None = None, backend: str | None = None, cluster: str | None = None, model: str | None = None,
+             created_after: datetime | None = None, created_before: datetime | None = None,
+             limit: int = 50, offset: int = 0) -> tuple[list[PlanRecord], int]:
+        """Plans, newest first, without their documents; and the total matching the filters."""
+        conds = []
+        if status:
+            conds.append(PlanRow.status == status)
+        if backend:
+            conds.append(PlanRow.backend == backend)
+        if cluster:
+            conds.append(PlanRow.cluster == cluster)
+        if model:
+            conds.append(PlanRow.model == model)
+        if created_after:
+            conds.append(PlanRow.created_at >= created_after)
+        if created_before:
+            conds.append(PlanRow.created_at < created_before)
+        with self._session() as s:
+            total = s.scalar(select(func.count()).select_from(PlanRow).where(*conds)) or 0
+            rows = s.execute(select(*_SUMMARY_COLUMNS).where(*conds).order_by(PlanRow.created_at.desc(), PlanRow.id)
+                             .limit(limit).offset(offset)).all()
+            return [_record(r, False) for r in rows], int(total)
+
+    # -- feedback ---------------------------------------------------------------------------
+
+    def add_feedback(self, plan_id: str, measured_step_time_s: float, document: dict[str, Any]) -> FeedbackRecord | None:
+        """Store feedback beside the plan's prediction; None when the plan does not exist."""
+        with self._session.begin() as s:
+            plan = s.get(PlanRow, plan_id)
+            if plan is None:
+                return None
+            row = FeedbackRow(plan_id=plan_id, created_at=utcnow(), measured_step_time_s=measured_step_time_s,
+                              predicted_step_time_s=plan.predicted_step_time_s, feedback_json=json.dumps(document))
+            s.add(row)
+            s.flush()
+            return FeedbackRecord(row.id, plan_id, row.created_at, measured_step_time_s, plan.predicted_step_time_s, document)
+
+    def feedback_for(self, plan_id: str) -> list[FeedbackRecord]:
+        with self._session() as s:
+            rows = s.scalars(select(FeedbackRow).where(FeedbackRow.plan_id == plan_id).order_by(FeedbackRow.id)).all()
+            return [FeedbackRecord(r.id, r.plan_id, _aware(r.created_at), r.measured_step_time_s, r.predicted_step_time_s,  # type: ignore[arg-type]
+                                   json.loads(r.feedback_json)) for r in rows]

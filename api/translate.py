@@ -1,0 +1,121 @@
+"""The one place where API documents become domain objects and plans become API documents.
+
+A request body is turned into the ``dhp plan`` request document and validated by
+:func:`optimizer.documents.problem_from_json`, the same code the command line uses, so an input
+file that works with ``dhp plan`` works over HTTP unchanged. The deployment's limits (samples,
+ranks, budget, solver threads) are applied here too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from api.schemas import PlanRequest, PlanSummary
+from api.settings import Settings
+from api.store.repository import PlanRecord
+from optimizer.documents import problem_from_json
+from optimizer.errors import ProblemError
+from optimizer.plan import Plan
+from optimizer.problem import Problem
+
+_PARTS = ("batch", "cluster", "cluster_preset", "model", "model_preset", "profile")
+
+
+def request_document(body: PlanRequest) -> dict[str, Any]:
+    """The ``dhp plan`` request document a body describes (envelope fields dropped)."""
+    doc: dict[str, Any] = {k: getattr(body, k) for k in _PARTS if getattr(body, k) is not None}
+    if body.options is not None:
+        doc["options"] = body.options.model_dump(exclude_none=True)
+    return doc
+
+
+def to_problem(doc: dict[str, Any], settings: Settings) -> Problem:
+    """Validate a request document into a problem within the deployment's limits."""
+    samples = doc.get("batch", {}).get("samples") if isinstance(doc.get("batch"), dict) else None
+    if isinstance(samples, list) and len(samples) > settings.max_samples:
+        raise ProblemError(f"has {len(samples)} samples, more than this service's limit of {settings.max_samples}", field="batch.samples",
+                           hint="split the batch, or raise DHP_MAX_SAMPLES on the server.")
+    problem = problem_from_json(doc)
+    ranks = problem.cluster.total_gpus
+    if ranks > settings.max_ranks:
+        field = "cluster" if "cluster" in doc else "cluster_preset"
+        raise ProblemError(f"has {ranks} GPUs, more than this service's limit of {settings.max_ranks}", field=field,
+                           hint="plan for a smaller cluster, or raise DHP_MAX_RANKS on the server.")
+    options = problem.options
+    if options.time_budget_ms > settings.max_budget_ms:
+        raise ProblemError(f"is {options.time_budget_ms:g} ms, more than this service's limit of {settings.max_budget_ms:g} ms",
+                           field="options.time_budget_ms", hint=f"ask for at most {settings.max_budget_ms:g} ms.")
+    if options.solver_workers > settings.solver_threads:
+        problem = replace(problem, options=replace(options, solver_workers=settings.solver_threads))
+    return problem
+
+
+def request_hash(problem: Problem) -> str:
+    """Hash of the normalised request: every value after validation, defaults filled in and presets resolved."""
+    return hashlib.sha256(repr(problem).encode()).hexdigest()
+
+
+def with_budget_left(problem: Problem, elapsed_ms: float) -> Problem:
+    """The problem with the budget that is left after ``elapsed_ms`` since the request arrived (at least 1 ms)."""
+    left = max(1.0, problem.options.time_budget_ms - elapsed_ms)
+    return problem.with_options(time_budget_ms=left)
+
+
+def plan_text(plan: Plan) -> str:
+    """The plan document as stored and returned (the JSON ``dhp plan`` prints, compact)."""
+    return json.dumps(plan.to_json(shards=True), separators=(",", ":"))
+
+
+def names(doc: dict[str, Any], problem: Problem) -> tuple[str, str]:
+    """Cluster and model names for listings: the preset name, else the document's name."""
+    return (doc.get("cluster_preset") or problem.cluster.name, doc.get("model_preset") or problem.model.name)
+
+
+def _iso(value: datetime) -> str:
+    return value.isoformat()
+
+
+def plan_body(record: PlanRecord) -> bytes:
+    """The response body for a stored plan: the plan document with ``id``, ``status``, ``created_at`` first.
+
+    The stored plan text is spliced in as it is, so a large plan is not decoded and encoded again.
+    """
+    head = {"id": record.id, "status": record.status, "created_at": _iso(record.created_at)}
+    if record.status == "done" and record.plan_json:
+        head_text = json.dumps(head, separators=(",", ":"))
+        inner = record.plan_json.strip()
+        if inner == "{}":
+            return head_text.encode()
+        return (head_text[:-1] + "," + inner[1:]).encode()
+    if record.status == "failed":
+        head["error"] = record.error
+    return json.dumps(head, separators=(",", ":")).encode()
+
+
+def summary(record: PlanRecord) -> PlanSummary:
+    return PlanSummary(id=record.id, status=record.status, created_at=record.created_at, finished_at=record.finished_at, cluster=record.cluster,
+                       model=record.model, n_samples=record.n_samples, n_ranks=record.n_ranks, backend=record.backend,
+                       solver_status=record.solver_status, predicted_step_time_s=record.predicted_step_time_s,
+                       lower_bound_s=record.lower_bound_s, gap=record.gap, solve_ms=record.solve_ms)
+
+
+def check_group_times(group_times: list[list[float]] | None, plan_json: str | None) -> None:
+    """Per-group times must follow the plan's shape: one list per micro-batch, one number per group."""
+    if group_times is None or not plan_json:
+        return
+    plan = json.loads(plan_json)
+    mbs = plan.get("micro_batches", [])
+    if len(group_times) != len(mbs):
+        raise ProblemError(f"has {len(group_times)} micro-batches, the plan has {len(mbs)}", field="group_times_s",
+                           hint="give one list per micro-batch, in plan order.")
+    for m, (times, mb) in enumerate(zip(group_times, mbs, strict=True)):
+        if len(times) != len(mb.get("groups", [])):
+            raise ProblemError(f"has {len(times)} groups, the plan's micro-batch has {len(mb.get('groups', []))}", field=f"group_times_s[{m}]",
+                               hint="give one time per group, in plan order.")
+        for g, t in enumerate(times):
+            if not (t >= 0 and t < 1e7):
+                raise ProblemError(f"must be a time in seconds >= 0, got {t!r}", field=f"group_times_s[{m}][{g}]", hint="give measured seconds.")
