@@ -1,0 +1,135 @@
+"""One training step of a plan on one rank, and the single-process reference it must equal.
+
+A step runs the rank's micro-batches in order (:func:`trainer.apply.apply_plan`): it gathers its
+tokens of each sample (padding with token 0 where a zig-zag chunk runs past the end), runs the model
+with ring or Ulysses attention over its group, and back-propagates its share of the loss. The loss is
+the mean next-token cross-entropy over every label token of the batch, so each rank divides its sum
+by the batch's label count; the data-parallel reduction is then one all-reduce (sum) of all
+gradients over the job, which makes every rank's gradients equal those of one process running the
+whole batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainer.apply import MicroBatchWork, RankWork
+from trainer.group_pool import GroupPool
+from trainer.ring_attention import RingSpec, full_attention, ring_attention, shard_layout, ulysses_attention
+from trainer.tiny_model import TinyTransformer
+
+IGNORE = -100
+
+
+def label_count(samples: Mapping[str, torch.Tensor]) -> int:
+    """Label tokens of a batch: every token but each sample's last has a next token to predict."""
+    return sum(max(0, int(t.numel()) - 1) for t in samples.values())
+
+
+def local_tokens(mb: MicroBatchWork, samples: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(token ids, in-sample positions, next-token labels) of this rank's shards, padding included."""
+    toks, poss, labs = [], [], []
+    for sh in mb.shards:
+        ids = samples[sh.sample]
+        if int(ids.numel()) != sh.length:
+            raise ValueError(f"sample {sh.sample!r} has {int(ids.numel())} tokens but the plan says {sh.length}")
+        padded = torch.zeros(sh.padded_length + 1, dtype=torch.int64)
+        padded[: sh.length] = ids
+        nxt = torch.full((sh.padded_length + 1,), IGNORE, dtype=torch.int64)
+        nxt[: sh.length - 1] = ids[1:]
+        for a, b in sh.padded_ranges:
+            toks.append(padded[a:b])
+            poss.append(torch.arange(a, b, dtype=torch.int64))
+            labs.append(nxt[a:b])
+    return torch.cat(toks), torch.cat(poss), torch.cat(labs)
+
+
+@dataclass
+class StepResult:
+    loss: float
+    """The batch's mean token loss (the same on every rank after the reduction)."""
+    seconds: float
+    """Wall time of the step on this rank, reduction included."""
+    micro_batch_seconds: list[float] = field(default_factory=list)
+
+
+def train_step(model: TinyTransformer, work: RankWork, pool: GroupPool, samples: Mapping[str, torch.Tensor],
+               optimizer: torch.optim.Optimizer | None = None, reduce: bool = True) -> StepResult:
+    """Run this rank's part of one step, then reduce gradients (and apply ``optimizer`` if given).
+
+    Every rank must call it with the same plan; the pool must already hold the plan's groups
+    (``pool.ensure(work.communicators)``, collective) or they are created here in the same order.
+    """
+    pool.ensure(work.communicators)
+    total = label_count(samples)
+    device = next(model.parameters()).device
+    start = time.perf_counter()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    mb_seconds = []
+    for mb in work.micro_batches:
+        t0 = time.perf_counter()
+        if mb.group is not None:
+            loss_sum += run_micro_batch(model, mb, pool.get(mb.group), work.scheme, samples, total)
+        mb_seconds.append(time.perf_counter() - t0)
+    if reduce:
+        reduce_gradients(model)
+        dist.all_reduce(loss_sum)
+    if optimizer is not None:
+        optimizer.step()
+    return StepResult(float(loss_sum), time.perf_counter() - start, mb_seconds)
+
+
+def run_micro_batch(model: TinyTransformer, mb: MicroBatchWork, group: Any, scheme: str, samples: Mapping[str, torch.Tensor], total_labels: int) -> torch.Tensor:
+    """Forward and backward of this rank's shards of one micro-batch; returns its loss contribution."""
+    device = next(model.parameters()).device
+    assert mb.group is not None
+    layout = shard_layout([sh.length for sh in mb.shards], len(mb.group), scheme)
+    spec = RingSpec(group, mb.group, mb.position, tuple((p.to(device), s.to(device)) for p, s in layout))
+    tokens, positions, labels = (x.to(device) for x in local_tokens(mb, samples))
+    attention = ring_attention if scheme == "ring" else ulysses_attention
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attention(q, k, v, spec)
+
+    logits = model(tokens, positions, attend)
+    loss = torch.nn.functional.cross_entropy(logits.double(), labels, ignore_index=IGNORE, reduction="sum") / max(total_labels, 1)
+    loss.backward()
+    return loss.detach()
+
+
+def reduce_gradients(model: torch.nn.Module, group: Any = None) -> None:
+    """Sum every parameter's gradient over the job in one flat all-reduce (missing gradients count as zero)."""
+    params = list(model.parameters())
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad.copy_(flat[offset:offset + n].view_as(p))
+        offset += n
+
+
+def reference_step(model: TinyTransformer, samples: Mapping[str, torch.Tensor]) -> float:
+    """The same loss and gradients on one process with plain attention over the whole batch."""
+    ids = list(samples)
+    tokens = torch.cat([samples[s] for s in ids])
+    positions = torch.cat([torch.arange(int(samples[s].numel())) for s in ids])
+    segments = torch.cat([torch.full((int(samples[s].numel()),), i, dtype=torch.int64) for i, s in enumerate(ids)])
+    labels = torch.cat([torch.cat([samples[s][1:], torch.tensor([IGNORE])]) for s in ids])
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return full_attention(q, k, v, positions, segments)
+
+    logits = model(tokens, positions, attend)
+    loss = torch.nn.functional.cross_entropy(logits.double(), labels, ignore_index=IGNORE, reduction="sum") / max(label_count(samples), 1)
+    loss.backward()
+    return float(loss.detach())
