@@ -1,0 +1,291 @@
+"""The planning service through the ASGI client: plans, plan-ahead, cache, listing, feedback, errors, limits, auth."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+from api_support import ROOT, assert_verified, small_request
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.settings import Settings
+from optimizer.documents import problem_from_json
+from optimizer.planner import plan as run_planner
+
+
+@pytest.fixture
+def make_client(tmp_path):
+    clients = []
+
+    def make(**settings):
+        app = create_app(Settings(data_dir=tmp_path / "data", **settings))
+        client = TestClient(app, raise_server_exceptions=False)
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield make
+    for c in clients:
+        c.__exit__(None, None, None)
+
+
+@pytest.fixture
+def client(make_client):
+    return make_client()
+
+
+def assert_problem(r, status, field=None):
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    body = r.json()
+    assert body["status"] == status and body["title"] and body["detail"] and body["type"].startswith("https://")
+    if field is not None:
+        assert body.get("field") == field, body
+    return body
+
+
+def test_plan_is_verified_and_has_the_cli_shape(client):
+    req = small_request()
+    r = client.post("/v1/plans", json=req)
+    assert r.status_code == 201, r.text
+    doc = r.json()
+    assert doc["status"] == "done" and len(doc["id"]) == 32 and doc["created_at"]
+    assert r.headers["location"] == f"/v1/plans/{doc['id']}"
+    assert_verified(doc, req)
+    expected = run_planner(problem_from_json(req)).to_json()
+    assert set(doc) - {"id", "status", "created_at"} == set(expected)
+    assert doc["micro_batches"] == expected["micro_batches"]  # the heuristic is deterministic
+    assert doc["solver"]["backend"] == "heuristic"
+
+
+def test_cli_input_files_work_unchanged(client):
+    files = {k: json.loads((ROOT / "examples" / f).read_text()) for k, f in
+             (("batch", "batch_small.json"), ("cluster", "cluster.json"), ("model", "model.json"), ("options", "options.json"))}
+    files["options"] = {**files["options"], "backend": "heuristic"}
+    r = client.post("/v1/plans", json=files)
+    assert r.status_code == 201, r.text
+    assert_verified(r.json(), files)
+
+
+def test_identical_requests_hit_the_plan_cache(client):
+    req = small_request(seed=3)
+    first = client.post("/v1/plans", json=req)
+    second = client.post("/v1/plans", json=req)
+    assert (first.status_code, second.status_code) == (201, 200)
+    assert second.headers["x-plan-cache"] == "hit" and second.json()["id"] == first.json()["id"]
+    # The same request with a preset named instead of the equivalent inline options still normalises alike.
+    same = {**req, "options": {**req["options"], "degree_policy": "any"}}
+    assert client.post("/v1/plans", json=same).headers["x-plan-cache"] == "hit"
+    fresh = client.post("/v1/plans", json={**req, "cache": False})
+    assert fresh.status_code == 201 and fresh.json()["id"] != first.json()["id"]
+    metrics = client.get("/metrics").text
+    assert "dhp_plan_cache_hits_total 2.0" in metrics
+
+
+def test_plan_ahead_then_long_poll(client):
+    req = {**small_request(seed=5), "wait": False}
+    r = client.post("/v1/plans", json=req)
+    assert r.status_code == 202, r.text
+    pid = r.json()["id"]
+    assert r.json()["status"] in ("pending", "done")
+    got = client.get(f"/v1/plans/{pid}", params={"wait_ms": 20000}).json()
+    assert got["status"] == "done" and got["id"] == pid
+    assert_verified(got, req)
+
+
+def test_plan_ahead_validates_before_accepting(client):
+    bad = {**small_request(), "wait": False, "cluster": {"nodes": 0}}
+    assert_problem(client.post("/v1/plans", json=bad), 422, "cluster.nodes")
+    assert client.get("/v1/plans").json()["total"] == 0
+
+
+def test_list_filters_and_pagination(client):
+    ids = [client.post("/v1/plans", json=small_request(n=8, seed=s)).json()["id"] for s in range(5)]
+    page = client.get("/v1/plans", params={"limit": 2}).json()
+    assert page["total"] == 5 and len(page["items"]) == 2 and page["next_offset"] == 2
+    seen = []
+    offset = 0
+    while offset is not None:
+        page = client.get("/v1/plans", params={"limit": 2, "offset": offset}).json()
+        seen += [i["id"] for i in page["items"]]
+        offset = page["next_offset"]
+    assert sorted(seen) == sorted(ids)
+    assert client.get("/v1/plans", params={"status": "done", "backend": "heuristic", "model": "qwen2-vl-7b"}).json()["total"] == 5
+    assert client.get("/v1/plans", params={"backend": "cpsat"}).json()["total"] == 0
+    assert client.get("/v1/plans", params={"created_after": "2999-01-01T00:00:00Z"}).json()["total"] == 0
+    assert client.get("/v1/plans", params={"created_before": "2999-01-01T00:00:00"}).json()["total"] == 5
+    item = client.get("/v1/plans", params={"limit": 1}).json()["items"][0]
+    assert item["n_samples"] == 8 and item["n_ranks"] == 16 and item["predicted_step_time_s"] > 0
+    assert_problem(client.get("/v1/plans", params={"limit": 0}), 422, "limit")
+    assert_problem(client.get("/v1/plans", params={"status": "lost"}), 422, "status")
+
+
+def test_feedback_is_stored_beside_the_prediction(client):
+    plan = client.post("/v1/plans", json=small_request(n=8)).json()
+    shape = [[0.5] * len(mb["groups"]) for mb in plan["micro_batches"]]
+    r = client.post(f"/v1/plans/{plan['id']}/feedback", json={"measured_step_time_s": 2.0, "group_times_s": shape, "step": 7})
+    assert r.status_code == 201, r.text
+    fb = r.json()
+    assert fb["predicted_step_time_s"] == pytest.approx(plan["predicted_step_time_s"])
+    assert fb["measured_over_predicted"] == pytest.approx(2.0 / plan["predicted_step_time_s"])
+    listed = client.get(f"/v1/plans/{plan['id']}/feedback").json()
+    assert [f["id"] for f in listed] == [fb["id"]]
+    assert_problem(client.post(f"/v1/plans/{plan['id']}/feedback", json={"measured_step_time_s": 2.0, "group_times_s": shape + [[1.0]]}), 422, "group_times_s")
+    assert_problem(client.post(f"/v1/plans/{plan['id']}/feedback", json={"measured_step_time_s": -1}), 422, "measured_step_time_s")
+    assert_problem(client.post("/v1/plans/nope/feedback", json={"measured_step_time_s": 1.0}), 404, "plan_id")
+
+
+def test_errors_are_problem_documents_naming_the_field(client):
+    req = small_request(n=4)
+    req["batch"]["samples"][2]["text_tokens"] = -5
+    body = assert_problem(client.post("/v1/plans", json=req), 422, "batch.samples[2].text_tokens")
+    assert body["hint"]
+    assert_problem(client.post("/v1/plans", json={**small_request(), "cluster_preset": "h100-8x8"}), 422, "cluster_preset")
+    assert_problem(client.post("/v1/plans", json={**small_request(), "model_preset": "gpt-9"}), 422, "model_preset")
+    assert_problem(client.post("/v1/plans", json={**small_request(), "colour": "red"}), 422, "colour")
+    assert_problem(client.post("/v1/plans", json={"cluster_preset": "h100-8x8"}), 422, "batch")
+    assert_problem(client.post("/v1/plans", json={**small_request(), "options": {"backend": "magic"}}), 422, "options.backend")
+    assert_problem(client.post("/v1/plans", content=b"{not json", headers={"content-type": "application/json"}), 422)
+    assert_problem(client.get("/v1/plans/0123456789abcdef0123456789abcdef"), 404, "plan_id")
+    assert_problem(client.get("/v1/nothing-here"), 404)
+    assert_problem(client.put("/v1/plans"), 405)
+
+
+def test_infeasible_request_is_422(client):
+    # One sample far larger than the memory of the whole cluster.
+    req = {"batch": {"samples": [{"id": "huge", "text_tokens": 50_000_000}]}, "cluster": {"nodes": 1, "gpus_per_node": 2}, "model_preset": "llama3-8b",
+           "options": {"backend": "heuristic"}}
+    body = assert_problem(client.post("/v1/plans", json=req), 422)
+    assert body["type"].endswith(("infeasible", "invalid-request")) and body["hint"]
+
+
+def test_limits_from_settings(make_client):
+    client = make_client(max_samples=10, max_ranks=8, max_budget_ms=500, max_body_bytes=4096)
+    assert_problem(client.post("/v1/plans", json=small_request(n=11, nodes=1)), 422, "batch.samples")
+    assert_problem(client.post("/v1/plans", json=small_request(n=4, nodes=2)), 422, "cluster")
+    assert_problem(client.post("/v1/plans", json={**small_request(n=4, nodes=1), "cluster": None, "cluster_preset": "h100-8x8"}), 422, "cluster_preset")
+    assert_problem(client.post("/v1/plans", json=small_request(n=4, nodes=1, time_budget_ms=501)), 422, "options.time_budget_ms")
+    big = small_request(n=100, nodes=1)
+    assert_problem(client.post("/v1/plans", json=big), 413, "body")
+    # Chunked upload without Content-Length is limited too.
+    data = json.dumps(big).encode()
+    r = client.post("/v1/plans", content=iter([data[:2000], data[2000:]]), headers={"content-type": "application/json"})
+    assert_problem(r, 413, "body")
+    assert client.post("/v1/plans", json=small_request(n=4, nodes=1, time_budget_ms=400)).status_code == 201
+
+
+def test_bearer_tokens(make_client):
+    client = make_client(tokens="alpha-token-0123456789,beta-token-0123456789")
+    req = small_request(n=4)
+    body = assert_problem(client.post("/v1/plans", json=req), 401, "Authorization")
+    assert "Bearer" in client.get("/v1/presets").headers["www-authenticate"]
+    assert body["hint"]
+    assert_problem(client.get("/v1/presets", headers={"Authorization": "Bearer wrong"}), 401)
+    ok = client.post("/v1/plans", json=req, headers={"Authorization": "Bearer beta-token-0123456789"})
+    assert ok.status_code == 201
+    for open_path in ("/healthz", "/readyz", "/metrics", "/docs", "/openapi.json"):
+        assert client.get(open_path).status_code == 200, open_path
+
+
+def test_settings_refuse_unsafe_production_defaults():
+    with pytest.raises(ValueError, match="DHP_TOKENS"):
+        Settings(environment="production", host="0.0.0.0")
+    with pytest.raises(ValueError, match="shorter"):
+        Settings(environment="production", host="0.0.0.0", tokens="short")
+    Settings(environment="production", host="127.0.0.1")
+    Settings(environment="production", host="0.0.0.0", tokens="x" * 32)
+    Settings(environment="development", host="0.0.0.0")
+
+
+def test_settings_from_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("DHP_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("DATABASE_URL", "postgres://u:p@db:5432/dhp")
+    monkeypatch.setenv("DHP_SOLVE_WORKERS", "3")
+    s = Settings()
+    assert s.data_dir == Path(tmp_path) and s.solve_workers == 3
+    assert s.sqlalchemy_url == "postgresql+psycopg://u:p@db:5432/dhp"
+    monkeypatch.delenv("DATABASE_URL")
+    assert Settings().sqlalchemy_url.startswith("sqlite:///") and Settings().sqlalchemy_url.endswith("dhp.sqlite3")
+
+
+def test_beyond_capacity_answers_503_with_retry_after(make_client):
+    client = make_client(solve_workers=1, queue_limit=0, retry_after_s=2)
+    service = client.app.state.service
+    release = threading.Event()
+    started = threading.Event()
+    original = service.plan_now
+
+    def slow(*args):
+        started.set()
+        release.wait(10)
+        return original(*args)
+
+    service.plan_now = slow
+    results = {}
+    t = threading.Thread(target=lambda: results.setdefault("first", client.post("/v1/plans", json=small_request(n=4))))
+    t.start()
+    assert started.wait(10)
+    r = client.post("/v1/plans", json=small_request(n=4, seed=1))
+    body = assert_problem(r, 503)
+    assert r.headers["retry-after"] == "2" and body["hint"]
+    ready = client.get("/readyz").json()
+    assert ready["solves_in_flight"] == 1 and ready["capacity"] == 1
+    release.set()
+    t.join(10)
+    assert results["first"].status_code == 201
+    assert "dhp_rejected_total 1.0" in client.get("/metrics").text
+
+
+def test_budget_counts_from_arrival(client, monkeypatch):
+    seen = []
+    import api.translate as translate
+
+    original = translate.with_budget_left
+
+    def spy(problem, elapsed_ms):
+        seen.append(elapsed_ms)
+        out = original(problem, elapsed_ms)
+        seen.append(out.options.time_budget_ms)
+        return out
+
+    monkeypatch.setattr(translate, "with_budget_left", spy)
+    client.post("/v1/plans", json=small_request(n=4, time_budget_ms=1000))
+    elapsed, left = seen
+    assert elapsed > 0 and left == pytest.approx(1000 - elapsed)
+
+
+def test_restart_keeps_every_plan(tmp_path):
+    settings = Settings(data_dir=tmp_path / "data")
+    with TestClient(create_app(settings)) as c1:
+        made = {c1.post("/v1/plans", json=small_request(n=6, seed=s)).json()["id"]: s for s in range(4)}
+        ahead = c1.post("/v1/plans", json={**small_request(n=6, seed=9), "wait": False}).json()["id"]
+        assert c1.get(f"/v1/plans/{ahead}", params={"wait_ms": 20000}).json()["status"] == "done"
+        before = {pid: c1.get(f"/v1/plans/{pid}").json() for pid in [*made, ahead]}
+    with TestClient(create_app(settings)) as c2:
+        assert c2.get("/v1/plans").json()["total"] == 5
+        for pid, doc in before.items():
+            assert c2.get(f"/v1/plans/{pid}").json() == doc
+        # The plan cache survives too (through the store).
+        again = c2.post("/v1/plans", json=small_request(n=6, seed=0))
+        assert again.status_code == 200 and again.json()["id"] in made
+
+
+def test_presets_health_metrics_docs(client):
+    presets = client.get("/v1/presets").json()
+    assert "h100-8x8" in presets["clusters"] and "qwen2-vl-7b" in presets["models"]
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json()["database"] == "ok"
+    client.post("/v1/plans", json=small_request(n=4))
+    text = client.get("/metrics").text
+    for name in ("dhp_http_request_duration_seconds_bucket", "dhp_solve_duration_seconds_bucket", "dhp_plan_gap_bucket",
+                 "dhp_solve_queue_depth", "dhp_solves_in_flight", "dhp_solver_fallbacks_total"):
+        assert name in text, name
+    assert 'route="/v1/plans"' in text and 'backend="heuristic"' in text
+    docs = client.get("/docs").text
+    assert "/static/swagger-ui-bundle.js" in docs and "cdn" not in docs.lower()
+    assert client.get("/static/swagger-ui-bundle.js").status_code == 200
+    spec = client.get("/openapi.json").json()
+    assert {"/v1/plans", "/v1/plans/{plan_id}", "/v1/plans/{plan_id}/feedback", "/v1/presets", "/healthz", "/readyz", "/metrics"} <= set(spec["paths"])
