@@ -1,0 +1,156 @@
+"""The plan store on SQLite and on a real PostgreSQL server (``DHP_TEST_DATABASE_URL``; .ci/run starts one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import inspect, text
+
+from api.store import PlanRecord, Store
+from api.store.migrate import current_revision, downgrade, upgrade
+from api.store.repository import utcnow
+
+PG_URL = os.environ.get("DHP_TEST_DATABASE_URL")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request, tmp_path):
+    if request.param == "sqlite":
+        s = Store(f"sqlite:///{tmp_path / 'store.sqlite3'}")
+    else:
+        if not PG_URL:
+            pytest.skip("DHP_TEST_DATABASE_URL is not set: no PostgreSQL server to test against (.ci/run starts one)")
+        s = Store(PG_URL)
+        with s.engine.begin() as conn:  # a clean schema for every test
+            conn.execute(text("DROP TABLE IF EXISTS feedback, plans, alembic_version CASCADE"))
+    upgrade(s.engine)
+    yield s
+    s.close()
+
+
+def record(status="done", created_at=None, backend="heuristic", cluster="h100-8x8", **extra):
+    created = created_at or utcnow()
+    base = dict(id=uuid.uuid4().hex, created_at=created, status=status, request_hash=uuid.uuid4().hex * 2, n_samples=8, n_ranks=64,
+                cluster=cluster, model="qwen2-vl-7b", request_json='{"batch":{"samples":[]}}')
+    if status == "done":
+        base.update(finished_at=created, plan_json='{"predicted_step_time_s":1.5,"micro_batches":[]}', backend=backend, solver_status="heuristic",
+                    predicted_step_time_s=1.5, lower_bound_s=1.2, gap=0.2, solve_ms=9.0)
+    base.update(extra)
+    return PlanRecord(**base)
+
+
+def test_migrations_create_and_drop_the_schema(store):
+    assert current_revision(store.engine) == "0001"
+    assert {"plans", "feedback"} <= set(inspect(store.engine).get_table_names())
+    upgrade(store.engine)  # idempotent
+    downgrade(store.engine, "base")
+    assert "plans" not in inspect(store.engine).get_table_names()
+    upgrade(store.engine)
+    assert current_revision(store.engine) == "0001"
+
+
+def test_add_get_roundtrip(store):
+    rec = record()
+    store.add(rec)
+    got = store.get(rec.id)
+    assert got is not None
+    assert got.plan_json == rec.plan_json and got.request_json == rec.request_json
+    assert got.created_at == rec.created_at and got.created_at.tzinfo is not None
+    assert got.predicted_step_time_s == 1.5 and got.backend == "heuristic"
+    assert store.get("missing") is None
+    assert store.get(rec.id, with_documents=False).plan_json is None
+
+
+def test_pending_then_finished_or_failed(store):
+    a, b = record(status="pending"), record(status="pending")
+    store.add(a)
+    store.add(b)
+    store.finish(a.id, plan_json='{"x":1}', backend="cpsat", solver_status="optimal", predicted_step_time_s=2.0, lower_bound_s=2.0, gap=0.0, solve_ms=50.0)
+    store.fail(b.id, {"status": 422, "detail": "no plan", "field": "batch"})
+    done, failed = store.get(a.id), store.get(b.id)
+    assert done.status == "done" and done.plan_json == '{"x":1}' and done.solver_status == "optimal" and done.finished_at is not None
+    assert failed.status == "failed" and failed.error == {"status": 422, "detail": "no plan", "field": "batch"}
+
+
+def test_cache_lookup_finds_the_newest_finished_plan(store):
+    old = record(created_at=utcnow() - timedelta(minutes=5))
+    new = record(request_hash=old.request_hash)
+    pending = record(status="pending", request_hash=old.request_hash, created_at=utcnow() + timedelta(seconds=1))
+    for r in (old, new, pending):
+        store.add(r)
+    assert store.find_done(old.request_hash).id == new.id
+    assert store.find_done("0" * 64) is None
+
+
+def test_list_filters_and_pages(store):
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    recs = [record(created_at=t0 + timedelta(minutes=i), backend="cpsat" if i % 2 else "heuristic", cluster=f"c{i % 3}") for i in range(7)]
+    recs.append(record(status="pending", created_at=t0 + timedelta(minutes=10)))
+    for r in recs:
+        store.add(r)
+    items, total = store.list(limit=3)
+    assert total == 8 and [i.id for i in items] == [recs[7].id, recs[6].id, recs[5].id]
+    assert all(i.plan_json is None for i in items)
+    pages = [store.list(limit=3, offset=o)[0] for o in (0, 3, 6)]
+    assert sorted(i.id for p in pages for i in p) == sorted(r.id for r in recs)
+    assert store.list(backend="cpsat")[1] == 3
+    assert store.list(status="pending")[1] == 1
+    assert store.list(cluster="c0")[1] == 3
+    assert store.list(created_after=t0 + timedelta(minutes=5))[1] == 3
+    assert store.list(created_before=t0 + timedelta(minutes=2))[1] == 2
+
+
+def test_feedback_beside_prediction(store):
+    rec = record()
+    store.add(rec)
+    fb = store.add_feedback(rec.id, 1.8, {"measured_step_time_s": 1.8, "group_times_s": [[1.0, 1.7]]})
+    assert fb.predicted_step_time_s == 1.5 and fb.measured_step_time_s == 1.8
+    store.add_feedback(rec.id, 1.9, {"measured_step_time_s": 1.9})
+    listed = store.feedback_for(rec.id)
+    assert [f.measured_step_time_s for f in listed] == [1.8, 1.9]
+    assert listed[0].document["group_times_s"] == [[1.0, 1.7]]
+    assert store.add_feedback("missing", 1.0, {}) is None
+
+
+def test_large_plan_documents_survive(store):
+    plan = {"micro_batches": [{"groups": [{"ranks": list(range(64)), "samples": [f"s{i}" for i in range(512)]}]}] * 8}
+    rec = record(plan_json=json.dumps(plan))
+    store.add(rec)
+    assert json.loads(store.get(rec.id).plan_json) == plan
+
+
+def test_ping(store):
+    assert store.ping()
+    broken = Store("postgresql+psycopg://nobody:nothing@127.0.0.1:1/none")
+    assert not broken.ping()
+    broken.close()
+
+
+def test_service_keeps_plans_in_postgres(tmp_path):
+    if not PG_URL:
+        pytest.skip("DHP_TEST_DATABASE_URL is not set: no PostgreSQL server to test against (.ci/run starts one)")
+    from api_support import assert_verified, small_request
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from api.settings import Settings
+
+    s = Store(PG_URL)
+    with s.engine.begin() as conn:
+        conn.execute(text("DROP TABLE IF EXISTS feedback, plans, alembic_version CASCADE"))
+    s.close()
+    settings = Settings(database_url=PG_URL, data_dir=tmp_path)
+    req = small_request(n=8)
+    with TestClient(create_app(settings)) as c:
+        plan = c.post("/v1/plans", json=req).json()
+        assert c.post(f"/v1/plans/{plan['id']}/feedback", json={"measured_step_time_s": 1.0}).status_code == 201
+    with TestClient(create_app(settings)) as c:  # a new instance on the same database
+        again = c.get(f"/v1/plans/{plan['id']}").json()
+        assert again == plan
+        assert_verified(again, req)
+        assert c.get("/v1/plans").json()["total"] == 1
+    assert not (tmp_path / "dhp.sqlite3").exists()
