@@ -1,0 +1,122 @@
+"""The trainer's client: retries with backoff, Retry-After, errors that name the field, local fallback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+import pytest
+from api_support import ROOT, ServerProcess, assert_verified, free_port, small_request
+
+from api.client import PlannerClient, PlannerServiceError, ServiceUnavailable
+
+
+def mock_client(handler, **kwargs):
+    sleeps = []
+    client = PlannerClient("http://planner.test", transport=httpx.MockTransport(handler), sleep=sleeps.append, **kwargs)
+    return client, sleeps
+
+
+def test_retries_with_backoff_then_succeeds():
+    calls = []
+
+    def handler(request):
+        calls.append(request)
+        if len(calls) < 3:
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(201, json={"id": "abc", "status": "done"})
+
+    client, sleeps = mock_client(handler, retries=4, backoff_s=0.1)
+    assert client.plan(small_request(n=2))["id"] == "abc"
+    assert len(calls) == 3 and len(sleeps) == 2
+    assert 0.05 <= sleeps[0] <= 0.1 and 0.1 <= sleeps[1] <= 0.2  # exponential, with jitter
+
+
+def test_honours_retry_after_on_503():
+    answers = [httpx.Response(503, headers={"Retry-After": "1"}, json={"title": "busy"}), httpx.Response(201, json={"id": "x", "status": "done"})]
+    client, sleeps = mock_client(lambda request: answers.pop(0))
+    assert client.plan(small_request(n=2))["id"] == "x"
+    assert sleeps == [1.0]
+
+
+def test_request_errors_are_not_retried_and_name_the_field():
+    calls = []
+
+    def handler(request):
+        calls.append(request)
+        return httpx.Response(422, json={"title": "Invalid planning request", "detail": "must be >= 0", "field": "batch.samples[0].text_tokens",
+                                         "hint": "give the number of text tokens."})
+
+    client, _ = mock_client(handler)
+    with pytest.raises(PlannerServiceError) as info:
+        client.plan(small_request(n=2))
+    assert len(calls) == 1
+    assert info.value.status == 422 and info.value.field == "batch.samples[0].text_tokens"
+    assert "To fix: give the number of text tokens." in str(info.value)
+
+
+def test_token_is_sent():
+    seen = []
+
+    def handler(request):
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(200, json={"clusters": {}})
+
+    client = PlannerClient("http://planner.test", token="secret-token", transport=httpx.MockTransport(handler))
+    client.presets()
+    assert seen == ["Bearer secret-token"]
+
+
+def test_unreachable_without_fallback_raises():
+    client = PlannerClient(f"http://127.0.0.1:{free_port()}", retries=1, backoff_s=0.001)
+    with pytest.raises(ServiceUnavailable):
+        client.plan(small_request(n=2))
+    assert not client.healthy()
+
+
+def test_unreachable_with_fallback_plans_locally():
+    client = PlannerClient(f"http://127.0.0.1:{free_port()}", retries=1, backoff_s=0.001, local_fallback=True)
+    req = small_request(n=12, backend="auto")
+    plan = client.plan(req)
+    assert plan["status"] == "local" and plan["id"].startswith("local-")
+    assert plan["solver"]["backend"] == "heuristic"
+    assert_verified(plan, req)
+    ahead = client.plan_ahead(small_request(n=6, seed=1))
+    later = client.result(ahead)
+    assert later["status"] == "local"
+    assert_verified(later, small_request(n=6, seed=1))
+    assert client.feedback(plan["id"], 1.0) is None
+    assert client.fallbacks == 2
+
+
+def test_against_a_real_server(tmp_path):
+    server = ServerProcess(tmp_path)
+    try:
+        with PlannerClient(server.url, local_fallback=True) as client:
+            req = small_request(n=10)
+            plan = client.plan(req)
+            assert plan["status"] == "done" and not plan["id"].startswith("local-")
+            assert_verified(plan, req)
+            ahead = client.plan_ahead(small_request(n=10, seed=4))
+            assert client.result(ahead, wait_ms=20_000)["status"] == "done"
+            shape = [[0.1] * len(mb["groups"]) for mb in plan["micro_batches"]]
+            fb = client.feedback(plan["id"], 1.25, group_times_s=shape, step=3)
+            assert fb["measured_step_time_s"] == 1.25 and fb["predicted_step_time_s"] == pytest.approx(plan["predicted_step_time_s"])
+            with pytest.raises(PlannerServiceError) as info:
+                client.plan({**req, "cluster": {"nodes": -1}})
+            assert info.value.field == "cluster.nodes"
+            assert client.fallbacks == 0
+    finally:
+        server.stop()
+
+
+def test_importable_without_the_web_stack():
+    code = ("import sys\n"
+            "for m in ('fastapi', 'starlette', 'sqlalchemy', 'pydantic', 'pydantic_settings', 'uvicorn', 'alembic', 'prometheus_client'):\n"
+            "    sys.modules[m] = None\n"
+            "from api.client import PlannerClient\n"
+            "print(PlannerClient.__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "PlannerClient"
