@@ -1,0 +1,223 @@
+"""Anytime search with an exact model, shared by every backend.
+
+A backend supplies ``solve_model(model, seconds, options, on_solution)`` for one
+:class:`~solver_models.formulation.SlotModel`; :func:`improve` decides what to solve:
+
+- *whole problem* (small instances, estimated model size below ``FULL_MODEL_PAIRS``): the full
+  model of :func:`~solver_models.formulation.full_model`, hinted with the heuristic's plan; its
+  proven bound is a bound of the problem on homogeneous clusters (less the rounding slack);
+- *large-neighbourhood search* otherwise: starting from the heuristic's plan, each round frees the
+  slowest group of one micro-batch together with the groups sharing its nodes and a few of the
+  lightest groups (sometimes of a second micro-batch), and re-solves their samples and, on
+  alternate rounds, their group sizes, with everything else fixed. A round is kept when the
+  re-computed step time falls, so the incumbent never gets worse than the hint. The neighbourhood
+  grows after rounds solved to optimality and shrinks after time-outs. No global bound comes out of
+  a restricted model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from optimizer.costs import CostTables
+from optimizer.evaluate import assignment_step_time
+from optimizer.options import PlanOptions
+from optimizer.plan import Assignment, TracePoint
+from solver_models.base import ImprovementCallback, SolveResult
+from solver_models.formulation import UNIT, Group, SlotModel, full_model, neighbourhood_model, rounding_slack
+
+FULL_MODEL_PAIRS = 6000
+"""Largest estimated (item, slot) pair count solved as one model."""
+MARGIN_S = 0.003
+"""Seconds kept back from the deadline for decoding and evaluating the last answer."""
+MIN_ROUND_S = 0.008
+"""No new neighbourhood is started with less time than this left."""
+ROUND_S = 0.03
+"""Most seconds one neighbourhood may take."""
+SAMPLES_PER_EXTRA = 12
+"""Most samples a neighbourhood frees, per light group it frees (the size adapts)."""
+
+
+@dataclass
+class ModelResult:
+    status: str  # optimal, feasible, infeasible, timeout, error
+    y: list[int] | None
+    x: dict[tuple[int, int], int] | None
+    objective: int | None  # model units
+    bound: int | None  # model units
+
+
+ModelSolver = Callable[[SlotModel, float, PlanOptions, Callable[[int, int | None], None] | None], ModelResult]
+
+
+def full_model_pairs(tables: CostTables) -> int:
+    """Estimated pair count of the full model (samples x slots)."""
+    n = tables.n_samples
+    n_mb = min(tables.problem.options.max_micro_batches, n)
+    degrees = [int(d) for d in tables.degrees]
+    per_mb = sum((b - a) // d for a, b in tables.node_ranges for d in degrees if d <= b - a)
+    if len(tables.node_ranges) > 1:
+        per_mb += sum(tables.n_ranks // d for d in degrees if d >= 2)
+    return n * n_mb * per_mb
+
+
+def improve(tables: CostTables, options: PlanOptions, hint: Assignment, deadline: float, solve_model: ModelSolver,
+            on_improvement: ImprovementCallback | None, name: str, clock: Callable[[], float] = time.perf_counter,
+            round_s: float = ROUND_S, min_round_s: float = MIN_ROUND_S) -> SolveResult:
+    """Improve ``hint`` with ``solve_model`` until ``deadline`` (see the module docstring)."""
+    if full_model_pairs(tables) <= FULL_MODEL_PAIRS:
+        return _whole(tables, options, hint, deadline, solve_model, on_improvement, clock)
+    return _lns(tables, options, hint, deadline, solve_model, on_improvement, clock, round_s, min_round_s)
+
+
+def _whole(tables: CostTables, options: PlanOptions, hint: Assignment, deadline: float, solve_model: ModelSolver,
+           on_improvement: ImprovementCallback | None, clock: Callable[[], float]) -> SolveResult:
+    start = clock()
+    h_time = assignment_step_time(tables, hint)
+    model = full_model(tables, hint, h_time)
+    build_ms = (clock() - start) * 1000.0
+    details = {"mode": "full", "build_ms": round(build_ms, 3), **model.size()}
+    left = deadline - clock() - MARGIN_S
+    if left <= 0.001:
+        return SolveResult(None, "timeout", wall_ms=(clock() - start) * 1000.0, message="no time left after building the model", details=details)
+    slack = rounding_slack(model)
+    certified = bool(tables.homogeneous)
+    trace: list[TracePoint] = []
+
+    def bound_s(units: int | None) -> float | None:
+        if units is None or not certified:
+            return None
+        return max(0.0, min(units * UNIT - slack, h_time))
+
+    def on_solution(objective: int, bound: int | None) -> None:
+        elapsed = (clock() - start) * 1000.0
+        point = TracePoint(elapsed, objective * UNIT, bound_s(bound))
+        trace.append(point)
+        if on_improvement is not None:
+            on_improvement(elapsed, point.objective_s, point.bound_s)
+
+    res = solve_model(model, left, options, on_solution)
+    wall_ms = (clock() - start) * 1000.0
+    details.update(model_status=res.status, certified_bound=certified)
+    if res.y is None or res.x is None:
+        return SolveResult(None, res.status, bound_s=bound_s(res.bound), wall_ms=wall_ms, trace=trace,
+                           message=f"the solver returned no plan ({res.status})", details=details)
+    groups = model.decode(res.y, res.x)
+    assignment = Assignment.of([[(r, s) for r, s in mb] for mb in groups])
+    objective = assignment_step_time(tables, assignment)
+    bound = bound_s(res.bound)
+    status = "optimal" if res.status == "optimal" and certified else "feasible"
+    return SolveResult(assignment, status, objective_s=objective, bound_s=bound, wall_ms=wall_ms, trace=trace, details=details)
+
+
+def _mb_times(tables: CostTables, current: list[list[Group]]) -> list[list[float]]:
+    return [[tables.group_time(list(s), r) for r, s in mb] for mb in current]
+
+
+def _neighbourhood(tables: CostTables, current: list[list[Group]], times: list[list[float]], rng: np.random.Generator, extra: int, m: int) -> list[list[int]]:
+    """Group indices to free per micro-batch: the slowest groups of ``m``, the slowest one's node mates
+    and ``extra`` light groups (sometimes of a second micro-batch), at most ``extra`` x 16 samples."""
+    free: list[set[int]] = [set() for _ in current]
+    node_of = tables.rank_node
+    mb = current[m]
+    order = [int(k) for k in np.argsort(times[m], kind="stable")]
+    slow = order[-1]
+    heavy = order[::-1][: max(1, extra // 3)]
+    free[m].update(heavy)
+    nodes = {int(node_of[r]) for r in mb[slow][0]}
+    mates = [k for k, (r, _) in enumerate(mb) if len({int(node_of[x]) for x in r}) == 1 and int(node_of[r[0]]) in nodes] if len(nodes) == 1 else []
+    light = [k for k in order[: extra * 2] if k not in free[m]]
+    if light:
+        free[m].update(int(k) for k in rng.choice(light, size=min(extra, len(light)), replace=False))
+    if len(current) > 1 and rng.random() < 0.35:
+        other = int(rng.choice([k for k in range(len(current)) if k != m]))
+        free[other].update(int(k) for k in np.argsort(times[other], kind="stable")[: max(1, extra // 2)])
+    # Keep the model small: drop the slowest group's node mates first, then light groups, never the slowest.
+    cap = SAMPLES_PER_EXTRA * extra
+    count = sum(len(current[k][g][1]) for k in range(len(current)) for g in free[k])
+    for g in sorted(set(mates) - free[m], key=lambda g: -times[m][g]):
+        if count + len(mb[g][1]) > cap:
+            break
+        free[m].add(g)
+        count += len(mb[g][1])
+    for k in range(len(current)):
+        for g in sorted(free[k], key=lambda g: times[k][g]):
+            if count <= cap:
+                break
+            if k == m and g in heavy:
+                continue
+            count -= len(current[k][g][1])
+            free[k].discard(g)
+    return [sorted(f) for f in free]
+
+
+def _lns(tables: CostTables, options: PlanOptions, hint: Assignment, deadline: float, solve_model: ModelSolver,
+         on_improvement: ImprovementCallback | None, clock: Callable[[], float], round_s: float, min_round_s: float) -> SolveResult:
+    start = clock()
+    current: list[list[Group]] = [list(mb) for mb in hint.micro_batches]
+    times = _mb_times(tables, current)
+    best = sum(max(t) for t in times)
+    best_spread = sum(x * x for t in times for x in t)
+    rng = np.random.default_rng(0)
+    extra = 4
+    rounds = improved = timeouts = 0
+    build_ms = solve_ms = 0.0
+    largest: dict[str, int] = {}
+    trace: list[TracePoint] = []
+    overrun = 0.0
+    while deadline - clock() > min_round_s:
+        mb_time = np.array([max(t) for t in times])
+        m = int(rng.choice(len(current), p=mb_time / mb_time.sum())) if rounds % 2 else int(np.argmax(mb_time))
+        free = _neighbourhood(tables, current, times, rng, extra, m)
+        t0 = clock()
+        model = neighbourhood_model(tables, current, free, best, resize=bool(rounds % 2))
+        t1 = clock()
+        build_ms += (t1 - t0) * 1000.0
+        size = model.size()
+        if size["pairs"] > largest.get("pairs", -1):
+            largest = size
+        left = deadline - clock() - MARGIN_S - overrun
+        if left < 0.002:
+            break
+        limit = min(left, round_s)
+        res = solve_model(model, limit, options, None)
+        spent = clock() - t1
+        solve_ms += spent * 1000.0
+        overrun = max(overrun, spent - limit)  # the solver's own lateness, kept back from later rounds
+        rounds += 1
+        if res.status == "optimal":
+            extra = min(extra + 1, 16)
+        elif res.status in ("timeout", "feasible"):
+            timeouts += 1
+            extra = max(1, extra - 1)
+        if res.y is None or res.x is None:
+            continue
+        touched = [k for k in range(len(current)) if free[k]]
+        new = model.decode(res.y, res.x)
+        candidate = list(current)
+        for k, mb in zip(touched, new, strict=False):
+            candidate[k] = [g for g in mb if g[1]]
+        cand_times = _mb_times(tables, candidate)
+        total = sum(max(t, default=0.0) for t in cand_times)
+        spread = sum(x * x for t in cand_times for x in t)
+        better = total < best * (1 - 1e-9)
+        if better or (total <= best * (1 + 1e-12) and spread < best_spread * (1 - 1e-9)):
+            current, times, best, best_spread = candidate, cand_times, min(total, best), spread
+        if better:
+            improved += 1
+            elapsed = (clock() - start) * 1000.0
+            trace.append(TracePoint(elapsed, best, None))
+            if on_improvement is not None:
+                on_improvement(elapsed, best, None)
+        # Drop micro-batches left empty.
+        keep = [k for k in range(len(current)) if current[k]]
+        current, times = [current[k] for k in keep], [times[k] for k in keep]
+    assignment = Assignment.of([[(r, s) for r, s in mb] for mb in current])
+    details = {"mode": "lns", "rounds": rounds, "improved_rounds": improved, "timeouts": timeouts,
+               "build_ms": round(build_ms, 3), "solve_ms": round(solve_ms, 3), "overrun_ms": round(overrun * 1000.0, 3), "largest_model": largest}
+    return SolveResult(assignment, "feasible", objective_s=assignment_step_time(tables, assignment), bound_s=None,
+                       wall_ms=(clock() - start) * 1000.0, trace=trace, details=details)
