@@ -14,6 +14,9 @@ two counts gave a plan or the budget is spent:
    from a static hint (the smallest size that fits every bucket, balanced longest first);
 3. bucket counts are turned back into samples (longest first, to the least-loaded copy).
 
+When the solver finds no solution within its share, the starting point is kept if it places every
+sample (FlexSP itself runs its MILP for seconds; here it gets the same budget as the planner).
+
 MILP of one micro-batch. Notation: buckets b (log-spaced length ranges) with c_b samples,
 longest length U_b and mean time t_b(s) on a group of size s; candidate groups g of size s_g
 (powers of two >= 2, at most 64 candidates per size; when the domain holds more groups of a size,
@@ -76,7 +79,7 @@ def _buckets(samples: list[int], lengths: np.ndarray, count: int) -> list[list[i
 
 
 def _hint(model: Any, cands: list[tuple[int, int]], y: list[Any], x: dict[tuple[int, int], Any], buckets: list[list[int]],
-          counts: list[int], longest: list[int], mean_us: dict[tuple[int, int], int], cap: float, n_ranks: int, beta: int) -> None:
+          counts: list[int], longest: list[int], mean_us: dict[tuple[int, int], int], cap: float, n_ranks: int, beta: int) -> tuple[set[int], dict[tuple[int, int], int], bool]:
     """A static starting point for the solver: the smallest size that fits every bucket, as many groups
     of it as the ranks allow, bucket units longest first to the least-loaded group with memory room."""
     size = min(s for s, _ in cands if all(longest[k] <= cap * s for k in range(len(buckets))))
@@ -90,11 +93,13 @@ def _hint(model: Any, cands: list[tuple[int, int]], y: list[Any], x: dict[tuple[
     load = dict.fromkeys(opened, 0)
     tokens = dict.fromkeys(opened, 0)
     quota = dict.fromkeys(x, 0)
+    complete = True
     for k in sorted(range(len(buckets)), key=lambda k: -longest[k]):
         left = counts[k]
         while left > 0:
             room = [g for g in opened if tokens[g] + longest[k] <= cap * size]
             if not room:
+                complete = False
                 break
             g = min(room, key=lambda g: load[g])
             quota[k, g] += 1
@@ -105,6 +110,7 @@ def _hint(model: Any, cands: list[tuple[int, int]], y: list[Any], x: dict[tuple[
         model.AddHint(y[g], g in opened)
     for key, var in x.items():
         model.AddHint(var, quota[key])
+    return opened, quota, complete
 
 
 def _solve_micro_batch(tables: CostTables, samples: list[int], sizes: list[int], seconds: float, workers: int) -> tuple[list[tuple[int, list[int]]] | None, str]:
@@ -149,7 +155,7 @@ def _solve_micro_batch(tables: CostTables, samples: list[int], sizes: list[int],
             model.Add(sum(longest[k] * x[k, g] for k in fits) <= int(cap * s))  # (4)
             if g > first:
                 model.Add(y[g - 1] >= y[g])  # symmetry
-    _hint(model, cands, y, x, buckets, counts, longest, mean_us, cap, n_ranks, beta)
+    opened, quota, complete = _hint(model, cands, y, x, buckets, counts, longest, mean_us, cap, n_ranks, beta)
     horizon = beta + sum(max(mean_us[k, s] for s in sizes) * counts[k] for k in range(len(buckets)))
     makespan = model.NewIntVar(0, horizon, "T")
     for k in range(len(buckets)):  # (1)
@@ -165,14 +171,20 @@ def _solve_micro_batch(tables: CostTables, samples: list[int], sizes: list[int],
     solver.parameters.catch_sigint_signal = False
     status = solver.Solve(model)
     name = solver.StatusName(status).lower()
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        used = {g for g in range(len(cands)) if solver.Value(y[g])}
+        units = {key: solver.Value(var) for key, var in x.items()}
+    elif complete:
+        name += "+hint"  # nothing found within the share: keep the complete starting point
+        used, units = opened, quota
+    else:
         return None, name
 
     copies_out: list[tuple[int, dict[int, int]]] = []
     for g, (s, c) in enumerate(cands):
-        if solver.Value(y[g]):
-            quota = {k: solver.Value(x[k, g]) for k in range(len(buckets)) if (k, g) in x}
-            copies_out.extend((s, dict(quota)) for _ in range(c))
+        if g in used:
+            mine = {k: units[k, g] for k in range(len(buckets)) if (k, g) in units}
+            copies_out.extend((s, dict(mine)) for _ in range(c))
     members: list[list[int]] = [[] for _ in copies_out]
     loads = [0.0] * len(copies_out)
     for k, bucket in enumerate(buckets):

@@ -1,0 +1,198 @@
+"""Planning cost of the heuristic as samples and ranks grow, with the fitted growth exponent.
+
+Each point (ranks, samples) runs in its own process with a memory limit and a time limit, so a
+point that runs out of memory or time is recorded as such (with the error, the time to failure and
+a cProfile summary of where the time went) instead of ending the run. Measured per point, after
+one warm-up call on a smaller batch: the median and p99 wall time of ``optimizer.planner.plan``
+with the heuristic backend (tables, bound, heuristic, verification), the heuristic phase alone,
+the ratio to the lower bound and the peak resident memory of the process.
+
+The growth exponent k is the least-squares slope of log(median time) against log(samples) over
+the points that finished (time ~ samples^k; ranks grow with samples on the default diagonal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import math
+import os
+import pstats
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DIAGONAL = ((64, 512), (256, 2048), (1024, 8192), (4096, 32768), (8192, 65536))
+TARGETS_MS = {(64, 512): 5.0, (1024, 8192): 50.0, (8192, 65536): 500.0}
+"""Planning-time goals of the issue (median, heuristic)."""
+
+
+def _problem(ranks: int, samples: int, workload: str, seed: int) -> Any:
+    from bench.runner import make_problem
+    from bench.workloads import get_workload
+
+    return make_problem(get_workload(workload), ranks, samples, seed, 600_000.0)
+
+
+def _plan(problem: Any) -> Any:
+    from dataclasses import replace
+
+    from optimizer.planner import plan
+
+    return plan(replace(problem, options=replace(problem.options, backend="heuristic")), compare_static=False)
+
+
+def _profile_summary(fn: Any, top: int = 15) -> tuple[str, str | None]:
+    prof = cProfile.Profile()
+    error = None
+    prof.enable()
+    try:
+        fn()
+    except BaseException as exc:  # noqa: BLE001 - the profile of a failing call is what we want
+        error = f"{type(exc).__name__}: {exc}"
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(top)
+    return buf.getvalue(), error
+
+
+def measure_point(ranks: int, samples: int, repeats: int, workload: str, profile: bool) -> dict[str, Any]:
+    """One point, in this process (see the module docstring)."""
+    out: dict[str, Any] = {"ranks": ranks, "samples": samples, "workload": workload}
+    _plan(_problem(min(ranks, 64), min(samples, 512), workload, 99))  # warm-up: imports and caches
+    problem = _problem(ranks, samples, workload, 0)
+    walls, heur = [], []
+    start = time.perf_counter()
+    try:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            p = _plan(problem)
+            walls.append((time.perf_counter() - t0) * 1000.0)
+            heur.append(p.solver.details.get("phases", {}).get("heuristic_ms", float("nan")))
+        out.update(status="ok", wall_ms=walls, heuristic_ms=heur, ratio_to_bound=p.ratio_to_bound, phases=p.solver.details.get("phases", {}))
+    except (MemoryError, Exception) as exc:  # noqa: BLE001 - a failing point is a result
+        out.update(status="error", error=f"{type(exc).__name__}: {exc}", failed_after_ms=(time.perf_counter() - start) * 1000.0, wall_ms=walls)
+    if profile or out["status"] != "ok":
+        text, _ = _profile_summary(lambda: _plan(problem))
+        out["profile"] = text
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return out
+
+
+def run_point(ranks: int, samples: int, repeats: int, workload: str = "video", profile: bool = False,
+              timeout_s: float = 600.0, memory_gb: float = 8.0) -> dict[str, Any]:
+    """One point in a child process under ``memory_gb`` of address space and ``timeout_s`` seconds."""
+    limit = int(memory_gb * 2**30)
+
+    def limits() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    cmd = [sys.executable, "-m", "bench.scaling", "--point", str(ranks), str(samples), "--repeats", str(repeats), "--workload", workload]
+    if profile:
+        cmd.append("--profile")
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, preexec_fn=limits, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    except subprocess.TimeoutExpired:
+        return {"ranks": ranks, "samples": samples, "workload": workload, "status": "timeout", "error": f"no answer within {timeout_s:.0f} s", "failed_after_ms": timeout_s * 1000.0}
+    if proc.returncode != 0 or not proc.stdout.strip():
+        return {"ranks": ranks, "samples": samples, "workload": workload, "status": "crashed", "error": (proc.stderr or "")[-2000:],
+                "failed_after_ms": (time.perf_counter() - start) * 1000.0}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def fit_exponent(points: list[dict[str, Any]]) -> float | None:
+    """Least-squares slope of log(median ms) against log(samples) over finished points."""
+    xs, ys = [], []
+    for p in points:
+        if p.get("status") == "ok" and p.get("wall_ms"):
+            xs.append(math.log(p["samples"]))
+            ys.append(math.log(sorted(p["wall_ms"])[len(p["wall_ms"]) // 2]))
+    if len(xs) < 2:
+        return None
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else None
+
+
+def run_scaling(points: tuple[tuple[int, int], ...] = DIAGONAL, workload: str = "video", timeout_s: float = 600.0,
+                memory_gb: float = 8.0, progress: Any = None) -> dict[str, Any]:
+    results = []
+    for ranks, samples in points:
+        repeats = 7 if samples <= 2048 else 3 if samples <= 8192 else 1
+        r = run_point(ranks, samples, repeats, workload, profile=samples >= 32768, timeout_s=timeout_s, memory_gb=memory_gb)
+        if r.get("wall_ms"):
+            w = sorted(r["wall_ms"])
+            r["median_ms"] = w[len(w) // 2]
+            r["p99_ms"] = w[-1] if len(w) < 100 else w[math.ceil(0.99 * len(w)) - 1]
+        target = TARGETS_MS.get((ranks, samples))
+        if target is not None:
+            r["target_ms"] = target
+        results.append(r)
+        if progress:
+            progress(1)
+    return {"workload": workload, "memory_limit_gb": memory_gb, "timeout_s": timeout_s, "points": results, "exponent": fit_exponent(results)}
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    lines = ["## Heuristic planning cost as the problem grows", "",
+             f"Workload {doc['workload']}; each point in its own process (limit {doc['memory_limit_gb']:.0f} GiB, {doc['timeout_s']:.0f} s); "
+             "`plan()` with the heuristic backend: tables, bound, heuristic, verification.", "",
+             "| ranks | samples | median ms | p99 ms | heuristic phase ms | goal ms | ratio to bound | peak RSS MiB | status |", "|---|---|---|---|---|---|---|---|---|"]
+    for p in doc["points"]:
+        heur = p.get("heuristic_ms") or []
+        h = sorted(heur)[len(heur) // 2] if heur else None
+        lines.append(f"| {p['ranks']} | {p['samples']} | {p.get('median_ms', float('nan')):.1f} | {p.get('p99_ms', float('nan')):.1f} | "
+                     f"{h if h is None else round(h, 1)} | {p.get('target_ms', '')} | {p.get('ratio_to_bound', float('nan')):.3f} | "
+                     f"{p.get('peak_rss_mb', float('nan')):.0f} | {p['status']}{': ' + p['error'][:160].replace('|', '/') if p.get('error') else ''} |")
+    k = doc.get("exponent")
+    lines += ["", f"Fitted growth exponent (time ~ samples^k over finished points): k = {'n/a' if k is None else f'{k:.2f}'}.", ""]
+    return "\n".join(lines)
+
+
+def plot(doc: dict[str, Any], path: Path) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ok = [p for p in doc["points"] if p.get("median_ms")]
+    ax.plot([p["samples"] for p in ok], [p["median_ms"] for p in ok], marker="o", label="dhp heuristic, median")
+    goals = [(s, t) for (_, s), t in TARGETS_MS.items()]
+    ax.plot([s for s, _ in goals], [t for _, t in goals], linestyle="none", marker="x", color="red", label="goal")
+    for p in doc["points"]:
+        if p.get("status") != "ok":
+            ax.annotate(p["status"], (p["samples"], p.get("failed_after_ms") or 1.0), color="red", fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("samples (ranks = samples / 8)")
+    ax.set_ylabel("planning wall time (ms)")
+    k = doc.get("exponent")
+    ax.set_title("Heuristic planning time" + ("" if k is None else f" (~ samples^{k:.2f})"))
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.scaling", description="one scaling point (used by dhp bench --scaling)")
+    ap.add_argument("--point", nargs=2, type=int, metavar=("RANKS", "SAMPLES"), required=True)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workload", default="video")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args(argv)
+    print(json.dumps(measure_point(args.point[0], args.point[1], args.repeats, args.workload, args.profile)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""The benchmark grid, its report and the dhp bench command on a tiny grid; workloads and replay files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.report import summarize
+from bench.runner import GridSpec, percentile, run_grid, total_steps
+from bench.scaling import fit_exponent
+from bench.workloads import WORKLOADS, get_workload, load_replay, save_replay
+from optimizer.cli import main
+from optimizer.documents import batch_from_json
+from optimizer.errors import ProblemError
+
+TINY = dict(workloads=("video", "image-sft"), ranks=(8, 16), samples_per_rank=(2,), seeds=1, repeats=1, budget_ms=100.0,
+            planners=("static-deployed", "static-best", "megatron-dcp", "flexsp-milp", "dhp-heuristic"))
+
+
+def test_generated_batches_respect_the_workload_longest_allowed_sample():
+    for w in WORKLOADS.values():
+        batch = batch_from_json(w.batch(200, 5))
+        assert max(batch.lengths) <= w.max_length, w.name
+        assert batch_from_json(w.batch(200, 5)).lengths == batch.lengths  # seeded
+
+
+def test_replay_json_and_csv(tmp_path):
+    save_replay(tmp_path / "mine.json", [100, 2000, 30000], max_length=65536)
+    w = load_replay(tmp_path / "mine.json")
+    assert w.max_length == 65536 and w.name == "mine"
+    lengths = batch_from_json(w.batch(50, 1)).lengths
+    assert set(lengths) <= {100, 2000, 30000} and len(lengths) == 50
+    (tmp_path / "mine.csv").write_text("text_tokens,visual_tokens\n100,576\n4000,0\n")
+    c = get_workload(str(tmp_path / "mine.csv"))
+    assert set(batch_from_json(c.batch(20, 0)).lengths) <= {676, 4000}
+    assert c.max_length == 4000
+
+
+@pytest.mark.parametrize("content,field", [
+    ('{"lengths": []}', "lengths"),
+    ('{"lengths": [10, -3]}', "lengths[1]"),
+    ('{"lengths": [10], "max_length": 5}', "max_length"),
+    ('{"other": 1}', "mine.json"),
+    ("not json", "mine.json"),
+])
+def test_bad_replay_files_name_the_field(tmp_path, content, field):
+    (tmp_path / "mine.json").write_text(content)
+    with pytest.raises(ProblemError) as exc:
+        load_replay(tmp_path / "mine.json")
+    assert field in exc.value.field
+
+
+def test_unknown_workload_and_bad_grid_are_clear_errors():
+    with pytest.raises(ProblemError) as exc:
+        get_workload("nope")
+    assert exc.value.field == "--workloads"
+    with pytest.raises(ProblemError):
+        GridSpec(ranks=(12,))
+    with pytest.raises(ProblemError):
+        GridSpec(planners=("magic",))
+
+
+def test_grid_records_every_planner_and_speedups_relative_to_static_best():
+    spec = GridSpec(**TINY)
+    steps = []
+    doc = run_grid(spec, progress=steps.append)
+    assert sum(steps) == total_steps(spec)
+    recs = doc["records"]
+    assert len(recs) == 4 * len(spec.planners)
+    for r in recs:
+        assert r["status"] in ("ok", "no-plan", "infeasible"), r
+        if r["status"] == "ok":
+            assert r["ratio_to_bound"] >= 1 - 1e-6
+            assert r["step_time_s"] == pytest.approx(r["verified_step_time_s"], rel=1e-6)
+            assert len(r["wall_ms"]) == 1 and "peak_mb" in r
+        if r["planner"] == "static-best" and r["status"] == "ok":
+            assert r["speedup_over_static_best"] == pytest.approx(1.0)
+    summary = summarize(doc)
+    assert set(summary["per_workload"]) == {"video", "image-sft"}
+    assert summary["goals"]["median_ratio_to_bound"] >= 1 - 1e-6
+
+
+def test_percentile_is_nearest_rank():
+    assert percentile([5.0], 99) == 5.0
+    assert percentile([float(x) for x in range(1, 101)], 99) == 99.0
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+
+
+def test_fit_exponent_recovers_a_power_law():
+    pts = [{"status": "ok", "samples": s, "wall_ms": [0.01 * s ** 1.5]} for s in (512, 2048, 8192)]
+    assert fit_exponent(pts + [{"status": "error", "samples": 65536}]) == pytest.approx(1.5)
+    assert fit_exponent(pts[:1]) is None
+
+
+def test_dhp_bench_writes_json_markdown_and_plots(tmp_path, capsys):
+    out = tmp_path / "res"
+    code = main(["bench", "--out", str(out), "--workloads", "video", "--ranks", "8", "--samples-per-rank", "2", "--seeds", "1",
+                 "--repeats", "1", "--budget-ms", "100", "--planners", "static-deployed,static-best,megatron-dcp,dhp-heuristic"])
+    assert code == 0
+    for name in ("results.json", "report.md", "speedup.png", "ratio_to_bound.png", "planning_time.png"):
+        assert (out / name).stat().st_size > 0, name
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["summary"]["per_workload"]["video"]["dhp-heuristic"]["valid"] == 1
+    report = (out / "report.md").read_text()
+    assert "Median speedup over static at its best" in report and "dhp bench" in report
+
+
+def test_dhp_bench_rejects_bad_flags(tmp_path, capsys):
+    assert main(["bench", "--out", str(tmp_path), "--workloads", "nope"]) == 2
+    assert "--workloads" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "--ranks", "8,x"])
