@@ -29,6 +29,15 @@ class OptionsIn(BaseModel):
     deterministic: bool | None = None
 
 
+_IMAGE_SCHEMA = {"type": "object", "properties": {"tokens": {"type": "integer", "minimum": 1}, "frames": {"type": "integer", "minimum": 1},
+                                                 "tokens_per_frame": {"type": "integer", "minimum": 1}, "width": {"type": "integer", "minimum": 1},
+                                                 "height": {"type": "integer", "minimum": 1}}}
+_BATCH_SCHEMA = {"required": ["samples"], "properties": {"samples": {"type": "array", "items": {
+    "type": "object", "properties": {"id": {"type": "string", "minLength": 1}, "text_tokens": {"type": "integer", "minimum": 0},
+                                     "images": {"type": "array", "items": _IMAGE_SCHEMA}, "videos": {"type": "array", "items": _IMAGE_SCHEMA}},
+    "additionalProperties": False}}}}
+
+
 class PlanRequest(BaseModel):
     """POST /v1/plans. Give ``cluster`` or ``cluster_preset`` and ``model`` or ``model_preset`` (presets default to h100-8x8 and llama3-8b)."""
 
@@ -36,7 +45,7 @@ class PlanRequest(BaseModel):
         "batch": {"samples": [{"id": "a", "text_tokens": 900, "images": [{"tokens": 576}]}, {"id": "b", "text_tokens": 30000}]},
         "cluster": {"nodes": 2, "gpus_per_node": 8}, "model_preset": "qwen2-vl-7b", "options": {"time_budget_ms": 200, "backend": "heuristic"}}]})
 
-    batch: dict[str, Any] = Field(description='the batch document: {"samples": [{"id", "text_tokens", "images": [{"tokens"}], "videos": [...]}]}')
+    batch: dict[str, Any] = Field(json_schema_extra=_BATCH_SCHEMA, description='the batch document: {"samples": [{"id", "text_tokens", "images": [{"tokens"}], "videos": [...]}]}')
     cluster: dict[str, Any] | None = Field(None, description='a cluster document, or the shorthand {"nodes": K, "gpus_per_node": G}')
     cluster_preset: str | None = Field(None, max_length=128, description="a preset cluster name (GET /v1/presets)")
     model: dict[str, Any] | None = Field(None, description="a model document")
