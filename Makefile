@@ -1,4 +1,5 @@
-# dhp-planner: `make run` plans an example batch, `make test` runs the test suite.
+# dhp-planner: `make run` starts the planning service on 127.0.0.1:8000, `make example` plans an example batch,
+# `make test` runs the test suite.
 # Both create the virtual environment on first use and install what they need.
 PYTHON ?= python3
 VENV ?= .venv
@@ -7,7 +8,7 @@ EXTRAS ?= solver,service,bench,trainer,dev
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: run test lint bench clean venv
+.PHONY: run example test lint bench clean venv
 
 venv: $(STAMP)
 
@@ -18,6 +19,10 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $@
 
 run: $(STAMP)
+	@echo "Starting the planning service on http://127.0.0.1:8000 (SQLite store under ./data); it prints where to look. Ctrl-C stops it."
+	$(VENV)/bin/dhp serve --host 127.0.0.1 --port 8000
+
+example: $(STAMP)
 	$(VENV)/bin/dhp plan --batch examples/batch_video_512.json --cluster-preset h100-8x8 --model-preset qwen2-vl-7b --summary
 
 test: $(STAMP)

@@ -7,7 +7,9 @@ Imports nothing from the web stack until the command runs, so ``dhp`` works with
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -31,16 +33,22 @@ def load_settings(overrides: dict[str, Any]) -> Any:
     from api.settings import Settings
     from optimizer.errors import ProblemError
 
-    for key, value in overrides.items():
-        if value is not None:
-            os.environ[f"DHP_{key.upper()}"] = str(value)
     try:
-        return Settings()
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err.get("loc", ())) or "settings"
         raise ProblemError(err.get("msg", "invalid setting"), field=f"DHP_{field.upper()}" if field != "settings" else field,
                            hint="fix the environment variable or the dhp serve option.") from None
+
+
+def example_curl(base: str, needs_token: bool) -> str:
+    """A curl command that plans a small batch on this server."""
+    body = {"batch": {"samples": [{"id": "long-video", "text_tokens": 400, "videos": [{"frames": 600, "tokens_per_frame": 196}]},
+                                  {"id": "caption", "text_tokens": 90, "images": [{"tokens": 576}]}, {"id": "doc", "text_tokens": 24000}]},
+            "cluster_preset": "h100-8x8", "model_preset": "qwen2-vl-7b", "options": {"time_budget_ms": 200}}
+    auth = "-H 'Authorization: Bearer $DHP_TOKEN' " if needs_token else ""
+    return f"curl -s -X POST {base}/v1/plans {auth}-H 'content-type: application/json' -d {shlex.quote(json.dumps(body))}"
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -49,7 +57,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from api.store import Store
     from api.store.migrate import upgrade
 
-    settings = load_settings({"host": args.host, "port": args.port, "workers": args.workers, "data_dir": args.data_dir})
+    overrides = {"host": args.host, "port": args.port, "workers": args.workers, "data_dir": args.data_dir}
+    settings = load_settings(overrides)
+    # Worker processes build their settings from the environment: hand the command-line values on.
+    for key, value in overrides.items():
+        if value is not None:
+            os.environ[f"DHP_{key.upper()}"] = str(value)
     if not settings.database_url:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     # Migrate once here, so that worker processes start on an up-to-date schema.
@@ -65,6 +78,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     where = "PostgreSQL" if settings.sqlalchemy_url.startswith("postgresql") else f"SQLite at {settings.sqlalchemy_url.removeprefix('sqlite:///')}"
     print(f"dhp-planner service on {base} ({settings.workers} worker(s), store: {where})", file=sys.stderr)
     print(f"  API docs: {base}/docs   health: {base}/healthz   metrics: {base}/metrics", file=sys.stderr)
+    print(f"  try:      {example_curl(base, bool(settings.token_list))}", file=sys.stderr)
     uvicorn.run("api.app:create_app", factory=True, host=settings.host, port=settings.port, workers=settings.workers,
                 log_level=args.log_level, access_log=False)
     return 0

@@ -289,3 +289,16 @@ def test_presets_health_metrics_docs(client):
     assert client.get("/static/swagger-ui-bundle.js").status_code == 200
     spec = client.get("/openapi.json").json()
     assert {"/v1/plans", "/v1/plans/{plan_id}", "/v1/plans/{plan_id}/feedback", "/v1/presets", "/healthz", "/readyz", "/metrics"} <= set(spec["paths"])
+
+
+def test_dhp_serve_refuses_unsafe_production_settings(monkeypatch, capsys):
+    from optimizer.cli import main
+
+    monkeypatch.setenv("DHP_ENVIRONMENT", "production")
+    monkeypatch.delenv("DHP_TOKENS", raising=False)
+    assert main(["serve", "--host", "0.0.0.0", "--port", "8999"]) == 2
+    err = capsys.readouterr().err
+    assert "DHP_TOKENS" in err and "To fix" in err
+    monkeypatch.setenv("DHP_ENVIRONMENT", "development")
+    assert main(["serve", "--port", "99999"]) == 2
+    assert "DHP_PORT" in capsys.readouterr().err
