@@ -108,11 +108,11 @@ class Cluster:
                 hint=f"choose tensor_parallel x pipeline_parallel dividing {self.total_gpus}.",
             )
 
-    @property
+    @cached_property
     def total_gpus(self) -> int:
         return sum(n.gpus for n in self.nodes)
 
-    @property
+    @cached_property
     def domain_size(self) -> int:
         """Number of ranks N in the planned data x context-parallel domain."""
         return self.total_gpus // (self.tensor_parallel * self.pipeline_parallel)

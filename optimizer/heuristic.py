@@ -21,10 +21,12 @@ Everything is deterministic for a given input (ties break on index).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -36,6 +38,8 @@ from optimizer.plan import Assignment
 
 EXTRA_MICRO_BATCHES = 2
 """Micro-batch counts tried beyond the least that memory allows."""
+BEST_FIT_PROBES = 8
+"""Groups a long sample tries (fullest first) before it opens a new one."""
 FAST_ROUNDS = 12
 """Local-search rounds of the fast heuristic; :func:`polish` continues with a deadline."""
 GOOD_ENOUGH = 0.03
@@ -105,22 +109,37 @@ class HeuristicPlanner:
         return list(range(least, min(most, least + EXTRA_MICRO_BATCHES) + 1))
 
     # -- 2. target time ---------------------------------------------------------------------
+    @cached_property
+    def _at_min(self) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
+        """Each sample's time and rank-seconds on its memory-minimal size, their total, and the
+        fastest size of each sample (for targets no size meets)."""
+        rows = np.arange(self.cost.shape[0])
+        t_min = self.cost[rows, self.min_j]
+        area_min = self.t.degrees[self.min_j] * t_min
+        allowed = np.arange(self.cost.shape[1])[None, :] >= self.min_j[:, None]
+        fastest = np.where(allowed, self.cost, np.inf).argmin(axis=1)
+        return t_min, area_min, float(area_min.sum()), fastest
+
     def degrees_for(self, target: float) -> np.ndarray:
-        """Index of each sample's degree for a per-layer target time."""
-        n_d = self.cost.shape[1]
-        ok = (self.cost + self.b <= target) & (np.arange(n_d)[None, :] >= self.min_j[:, None])
-        has = ok.any(axis=1)
-        j = ok.argmax(axis=1)
-        if not np.all(has):
-            # No size finishes the sample within the target: take its fastest size.
-            masked = np.where(np.arange(n_d)[None, :] >= self.min_j[:, None], self.cost, np.inf)
-            j = np.where(has, j, masked.argmin(axis=1))
+        """Index of each sample's degree for a per-layer target time: the smallest size that holds
+        it in memory and finishes it within the target (its fastest size if none does)."""
+        t_min, _, _, fastest = self._at_min
+        j = self.min_j.copy()
+        late = np.flatnonzero(t_min + self.b > target)  # only these need a larger size than memory asks
+        if late.size:
+            cost = self.cost[late]
+            ok = (cost + self.b <= target) & (np.arange(cost.shape[1])[None, :] >= self.min_j[late, None])
+            has = ok.any(axis=1)
+            j[late] = np.where(has, ok.argmax(axis=1), fastest[late])
         return j
 
     def fluid_ranks(self, target: float) -> float:
-        j = self.degrees_for(target)
-        rows = np.arange(j.shape[0])
-        work = float((self.t.degrees[j] * self.cost[rows, j]).sum())
+        t_min, area_min, total, _ = self._at_min
+        late = np.flatnonzero(t_min + self.b > target)
+        work = total
+        if late.size:
+            j = self.degrees_for(target)[late]
+            work += float((self.t.degrees[j] * self.cost[late, j]).sum() - area_min[late].sum())
         return work / max(target - self.b, 1e-12)
 
     def target_time(self, layers: int) -> float:
@@ -150,36 +169,54 @@ class HeuristicPlanner:
         cost = self.cost
         cap = self.capacity
         slack = target - self.b
-        long_idx = [int(i) for i in np.flatnonzero(degs[j_of] >= 2)]
-        long_idx.sort(key=lambda i: (-int(j_of[i]), -float(cost[i, j_of[i]]), i))
+        rows = np.arange(j_of.shape[0])
+        t_of = cost[rows, j_of]
+        is_long = degs[j_of] >= 2
+        # Long samples: largest size first, then longest time first (ties by index).
+        long_idx = rows[is_long][np.lexsort((rows[is_long], -t_of[is_long], -j_of[is_long]))].tolist()
+        times = t_of.tolist()
+        lengths = self.lengths.tolist()
+        sizes = degs.tolist()
+        js = j_of.tolist()
         groups: list[_Group] = []
-        open_by_j: dict[int, list[int]] = {}
+        # Per size: open groups as a sorted list of (load, group); best fit is the fullest group
+        # whose load still leaves room for the sample's time (bisect), memory permitting.
+        open_by_j: dict[int, list[tuple[float, int]]] = {}
         for i in long_idx:
-            j = int(j_of[i])
-            ti = float(cost[i, j])
-            li = float(self.lengths[i])
-            limit = cap * int(degs[j])
-            best, best_load = -1, -1.0
-            for g in open_by_j.get(j, ()):
-                grp = groups[g]
-                if grp.load + ti <= slack and grp.tokens + li <= limit and grp.load > best_load:
-                    best, best_load = g, grp.load
+            j = js[i]
+            ti = times[i]
+            li = lengths[i]
+            limit = cap * sizes[j]
+            loads = open_by_j.setdefault(j, [])
+            k = bisect.bisect_right(loads, (slack - ti, math.inf)) - 1
+            best = -1
+            for _ in range(BEST_FIT_PROBES):
+                if k < 0:
+                    break
+                g = loads[k][1]
+                if groups[g].tokens + li <= limit:
+                    best = g
+                    del loads[k]
+                    break
+                k -= 1
             if best < 0:
                 groups.append(_Group(j))
                 best = len(groups) - 1
-                open_by_j.setdefault(j, []).append(best)
             grp = groups[best]
             grp.samples.append(i)
             grp.load += ti
             grp.tokens += li
+            bisect.insort(loads, (grp.load, best))
         if not self._place(groups, layers):
             return None
         # Every free rank becomes a group of size 1.
         for layer, free in enumerate(self._free):
             for r in free:
                 groups.append(_Group(0, ranks=(r,), layer=layer))
-        short_idx = [int(i) for i in np.flatnonzero(degs[j_of] < 2)]
-        short_idx.sort(key=lambda i: (-float(cost[i, 0]), i))
+        short = rows[~is_long]
+        # Longest (in tokens) first: then a group without memory room for one sample waits until the
+        # samples have become short enough, and never comes back for a longer one.
+        short_idx = short[np.lexsort((short, -cost[short, 0], -self.lengths[short]))].tolist()
         if not self._lpt(groups, short_idx, slack):
             return None
         mbs: list[list[tuple[tuple[int, ...], list[int]]]] = [[] for _ in range(layers)]
@@ -261,38 +298,40 @@ class HeuristicPlanner:
         target (``slack``): from then on only the size-1 groups can finish a sample earlier in practice.
         """
         t = self.t
-        speed_cache: dict[tuple[bool, float], np.ndarray] = {}
-        classes: dict[tuple[int, bool, float], list[tuple[float, int]]] = {}
+        keys: dict[tuple[int, bool, float], int] = {}
+        members: list[list[int]] = []
         for g, grp in enumerate(groups):
             intra, speed, _ = t.group_span(grp.ranks)
-            # A group's real load (spans may differ from the packing assumption).
             key = (grp.degree_index, intra, speed)
-            if (intra, speed) not in speed_cache:
-                speed_cache[(intra, speed)] = t.time_matrix(intra, speed)
-            if grp.samples:
-                grp.load = float(speed_cache[(intra, speed)][grp.samples, grp.degree_index].sum())
-            classes.setdefault(key, []).append((grp.load, g))
-        for heap in classes.values():
-            heapq.heapify(heap)
-        columns = {key: speed_cache[(key[1], key[2])][:, key[0]].tolist() for key in classes}
+            if key not in keys:
+                keys[key] = len(members)
+                members.append([])
+            members[keys[key]].append(g)
+        colmat = np.vstack([t.time_matrix(intra, speed)[:, j] for j, intra, speed in keys])  # [classes, samples]
+        for c, gs in enumerate(members):  # a group's real load (its span may differ from the packing's assumption)
+            for g in gs:
+                if groups[g].samples:
+                    groups[g].load = float(colmat[c, groups[g].samples].sum())
         cap = self.capacity
-        lengths = self.lengths.tolist()
         tokens = [grp.tokens for grp in groups]
+        lengths = self.lengths
         # Per class: [eligible heap of (load, group), waiting heap of (-room, load, group), token limit,
-        # time column, size-1?]. Groups without memory room for the current sample wait, by room,
+        # class index, size-1?]. Groups without memory room for the current sample wait, by room,
         # until a sample that fits comes.
-        table = [[classes[k], [], cap * self.degrees[k[0]], columns[k], k[0] == 0] for k in classes]
+        table = [[sorted((groups[g].load, g) for g in members[c]), [], cap * self.degrees[k[0]], c, k[0] == 0] for k, c in keys.items()]
+        rows = colmat.T.tolist()  # each sample's time on every class
         has_unit = any(entry[4] for entry in table)
         active = table
         push, pop = heapq.heappush, heapq.heappop
-        for n_done, i in enumerate(order):
-            li = lengths[i]
+        for pos, i in enumerate(order, 1):
+            li = float(lengths[i])
+            row = rows[i]
             best = None
             best_finish = math.inf
-            if has_unit and not n_done % 8 and len(active) > 1:
+            if has_unit and not pos % 8 and len(active) > 1:
                 active = [e for e in active if e[4] or (e[0] and e[0][0][0] < slack)]
             for entry in active:
-                heap, wait, limit, column, _ = entry
+                heap, wait, limit, c, _ = entry
                 while wait and -wait[0][0] >= li:
                     _, load, g = pop(wait)
                     push(heap, (load, g))
@@ -300,14 +339,14 @@ class HeuristicPlanner:
                     load, g = pop(heap)
                     push(wait, (tokens[g] - limit, load, g))
                 if heap:
-                    finish = heap[0][0] + column[i]
+                    finish = heap[0][0] + row[c]
                     if finish < best_finish:
                         best_finish, best = finish, entry
             if best is None:
                 return False
             heap = best[0]
             load, g = pop(heap)
-            load += best[3][i]
+            load += row[best[3]]
             grp = groups[g]
             grp.samples.append(i)
             grp.load = load

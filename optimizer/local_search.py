@@ -23,6 +23,10 @@ from optimizer.costs import CostTables
 from optimizer.plan import Assignment
 
 EPS = 1e-12
+SLACK_CANDIDATES = 48
+"""On large problems a round looks at this many groups with the most time slack ..."""
+ROOM_CANDIDATES = 16
+"""... and this many with the most memory room (moves and swaps go only there)."""
 
 
 class LocalSearch:
@@ -31,14 +35,20 @@ class LocalSearch:
         self.b = tables.group_constant
         self.max_rounds = max_rounds
         self.lengths = tables.lengths.astype(np.float64)
+        self._cols: np.ndarray | None = None
         self.class_keys: list[tuple[int, bool, float]] = []
         self.class_rows: list[np.ndarray] = []
         self._class_index: dict[tuple[int, bool, float], int] = {}
         ranks, layers, classes, limits, samples = [], [], [], [], []
         n_ranks = tables.n_ranks
 
+        unit_speed, unit_cap = tables.rank_speed.tolist(), tables.rank_capacity.tolist()
+
         def add(r: tuple[int, ...], m: int, s: list[int]) -> None:
-            intra, speed, cap = tables.group_span(r)
+            if len(r) == 1:
+                intra, speed, cap = True, unit_speed[r[0]], unit_cap[r[0]]
+            else:
+                intra, speed, cap = tables.group_span(r)
             ranks.append(tuple(r))
             layers.append(m)
             classes.append(self._class((tables.degree_index[len(r)], intra, speed)))
@@ -80,8 +90,15 @@ class LocalSearch:
             self.class_keys.append(key)
             self.class_rows.append(self.t.time_matrix(intra, speed)[:, j])
             self._class_index[key] = k
-            self.cols = np.vstack(self.class_rows)
+            self._cols = None
         return k
+
+    @property
+    def cols(self) -> np.ndarray:
+        """[classes, samples]: each sample's time on a group of each class."""
+        if self._cols is None:
+            self._cols = np.vstack(self.class_rows)
+        return self._cols
 
     def _refresh(self) -> None:
         n_groups = len(self.g_ranks)
@@ -120,8 +137,21 @@ class LocalSearch:
         return float(sum(times[self.g_layer == m].max(initial=0.0) for m in range(self.n_layers)))
 
     # -- moves ------------------------------------------------------------------------------
+    def _candidates(self, g: int, tops: tuple) -> np.ndarray:
+        """Groups a sample of g may go to: all of them when few, else those with the most time
+        slack below their layer's maximum and those with the most memory room."""
+        alive = np.flatnonzero(self.g_alive)
+        alive = alive[alive != g]
+        if alive.size <= SLACK_CANDIDATES + ROOM_CANDIDATES:
+            return alive
+        slack = tops[0][self.g_layer[alive]] - self.g_time[alive]
+        room = self.g_limit[alive] - self.g_tokens[alive]
+        pick = np.union1d(np.argpartition(-slack, SLACK_CANDIDATES - 1)[:SLACK_CANDIDATES], np.argpartition(-room, ROOM_CANDIDATES - 1)[:ROOM_CANDIDATES])
+        return alive[pick]
+
     def _best_move(self, g: int, tops: tuple) -> tuple[float, tuple]:
-        """Best move or swap of one sample of g; arrays are [members x groups] and [members x samples]."""
+        """Best move or swap of one sample of g; arrays are [members x candidate groups] and
+        [members x samples of the candidate groups]."""
         best: tuple[float, tuple] = (-EPS, ())
         members = np.asarray(self.samples_of[g], dtype=np.int64)
         if members.size == 0:
@@ -129,8 +159,7 @@ class LocalSearch:
         tg = self.g_time[g]
         len_a = self.lengths[members][:, None]
         cost_a = self.s_cost[members][:, None]
-        alive = np.flatnonzero(self.g_alive)
-        alive = alive[alive != g]
+        alive = self._candidates(g, tops)
         if alive.size:
             time_h = self.g_time[alive]
             base_h = np.where(time_h > 0, time_h, self.b)[None, :]
@@ -143,7 +172,7 @@ class LocalSearch:
             if delta.flat[k] < best[0]:
                 a, h = divmod(k, alive.size)
                 best = (float(delta.flat[k]), ("move", int(members[a]), int(alive[h])))
-        others = np.flatnonzero(self.s_group != g)
+        others = np.asarray([c for h in alive.tolist() for c in self.samples_of[h]], dtype=np.int64)
         if others.size:
             h_of_c = self.s_group[others]
             len_c = self.lengths[others][None, :]

@@ -9,6 +9,7 @@ sees in the group's time). Ranks left over are returned so the caller can use th
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 
 
@@ -22,20 +23,39 @@ def place_groups(sizes: Sequence[int], node_ranges: Sequence[tuple[int, int]]) -
     placed: list[tuple[int, ...] | None] = [None] * len(sizes)
     order = sorted(range(len(sizes)), key=lambda k: -sizes[k])
     node_size = max(b - a for a, b in node_ranges)
+    # Nodes bucketed by their free rank count, each bucket a min-heap of node indices, so that
+    # best fit (fewest free ranks that still hold the group, lowest index first) costs O(node size).
+    buckets: list[list[int]] = [[] for _ in range(node_size + 1)]
+    for n in range(len(free_start)):
+        buckets[ends[n] - free_start[n]].append(n)
+    stale: set[tuple[int, int]] = set()
+
+    def take_best_fit(d: int) -> int:
+        for f in range(d, node_size + 1):
+            heap = buckets[f]
+            while heap:
+                n = heapq.heappop(heap)
+                if (n, f) in stale:
+                    stale.discard((n, f))
+                    continue
+                return n
+        return -1
+
+    def refile(n: int, old: int) -> None:
+        new = ends[n] - free_start[n]
+        if new != old:
+            heapq.heappush(buckets[new], n)
+
     spill: list[int] = []
     for k in order:
         d = sizes[k]
         if d <= node_size:
-            best = -1
-            best_free = None
-            for n in range(len(free_start)):
-                free = ends[n] - free_start[n]
-                if free >= d and (best_free is None or free < best_free):
-                    best, best_free = n, free
-            if best >= 0:
-                a = free_start[best]
+            n = take_best_fit(d)
+            if n >= 0:
+                a = free_start[n]
                 placed[k] = tuple(range(a, a + d))
-                free_start[best] += d
+                free_start[n] += d
+                heapq.heappush(buckets[ends[n] - free_start[n]], n)
                 continue
             spill.append(k)
             continue
@@ -47,9 +67,13 @@ def place_groups(sizes: Sequence[int], node_ranges: Sequence[tuple[int, int]]) -
         ranks: list[int] = []
         n = run
         while len(ranks) < d:
-            take = min(d - len(ranks), ends[n] - free_start[n])
+            old = ends[n] - free_start[n]
+            take = min(d - len(ranks), old)
             ranks.extend(range(free_start[n], free_start[n] + take))
             free_start[n] += take
+            if take:
+                stale.add((n, old))
+                heapq.heappush(buckets[ends[n] - free_start[n]], n)
             n += 1
         placed[k] = tuple(ranks)
     for k in spill:
@@ -70,6 +94,8 @@ def place_groups(sizes: Sequence[int], node_ranges: Sequence[tuple[int, int]]) -
 def _whole_node_run(free_start: list[int], node_ranges: Sequence[tuple[int, int]], d: int) -> int | None:
     """First node index starting a run of consecutive nodes whose free ranks add up to d, all but the last wholly free."""
     for start in range(len(node_ranges)):
+        if free_start[start] != node_ranges[start][0]:
+            continue
         got = 0
         n = start
         while n < len(node_ranges):
