@@ -154,8 +154,8 @@ def markdown(doc: dict[str, Any], summary: dict[str, Any], command: str, plots: 
         if len(summary["failures"]) > 40:
             lines.append(f"| ... | | | | | | {len(summary['failures']) - 40} more in results.json |")
     if doc.get("skipped"):
-        cells = ", ".join(f"{s['workload']} {s['ranks']}x{s['samples']}" for s in doc["skipped"])
-        lines += ["", f"Skipped cells (above max_samples): {cells}."]
+        skipped = ", ".join(f"{s['workload']} {s['ranks']}x{s['samples']}" for s in doc["skipped"])
+        lines += ["", f"Skipped cells (above max_samples): {skipped}."]
     if plots:
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     return "\n".join(lines) + "\n"

@@ -35,6 +35,7 @@ constant.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import dataclass, field
@@ -107,9 +108,9 @@ def _hint(model: Any, cands: list[tuple[int, int]], y: list[Any], x: dict[tuple[
             tokens[g] += longest[k]
             left -= cands[g][1]
     for g in range(len(cands)):
-        model.AddHint(y[g], g in opened)
+        model.add_hint(y[g], g in opened)
     for key, var in x.items():
-        model.AddHint(var, quota[key])
+        model.add_hint(var, quota[key])
     return opened, quota, complete
 
 
@@ -148,32 +149,32 @@ def _solve_micro_batch(tables: CostTables, samples: list[int], sizes: list[int],
         for _ in range(n_cand):
             g = len(cands)
             cands.append((s, copies))
-            y.append(model.NewBoolVar(f"y{g}"))
+            y.append(model.new_bool_var(f"y{g}"))
             for k in fits:
-                x[k, g] = model.NewIntVar(0, counts[k], f"x{k}_{g}")
-                model.Add(x[k, g] <= counts[k] * y[g])  # (3)
-            model.Add(sum(longest[k] * x[k, g] for k in fits) <= int(cap * s))  # (4)
+                x[k, g] = model.new_int_var(0, counts[k], f"x{k}_{g}")
+                model.add(x[k, g] <= counts[k] * y[g])  # (3)
+            model.add(sum(longest[k] * x[k, g] for k in fits) <= int(cap * s))  # (4)
             if g > first:
-                model.Add(y[g - 1] >= y[g])  # symmetry
+                model.add(y[g - 1] >= y[g])  # symmetry
     opened, quota, complete = _hint(model, cands, y, x, buckets, counts, longest, mean_us, cap, n_ranks, beta)
     horizon = beta + sum(max(mean_us[k, s] for s in sizes) * counts[k] for k in range(len(buckets)))
-    makespan = model.NewIntVar(0, horizon, "T")
+    makespan = model.new_int_var(0, horizon, "T")
     for k in range(len(buckets)):  # (1)
-        model.Add(sum(cands[g][1] * x[k, g] for g in range(len(cands)) if (k, g) in x) >= counts[k])
-    model.Add(sum(c * s * y[g] for g, (s, c) in enumerate(cands)) <= n_ranks)  # (2)
+        model.add(sum(cands[g][1] * x[k, g] for g in range(len(cands)) if (k, g) in x) >= counts[k])
+    model.add(sum(c * s * y[g] for g, (s, c) in enumerate(cands)) <= n_ranks)  # (2)
     for g, (s, _) in enumerate(cands):  # (5)
-        model.Add(makespan >= beta * y[g] + sum(mean_us[k, s] * x[k, g] for k in range(len(buckets)) if (k, g) in x))
-    model.Minimize(makespan)
+        model.add(makespan >= beta * y[g] + sum(mean_us[k, s] * x[k, g] for k in range(len(buckets)) if (k, g) in x))
+    model.minimize(makespan)
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, seconds)
     solver.parameters.num_workers = workers
     solver.parameters.catch_sigint_signal = False
-    status = solver.Solve(model)
-    name = solver.StatusName(status).lower()
+    status = solver.solve(model)
+    name = solver.status_name(status).lower()
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        used = {g for g in range(len(cands)) if solver.Value(y[g])}
-        units = {key: solver.Value(var) for key, var in x.items()}
+        used = {g for g in range(len(cands)) if solver.value(y[g])}
+        units = {key: solver.value(var) for key, var in x.items()}
     elif complete:
         name += "+hint"  # nothing found within the share: keep the complete starting point
         used, units = opened, quota
@@ -183,18 +184,21 @@ def _solve_micro_batch(tables: CostTables, samples: list[int], sizes: list[int],
     copies_out: list[tuple[int, dict[int, int]]] = []
     for g, (s, c) in enumerate(cands):
         if g in used:
-            mine = {k: units[k, g] for k in range(len(buckets)) if (k, g) in units}
-            copies_out.extend((s, dict(mine)) for _ in range(c))
+            per_copy = {k: units[k, g] for k in range(len(buckets)) if (k, g) in units}
+            copies_out.extend((s, dict(per_copy)) for _ in range(c))
     members: list[list[int]] = [[] for _ in copies_out]
     loads = [0.0] * len(copies_out)
     for k, bucket in enumerate(buckets):
+        heap = [(loads[q], q) for q, (_, per_copy) in enumerate(copies_out) if per_copy.get(k, 0) > 0]
+        heapq.heapify(heap)
         for i in sorted(bucket, key=lambda i: -int(lengths[i])):
-            open_ = [q for q, (s, quota) in enumerate(copies_out) if quota.get(k, 0) > 0]
-            q = min(open_, key=lambda q: loads[q])
-            s, quota = copies_out[q]
-            quota[k] -= 1
+            _, q = heapq.heappop(heap)
+            s, units_left = copies_out[q]
+            units_left[k] -= 1
             members[q].append(i)
             loads[q] += float(times[i, index[s]])
+            if units_left[k] > 0:
+                heapq.heappush(heap, (loads[q], q))
     return [(s, m) for (s, _), m in zip(copies_out, members, strict=True) if m], name
 
 
@@ -237,7 +241,7 @@ def flexsp_milp(tables: CostTables, budget_s: float, workers: int = 1, counts_tr
             mbs[m].append(i)
             load[m] += area[i]
             toks[m] += float(lengths[i])
-        plan: list[list[tuple[tuple[int, ...], list[int]]]] = []
+        plan: list[list[tuple[list[int] | tuple[int, ...], list[int] | tuple[int, ...]]]] = []
         statuses = []
         for samples in mbs:
             if not samples:
@@ -249,7 +253,7 @@ def flexsp_milp(tables: CostTables, budget_s: float, workers: int = 1, counts_tr
                 plan = []
                 break
             at = 0
-            placed = []
+            placed: list[tuple[list[int] | tuple[int, ...], list[int] | tuple[int, ...]]] = []
             for s, members in sorted(groups, key=lambda g: -g[0]):
                 placed.append((tuple(range(at, at + s)), members))
                 at += s

@@ -41,7 +41,7 @@ def megatron_dcp(tables: CostTables) -> Assignment | None:
         return None
     remaining = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     limit = tables.problem.options.max_micro_batches
-    micro_batches = []
+    micro_batches: list[list[tuple[list[int] | tuple[int, ...], list[int] | tuple[int, ...]]]] = []
     while remaining:
         if len(micro_batches) >= limit:
             return None
@@ -89,7 +89,7 @@ def megatron_dcp(tables: CostTables) -> Assignment | None:
             sizes[g] *= 2
             loads[g] = float(times[members[g], index[sizes[g]]].sum())
         start = 0
-        groups = []
+        groups: list[tuple[list[int] | tuple[int, ...], list[int] | tuple[int, ...]]] = []
         for g in sorted(range(len(sizes)), key=lambda g: -sizes[g]):
             groups.append((tuple(range(start, start + sizes[g])), members[g]))
             start += sizes[g]
