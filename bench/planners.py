@@ -92,7 +92,8 @@ LABELS = {
 
 
 def default_planners() -> list[str]:
-    """Every planner; ``dhp-auto`` only when an exact backend is installed (else it equals the heuristic)."""
+    """Every planner; ``dhp-auto`` only when an exact backend is installed (else it equals the heuristic),
+    ``flexsp-milp`` only when OR-Tools is (``pip install 'dhp-planner[bench]'``)."""
     names = list(PLANNERS)
     try:
         from solver_models import available_backends
@@ -102,4 +103,8 @@ def default_planners() -> list[str]:
         have = []
     if not have:
         names.remove("dhp-auto")
+    try:
+        import ortools  # noqa: F401 - the FlexSP-style MILP needs CP-SAT
+    except ModuleNotFoundError:
+        names.remove("flexsp-milp")
     return names
