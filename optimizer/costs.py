@@ -48,6 +48,9 @@ def allowed_degrees(problem: Problem, max_degree: int) -> list[int]:
     if problem.scheme == "ulysses":
         heads = problem.model.llm.heads // problem.cluster.tensor_parallel
         sizes = [d for d in sizes if heads % d == 0]
+    if problem.options.group_reuse == "only":
+        have = {len(g) for g in problem.existing_groups}
+        sizes = [d for d in sizes if d == 1 or d in have]
     return sizes
 
 

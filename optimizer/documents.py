@@ -329,7 +329,8 @@ def options_from_json(doc: Any, where: str = "options") -> PlanOptions:
         return PlanOptions()
     doc = _obj(doc, where)
     fields = {"degree_policy": "str", "max_degree": "int", "max_micro_batches": "int", "cp_scheme": "str",
-              "time_budget_ms": "number", "backend": "str", "solver_workers": "int", "deterministic": "bool"}
+              "time_budget_ms": "number", "backend": "str", "solver_workers": "int", "deterministic": "bool",
+              "group_reuse": "str", "new_group_cost_s": "number"}
     _unknown(doc, set(fields), where)
     kwargs = {k: _get(doc, k, where, kind) for k, kind in fields.items() if doc.get(k) is not None}
     try:
@@ -365,7 +366,28 @@ def problem_from_json(doc: Any, overrides: Mapping[str, Any] | None = None) -> P
         from dataclasses import replace
 
         options = replace(options, **overrides)
-    return Problem(cluster=cluster, model=model, batch=batch, options=options, profile=profile)
+    groups = existing_groups_from_json(doc.get("existing_groups"), cluster.domain_size)
+    return Problem(cluster=cluster, model=model, batch=batch, options=options, profile=profile, existing_groups=groups)
+
+
+def existing_groups_from_json(doc: Any, domain_size: int, where: str = "existing_groups") -> tuple[tuple[int, ...], ...]:
+    """The rank groups a job already has (sorted rank tuples, first occurrence kept); None means none."""
+    if doc is None:
+        return ()
+    if not isinstance(doc, list):
+        raise ProblemError(f"must be a list of rank lists, got {type(doc).__name__}", field=where, hint="e.g. [[0, 1], [2, 3], [0, 1, 2, 3]].")
+    out: dict[tuple[int, ...], None] = {}
+    for k, g in enumerate(doc):
+        w = f"{where}[{k}]"
+        if not isinstance(g, list) or not g or not all(isinstance(r, int) and not isinstance(r, bool) for r in g):
+            raise ProblemError("must be a non-empty list of integer ranks", field=w, hint="list the global ranks of one group, e.g. [0, 1].")
+        bad = [r for r in g if not 0 <= r < domain_size]
+        if bad:
+            raise ProblemError(f"ranks {bad[:5]} are outside 0..{domain_size - 1}", field=w, hint="use ranks of the data/context domain of this cluster.")
+        if len(set(g)) != len(g):
+            raise ProblemError("repeats a rank", field=w, hint="list each rank once.")
+        out.setdefault(tuple(sorted(g)), None)
+    return tuple(out)
 
 
 def read_json_file(path: str | Path, what: str) -> Any:

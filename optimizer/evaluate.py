@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from optimizer.communicators import new_communicators, reporting
 from optimizer.costs import CostTables
 from optimizer.plan import Assignment, GroupPlan, MicroBatchPlan, Plan, SolverStats, StaticBaseline
 
@@ -30,7 +31,13 @@ def build_plan(
         plan_mb = MicroBatchPlan(tuple(groups))
         step += plan_mb.predicted_time_s
         mbs.append(plan_mb)
+    problem = tables.problem
+    new = None
+    if reporting(problem):
+        new = tuple(new_communicators(problem, (g.ranks for mb in mbs for g in mb.groups)))
     return Plan(
+        new_communicators=new,
+        group_setup_s=problem.options.new_group_cost_s * len(new) if new else 0.0,
         micro_batches=tuple(mbs),
         predicted_step_time_s=step,
         lower_bound_s=lower_bound_s,

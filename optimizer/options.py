@@ -9,6 +9,7 @@ from optimizer.errors import ProblemError
 DEGREE_POLICIES = ("any", "pow2")
 CP_SCHEMES = ("ring", "ulysses")
 BACKENDS = ("auto", "heuristic", "cpsat", "highs", "cbc")
+GROUP_REUSE = ("prefer", "only", "ignore")
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,10 @@ class PlanOptions:
     """Threads an exact solver may use."""
     deterministic: bool = False
     """Ask the exact solver for reproducible results (deterministic time limits)."""
+    group_reuse: str = "prefer"
+    """With a request's ``existing_groups``: ``prefer`` them, use ``only`` them (and single ranks), or ``ignore`` them."""
+    new_group_cost_s: float = 0.0
+    """Seconds one new communicator costs (weighed against step time when choosing between groups)."""
 
     def __post_init__(self) -> None:
         if self.degree_policy not in DEGREE_POLICIES:
@@ -47,5 +52,9 @@ class PlanOptions:
             raise ProblemError(f"must be one of {BACKENDS}, got {self.backend!r}", field="options.backend", hint="use 'auto' to let the planner choose.")
         if not isinstance(self.solver_workers, int) or isinstance(self.solver_workers, bool) or not 1 <= self.solver_workers <= 64:
             raise ProblemError(f"must be an integer from 1 to 64, got {self.solver_workers!r}", field="options.solver_workers", hint="give the solver's thread count, e.g. 1.")
+        if self.group_reuse not in GROUP_REUSE:
+            raise ProblemError(f"must be one of {GROUP_REUSE}, got {self.group_reuse!r}", field="options.group_reuse", hint="use 'prefer' to favour the job's existing groups, 'only' to use nothing else.")
+        if isinstance(self.new_group_cost_s, bool) or not isinstance(self.new_group_cost_s, (int, float)) or not 0 <= self.new_group_cost_s < float("inf"):
+            raise ProblemError(f"must be a finite number of seconds >= 0, got {self.new_group_cost_s!r}", field="options.new_group_cost_s", hint="give the time to create one communicator, e.g. 2.0.")
         if not isinstance(self.deterministic, bool):
             raise ProblemError(f"must be true or false, got {self.deterministic!r}", field="options.deterministic", hint="use a JSON boolean.")

@@ -111,6 +111,10 @@ class Plan:
     domain_size: int
     solver: SolverStats
     static_baseline: StaticBaseline | None = None
+    new_communicators: tuple[tuple[int, ...], ...] | None = None
+    """Groups the plan needs that the request did not list as existing (None: not asked about)."""
+    group_setup_s: float = 0.0
+    """``options.new_group_cost_s`` times the number of new communicators (paid once, not per step)."""
 
     @property
     def gap(self) -> float:
@@ -170,6 +174,9 @@ class Plan:
             "communicators": [list(c) for c in self.communicators],
             "solver": self.solver.to_json(),
         }
+        if self.new_communicators is not None:
+            out["new_communicators"] = [list(c) for c in self.new_communicators]
+            out["group_setup_s"] = self.group_setup_s
         if self.static_baseline is not None:
             out["static_baseline"] = {
                 "degree": self.static_baseline.degree,

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from optimizer import communicators
 from optimizer.baselines import best_static
 from optimizer.bounds import lower_bound
 from optimizer.costs import CostTables
@@ -86,6 +87,10 @@ def plan(problem: Problem, *, compare_static: bool = True, clock: Callable[[], f
         # The static layout is a plan like any other: never return something slower.
         chosen = static[1]
         stats = SolverStats(**{**stats.__dict__, "details": {**stats.details, "chosen": f"static layout CP {static[0].degree}"}})
+    if communicators.active(problem):
+        # Move groups onto the job's existing communicators (options.group_reuse); see optimizer.communicators.
+        chosen, hint = communicators.adapt(tables, chosen), communicators.adapt(tables, hint)
+        lap("group_reuse_ms")
     result = build_plan(tables, chosen, stats, max(bound, stats.bound_s or 0.0), static[0] if static else None)
     lap("build_ms")
     report = verify(result, problem)

@@ -23,6 +23,8 @@ class Problem:
     batch: Batch
     options: PlanOptions = PlanOptions()
     profile: CostProfile | None = None
+    existing_groups: tuple[tuple[int, ...], ...] = ()
+    """Rank groups (sorted) the job already has communicators for; see ``options.group_reuse``."""
 
     def __post_init__(self) -> None:
         if self.profile is not None and self.options.cp_scheme is not None and self.options.cp_scheme != self.profile.scheme:

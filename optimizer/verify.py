@@ -9,7 +9,9 @@ This module recomputes every time from the profile with the scalar formula
 4. memory: a group's tokens divided by its size fit the smallest capacity among its ranks;
 5. at most ``max_micro_batches`` micro-batches;
 6. predicted group, micro-batch and step times match the recomputed ones;
-7. the lower bound does not exceed the predicted step time.
+7. the lower bound does not exceed the predicted step time;
+8. with ``options.group_reuse`` ``only``, every group of two or more ranks is one of the request's
+   ``existing_groups``; the plan's new communicators and their cost match the recomputed ones.
 """
 
 from __future__ import annotations
@@ -184,6 +186,29 @@ def verify(plan: Plan, problem: Problem) -> Report:
                 report.violations.append(f"micro-batch {m} group {k}: intra_node says {g.intra_node}, ranks say {intra}")
     if not close(plan.predicted_step_time_s, base.step_time_s):
         report.violations.append(f"predicted step time {plan.predicted_step_time_s:.6g} s, recomputed {base.step_time_s:.6g} s")
+    report.violations.extend(communicator_violations(problem, plan))
     if plan.lower_bound_s > plan.predicted_step_time_s * (1 + REL_TOL):
         report.violations.append(f"lower bound {plan.lower_bound_s:.6g} s exceeds the step time {plan.predicted_step_time_s:.6g} s")
     return report
+
+
+def communicator_violations(problem: Problem, plan: Plan) -> list[str]:
+    """Invariant 8: the ``only`` rule, and the new communicators and their cost as reported."""
+    out: list[str] = []
+    existing = {tuple(sorted(g)) for g in problem.existing_groups}
+    needed: dict[tuple[int, ...], None] = {}
+    for m, mb in enumerate(plan.micro_batches):
+        for k, g in enumerate(mb.groups):
+            key = tuple(sorted(g.ranks))
+            if len(key) < 2 or key in existing:
+                continue
+            needed.setdefault(key, None)
+            if problem.options.group_reuse == "only":
+                out.append(f"micro-batch {m} group {k}: ranks {list(g.ranks)} are not an existing group (options.group_reuse 'only')")
+    if plan.new_communicators is not None:
+        if set(map(tuple, plan.new_communicators)) != set(needed):
+            out.append(f"new_communicators lists {len(plan.new_communicators)} groups, the plan needs {len(needed)} not in existing_groups")
+        cost = problem.options.new_group_cost_s * len(needed)
+        if not math.isclose(plan.group_setup_s, cost, rel_tol=REL_TOL, abs_tol=1e-12):
+            out.append(f"group_setup_s {plan.group_setup_s:.6g} s, recomputed {cost:.6g} s")
+    return out
