@@ -15,6 +15,7 @@ import functools
 import math
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,8 @@ from solver_models.lns import ModelResult, improve
 
 CBC_OVERHEAD_S = 0.06
 """Seconds CBC needs beyond its time limit (process start, model file, solution file)."""
+HIGHS_LATENESS_S = 0.01
+"""Seconds HiGHS may answer after its time limit (it checks the clock between phases)."""
 
 
 def build_problem(model: SlotModel) -> tuple[Any, list[Any], dict[tuple[int, int], Any], list[Any]]:
@@ -35,13 +38,14 @@ def build_problem(model: SlotModel) -> tuple[Any, list[Any], dict[tuple[int, int
 
     prob = pulp.LpProblem("dhp_slots", pulp.LpMinimize)
     top = model_ceiling(model)
-    y = [pulp.LpVariable(f"y{s}", cat="Binary") for s in range(model.n_slots)]
+    var = prob.add_variable
+    y = [var(f"y{s}", 0, 1, cat="Binary") for s in range(model.n_slots)]
     x: dict[tuple[int, int], Any] = {}
     for q, s, _ in model.arcs:
         c = model.item_count(q)
-        x[(q, s)] = pulp.LpVariable(f"x{q}_{s}", cat="Binary") if c == 1 else pulp.LpVariable(f"x{q}_{s}", 0, c, cat="Integer")
-    t_mb = [pulp.LpVariable(f"T{m}", model.floor[m], top) for m in range(model.n_mb)]
-    u_mb = [pulp.LpVariable(f"U{m}", 0, top) for m in range(model.n_mb)] if model.tiebreak else []
+        x[(q, s)] = var(f"x{q}_{s}", 0, 1, cat="Binary") if c == 1 else var(f"x{q}_{s}", 0, c, cat="Integer")
+    t_mb = [var(f"T{m}", model.floor[m], top) for m in range(model.n_mb)]
+    u_mb = [var(f"U{m}", 0, top) for m in range(model.n_mb)] if model.tiebreak else []
     if model.tiebreak:
         prob += pulp.lpSum(t_mb) * model.tiebreak + pulp.lpSum(u_mb)
         for u, t in zip(u_mb, t_mb, strict=False):
@@ -119,7 +123,9 @@ def _solve_with(solver_name: str, model: SlotModel, time_limit_s: float, options
                 y[s].setInitialValue(v)
             for key, var in x.items():
                 var.setInitialValue(model.hint_x.get(key, 0))
-        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, threads=options.solver_workers, warmStart=warm, timeMode="elapsed")
+        with warnings.catch_warnings():  # the bundled CBC binary is what a plain install has
+            warnings.simplefilter("ignore", DeprecationWarning)
+            solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, threads=options.solver_workers, warmStart=warm, timeMode="elapsed")
     prob.solve(solver)
     sol = prob.sol_status
     if sol == pulp.LpSolutionInfeasible:
@@ -174,15 +180,17 @@ class PulpBackend:
         try:
             if self.name == "highs":
                 return bool(pulp.HiGHS(msg=False).available())
-            return bool(pulp.PULP_CBC_CMD(msg=False).available())
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                return bool(pulp.PULP_CBC_CMD(msg=False).available())
         except Exception:  # noqa: BLE001 - a broken installation counts as missing
             return False
 
     def solve(self, tables: CostTables, options: PlanOptions, hint: Assignment, deadline: float, on_improvement: ImprovementCallback | None = None) -> SolveResult:
         if self.name == "cbc":
             return improve(tables, options, hint, deadline, _model_solver(self.name), on_improvement, self.name,
-                           round_s=0.3 + CBC_OVERHEAD_S, min_round_s=2 * CBC_OVERHEAD_S)
-        return improve(tables, options, hint, deadline, _model_solver(self.name), on_improvement, self.name)
+                           round_s=0.3 + CBC_OVERHEAD_S, min_round_s=2 * CBC_OVERHEAD_S, lateness_s=0.02)
+        return improve(tables, options, hint, deadline, _model_solver(self.name), on_improvement, self.name, lateness_s=HIGHS_LATENESS_S)
 
 
 register("highs", lambda: PulpBackend("highs"))

@@ -1,0 +1,203 @@
+"""Exact backends: agreement with brute force on tiny problems, never worse than the hint, the
+budget, fallbacks and the choice of ``backend=auto``."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from optimizer.costs import CostTables
+from optimizer.documents import problem_from_json
+from optimizer.heuristic import heuristic_plan
+from optimizer.planner import choose_backend, plan
+from optimizer.verify import verify
+from solver_models import available_backends, get_backend
+from solver_models.base import SolveResult
+from solver_models.formulation import full_model
+from solver_models.lns import FULL_MODEL_PAIRS, full_model_pairs
+from tests.solver_oracle import brute_force_step_time
+
+BACKENDS = ("cpsat", "highs", "cbc")
+
+# A toy profile where the choices matter: attention grows fast with length, the intra-node links
+# are ten times the inter-node ones, and samples above 1000 tokens need two ranks or more.
+PROFILE = {
+    "time": {"quadratic": 1e-7, "linear": 1e-4, "sample_constant": 0.002, "group_constant": 0.01},
+    "comm": {"scheme": "ring", "bytes_per_token": 1e5, "bandwidth_bytes_per_s": {"intra": 2e9, "inter": 2e8}},
+    "capacity_tokens_per_rank": 1000,
+}
+
+
+def tiny_problem(seed: int, nodes: int, per_node: int, n: int, max_mb: int, **options):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(100, 2200, size=n)
+    doc = {
+        "batch": {"samples": [{"id": f"s{k}", "text_tokens": int(x)} for k, x in enumerate(lengths)]},
+        "cluster": {"nodes": nodes, "gpus_per_node": per_node},
+        "model_preset": "llama3-8b",
+        "profile": PROFILE,
+        "options": {"max_micro_batches": max_mb, "time_budget_ms": 20000, "deterministic": True, **options},
+    }
+    return problem_from_json(doc)
+
+
+CASES = [(0, 2, 3, 6, 2), (1, 2, 3, 5, 3), (2, 3, 2, 6, 2), (3, 1, 4, 6, 3), (4, 2, 2, 5, 4)]
+
+
+@pytest.fixture(scope="module")
+def have():
+    names = available_backends()
+    missing = [b for b in BACKENDS if b not in names]
+    if missing:
+        pytest.skip(f"solver libraries missing: {missing}")
+    return names
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"seed{c[0]}-{c[1]}x{c[2]}-n{c[3]}-mb{c[4]}" for c in CASES])
+def test_backends_agree_with_brute_force(case, have):
+    seed, nodes, per_node, n, max_mb = case
+    problem = tiny_problem(seed, nodes, per_node, n, max_mb)
+    tables = CostTables.build(problem)
+    assert full_model_pairs(tables) <= FULL_MODEL_PAIRS  # the whole problem is one model
+    optimum = brute_force_step_time(problem, [int(d) for d in tables.degrees])
+    for name in BACKENDS:
+        result = plan(_with(problem, backend=name))
+        assert verify(result, _with(problem, backend=name)).ok
+        stats = result.solver
+        assert stats.backend == name
+        assert stats.status == "optimal", (name, stats.status, stats.fallback_reason)
+        assert result.predicted_step_time_s == pytest.approx(optimum, rel=1e-6), name
+        # The proven bound meets the optimum (less the rounding of times to 0.1 us units).
+        assert result.lower_bound_s <= result.predicted_step_time_s
+        assert result.lower_bound_s == pytest.approx(optimum, rel=1e-4), name
+
+
+def _with(problem, **changes):
+    from dataclasses import replace
+
+    return replace(problem, options=replace(problem.options, **changes))
+
+
+def test_solver_never_worse_than_its_hint(have, make_problem):
+    problem = make_problem(time_budget_ms=150.0)
+    for name in BACKENDS:
+        result = plan(_with(problem, backend=name, time_budget_ms=400.0 if name == "cbc" else 150.0))
+        heuristic_point = result.solver.trace[0]
+        assert result.predicted_step_time_s <= heuristic_point.objective_s * (1 + 1e-9), name
+        assert result.lower_bound_s <= result.predicted_step_time_s
+
+
+def test_lns_improves_a_weak_start(have):
+    """A deliberately poor plan (everything on one rank per micro-batch, idle ranks) gets better."""
+    problem = problem_from_json({"batch": {"samples": [{"id": f"s{k}", "text_tokens": 20 + k} for k in range(40)]},
+                                 "cluster": {"nodes": 2, "gpus_per_node": 4}, "model_preset": "llama3-8b", "profile": PROFILE,
+                                 "options": {"max_micro_batches": 8}})
+    tables = CostTables.build(problem)
+    assert full_model_pairs(tables) > FULL_MODEL_PAIRS  # the neighbourhood search runs
+    from optimizer.evaluate import assignment_step_time
+    from optimizer.plan import Assignment
+
+    groups = [[(r,), []] for r in range(8)]
+    for i in range(40):
+        groups[i % 2][1].append(i)
+    weak = Assignment.of([groups])
+    start = assignment_step_time(tables, weak)
+    result = get_backend("cpsat").solve(tables, problem.options, weak, time.perf_counter() + 1.0)
+    assert result.assignment is not None
+    assert result.objective_s < 0.7 * start
+    assert result.details["mode"] == "lns"
+
+
+def test_budget_is_respected(have, make_problem):
+    from optimizer.workloads import long_tail_video
+
+    problem = make_problem(batch=long_tail_video(256, seed=3))
+    for name, budget in (("cpsat", 150.0), ("highs", 150.0), ("cbc", 400.0)):
+        plan(_with(problem, backend=name, time_budget_ms=50.0))  # load the libraries first
+        t0 = time.perf_counter()
+        result = plan(_with(problem, backend=name, time_budget_ms=budget))
+        wall = (time.perf_counter() - t0) * 1000.0
+        assert wall <= budget + 100.0, (name, wall)
+        assert result.solver.wall_ms <= budget + 100.0
+
+
+def test_a_failing_backend_falls_back_with_its_reason(monkeypatch, make_problem):
+    class Broken:
+        name = "cpsat"
+
+        def available(self):
+            return True
+
+        def solve(self, *args, **kwargs):
+            raise RuntimeError("solver crashed")
+
+    import solver_models
+
+    monkeypatch.setattr(solver_models, "get_backend", lambda name: Broken())
+    result = plan(make_problem(backend="cpsat", time_budget_ms=100.0))
+    assert result.solver.status == "fallback"
+    assert "solver crashed" in result.solver.fallback_reason
+    assert result.solver.backend == "cpsat"
+
+
+def test_a_missing_backend_falls_back_with_its_reason(monkeypatch, make_problem):
+    class Missing:
+        name = "highs"
+
+        def available(self):
+            return False
+
+    import solver_models
+
+    monkeypatch.setattr(solver_models, "get_backend", lambda name: Missing())
+    result = plan(make_problem(backend="highs", time_budget_ms=100.0))
+    assert result.solver.status == "fallback"
+    assert "not installed" in result.solver.fallback_reason
+
+
+def test_a_backend_without_an_answer_keeps_the_heuristic(monkeypatch, make_problem):
+    class Empty:
+        name = "cbc"
+
+        def available(self):
+            return True
+
+        def solve(self, *args, **kwargs):
+            return SolveResult(None, "timeout", message="no solution within the time limit")
+
+    import solver_models
+
+    monkeypatch.setattr(solver_models, "get_backend", lambda name: Empty())
+    result = plan(make_problem(backend="cbc", time_budget_ms=100.0))
+    assert result.solver.status == "fallback"
+    assert result.solver.fallback_reason == "no solution within the time limit"
+    assert result.predicted_step_time_s == pytest.approx(result.solver.trace[0].objective_s)
+
+
+def test_auto_chooses_by_time_left(have, make_problem):
+    import ortools.sat.python.cp_model  # noqa: F401 - loaded, as in a running service
+
+    tables = CostTables.build(make_problem())
+    assert choose_backend(tables, "auto", 5.0) == "heuristic"
+    assert choose_backend(tables, "auto", 500.0) == "cpsat"
+    assert choose_backend(tables, "highs", 5.0) == "highs"
+
+
+def test_deterministic_mode_repeats(have):
+    problem = tiny_problem(7, 2, 3, 6, 3, backend="cpsat")
+    first = plan(problem)
+    second = plan(problem)
+    assert first.predicted_step_time_s == second.predicted_step_time_s
+    assert first.to_json(shards=False)["micro_batches"] == second.to_json(shards=False)["micro_batches"]
+
+
+def test_full_model_maps_the_hint_completely():
+    problem = tiny_problem(0, 2, 3, 6, 2)
+    tables = CostTables.build(problem)
+    hint = heuristic_plan(tables)
+    model = full_model(tables, hint, 1e9)
+    assert model.hint_x, "every group of the heuristic's plan has a slot"
+    assert sum(model.hint_x.values()) == tables.n_samples
+    assert model.exact and model.tiebreak == 0
