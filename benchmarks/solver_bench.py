@@ -1,0 +1,104 @@
+"""Benchmark of the exact backends inside the planner's time budget.
+
+For each cluster size, workload and seed it plans the same batch with the heuristic alone and with
+the heuristic followed by each exact backend at each budget, and prints, per (instance, planner,
+budget): the step time over the best bound known for that instance (the largest lower bound any
+run proved; median and max over the seeds) and the wall time of the whole ``plan()`` call against
+the budget (median and max, and the worst overrun). Libraries are loaded and warmed before timing,
+as in a running service.
+
+Usage::
+
+    .venv/bin/python benchmarks/solver_bench.py                 # the full table (a few minutes)
+    .venv/bin/python benchmarks/solver_bench.py --quick         # one seed, 64 ranks, 200 ms only
+    .venv/bin/python benchmarks/solver_bench.py --sizes 64 --workloads video --budgets 1000 --policy pow2
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import replace
+
+from optimizer.documents import problem_from_json
+from optimizer.planner import plan
+from optimizer.workloads import WORKLOADS
+
+SIZES = {64: ("h100-8x8", 512), 256: ("h100-32x8", 2048)}
+
+
+def warm_up(backends: list[str]) -> None:
+    """Load the solver libraries and run each backend once on a small batch."""
+    problem = problem_from_json({"batch": WORKLOADS["video"](32, seed=99), "cluster_preset": "h100-1x8", "model_preset": "qwen2-vl-7b"})
+    for name in backends:
+        plan(replace(problem, options=replace(problem.options, backend=name, time_budget_ms=100.0)))
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    rows = []
+    for size in args.sizes:
+        cluster, n = SIZES[size]
+        for workload in args.workloads:
+            for seed in range(args.seeds):
+                doc = {"batch": WORKLOADS[workload](n, seed=seed), "cluster_preset": cluster, "model_preset": args.model,
+                       "options": {"degree_policy": args.policy, "solver_workers": args.workers}}
+                base = problem_from_json(doc)
+                runs = []
+                for backend in ["heuristic", *args.backends]:
+                    for budget in args.budgets:
+                        problem = replace(base, options=replace(base.options, backend=backend, time_budget_ms=float(budget)))
+                        t0 = time.perf_counter()
+                        result = plan(problem)
+                        wall = (time.perf_counter() - t0) * 1000.0
+                        runs.append({"size": size, "workload": workload, "seed": seed, "backend": backend, "budget": budget,
+                                     "step": result.predicted_step_time_s, "bound": result.lower_bound_s, "wall": wall,
+                                     "status": result.solver.status, "improved": result.solver.fallback_reason is None and backend != "heuristic"})
+                best_bound = max(r["bound"] for r in runs)
+                for r in runs:
+                    r["ratio"] = r["step"] / best_bound
+                rows.extend(runs)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    keys = sorted({(r["size"], r["workload"], r["backend"], r["budget"]) for r in rows},
+                  key=lambda k: (k[0], k[1], ["heuristic", "cpsat", "highs", "cbc"].index(k[2]), k[3]))
+    head = f"{'ranks':>5} {'workload':<10} {'planner':<14} {'budget ms':>9} {'ratio med':>9} {'ratio max':>9} {'wall med':>9} {'wall max':>9} {'over max':>9} {'improved':>8}"
+    lines = [head, "-" * len(head)]
+    for size, workload, backend, budget in keys:
+        sel = [r for r in rows if (r["size"], r["workload"], r["backend"], r["budget"]) == (size, workload, backend, budget)]
+        ratios = [r["ratio"] for r in sel]
+        walls = [r["wall"] for r in sel]
+        over = max(w - budget for w in walls)
+        name = "heuristic" if backend == "heuristic" else f"heur+{backend}"
+        improved = sum(r["improved"] for r in sel)
+        lines.append(f"{size:>5} {workload:<10} {name:<14} {budget:>9} {statistics.median(ratios):>9.4f} {max(ratios):>9.4f} "
+                     f"{statistics.median(walls):>9.1f} {max(walls):>9.1f} {over:>+9.1f} {improved:>5}/{len(sel)}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[64, 256], choices=sorted(SIZES), help="ranks (64: h100-8x8 x 512 samples, 256: h100-32x8 x 2048)")
+    ap.add_argument("--workloads", nargs="+", default=["video", "image-sft"], choices=sorted(WORKLOADS))
+    ap.add_argument("--budgets", type=int, nargs="+", default=[50, 200, 1000], help="time budgets in ms")
+    ap.add_argument("--backends", nargs="+", default=["cpsat", "highs"], choices=["cpsat", "highs", "cbc"])
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--policy", default="any", choices=["any", "pow2"])
+    ap.add_argument("--model", default="qwen2-vl-7b")
+    ap.add_argument("--workers", type=int, default=1, help="solver threads")
+    ap.add_argument("--quick", action="store_true", help="one seed, 64 ranks, 200 ms")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.seeds, args.sizes, args.budgets = 1, [64], [200]
+    warm_up(args.backends)
+    t0 = time.perf_counter()
+    rows = run(args)
+    print(table(rows))
+    print(f"\nratio: step time / best bound proved for the instance (max over all its runs); wall: whole plan() call, ms; "
+          f"{args.seeds} seed(s), policy {args.policy}, {args.workers} solver thread(s); {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
