@@ -13,7 +13,6 @@ it in this process are woken.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
@@ -43,7 +42,7 @@ class SolvePool:
         self.capacity = workers + queue_limit
         self.retry_after_s = retry_after_s
         self._metrics = metrics
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dhp-solve")
+        self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._admitted = 0
         self._running = 0
@@ -79,18 +78,42 @@ class SolvePool:
                 self._metrics.in_flight.dec()
         return job
 
+    def _pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dhp-solve")
+            return self._executor
+
+    def _release_admission(self) -> None:
+        with self._lock:
+            self._admitted -= 1
+        self._metrics.queue_depth.dec()
+
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on a solve thread and wait for it; raises Overloaded when full."""
         self._admit()
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._wrap(fn, *args))
+        try:
+            future = asyncio.get_running_loop().run_in_executor(self._pool(), self._wrap(fn, *args))
+        except BaseException:
+            self._release_admission()
+            raise
+        return await future
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         """Start ``fn(*args)`` on a solve thread without waiting; raises Overloaded when full."""
         self._admit()
-        self._executor.submit(self._wrap(fn, *args))
+        try:
+            self._pool().submit(self._wrap(fn, *args))
+        except BaseException:
+            self._release_admission()
+            raise
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=False)
+        """Wait for the running and waiting solves; a later request starts a fresh pool."""
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=False)
 
 
 class PlanCache:
@@ -180,22 +203,31 @@ class PlanningService:
     def _record(self, plan_id: str, doc: dict[str, Any], problem: Any, key: str, status: str, result: Any = None, text: str | None = None) -> PlanRecord:
         cluster, model = translate.names(doc, problem)
         base = dict(id=plan_id, created_at=utcnow(), status=status, request_hash=key, n_samples=len(problem.batch), n_ranks=problem.cluster.total_gpus,
-                    cluster=cluster, model=model, request_json=json.dumps(doc, separators=(",", ":")))
+                    cluster=cluster, model=model, request_json=translate.request_text(doc))
         if result is not None:
             base.update(finished_at=base["created_at"], plan_json=text, backend=result.solver.backend, solver_status=result.solver.status,
                         predicted_step_time_s=result.predicted_step_time_s, lower_bound_s=result.lower_bound_s, gap=result.gap,
                         solve_ms=result.solver.wall_ms)
         return PlanRecord(**base)
 
-    def plan_now(self, doc: dict[str, Any], arrival: float, use_cache: bool) -> tuple[PlanRecord, bool]:
+    def plan_now(self, doc: dict[str, Any], arrival: float, use_cache: bool) -> tuple[PlanRecord, bool, dict[str, float]]:
+        """Solve in this thread; also returns where the time went (ms), for the Server-Timing header."""
+        t0 = time.perf_counter()
+        timings = {"queue": (t0 - arrival) * 1000.0}
         problem, key, hit = self._prepare(doc, use_cache)
+        t1 = time.perf_counter()
+        timings["translate"] = (t1 - t0) * 1000.0
         if hit is not None:
-            return hit, True
+            return hit, True, timings
         result, text = self._solve(problem, arrival)
+        t2 = time.perf_counter()
+        timings["solve"] = result.solver.wall_ms
+        timings["encode"] = (t2 - t1) * 1000.0 - result.solver.wall_ms
         record = self._record(uuid.uuid4().hex, doc, problem, key, "done", result, text)
         self.store.add(record)
         self.cache.put(key, record)
-        return record, False
+        timings["store"] = (time.perf_counter() - t2) * 1000.0
+        return record, False, timings
 
     def _plan_ahead_job(self, plan_id: str, doc: dict[str, Any], arrival: float, use_cache: bool, loop: asyncio.AbstractEventLoop,
                         accepted: asyncio.Future[tuple[PlanRecord, bool]]) -> None:
@@ -242,8 +274,8 @@ class PlanningService:
         if event is not None:
             event.set()
 
-    async def plan(self, doc: dict[str, Any], arrival: float, use_cache: bool = True) -> tuple[PlanRecord, bool]:
-        """Solve now; returns the stored record and whether it came from the cache."""
+    async def plan(self, doc: dict[str, Any], arrival: float, use_cache: bool = True) -> tuple[PlanRecord, bool, dict[str, float]]:
+        """Solve now; returns the stored record, whether it came from the cache, and where the time went."""
         return await self.pool.run(self.plan_now, doc, arrival, use_cache)
 
     async def plan_ahead(self, doc: dict[str, Any], arrival: float, use_cache: bool = True) -> tuple[PlanRecord, bool]:

@@ -14,6 +14,8 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+import orjson
+
 from api.schemas import PlanRequest, PlanSummary
 from api.settings import Settings
 from api.store.repository import PlanRecord
@@ -67,7 +69,19 @@ def with_budget_left(problem: Problem, elapsed_ms: float) -> Problem:
 
 def plan_text(plan: Plan) -> str:
     """The plan document as stored and returned (the JSON ``dhp plan`` prints, compact)."""
-    return json.dumps(plan.to_json(shards=True), separators=(",", ":"))
+    return _dumps(plan.to_json(shards=True))
+
+
+def request_text(doc: dict[str, Any]) -> str:
+    """The request document as stored (compact JSON)."""
+    return _dumps(doc)
+
+
+def _dumps(doc: Any) -> str:
+    try:
+        return orjson.dumps(doc).decode()
+    except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits, which the standard encoder writes
+        return json.dumps(doc, separators=(",", ":"))
 
 
 def names(doc: dict[str, Any], problem: Problem) -> tuple[str, str]:
@@ -86,14 +100,14 @@ def plan_body(record: PlanRecord) -> bytes:
     """
     head = {"id": record.id, "status": record.status, "created_at": _iso(record.created_at)}
     if record.status == "done" and record.plan_json:
-        head_text = json.dumps(head, separators=(",", ":"))
-        inner = record.plan_json.strip()
-        if inner == "{}":
-            return head_text.encode()
-        return (head_text[:-1] + "," + inner[1:]).encode()
+        head_bytes = orjson.dumps(head)
+        inner = record.plan_json.encode()
+        if inner == b"{}":
+            return head_bytes
+        return head_bytes[:-1] + b"," + inner[1:]
     if record.status == "failed":
         head["error"] = record.error
-    return json.dumps(head, separators=(",", ":")).encode()
+    return orjson.dumps(head)
 
 
 def summary(record: PlanRecord) -> PlanSummary:

@@ -27,10 +27,12 @@ def _not_found(plan_id: str) -> ServiceError:
                         hint="use an id returned by POST /v1/plans (GET /v1/plans lists them).")
 
 
-def _plan_response(record: Any, status: int, cached: bool | None = None) -> Response:
+def _plan_response(record: Any, status: int, cached: bool | None = None, timings: dict[str, float] | None = None) -> Response:
     headers = {"Location": f"/v1/plans/{record.id}"}
     if cached is not None:
         headers["X-Plan-Cache"] = "hit" if cached else "miss"
+    if timings:
+        headers["Server-Timing"] = ", ".join(f"{k};dur={v:.3f}" for k, v in timings.items())
     return Response(translate.plan_body(record), status_code=status, media_type="application/json", headers=headers)
 
 
@@ -39,11 +41,12 @@ def _plan_response(record: Any, status: int, cached: bool | None = None) -> Resp
                         202: {"model": PlanOut, "description": "plan-ahead: accepted and pending; poll GET /v1/plans/{id}"}})
 async def create_plan(body: PlanRequest, service: ServiceDep, arrived: ArrivalDep) -> Response:
     """Return the verified plan (201), the cached plan of an identical request (200), or with
-    ``"wait": false`` the pending plan's id at once (202). The time budget counts from arrival."""
+    ``"wait": false`` the pending plan's id at once (202). The time budget counts from arrival.
+    The ``Server-Timing`` header says where the time went: queue, translate, solve, encode, store (ms)."""
     doc = translate.request_document(body)
     if body.wait:
-        record, cached = await service.plan(doc, arrived, body.cache)
-        return _plan_response(record, 200 if cached else 201, cached)
+        record, cached, timings = await service.plan(doc, arrived, body.cache)
+        return _plan_response(record, 200 if cached else 201, cached, timings)
     record, cached = await service.plan_ahead(doc, arrived, body.cache)
     return _plan_response(record, 200 if cached else 202, cached)
 
