@@ -1,4 +1,8 @@
-"""Shared dependencies of the routes, as typed aliases."""
+"""Shared dependencies of the routes, as typed aliases.
+
+They are coroutines on purpose: FastAPI runs plain functions in a thread pool, a thread hop per
+dependency per request, which these trivial look-ups do not need.
+"""
 
 from __future__ import annotations
 
@@ -16,24 +20,24 @@ from api.store import Store
 _bearer = HTTPBearer(auto_error=False, description="a token from DHP_TOKENS (needed only when the server sets tokens)")
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_store(request: Request) -> Store:
+async def get_store(request: Request) -> Store:
     return request.app.state.store
 
 
-def get_service(request: Request) -> PlanningService:
+async def get_service(request: Request) -> PlanningService:
     return request.app.state.service
 
 
-def arrival(request: Request) -> float:
+async def arrival(request: Request) -> float:
     """When the request arrived (perf_counter seconds), set by the outermost middleware."""
     return request.scope.get("dhp.arrival") or 0.0
 
 
-def require_token(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+async def require_token(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
     tokens = request.app.state.settings.token_list
     if not tokens:
         return

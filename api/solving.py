@@ -177,7 +177,7 @@ class PlanningService:
         except PlannerError as exc:
             self.metrics.failures.labels(kind=type(exc).__name__).inc()
             raise
-        key = translate.request_hash(problem)
+        key = translate.request_hash(doc, problem)
         hit = None
         if use_cache and self.settings.plan_cache_size > 0:
             hit = self.cache.get(key) or self.store.find_done(key)

@@ -56,9 +56,15 @@ def to_problem(doc: dict[str, Any], settings: Settings) -> Problem:
     return problem
 
 
-def request_hash(problem: Problem) -> str:
-    """Hash of the normalised request: every value after validation, defaults filled in and presets resolved."""
-    return hashlib.sha256(repr(problem).encode()).hexdigest()
+def request_hash(doc: dict[str, Any], problem: Problem) -> str:
+    """Hash of the normalised request: the batch with its keys in canonical order, and the cluster, model,
+    options and profile after validation (defaults filled in, presets resolved)."""
+    try:
+        batch = orjson.dumps(doc.get("batch"), option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        batch = json.dumps(doc.get("batch"), sort_keys=True).encode()
+    resolved = repr((problem.cluster, problem.model, problem.options, problem.profile)).encode()
+    return hashlib.sha256(batch + b"\x00" + resolved).hexdigest()
 
 
 def with_budget_left(problem: Problem, elapsed_ms: float) -> Problem:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, func, select, text, update
+from sqlalchemy import Engine, create_engine, event, func, insert, select, text, update
 from sqlalchemy.orm import sessionmaker
 
 from api.store.models import FeedbackRow, PlanRow
@@ -67,7 +67,8 @@ class FeedbackRecord:
     document: dict[str, Any]
 
 
-_SUMMARY_COLUMNS = [c for c in PlanRow.__table__.columns if c.name not in ("plan_json", "request_json")]
+_PLANS = PlanRow.__table__
+_SUMMARY_COLUMNS = [c for c in _PLANS.columns if c.name not in ("plan_json", "request_json")]
 
 
 def _record(row: Any, with_documents: bool) -> PlanRecord:
@@ -119,8 +120,8 @@ class Store:
     # -- plans ------------------------------------------------------------------------------
 
     def add(self, record: PlanRecord) -> None:
-        with self._session.begin() as s:
-            s.add(PlanRow(**{k: v for k, v in record.__dict__.items()}))
+        with self.engine.begin() as conn:
+            conn.execute(insert(_PLANS), [record.__dict__])
 
     def finish(self, plan_id: str, *, plan_json: str, backend: str, solver_status: str, predicted_step_time_s: float,
                lower_bound_s: float, gap: float, solve_ms: float) -> None:
@@ -134,15 +135,16 @@ class Store:
             s.execute(update(PlanRow).where(PlanRow.id == plan_id).values(status="failed", finished_at=utcnow(), error_json=json.dumps(error)))
 
     def get(self, plan_id: str, *, with_documents: bool = True) -> PlanRecord | None:
-        with self._session() as s:
-            row = s.get(PlanRow, plan_id)
+        columns = _PLANS.c if with_documents else _SUMMARY_COLUMNS
+        with self.engine.connect() as conn:
+            row = conn.execute(select(*columns).where(_PLANS.c.id == plan_id)).first()
             return _record(row, with_documents) if row is not None else None
 
     def find_done(self, request_hash: str) -> PlanRecord | None:
         """The newest finished plan for this request hash (the lasting plan cache)."""
-        with self._session() as s:
-            row = s.scalars(select(PlanRow).where(PlanRow.request_hash == request_hash, PlanRow.status == "done")
-                            .order_by(PlanRow.created_at.desc()).limit(1)).first()
+        with self.engine.connect() as conn:
+            row = conn.execute(select(*_PLANS.c).where(_PLANS.c.request_hash == request_hash, _PLANS.c.status == "done")
+                               .order_by(_PLANS.c.created_at.desc()).limit(1)).first()
             return _record(row, True) if row is not None else None
 
     def list(self, *, status: str | None = None, backend: str | None = None, cluster: str | None = None, model: str | None = None,
