@@ -62,6 +62,13 @@ class Settings(BaseSettings):
     long_poll_max_ms: int = Field(30_000, ge=0)
 
     @property
+    def stale_after_s(self) -> float:
+        """A plan-ahead request still pending after this long was lost (its server stopped): every
+        admitted solve starts after at most queue_limit / solve_workers others and ends within its budget."""
+        rounds = 1 + -(-self.queue_limit // self.solve_workers)
+        return rounds * self.max_budget_ms / 1000.0 + 60.0
+
+    @property
     def token_list(self) -> list[str]:
         return [t.strip() for t in self.tokens.split(",") if t.strip()]
 

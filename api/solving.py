@@ -141,6 +141,10 @@ class PlanCache:
                 self._items.popitem(last=False)
 
 
+LOST = {"type": "https://dhp-planner.dev/problems/lost", "title": "Plan lost", "status": 503,
+        "detail": "the server that accepted this plan-ahead request stopped before solving it", "hint": "submit the request again."}
+
+
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
     try:
         loop.call_soon_threadsafe(fn, *args)
@@ -299,6 +303,11 @@ class PlanningService:
         deadline = time.monotonic() + wait_ms / 1000.0
         while True:
             record = await asyncio.to_thread(self.store.get, plan_id)
+            if record is not None and record.status == "pending" and plan_id not in self._waiters:
+                age = (utcnow() - record.created_at).total_seconds()
+                if age > self.settings.stale_after_s:
+                    await asyncio.to_thread(self.store.fail, plan_id, LOST)
+                    record = await asyncio.to_thread(self.store.get, plan_id)
             left = deadline - time.monotonic()
             if record is None or record.status != "pending" or left <= 0:
                 return record

@@ -302,3 +302,29 @@ def test_dhp_serve_refuses_unsafe_production_settings(monkeypatch, capsys):
     monkeypatch.setenv("DHP_ENVIRONMENT", "development")
     assert main(["serve", "--port", "99999"]) == 2
     assert "DHP_PORT" in capsys.readouterr().err
+
+
+def test_solver_threads_are_capped(tmp_path):
+    from api.translate import to_problem
+
+    doc = {k: v for k, v in small_request(n=4, solver_workers=8).items()}
+    assert to_problem(doc, Settings(data_dir=tmp_path, solver_threads=2)).options.solver_workers == 2
+    assert to_problem(doc, Settings(data_dir=tmp_path, solver_threads=16)).options.solver_workers == 8
+
+
+def test_a_plan_ahead_lost_in_a_stopped_server_is_reported_failed(make_client):
+    from datetime import timedelta
+
+    from api.store.repository import PlanRecord, utcnow
+
+    client = make_client()
+    store = client.app.state.store
+    settings = client.app.state.settings
+    old = PlanRecord(id="f" * 32, created_at=utcnow() - timedelta(seconds=settings.stale_after_s + 1), status="pending", request_hash="0" * 64,
+                     n_samples=4, n_ranks=16, request_json="{}")
+    young = PlanRecord(id="e" * 32, created_at=utcnow(), status="pending", request_hash="1" * 64, n_samples=4, n_ranks=16, request_json="{}")
+    store.add(old)
+    store.add(young)
+    lost = client.get(f"/v1/plans/{old.id}").json()
+    assert lost["status"] == "failed" and lost["error"]["hint"]
+    assert client.get(f"/v1/plans/{young.id}").json()["status"] == "pending"
