@@ -6,6 +6,7 @@ The store's schema is brought to the newest migration when the app is created.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -44,6 +45,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # What exists at start-up lives as long as the process: keep it out of every garbage collection.
+        gc.collect()
+        gc.freeze()
         yield
         service.pool.shutdown()
         store.close()

@@ -12,7 +12,8 @@ Scope = dict[str, Any]
 
 
 class ArrivalAndMetrics:
-    """Outermost layer: stamps the arrival time (the budget counts from it) and times every request."""
+    """Outermost layer: stamps the arrival time (the budget counts from it), times every request and
+    adds that time to the ``Server-Timing`` header as ``app``."""
 
     def __init__(self, app: Any, metrics: Metrics) -> None:
         self.app = app
@@ -29,6 +30,16 @@ class ArrivalAndMetrics:
         async def send_wrapper(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                # Server-Timing "app": from arrival to the answer's first byte, inside the service.
+                app_ms = (time.perf_counter() - start) * 1000.0
+                headers = list(message.get("headers", []))
+                for k, (name, value) in enumerate(headers):
+                    if name.lower() == b"server-timing":
+                        headers[k] = (name, value + f", app;dur={app_ms:.3f}".encode())
+                        break
+                else:
+                    headers.append((b"server-timing", f"app;dur={app_ms:.3f}".encode()))
+                message = {**message, "headers": headers}
             await send(message)
 
         try:
