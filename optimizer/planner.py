@@ -32,20 +32,27 @@ HEURISTIC_SHARE = 0.3
 # Below this many milliseconds left, no exact backend is started.
 MIN_SOLVER_MS = 20.0
 # Milliseconds kept back from the solver for checking its answer, building and verifying the plan:
-# a constant plus a share per sample (measured: about 12 ms for 512 samples, 30 ms for 2048).
-RESERVE_MS = 4.0
+# a constant plus RESERVE_EVALS times what one evaluation of the heuristic's plan took (the work
+# after the solver is about five such passes; measured 12 ms for 512 samples, 30 ms for 2048).
+RESERVE_MS = 3.0
+RESERVE_EVALS = 6.0
 RESERVE_MS_PER_SAMPLE = 0.015
+# Expected heuristic milliseconds per sample: a budget below heuristic + reserve + MIN_SOLVER_MS
+# leaves nothing to a solver, so the heuristic gets the whole budget instead of HEURISTIC_SHARE.
+HEURISTIC_MS_PER_SAMPLE = 0.04
 # Milliseconds a cold start of OR-Tools takes (loading the library); below this much time left,
 # ``auto`` prefers a backend that loads faster unless OR-Tools is already loaded.
 CPSAT_IMPORT_MS = 400.0
 
 
-def reserve_ms(tables: CostTables) -> float:
-    """Time the planner needs after the solver returns."""
-    return RESERVE_MS + RESERVE_MS_PER_SAMPLE * tables.n_samples
+def reserve_ms(tables: CostTables, eval_ms: float | None = None) -> float:
+    """Time the planner needs after the solver returns (from one evaluation's time when known)."""
+    if eval_ms is None:
+        return RESERVE_MS + RESERVE_MS_PER_SAMPLE * tables.n_samples
+    return RESERVE_MS + RESERVE_EVALS * eval_ms
 
 
-def choose_backend(tables: CostTables, requested: str, remaining_ms: float) -> str:
+def choose_backend(tables: CostTables, requested: str, remaining_ms: float, reserve: float | None = None) -> str:
     """The backend for ``requested``; ``auto`` picks by size and time left.
 
     ``auto``: the heuristic alone when less than MIN_SOLVER_MS would be left to a solver; else
@@ -55,7 +62,7 @@ def choose_backend(tables: CostTables, requested: str, remaining_ms: float) -> s
     """
     if requested != "auto":
         return requested
-    if remaining_ms - reserve_ms(tables) < MIN_SOLVER_MS:
+    if remaining_ms - (reserve_ms(tables) if reserve is None else reserve) < MIN_SOLVER_MS:
         return "heuristic"
     import sys
 
@@ -88,11 +95,14 @@ def plan(problem: Problem, *, compare_static: bool = True, clock: Callable[[], f
     lap("tables_ms")
     bound = lower_bound(tables)
     lap("bound_ms")
-    solver_follows = options.backend != "heuristic"
+    expected_ms = HEURISTIC_MS_PER_SAMPLE * tables.n_samples + reserve_ms(tables) + MIN_SOLVER_MS
+    solver_follows = options.backend != "heuristic" and options.time_budget_ms >= expected_ms
     h_deadline = start + options.time_budget_ms * (HEURISTIC_SHARE if solver_follows else 0.9) / 1000.0
     hint = heuristic_plan(tables, deadline=h_deadline)
     lap("heuristic_ms")
+    eval_start = clock()
     h_time = assignment_step_time(tables, hint)
+    eval_ms = (clock() - eval_start) * 1000.0
     h_ms = (clock() - start) * 1000.0
     chosen: Assignment = hint
     stats = SolverStats(backend="heuristic", status="heuristic", wall_ms=h_ms, objective_s=h_time, bound_s=bound,
@@ -101,12 +111,17 @@ def plan(problem: Problem, *, compare_static: bool = True, clock: Callable[[], f
     static = best_static(tables) if compare_static else None
     lap("static_ms")
     remaining_ms = (deadline - clock()) * 1000.0
-    backend_name = choose_backend(tables, options.backend, remaining_ms)
-    if backend_name != "heuristic":
-        solver_deadline = deadline - reserve_ms(tables) / 1000.0
+    reserve = reserve_ms(tables, eval_ms)
+    backend_name = choose_backend(tables, options.backend, remaining_ms, reserve)
+    if backend_name != "heuristic" and remaining_ms - reserve < MIN_SOLVER_MS:
+        stats = SolverStats(**{**stats.__dict__, "backend": backend_name, "status": "fallback",
+                               "fallback_reason": f"no time left for {backend_name} after the heuristic ({remaining_ms:.0f} ms left, {reserve:.0f} ms reserved)"})
+    elif backend_name != "heuristic":
+        solver_deadline = deadline - reserve / 1000.0
         chosen, stats = _run_backend(tables, backend_name, hint, h_time, bound, solver_deadline, stats, start, clock)
         lap("solver_ms")
-    if static is not None and static[0].predicted_step_time_s < assignment_step_time(tables, chosen) * (1 - 1e-9):
+    chosen_time = stats.objective_s if stats.objective_s is not None else assignment_step_time(tables, chosen)
+    if static is not None and static[0].predicted_step_time_s < chosen_time * (1 - 1e-9):
         # The static layout is a plan like any other: never return something slower.
         chosen = static[1]
         stats = SolverStats(**{**stats.__dict__, "details": {**stats.details, "chosen": f"static layout CP {static[0].degree}"}})

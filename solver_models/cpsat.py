@@ -91,6 +91,10 @@ def solve_model(model: SlotModel, time_limit_s: float, options: PlanOptions, on_
     params.log_search_progress = False
     if hasattr(params, "catch_sigint_signal"):
         params.catch_sigint_signal = False
+    if model.tiebreak:
+        # Neighbourhoods are small and need a good answer fast, not a proof: no presolve, no LP.
+        params.cp_model_presolve = False
+        params.linearization_level = 0
     if options.deterministic:
         params.interleave_search = True
         params.max_deterministic_time = max(0.001, time_limit_s)

@@ -206,7 +206,9 @@ def _lns(tables: CostTables, options: PlanOptions, hint: Assignment, deadline: f
         candidate = list(current)
         for k, mb in zip(touched, new, strict=False):
             candidate[k] = [g for g in mb if g[1]]
-        cand_times = _mb_times(tables, candidate)
+        cand_times = list(times)
+        for k in touched:
+            cand_times[k] = [tables.group_time(list(s), r) for r, s in candidate[k]]
         total = sum(max(t, default=0.0) for t in cand_times)
         spread = sum(x * x for t in cand_times for x in t)
         better = total < best * (1 - 1e-9)
@@ -224,5 +226,5 @@ def _lns(tables: CostTables, options: PlanOptions, hint: Assignment, deadline: f
     assignment = Assignment.of([[(r, s) for r, s in mb] for mb in current])
     details = {"mode": "lns", "rounds": rounds, "improved_rounds": improved, "timeouts": timeouts,
                "build_ms": round(build_ms, 3), "solve_ms": round(solve_ms, 3), "overrun_ms": round(overrun * 1000.0, 3), "largest_model": largest}
-    return SolveResult(assignment, "feasible", objective_s=assignment_step_time(tables, assignment), bound_s=None,
+    return SolveResult(assignment, "feasible", objective_s=best, bound_s=None,
                        wall_ms=(clock() - start) * 1000.0, trace=trace, details=details)
