@@ -12,6 +12,7 @@ Usage::
     .venv/bin/python benchmarks/solver_bench.py                 # the full table (a few minutes)
     .venv/bin/python benchmarks/solver_bench.py --quick         # one seed, 64 ranks, 200 ms only
     .venv/bin/python benchmarks/solver_bench.py --sizes 64 --workloads video --budgets 1000 --policy pow2
+    .venv/bin/python benchmarks/solver_bench.py --lp-check --seeds 1   # level LP bound vs area bound
 """
 
 from __future__ import annotations
@@ -78,6 +79,33 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def lp_check(args: argparse.Namespace) -> None:
+    """Print the level LP of :mod:`solver_models.lp_bound` against the area bound, per instance."""
+    from optimizer.bounds import lower_bound
+    from optimizer.costs import CostTables
+    from optimizer.evaluate import assignment_step_time
+    from optimizer.heuristic import heuristic_plan
+    from solver_models.lp_bound import level_bound
+
+    print(f"{'ranks':>5} {'workload':<10} {'seed':>4} {'LP / area':>10} {'LP ms':>7}  LP size")
+    for size in args.sizes:
+        cluster, n = SIZES[size]
+        for workload in args.workloads:
+            for seed in range(args.seeds):
+                problem = problem_from_json({"batch": WORKLOADS[workload](n, seed=seed), "cluster_preset": cluster, "model_preset": args.model,
+                                             "options": {"degree_policy": args.policy}})
+                tables = CostTables.build(problem)
+                area = lower_bound(tables)
+                upper = assignment_step_time(tables, heuristic_plan(tables))
+                t0 = time.perf_counter()
+                got = level_bound(tables, upper)
+                ms = (time.perf_counter() - t0) * 1000.0
+                if got is None:
+                    print(f"{size:>5} {workload:<10} {seed:>4} {'n/a':>10}")
+                    continue
+                print(f"{size:>5} {workload:<10} {seed:>4} {got[0] / area:>10.5f} {ms:>7.0f}  {got[1]}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[64, 256], choices=sorted(SIZES), help="ranks (64: h100-8x8 x 512 samples, 256: h100-32x8 x 2048)")
@@ -89,9 +117,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="qwen2-vl-7b")
     ap.add_argument("--workers", type=int, default=1, help="solver threads")
     ap.add_argument("--quick", action="store_true", help="one seed, 64 ranks, 200 ms")
+    ap.add_argument("--lp-check", action="store_true", help="compare the level LP bound with the area bound instead")
     args = ap.parse_args(argv)
     if args.quick:
         args.seeds, args.sizes, args.budgets = 1, [64], [200]
+    if args.lp_check:
+        lp_check(args)
+        return
     warm_up(args.backends)
     t0 = time.perf_counter()
     rows = run(args)
