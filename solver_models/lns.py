@@ -49,6 +49,7 @@ class ModelResult:
     x: dict[tuple[int, int], int] | None
     objective: int | None  # model units
     bound: int | None  # model units
+    message: str | None = None
 
 
 ModelSolver = Callable[[SlotModel, float, PlanOptions, Callable[[int, int | None], None] | None], ModelResult]
@@ -109,7 +110,7 @@ def _whole(tables: CostTables, options: PlanOptions, hint: Assignment, deadline:
     details.update(model_status=res.status, certified_bound=certified)
     if res.y is None or res.x is None:
         return SolveResult(None, res.status, bound_s=bound_s(res.bound), wall_ms=wall_ms, trace=trace,
-                           message=f"the solver returned no plan ({res.status})", details=details)
+                           message=f"the solver returned no plan ({res.status}{': ' + res.message if res.message else ''})", details=details)
     groups = model.decode(res.y, res.x)
     assignment = Assignment.of([[(r, s) for r, s in mb] for mb in groups])
     objective = assignment_step_time(tables, assignment)
@@ -168,7 +169,8 @@ def _lns(tables: CostTables, options: PlanOptions, hint: Assignment, deadline: f
     best_spread = sum(x * x for t in times for x in t)
     rng = np.random.default_rng(0)
     extra = 4
-    rounds = improved = timeouts = 0
+    rounds = improved = timeouts = errors = 0
+    last_error: str | None = None
     build_ms = solve_ms = 0.0
     largest: dict[str, int] = {}
     trace: list[TracePoint] = []
@@ -199,6 +201,9 @@ def _lns(tables: CostTables, options: PlanOptions, hint: Assignment, deadline: f
         elif res.status in ("timeout", "feasible"):
             timeouts += 1
             extra = max(1, extra - 1)
+        if res.status == "error":
+            errors += 1
+            last_error = res.message
         if res.y is None or res.x is None:
             continue
         touched = [k for k in range(len(current)) if free[k]]
@@ -226,5 +231,7 @@ def _lns(tables: CostTables, options: PlanOptions, hint: Assignment, deadline: f
     assignment = Assignment.of([[(r, s) for r, s in mb] for mb in current])
     details = {"mode": "lns", "rounds": rounds, "improved_rounds": improved, "timeouts": timeouts,
                "build_ms": round(build_ms, 3), "solve_ms": round(solve_ms, 3), "overrun_ms": round(overrun * 1000.0, 3), "largest_model": largest}
+    if errors:
+        details.update(errors=errors, last_error=last_error)
     return SolveResult(assignment, "feasible", objective_s=best, bound_s=None,
                        wall_ms=(clock() - start) * 1000.0, trace=trace, details=details)

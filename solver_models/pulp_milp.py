@@ -28,6 +28,8 @@ from solver_models.lns import ModelResult, improve
 
 CBC_OVERHEAD_S = 0.06
 """Seconds CBC needs beyond its time limit (process start, model file, solution file)."""
+CBC_MIN_LIMIT_S = 0.05
+"""Shortest time limit CBC is started with (below it, it seldom gets past its root node)."""
 HIGHS_LATENESS_S = 0.01
 """Seconds HiGHS may answer after its time limit (it checks the clock between phases)."""
 
@@ -115,7 +117,7 @@ def _solve_with(solver_name: str, model: SlotModel, time_limit_s: float, options
         solver = pulp.HiGHS(msg=False, timeLimit=max(0.001, time_limit_s), threads=options.solver_workers)
     else:
         limit = time_limit_s - CBC_OVERHEAD_S
-        if limit <= 0.005:
+        if limit < CBC_MIN_LIMIT_S:
             return ModelResult("timeout", None, None, None, None)
         warm = bool(model.hint_x)
         if warm:
@@ -126,7 +128,10 @@ def _solve_with(solver_name: str, model: SlotModel, time_limit_s: float, options
         with warnings.catch_warnings():  # the bundled CBC binary is what a plain install has
             warnings.simplefilter("ignore", DeprecationWarning)
             solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, threads=options.solver_workers, warmStart=warm, timeMode="elapsed")
-    prob.solve(solver)
+    try:
+        prob.solve(solver)
+    except pulp.PulpSolverError as exc:  # CBC may exit without a solution file when stopped very early
+        return ModelResult("error", None, None, None, None, message=str(exc))
     sol = prob.sol_status
     if sol == pulp.LpSolutionInfeasible:
         return ModelResult("infeasible", None, None, None, None)

@@ -201,3 +201,33 @@ def test_full_model_maps_the_hint_completely():
     assert model.hint_x, "every group of the heuristic's plan has a slot"
     assert sum(model.hint_x.values()) == tables.n_samples
     assert model.exact and model.tiebreak == 0
+
+
+def test_highs_prints_nothing_on_stdout(have):
+    """``dhp plan`` writes the plan to stdout: the HiGHS start-up banner must not get there."""
+    import subprocess
+    import sys
+
+    code = ("from tests.test_solvers import tiny_problem, _with\n"
+            "from optimizer.planner import plan\n"
+            "plan(_with(tiny_problem(0, 2, 3, 6, 2), backend='highs', time_budget_ms=2000.0))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout == ""
+
+
+def test_cbc_failure_in_a_round_is_recorded_not_raised(monkeypatch, have, make_problem):
+    import pulp
+
+    from solver_models import pulp_milp
+
+    def broken(self, lp, **kwargs):
+        raise pulp.PulpSolverError("cbc exited early")
+
+    monkeypatch.setattr(pulp.PULP_CBC_CMD, "actualSolve", broken)
+    problem = make_problem()
+    tables = CostTables.build(problem)
+    hint = heuristic_plan(tables)
+    result = pulp_milp.PulpBackend("cbc").solve(tables, problem.options, hint, time.perf_counter() + 0.5)
+    assert result.details["errors"] >= 1
+    assert "cbc exited early" in result.details["last_error"]
+    assert result.assignment == hint  # nothing accepted from failed rounds
