@@ -35,7 +35,7 @@ fault. When the server sets tokens, /v1 needs `Authorization: Bearer <token>`.
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    settings = settings or Settings()
+    settings = settings or Settings()  # type: ignore[call-arg]  # read from the environment
     if not settings.database_url:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(settings.sqlalchemy_url)

@@ -34,7 +34,7 @@ def load_settings(overrides: dict[str, Any]) -> Any:
     from optimizer.errors import ProblemError
 
     try:
-        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})  # the rest from the environment
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err.get("loc", ())) or "settings"

@@ -95,7 +95,7 @@ def install(app: FastAPI) -> None:
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
-        field = _loc_to_field(first.get("loc", ()))
+        field = _loc_to_field(tuple(first.get("loc", ())))
         detail = f"{field}: {first.get('msg', 'invalid')}"
         if len(errors) > 1:
             detail += f" (and {len(errors) - 1} more)"

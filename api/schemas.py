@@ -29,10 +29,10 @@ class OptionsIn(BaseModel):
     deterministic: bool | None = None
 
 
-_IMAGE_SCHEMA = {"type": "object", "properties": {"tokens": {"type": "integer", "minimum": 1}, "frames": {"type": "integer", "minimum": 1},
+_IMAGE_SCHEMA: dict[str, Any] = {"type": "object", "properties": {"tokens": {"type": "integer", "minimum": 1}, "frames": {"type": "integer", "minimum": 1},
                                                  "tokens_per_frame": {"type": "integer", "minimum": 1}, "width": {"type": "integer", "minimum": 1},
                                                  "height": {"type": "integer", "minimum": 1}}}
-_BATCH_SCHEMA = {"required": ["samples"], "properties": {"samples": {"type": "array", "items": {
+_BATCH_SCHEMA: dict[str, Any] = {"required": ["samples"], "properties": {"samples": {"type": "array", "items": {
     "type": "object", "properties": {"id": {"type": "string", "minLength": 1}, "text_tokens": {"type": "integer", "minimum": 0},
                                      "images": {"type": "array", "items": _IMAGE_SCHEMA}, "videos": {"type": "array", "items": _IMAGE_SCHEMA}},
     "additionalProperties": False}}}}

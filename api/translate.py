@@ -104,7 +104,7 @@ def plan_body(record: PlanRecord) -> bytes:
 
     The stored plan text is spliced in as it is, so a large plan is not decoded and encoded again.
     """
-    head = {"id": record.id, "status": record.status, "created_at": _iso(record.created_at)}
+    head: dict[str, Any] = {"id": record.id, "status": record.status, "created_at": _iso(record.created_at)}
     if record.status == "done" and record.plan_json:
         head_bytes = orjson.dumps(head)
         inner = record.plan_json.encode()

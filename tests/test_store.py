@@ -92,16 +92,16 @@ def test_list_filters_and_pages(store):
     recs.append(record(status="pending", created_at=t0 + timedelta(minutes=10)))
     for r in recs:
         store.add(r)
-    items, total = store.list(limit=3)
+    items, total = store.search(limit=3)
     assert total == 8 and [i.id for i in items] == [recs[7].id, recs[6].id, recs[5].id]
     assert all(i.plan_json is None for i in items)
-    pages = [store.list(limit=3, offset=o)[0] for o in (0, 3, 6)]
+    pages = [store.search(limit=3, offset=o)[0] for o in (0, 3, 6)]
     assert sorted(i.id for p in pages for i in p) == sorted(r.id for r in recs)
-    assert store.list(backend="cpsat")[1] == 3
-    assert store.list(status="pending")[1] == 1
-    assert store.list(cluster="c0")[1] == 3
-    assert store.list(created_after=t0 + timedelta(minutes=5))[1] == 3
-    assert store.list(created_before=t0 + timedelta(minutes=2))[1] == 2
+    assert store.search(backend="cpsat")[1] == 3
+    assert store.search(status="pending")[1] == 1
+    assert store.search(cluster="c0")[1] == 3
+    assert store.search(created_after=t0 + timedelta(minutes=5))[1] == 3
+    assert store.search(created_before=t0 + timedelta(minutes=2))[1] == 2
 
 
 def test_feedback_beside_prediction(store):

@@ -79,7 +79,7 @@ def list_plans(store: StoreDep,
                created_before: Annotated[datetime | None, Query(description="ISO 8601; exclusive")] = None,
                limit: Annotated[int, Query(ge=1, le=500)] = 50,
                offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0) -> PlanList:
-    items, total = store.list(status=status, backend=backend, cluster=cluster, model=model, created_after=_utc(created_after, "created_after"),
+    items, total = store.search(status=status, backend=backend, cluster=cluster, model=model, created_after=_utc(created_after, "created_after"),
                               created_before=_utc(created_before, "created_before"), limit=limit, offset=offset)
     nxt = offset + len(items) if offset + len(items) < total else None
     return PlanList(items=[translate.summary(r) for r in items], total=total, limit=limit, offset=offset, next_offset=nxt)

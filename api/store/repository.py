@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Engine, create_engine, event, func, insert, select, text, update
+from sqlalchemy import Engine, Table, create_engine, event, func, insert, select, text, update
 from sqlalchemy.orm import sessionmaker
 
 from api.store.models import FeedbackRow, PlanRow
@@ -67,7 +67,7 @@ class FeedbackRecord:
     document: dict[str, Any]
 
 
-_PLANS = PlanRow.__table__
+_PLANS = cast(Table, PlanRow.__table__)
 _SUMMARY_COLUMNS = [c for c in _PLANS.columns if c.name not in ("plan_json", "request_json")]
 
 
@@ -147,7 +147,7 @@ class Store:
                                .order_by(_PLANS.c.created_at.desc()).limit(1)).first()
             return _record(row, True) if row is not None else None
 
-    def list(self, *, status: str | None = None, backend: str | None = None, cluster: str | None = None, model: str | None = None,
+    def search(self, *, status: str | None = None, backend: str | None = None, cluster: str | None = None, model: str | None = None,
              created_after: datetime | None = None, created_before: datetime | None = None,
              limit: int = 50, offset: int = 0) -> tuple[list[PlanRecord], int]:
         """Plans, newest first, without their documents; and the total matching the filters."""
