@@ -40,6 +40,8 @@ RESERVE_MS_PER_SAMPLE = 0.015
 # Expected heuristic milliseconds per sample: a budget below heuristic + reserve + MIN_SOLVER_MS
 # leaves nothing to a solver, so the heuristic gets the whole budget instead of HEURISTIC_SHARE.
 HEURISTIC_MS_PER_SAMPLE = 0.04
+# Least solver milliseconds for which ``auto`` starts a neighbourhood search on a large problem.
+MIN_SEARCH_MS = 60.0
 # Milliseconds a cold start of OR-Tools takes (loading the library); below this much time left,
 # ``auto`` prefers a backend that loads faster unless OR-Tools is already loaded.
 CPSAT_IMPORT_MS = 400.0
@@ -55,18 +57,24 @@ def reserve_ms(tables: CostTables, eval_ms: float | None = None) -> float:
 def choose_backend(tables: CostTables, requested: str, remaining_ms: float, reserve: float | None = None) -> str:
     """The backend for ``requested``; ``auto`` picks by size and time left.
 
-    ``auto``: the heuristic alone when less than MIN_SOLVER_MS would be left to a solver; else
-    CP-SAT (the strongest here on both the whole-problem model and the neighbourhoods), unless
-    OR-Tools is not loaded yet and loading it would eat the budget, then HiGHS, then CBC (whose
-    process start makes it the slowest to answer).
+    ``auto``: the heuristic alone when less than MIN_SOLVER_MS would be left to a solver, or, for
+    problems too large for one whole model, less than MIN_SEARCH_MS (a neighbourhood search needs
+    a few rounds to pay off); else CP-SAT (the strongest here on both the whole-problem model and
+    the neighbourhoods), unless OR-Tools is not loaded yet and loading it would eat the budget,
+    then HiGHS, then CBC (whose process start makes it the slowest to answer).
     """
     if requested != "auto":
         return requested
-    if remaining_ms - (reserve_ms(tables) if reserve is None else reserve) < MIN_SOLVER_MS:
+    solver_ms = remaining_ms - (reserve_ms(tables) if reserve is None else reserve)
+    if solver_ms < MIN_SOLVER_MS:
         return "heuristic"
     import sys
 
     from solver_models import available_backends
+    from solver_models.lns import FULL_MODEL_PAIRS, full_model_pairs
+
+    if solver_ms < MIN_SEARCH_MS and full_model_pairs(tables) > FULL_MODEL_PAIRS:
+        return "heuristic"
 
     order = ["cpsat", "highs", "cbc"]
     if "ortools.sat.python.cp_model" not in sys.modules and remaining_ms < CPSAT_IMPORT_MS:

@@ -179,10 +179,13 @@ def test_a_backend_without_an_answer_keeps_the_heuristic(monkeypatch, make_probl
 def test_auto_chooses_by_time_left(have, make_problem):
     import ortools.sat.python.cp_model  # noqa: F401 - loaded, as in a running service
 
-    tables = CostTables.build(make_problem())
-    assert choose_backend(tables, "auto", 5.0) == "heuristic"
-    assert choose_backend(tables, "auto", 500.0) == "cpsat"
+    tables = CostTables.build(make_problem())  # 64 samples on 64 ranks: a neighbourhood search
+    assert choose_backend(tables, "auto", 5.0, reserve=2.0) == "heuristic"
+    assert choose_backend(tables, "auto", 50.0, reserve=2.0) == "heuristic"  # too short for a search
+    assert choose_backend(tables, "auto", 500.0, reserve=2.0) == "cpsat"
     assert choose_backend(tables, "highs", 5.0) == "highs"
+    tiny = CostTables.build(tiny_problem(0, 2, 3, 6, 2))  # one whole model: worth it even when short
+    assert choose_backend(tiny, "auto", 30.0, reserve=2.0) == "cpsat"
 
 
 def test_deterministic_mode_repeats(have):
