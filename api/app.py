@@ -7,6 +7,7 @@ The store's schema is brought to the newest migration when the app is created.
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,7 +18,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 from api import errors
-from api.metrics import Metrics
+from api.metrics import Metrics, multiprocess_dir
 from api.middleware import ArrivalAndMetrics, BodyLimit
 from api.routes import health, plans, presets
 from api.settings import Settings
@@ -51,6 +52,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         service.pool.shutdown()
         store.close()
+        if multiprocess_dir():
+            from prometheus_client import multiprocess
+
+            multiprocess.mark_process_dead(os.getpid())
 
     app = FastAPI(title="dhp-planner", version="0.1.0", description=DESCRIPTION, docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.settings = settings

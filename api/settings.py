@@ -1,7 +1,8 @@
 """Service settings, read from the environment with the prefix ``DHP_`` (pydantic-settings).
 
-Outside development the settings refuse unsafe combinations: a production service that listens on
-anything but loopback must have bearer tokens, and tokens must be long enough to resist guessing.
+Outside development (``test`` and ``production``) the settings refuse unsafe combinations: a
+service that listens on anything but loopback must have bearer tokens, and tokens must be long
+enough to resist guessing.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DHP_", extra="ignore", frozen=True)
 
     environment: Literal["development", "test", "production"] = "development"
-    """``production`` turns on the safety checks below."""
+    """``test`` and ``production`` turn on the safety checks below."""
     host: str = "127.0.0.1"
     """Address the server binds to (``dhp serve --host``); used for the safety checks."""
     port: int = Field(8000, ge=0, le=65535)
@@ -85,7 +86,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _refuse_unsafe(self) -> Settings:
-        if self.environment != "production":
+        if self.environment == "development":
             return self
         problems = []
         tokens = self.token_list
@@ -95,5 +96,5 @@ class Settings(BaseSettings):
         if short:
             problems.append(f"{len(short)} token(s) in DHP_TOKENS are shorter than {MIN_TOKEN_LENGTH} characters: use random tokens (e.g. `openssl rand -hex 24`)")
         if problems:
-            raise ValueError("unsafe production settings: " + "; ".join(problems))
+            raise ValueError(f"unsafe {self.environment} settings: " + "; ".join(problems))
         return self

@@ -198,6 +198,8 @@ def test_settings_refuse_unsafe_production_defaults():
     Settings(environment="production", host="127.0.0.1")
     Settings(environment="production", host="0.0.0.0", tokens="x" * 32)
     Settings(environment="development", host="0.0.0.0")
+    with pytest.raises(ValueError, match="unsafe test settings"):
+        Settings(environment="test", host="::")
 
 
 def test_settings_from_environment(monkeypatch, tmp_path):
