@@ -11,22 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from optimizer.checks import require_int, require_number
 from optimizer.errors import ProblemError
-
-
-def _positive(value: float, name: str, hint: str) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise ProblemError(f"must be a positive number, got {value!r}", field=name, hint=hint)
-
-
-def _non_negative(value: float, name: str) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-        raise ProblemError(f"must be a number >= 0, got {value!r}", field=name, hint="give a latency in seconds, e.g. 5e-6.")
-
-
-def _positive_int(value: int, name: str, hint: str) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ProblemError(f"must be an integer >= 1, got {value!r}", field=name, hint=hint)
 
 
 @dataclass(frozen=True)
@@ -43,8 +29,8 @@ class GPUType:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ProblemError("must be a non-empty string", field="gpu.name", hint="name the GPU type, e.g. 'H100'.")
-        _positive(self.memory_bytes, "gpu.memory_bytes", "give the device memory in bytes, e.g. 80e9.")
-        _positive(self.peak_flops, "gpu.peak_flops", "give the peak dense bf16 FLOP/s, e.g. 989e12.")
+        require_number(self.memory_bytes, "gpu.memory_bytes", "give the device memory in bytes, e.g. 80e9.")
+        require_number(self.peak_flops, "gpu.peak_flops", "give the peak dense bf16 FLOP/s, e.g. 989e12.")
 
 
 @dataclass(frozen=True)
@@ -55,7 +41,7 @@ class Node:
     gpus: int
 
     def __post_init__(self) -> None:
-        _positive_int(self.gpus, "nodes[].gpus", "give the number of GPUs in the node, e.g. 8.")
+        require_int(self.gpus, "nodes[].gpus", "give the number of GPUs in the node, e.g. 8.")
 
 
 @dataclass(frozen=True)
@@ -83,14 +69,13 @@ class Cluster:
         object.__setattr__(self, "nodes", tuple(self.nodes))
         if not self.nodes:
             raise ProblemError("must list at least one node", field="cluster.nodes", hint="describe the nodes, or use the shorthand {\"nodes\": K, \"gpus_per_node\": G}.")
-        _positive(self.intra_bandwidth, "cluster.intra_bandwidth", "give bytes/s per GPU inside a node, e.g. 4.5e11.")
-        _positive(self.inter_bandwidth, "cluster.inter_bandwidth", "give bytes/s per GPU between nodes, e.g. 5e10.")
-        _non_negative(self.intra_latency, "cluster.intra_latency")
-        _non_negative(self.inter_latency, "cluster.inter_latency")
-        _positive_int(self.tensor_parallel, "cluster.tensor_parallel", "use 1 when tensor parallelism is off.")
-        _positive_int(self.pipeline_parallel, "cluster.pipeline_parallel", "use 1 when pipeline parallelism is off.")
-        if not isinstance(self.memory_reserve_bytes, (int, float)) or self.memory_reserve_bytes < 0:
-            raise ProblemError(f"must be >= 0, got {self.memory_reserve_bytes!r}", field="cluster.memory_reserve_bytes", hint="give bytes, e.g. 4e9.")
+        require_number(self.intra_bandwidth, "cluster.intra_bandwidth", "give bytes/s per GPU inside a node, e.g. 4.5e11.")
+        require_number(self.inter_bandwidth, "cluster.inter_bandwidth", "give bytes/s per GPU between nodes, e.g. 5e10.")
+        require_number(self.intra_latency, "cluster.intra_latency", "give a latency in seconds, e.g. 5e-6.", positive=False)
+        require_number(self.inter_latency, "cluster.inter_latency", "give a latency in seconds, e.g. 2e-5.", positive=False)
+        require_int(self.tensor_parallel, "cluster.tensor_parallel", "use 1 when tensor parallelism is off.")
+        require_int(self.pipeline_parallel, "cluster.pipeline_parallel", "use 1 when pipeline parallelism is off.")
+        require_number(self.memory_reserve_bytes, "cluster.memory_reserve_bytes", "give bytes, e.g. 4e9.", positive=False)
         if not isinstance(self.efficiency, (int, float)) or not 0 < self.efficiency <= 1:
             raise ProblemError(f"must be in (0, 1], got {self.efficiency!r}", field="cluster.efficiency", hint="a typical model FLOPs utilisation is 0.4 to 0.6.")
         tp, pp = self.tensor_parallel, self.pipeline_parallel

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from optimizer.checks import require_int, require_number
 from optimizer.errors import ProblemError
-
-
-def _check_int(value: object, name: str, hint: str, minimum: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ProblemError(f"must be an integer >= {minimum}, got {value!r}", field=name, hint=hint)
 
 
 @dataclass(frozen=True)
@@ -28,18 +24,20 @@ class LanguageModel:
     """True for SwiGLU-style MLPs with three matrices, False for two."""
 
     def __post_init__(self) -> None:
-        _check_int(self.layers, "model.llm.layers", "give the number of transformer layers, e.g. 32.")
-        _check_int(self.hidden, "model.llm.hidden", "give the hidden size, e.g. 4096.")
-        _check_int(self.heads, "model.llm.heads", "give the number of attention heads, e.g. 32.")
-        _check_int(self.kv_heads, "model.llm.kv_heads", "give the number of key/value heads (equal to heads without GQA).")
-        _check_int(self.ffn_hidden, "model.llm.ffn_hidden", "give the MLP inner size, e.g. 14336.")
-        _check_int(self.vocab, "model.llm.vocab", "give the vocabulary size, e.g. 128256.")
+        for name, hint in (
+            ("layers", "give the number of transformer layers, e.g. 32."),
+            ("hidden", "give the hidden size, e.g. 4096."),
+            ("heads", "give the number of attention heads, e.g. 32."),
+            ("kv_heads", "give the number of key/value heads (equal to heads without GQA)."),
+            ("ffn_hidden", "give the MLP inner size, e.g. 14336."),
+            ("vocab", "give the vocabulary size, e.g. 128256."),
+        ):
+            require_int(getattr(self, name), f"model.llm.{name}", hint)
         if self.hidden % self.heads:
             raise ProblemError(f"hidden {self.hidden} is not a multiple of heads {self.heads}", field="model.llm.heads", hint="heads must divide hidden.")
         if self.heads % self.kv_heads:
             raise ProblemError(f"heads {self.heads} is not a multiple of kv_heads {self.kv_heads}", field="model.llm.kv_heads", hint="kv_heads must divide heads.")
-        if not isinstance(self.parameters, (int, float)) or isinstance(self.parameters, bool) or self.parameters <= 0:
-            raise ProblemError(f"must be a positive number, got {self.parameters!r}", field="model.llm.parameters", hint="give the parameter count, e.g. 8.03e9.")
+        require_number(self.parameters, "model.llm.parameters", "give the parameter count, e.g. 8.03e9.")
 
     @property
     def head_dim(self) -> int:
@@ -71,17 +69,19 @@ class VisionEncoder:
     max_tokens: int = 16384
 
     def __post_init__(self) -> None:
-        _check_int(self.layers, "model.vision.layers", "give the encoder's layer count, e.g. 32.")
-        _check_int(self.hidden, "model.vision.hidden", "give the encoder's hidden size, e.g. 1280.")
-        _check_int(self.ffn_hidden, "model.vision.ffn_hidden", "give the encoder's MLP size, e.g. 5120.")
-        _check_int(self.patch_size, "model.vision.patch_size", "give the ViT patch size in pixels, e.g. 14.")
-        _check_int(self.merge_size, "model.vision.merge_size", "give the token merge factor per side (1 when tokens are not merged).")
-        _check_int(self.min_tokens, "model.vision.min_tokens", "give the smallest visual token count per image.")
-        _check_int(self.max_tokens, "model.vision.max_tokens", "give the largest visual token count per image.")
+        for name, hint in (
+            ("layers", "give the encoder's layer count, e.g. 32."),
+            ("hidden", "give the encoder's hidden size, e.g. 1280."),
+            ("ffn_hidden", "give the encoder's MLP size, e.g. 5120."),
+            ("patch_size", "give the ViT patch size in pixels, e.g. 14."),
+            ("merge_size", "give the token merge factor per side (1 when tokens are not merged)."),
+            ("min_tokens", "give the smallest visual token count per image."),
+            ("max_tokens", "give the largest visual token count per image."),
+        ):
+            require_int(getattr(self, name), f"model.vision.{name}", hint)
         if self.tokens_per_image is not None:
-            _check_int(self.tokens_per_image, "model.vision.tokens_per_image", "give the fixed visual token count per image, or leave it out.")
-        if not isinstance(self.parameters, (int, float)) or self.parameters <= 0:
-            raise ProblemError(f"must be a positive number, got {self.parameters!r}", field="model.vision.parameters", hint="give the encoder's parameter count, e.g. 6.7e8.")
+            require_int(self.tokens_per_image, "model.vision.tokens_per_image", "give the fixed visual token count per image, or leave it out.")
+        require_number(self.parameters, "model.vision.parameters", "give the encoder's parameter count, e.g. 6.7e8.")
 
     def tokens_for_pixels(self, width: int, height: int) -> int:
         """Visual tokens the language model sees for one image of ``width`` x ``height`` pixels."""
