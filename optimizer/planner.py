@@ -121,9 +121,9 @@ def plan(problem: Problem, *, compare_static: bool = True, clock: Callable[[], f
     remaining_ms = (deadline - clock()) * 1000.0
     reserve = reserve_ms(tables, eval_ms)
     backend_name = choose_backend(tables, options.backend, remaining_ms, reserve)
-    if backend_name != "heuristic" and remaining_ms - reserve < MIN_SOLVER_MS:
-        stats = SolverStats(**{**stats.__dict__, "backend": backend_name, "status": "fallback",
-                               "fallback_reason": f"no time left for {backend_name} after the heuristic ({remaining_ms:.0f} ms left, {reserve:.0f} ms reserved)"})
+    skip = _no_time_for(backend_name, remaining_ms - reserve) if backend_name != "heuristic" else None
+    if skip:
+        stats = SolverStats(**{**stats.__dict__, "backend": backend_name, "status": "fallback", "fallback_reason": skip})
     elif backend_name != "heuristic":
         solver_deadline = deadline - reserve / 1000.0
         chosen, stats = _run_backend(tables, backend_name, hint, h_time, bound, solver_deadline, stats, start, clock)
@@ -149,6 +149,18 @@ def plan(problem: Problem, *, compare_static: bool = True, clock: Callable[[], f
     wall_ms = (clock() - start) * 1000.0
     final = SolverStats(**{**result.solver.__dict__, "wall_ms": wall_ms, "details": {**result.solver.details, "phases": phases}})
     return replace(result, solver=final)
+
+
+def _no_time_for(name: str, solver_ms: float) -> str | None:
+    """Why ``name`` cannot run in ``solver_ms`` milliseconds, or None when it can."""
+    import sys
+
+    if solver_ms < MIN_SOLVER_MS:
+        return f"no time left for {name} after the heuristic ({solver_ms:.0f} ms for the solver)"
+    if name == "cpsat" and "ortools.sat.python.cp_model" not in sys.modules and solver_ms < CPSAT_IMPORT_MS:
+        return (f"OR-Tools is not loaded in this process yet (about {CPSAT_IMPORT_MS:.0f} ms, once) and only {solver_ms:.0f} ms "
+                "are left for the solver: give a larger budget, use --backend highs, or plan from a running service")
+    return None
 
 
 def _run_backend(tables: CostTables, name: str, hint: Assignment, h_time: float, bound: float, deadline: float,

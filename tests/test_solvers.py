@@ -234,3 +234,14 @@ def test_cbc_failure_in_a_round_is_recorded_not_raised(monkeypatch, have, make_p
     assert result.details["errors"] >= 1
     assert "cbc exited early" in result.details["last_error"]
     assert result.assignment == hint  # nothing accepted from failed rounds
+
+
+def test_cold_or_tools_with_a_short_budget_falls_back(monkeypatch, have, make_problem):
+    """Loading OR-Tools takes longer than a short budget: the planner says so instead of overrunning."""
+    import sys
+
+    monkeypatch.delitem(sys.modules, "ortools.sat.python.cp_model", raising=False)
+    result = plan(make_problem(backend="cpsat", time_budget_ms=120.0))
+    assert result.solver.status == "fallback"
+    assert "OR-Tools is not loaded" in result.solver.fallback_reason
+    assert choose_backend(CostTables.build(make_problem()), "auto", 150.0, reserve=2.0) == "highs"
