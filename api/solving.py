@@ -117,12 +117,19 @@ class SolvePool:
 
 
 class PlanCache:
-    """Recently returned plans by request hash, in memory (the store is the lasting cache)."""
+    """Recently returned plans by request hash, in memory (the store is the lasting cache); also by
+    the hash of the request exactly as sent, so that a repeated request needs no validation."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._items: OrderedDict[str, PlanRecord] = OrderedDict()
+        self._raw: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
+
+    def get_raw(self, raw: str) -> PlanRecord | None:
+        with self._lock:
+            key = self._raw.get(raw)
+        return self.get(key) if key is not None else None
 
     def get(self, key: str) -> PlanRecord | None:
         with self._lock:
@@ -131,7 +138,7 @@ class PlanCache:
                 self._items.move_to_end(key)
             return rec
 
-    def put(self, key: str, record: PlanRecord) -> None:
+    def put(self, key: str, record: PlanRecord, raw: str | None = None) -> None:
         if self.size <= 0:
             return
         with self._lock:
@@ -139,6 +146,11 @@ class PlanCache:
             self._items.move_to_end(key)
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
+            if raw is not None:
+                self._raw[raw] = key
+                self._raw.move_to_end(raw)
+                while len(self._raw) > self.size:
+                    self._raw.popitem(last=False)
 
 
 LOST = {"type": "https://dhp-planner.dev/problems/lost", "title": "Plan lost", "status": 503,
@@ -175,7 +187,16 @@ class PlanningService:
 
     # -- in a solve thread ------------------------------------------------------------------
 
-    def _prepare(self, doc: dict[str, Any], use_cache: bool) -> tuple[Any, str, PlanRecord | None]:
+    def _prepare(self, doc: dict[str, Any], use_cache: bool) -> tuple[Any, str, PlanRecord | None, str | None]:
+        """Validate and look up the plan cache. A request seen before in exactly the same form
+        (same documents, key order aside) skips validation: it passed before under the same settings."""
+        caching = use_cache and self.settings.plan_cache_size > 0
+        raw = translate.raw_hash(doc) if caching else None
+        if raw is not None:
+            hit = self.cache.get_raw(raw)
+            if hit is not None:
+                self.metrics.cache_hits.inc()
+                return None, hit.request_hash, hit, raw
         try:
             problem = translate.to_problem(doc, self.settings)
         except PlannerError as exc:
@@ -183,12 +204,12 @@ class PlanningService:
             raise
         key = translate.request_hash(doc, problem)
         hit = None
-        if use_cache and self.settings.plan_cache_size > 0:
+        if caching:
             hit = self.cache.get(key) or self.store.find_done(key)
             if hit is not None:
                 self.metrics.cache_hits.inc()
-                self.cache.put(key, hit)
-        return problem, key, hit
+                self.cache.put(key, hit, raw)
+        return problem, key, hit, raw
 
     def _solve(self, problem: Any, arrival: float) -> tuple[Any, str]:
         elapsed_ms = (time.perf_counter() - arrival) * 1000.0
@@ -218,7 +239,7 @@ class PlanningService:
         """Solve in this thread; also returns where the time went (ms), for the Server-Timing header."""
         t0 = time.perf_counter()
         timings = {"queue": (t0 - arrival) * 1000.0}
-        problem, key, hit = self._prepare(doc, use_cache)
+        problem, key, hit, raw = self._prepare(doc, use_cache)
         t1 = time.perf_counter()
         timings["translate"] = (t1 - t0) * 1000.0
         if hit is not None:
@@ -229,7 +250,7 @@ class PlanningService:
         timings["encode"] = (t2 - t1) * 1000.0 - result.solver.wall_ms
         record = self._record(uuid.uuid4().hex, doc, problem, key, "done", result, text)
         self.store.add(record)
-        self.cache.put(key, record)
+        self.cache.put(key, record, raw)
         timings["store"] = (time.perf_counter() - t2) * 1000.0
         return record, False, timings
 
@@ -246,7 +267,7 @@ class PlanningService:
             _call_soon(loop, settle)
 
         try:
-            problem, key, hit = self._prepare(doc, use_cache)
+            problem, key, hit, raw = self._prepare(doc, use_cache)
             if hit is not None:
                 resolve((hit, True))
                 return
@@ -261,7 +282,7 @@ class PlanningService:
             self.store.finish(plan_id, plan_json=text, backend=result.solver.backend, solver_status=result.solver.status,
                               predicted_step_time_s=result.predicted_step_time_s, lower_bound_s=result.lower_bound_s, gap=result.gap,
                               solve_ms=result.solver.wall_ms)
-            self.cache.put(key, self.store.get(plan_id) or pending)
+            self.cache.put(key, self.store.get(plan_id) or pending, raw)
         except PlannerError as exc:
             self.store.fail(plan_id, error_document(exc))
         except Exception as exc:

@@ -67,6 +67,15 @@ def request_hash(doc: dict[str, Any], problem: Problem) -> str:
     return hashlib.sha256(batch + b"\x00" + resolved).hexdigest()
 
 
+def raw_hash(doc: dict[str, Any]) -> str:
+    """Hash of the request document as sent (keys in canonical order), before any validation."""
+    try:
+        text = orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+    except (orjson.JSONEncodeError, TypeError):
+        text = json.dumps(doc, sort_keys=True, default=str).encode()
+    return hashlib.sha256(text).hexdigest()
+
+
 def with_budget_left(problem: Problem, elapsed_ms: float) -> Problem:
     """The problem with the budget that is left after ``elapsed_ms`` since the request arrived (at least 1 ms)."""
     left = max(1.0, problem.options.time_budget_ms - elapsed_ms)

@@ -138,9 +138,19 @@ def latency(data_dir: Path, rounds: int) -> dict[str, float]:
                 t0 = time.perf_counter()
                 json.dumps(run_planner(problem_from_json(json.loads(plain))).to_json())
                 in_process.append((time.perf_counter() - t0) * 1000)
+            cached_body = json.dumps({**doc, "cache": True}).encode()
+            client.post("/v1/plans", content=cached_body).raise_for_status()
+            hits = []
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                r = client.post("/v1/plans", content=cached_body)
+                _ = r.content
+                hits.append((time.perf_counter() - t0) * 1000)
+                assert r.headers["x-plan-cache"] == "hit"
     finally:
         server.stop()
-    return {"e2e_median_ms": statistics.median(e2e), "e2e_p99_ms": pct(e2e, 99), "solve_median_ms": statistics.median(solve),
+    return {"cache_hit_median_ms": statistics.median(hits), "cache_hit_p99_ms": pct(hits, 99),
+            "e2e_median_ms": statistics.median(e2e), "e2e_p99_ms": pct(e2e, 99), "solve_median_ms": statistics.median(solve),
             "solve_p99_ms": pct(solve, 99), "overhead_median_ms": statistics.median(overhead), "overhead_p99_ms": pct(overhead, 99),
             "service_only_median_ms": statistics.median(service_only), "service_only_p99_ms": pct(service_only, 99),
             "median_difference_ms": statistics.median(e2e) - statistics.median(solve),
@@ -228,6 +238,7 @@ def main() -> None:
         print(f"  of which the service alone median {lat['service_only_median_ms']:.2f} ms   p99 {lat['service_only_p99_ms']:.2f} ms   "
               "(also minus the request's translation by problem_from_json and the plan's encoding, which `dhp plan` pays too)")
         print("  server-side phases, median ms (Server-Timing): " + ", ".join(f"{k} {v:.2f}" for k, v in lat["server_phases_median_ms"].items()))
+        print(f"  identical request again (plan cache hit): median {lat['cache_hit_median_ms']:.2f} ms   p99 {lat['cache_hit_p99_ms']:.2f} ms")
         print(f"  difference of medians {lat['median_difference_ms']:.2f} ms; in process parse + plan + encode (what `dhp plan` does) median "
               f"{lat['in_process_parse_plan_encode_median_ms']:.2f} ms")
         thr = throughput(data, n_small, 8)

@@ -330,3 +330,17 @@ def test_a_plan_ahead_lost_in_a_stopped_server_is_reported_failed(make_client):
     lost = client.get(f"/v1/plans/{old.id}").json()
     assert lost["status"] == "failed" and lost["error"]["hint"]
     assert client.get(f"/v1/plans/{young.id}").json()["status"] == "pending"
+
+
+def test_a_repeated_request_skips_validation(client, monkeypatch):
+    import api.translate as translate
+
+    req = small_request(n=6, seed=11)
+    first = client.post("/v1/plans", json=req).json()
+    calls = []
+    original = translate.to_problem
+    monkeypatch.setattr(translate, "to_problem", lambda *a: calls.append(1) or original(*a))
+    again = client.post("/v1/plans", json=dict(reversed(list(req.items()))))  # same documents, other key order
+    assert again.status_code == 200 and again.json()["id"] == first["id"] and calls == []
+    other = client.post("/v1/plans", json={**req, "options": {**req["options"], "max_micro_batches": 8}})  # the default, spelled out
+    assert other.status_code == 200 and other.json()["id"] == first["id"] and calls == [1]
