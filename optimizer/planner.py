@@ -21,6 +21,7 @@ from optimizer import communicators
 from optimizer.baselines import best_static
 from optimizer.bounds import lower_bound
 from optimizer.costs import CostTables
+from optimizer.errors import InfeasibleError
 from optimizer.evaluate import assignment_step_time, build_plan
 from optimizer.heuristic import heuristic_plan
 from optimizer.plan import Assignment, Plan, SolverStats, TracePoint
@@ -106,7 +107,12 @@ def plan(problem: Problem, *, compare_static: bool = True, clock: Callable[[], f
     expected_ms = HEURISTIC_MS_PER_SAMPLE * tables.n_samples + reserve_ms(tables) + MIN_SOLVER_MS
     solver_follows = options.backend != "heuristic" and options.time_budget_ms >= expected_ms
     h_deadline = start + options.time_budget_ms * (HEURISTIC_SHARE if solver_follows else 0.9) / 1000.0
-    hint = heuristic_plan(tables, deadline=h_deadline)
+    rescued: SolverStats | None = None
+    try:
+        hint = heuristic_plan(tables, deadline=h_deadline)
+    except InfeasibleError as exc:
+        # The heuristic found no packing; on a small problem the whole exact model may still find one.
+        hint, rescued = _rescue(tables, exc, deadline - reserve_ms(tables) / 1000.0, start, clock)
     lap("heuristic_ms")
     eval_start = clock()
     h_time = assignment_step_time(tables, hint)
@@ -115,12 +121,14 @@ def plan(problem: Problem, *, compare_static: bool = True, clock: Callable[[], f
     chosen: Assignment = hint
     stats = SolverStats(backend="heuristic", status="heuristic", wall_ms=h_ms, objective_s=h_time, bound_s=bound,
                         trace=(TracePoint(h_ms, h_time, bound),))
+    if rescued is not None:
+        stats = rescued
 
     static = best_static(tables) if compare_static else None
     lap("static_ms")
     remaining_ms = (deadline - clock()) * 1000.0
     reserve = reserve_ms(tables, eval_ms)
-    backend_name = choose_backend(tables, options.backend, remaining_ms, reserve)
+    backend_name = "heuristic" if rescued is not None else choose_backend(tables, options.backend, remaining_ms, reserve)
     skip = _no_time_for(backend_name, remaining_ms - reserve) if backend_name != "heuristic" else None
     if skip:
         stats = SolverStats(**{**stats.__dict__, "backend": backend_name, "status": "fallback", "fallback_reason": skip})
@@ -149,6 +157,31 @@ def plan(problem: Problem, *, compare_static: bool = True, clock: Callable[[], f
     wall_ms = (clock() - start) * 1000.0
     final = SolverStats(**{**result.solver.__dict__, "wall_ms": wall_ms, "details": {**result.solver.details, "phases": phases}})
     return replace(result, solver=final)
+
+
+def _rescue(tables: CostTables, error: InfeasibleError, deadline: float, start: float, clock: Callable[[], float]) -> tuple[Assignment, SolverStats]:
+    """A plan from the whole exact model when the heuristic found none; re-raises ``error`` when there is none."""
+    options = tables.problem.options
+    if options.backend == "heuristic":
+        raise error
+    from solver_models import get_backend
+    from solver_models.lns import FULL_MODEL_PAIRS, full_model_pairs
+
+    name = choose_backend(tables, options.backend, (deadline - clock()) * 1000.0, 0.0)
+    backend = get_backend(name) if name != "heuristic" else None
+    if backend is None or full_model_pairs(tables) > FULL_MODEL_PAIRS or not backend.available():
+        raise error
+    try:
+        result = backend.solve(tables, options, None, deadline, None)  # type: ignore[arg-type]
+    except Exception:  # a solver crash must not hide the heuristic's explanation
+        raise error from None
+    if result.assignment is None or not check_assignment(tables.problem, result.assignment).ok:
+        raise error
+    objective = assignment_step_time(tables, result.assignment)
+    elapsed = (clock() - start) * 1000.0
+    return result.assignment, SolverStats(backend=name, status=result.status, wall_ms=elapsed, objective_s=objective, bound_s=result.bound_s,
+                                          trace=(TracePoint(elapsed, objective, result.bound_s),),
+                                          details={**result.details, "rescue": f"the heuristic found no plan ({error.message}); the whole model did"})
 
 
 def _no_time_for(name: str, solver_ms: float) -> str | None:

@@ -129,7 +129,7 @@ class CpSatBackend:
             return False
         return True
 
-    def solve(self, tables: CostTables, options: PlanOptions, hint: Assignment, deadline: float, on_improvement: ImprovementCallback | None = None) -> SolveResult:
+    def solve(self, tables: CostTables, options: PlanOptions, hint: Assignment | None, deadline: float, on_improvement: ImprovementCallback | None = None) -> SolveResult:
         return improve(tables, options, hint, deadline, solve_model, on_improvement, self.name, clock=time.perf_counter)
 
 

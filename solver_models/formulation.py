@@ -274,18 +274,22 @@ def rounding_slack(model: SlotModel) -> float:
     return model.n_mb * (sum(len(m) for m in model.items) + 1) * UNIT
 
 
-def full_model(tables: CostTables, hint: Assignment, upper_s: float) -> SlotModel:
-    """Every rank of every micro-batch free, every allowed size, up to max_micro_batches (exact)."""
+def full_model(tables: CostTables, hint: Assignment | None, upper_s: float) -> SlotModel:
+    """Every rank of every micro-batch free, every allowed size, up to max_micro_batches (exact).
+
+    ``hint`` may be None (no plan known; ``upper_s`` must then be above any group's time).
+    """
     n = tables.n_samples
-    n_mb = max(len(hint.micro_batches), min(tables.problem.options.max_micro_batches, n))
+    n_mb = max(len(hint.micro_batches) if hint else 0, min(tables.problem.options.max_micro_batches, n))
     bld = _Builder(tables, upper_s, exact=True)
     everything = list(range(tables.n_ranks))
     for m in range(n_mb):
         bld.add_pools(m, everything, None)
         bld.add_spanning(m, everything, None)
     model = bld.finish(n_mb, [everything] * n_mb, list(range(n)), [0.0] * n_mb, [[] for _ in range(n_mb)], True, 0.0)
-    by_time = sorted(hint.micro_batches, key=lambda mb: -max(tables.group_time(list(s), r) for r, s in mb))
-    _hint_from_groups(model, tables, [list(mb) for mb in by_time])
+    if hint is not None:
+        by_time = sorted(hint.micro_batches, key=lambda mb: -max(tables.group_time(list(s), r) for r, s in mb))
+        _hint_from_groups(model, tables, [list(mb) for mb in by_time])
     return model
 
 

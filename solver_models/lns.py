@@ -66,23 +66,31 @@ def full_model_pairs(tables: CostTables) -> int:
     return n * n_mb * per_mb
 
 
-def improve(tables: CostTables, options: PlanOptions, hint: Assignment, deadline: float, solve_model: ModelSolver,
+def improve(tables: CostTables, options: PlanOptions, hint: Assignment | None, deadline: float, solve_model: ModelSolver,
             on_improvement: ImprovementCallback | None, name: str, clock: Callable[[], float] = time.perf_counter,
             round_s: float = ROUND_S, min_round_s: float = MIN_ROUND_S, lateness_s: float = 0.002) -> SolveResult:
     """Improve ``hint`` with ``solve_model`` until ``deadline`` (see the module docstring).
 
+    Without a hint (the heuristic found no plan) only the whole-problem model can run.
+
     ``lateness_s`` is how late the solver is expected to return after its time limit; it is kept
     back from every limit and raised to the worst lateness seen.
     """
+    if hint is None and full_model_pairs(tables) > FULL_MODEL_PAIRS:
+        return SolveResult(None, "error", message="no starting plan, and the problem is too large for one whole model")
     if full_model_pairs(tables) <= FULL_MODEL_PAIRS:
         return _whole(tables, options, hint, deadline - lateness_s, solve_model, on_improvement, clock)
     return _lns(tables, options, hint, deadline, solve_model, on_improvement, clock, round_s, min_round_s, lateness_s)
 
 
-def _whole(tables: CostTables, options: PlanOptions, hint: Assignment, deadline: float, solve_model: ModelSolver,
+def _whole(tables: CostTables, options: PlanOptions, hint: Assignment | None, deadline: float, solve_model: ModelSolver,
            on_improvement: ImprovementCallback | None, clock: Callable[[], float]) -> SolveResult:
     start = clock()
-    h_time = assignment_step_time(tables, hint)
+    if hint is not None:
+        h_time = assignment_step_time(tables, hint)
+    else:  # no plan known: the slowest any group could be (every sample in it, slowest placement)
+        slowest = tables.time_matrix(False, float(tables.rank_speed.min()))
+        h_time = tables.group_constant + float(slowest.max(axis=1).sum())
     model = full_model(tables, hint, h_time)
     build_ms = (clock() - start) * 1000.0
     details = {"mode": "full", "build_ms": round(build_ms, 3), **model.size()}

@@ -191,7 +191,7 @@ class PulpBackend:
         except Exception:  # noqa: BLE001 - a broken installation counts as missing
             return False
 
-    def solve(self, tables: CostTables, options: PlanOptions, hint: Assignment, deadline: float, on_improvement: ImprovementCallback | None = None) -> SolveResult:
+    def solve(self, tables: CostTables, options: PlanOptions, hint: Assignment | None, deadline: float, on_improvement: ImprovementCallback | None = None) -> SolveResult:
         if self.name == "cbc":
             return improve(tables, options, hint, deadline, _model_solver(self.name), on_improvement, self.name,
                            round_s=0.3 + CBC_OVERHEAD_S, min_round_s=2 * CBC_OVERHEAD_S, lateness_s=0.02)

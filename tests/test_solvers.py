@@ -10,6 +10,7 @@ import pytest
 
 from optimizer.costs import CostTables
 from optimizer.documents import problem_from_json
+from optimizer.errors import InfeasibleError
 from optimizer.heuristic import heuristic_plan
 from optimizer.planner import choose_backend, plan
 from optimizer.verify import verify
@@ -245,3 +246,26 @@ def test_cold_or_tools_with_a_short_budget_falls_back(monkeypatch, have, make_pr
     assert result.solver.status == "fallback"
     assert "OR-Tools is not loaded" in result.solver.fallback_reason
     assert choose_backend(CostTables.build(make_problem()), "auto", 150.0, reserve=2.0) == "highs"
+
+
+@pytest.mark.parametrize("case", [(4, 2, 2, 5, 3), (7, 2, 3, 6, 2)], ids=["seed4-2x2-mb3", "seed7-2x3-mb2"])
+def test_whole_model_plans_when_the_heuristic_finds_no_packing(case, have):
+    """Memory-tight tiny batches the heuristic cannot pack: the exact model finds the optimum."""
+    problem = tiny_problem(*case)
+    tables = CostTables.build(problem)
+    with pytest.raises(InfeasibleError):
+        heuristic_plan(tables)
+    optimum = brute_force_step_time(problem, [int(d) for d in tables.degrees])
+    for name in BACKENDS:
+        result = plan(_with(problem, backend=name))
+        assert verify(result, problem).ok
+        assert result.predicted_step_time_s == pytest.approx(optimum, rel=1e-6), name
+        assert result.solver.status == "optimal" and "rescue" in result.solver.details
+    with pytest.raises(InfeasibleError):
+        plan(_with(problem, backend="heuristic"))
+
+
+def test_truly_infeasible_batches_still_raise(have):
+    problem = tiny_problem(4, 2, 2, 5, 2)  # 8902 tokens, 2 micro-batches of 4 x 1000
+    with pytest.raises(InfeasibleError):
+        plan(_with(problem, backend="cpsat"))
