@@ -227,6 +227,8 @@ def main() -> None:
     ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args()
     rounds, n_small, n_over = (15, 60, 16) if args.quick else (200, 600, 80)
+    load_before = os.getloadavg()[0]
+    print(f"machine: {os.cpu_count()} CPUs, load average {load_before:.2f} at the start (other work on the machine inflates every figure)")
     with tempfile.TemporaryDirectory(prefix="dhp-service-bench-") as tmp:
         data = Path(tmp)
         lat = latency(data, rounds)
@@ -249,6 +251,7 @@ def main() -> None:
         print(f"  answered 201: {ov['answered_now_201']}, plan-ahead 202: {ov['accepted_ahead_202']}, 503: {ov['rejected_503']} "
               f"({ov['rejected_503_with_retry_after']} with Retry-After), other 5xx: {ov['other_5xx']}, other 4xx: {ov['other_4xx']}")
         print(f"  accepted {ov['accepted']}, read back done {ov['accepted_read_back_done']}, stored {ov['stored_plans']}")
+        print(f"load average {os.getloadavg()[0]:.2f} at the end")
         if args.json:
             Path(args.json).write_text(json.dumps({"latency": lat, "throughput": thr, "overload": ov}, indent=2))
 
