@@ -58,7 +58,7 @@ class Settings(BaseSettings):
     """Cap on ``options.solver_workers`` (threads one exact solve may use)."""
     retry_after_s: int = Field(1, ge=1, le=3600)
     """Retry-After seconds sent with a 503."""
-    plan_cache_size: int = Field(512, ge=0)
+    plan_cache_size: int = Field(256, ge=0)
     """Plans per process kept in memory by request hash (the store is the lasting cache)."""
     long_poll_max_ms: int = Field(30_000, ge=0)
 
