@@ -4,7 +4,7 @@ _sudo() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 _as_pg() { if [ "$(id -u)" = 0 ]; then su postgres -s /bin/sh -c "$1"; else sudo -u postgres sh -c "$1"; fi; }
 if ! command -v pg_ctlcluster >/dev/null 2>&1; then
   _sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive _sudo apt-get install -y -qq postgresql >/dev/null
+  _sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
 fi
 PG_VERSION=$(ls /usr/lib/postgresql | sort -V | tail -1)
 if ! pg_lsclusters -h | awk '{print $1" "$2}' | grep -q "^$PG_VERSION main$"; then
