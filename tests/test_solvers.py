@@ -18,7 +18,7 @@ from solver_models import available_backends, get_backend
 from solver_models.base import SolveResult
 from solver_models.formulation import full_model
 from solver_models.lns import FULL_MODEL_PAIRS, full_model_pairs
-from tests.solver_oracle import brute_force_step_time
+from tests.oracle import brute_force_optimum
 
 BACKENDS = ("cpsat", "highs", "cbc")
 
@@ -62,7 +62,7 @@ def test_backends_agree_with_brute_force(case, have):
     problem = tiny_problem(seed, nodes, per_node, n, max_mb)
     tables = CostTables.build(problem)
     assert full_model_pairs(tables) <= FULL_MODEL_PAIRS  # the whole problem is one model
-    optimum = brute_force_step_time(problem, [int(d) for d in tables.degrees])
+    optimum = brute_force_optimum(problem)
     for name in BACKENDS:
         result = plan(_with(problem, backend=name))
         assert verify(result, _with(problem, backend=name)).ok
@@ -255,7 +255,7 @@ def test_whole_model_plans_when_the_heuristic_finds_no_packing(case, have):
     tables = CostTables.build(problem)
     with pytest.raises(InfeasibleError):
         heuristic_plan(tables)
-    optimum = brute_force_step_time(problem, [int(d) for d in tables.degrees])
+    optimum = brute_force_optimum(problem)
     for name in BACKENDS:
         result = plan(_with(problem, backend=name))
         assert verify(result, problem).ok
