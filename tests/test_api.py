@@ -344,3 +344,12 @@ def test_a_repeated_request_skips_validation(client, monkeypatch):
     assert again.status_code == 200 and again.json()["id"] == first["id"] and calls == []
     other = client.post("/v1/plans", json={**req, "options": {**req["options"], "max_micro_batches": 8}})  # the default, spelled out
     assert other.status_code == 200 and other.json()["id"] == first["id"] and calls == [1]
+
+
+def test_an_unexpected_failure_is_a_500_problem_document(client):
+    def broken(*args):
+        raise RuntimeError("bug")
+
+    client.app.state.service.plan_now = broken
+    body = assert_problem(client.post("/v1/plans", json=small_request(n=4)), 500)
+    assert body["type"].endswith("/internal") and "bug" not in body["detail"]  # no internals leak
