@@ -44,7 +44,8 @@ def tiny_problem(seed: int, nodes: int, per_node: int, n: int, max_mb: int, **op
     return problem_from_json(doc)
 
 
-CASES = [(0, 2, 3, 6, 2), (1, 2, 3, 5, 3), (2, 3, 2, 6, 2), (3, 1, 4, 6, 3), (4, 2, 2, 5, 4)]
+CASES = [(0, 2, 3, 6, 2), (1, 2, 3, 5, 3), (2, 3, 2, 6, 2), (3, 1, 4, 6, 3), (4, 2, 2, 5, 4),
+         (5, 2, 3, 6, 3, {"degree_policy": "pow2"}), (6, 3, 2, 7, 3, {"max_degree": 3})]
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +59,8 @@ def have():
 
 @pytest.mark.parametrize("case", CASES, ids=[f"seed{c[0]}-{c[1]}x{c[2]}-n{c[3]}-mb{c[4]}" for c in CASES])
 def test_backends_agree_with_brute_force(case, have):
-    seed, nodes, per_node, n, max_mb = case
-    problem = tiny_problem(seed, nodes, per_node, n, max_mb)
+    seed, nodes, per_node, n, max_mb = case[:5]
+    problem = tiny_problem(seed, nodes, per_node, n, max_mb, **(case[5] if len(case) > 5 else {}))
     tables = CostTables.build(problem)
     assert full_model_pairs(tables) <= FULL_MODEL_PAIRS  # the whole problem is one model
     optimum = brute_force_optimum(problem)
