@@ -11,8 +11,11 @@ from trainer.group_pool import GroupPool
 from trainer.ring_attention import RingSpec, full_attention, ring_attention, shard_layout, ulysses_attention
 
 
-def attention_worker(rank: int, world_size: int, lengths: list[int], scheme: str, heads: int = 6, dim: int = 4) -> list[float]:
+def attention_worker(rank: int, world_size: int, lengths: list[int], scheme: str, tile: int = 128, heads: int = 6, dim: int = 4) -> list[float]:
     """Largest differences (output, dq, dk, dv) of ring/Ulysses attention against full attention."""
+    from trainer import ring_attention as module
+
+    module.TILE = tile
     layout = shard_layout(lengths, world_size, scheme)
     sizes = [int(p.numel()) for p, _ in layout]
     total = sum(sizes)

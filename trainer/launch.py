@@ -52,7 +52,9 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
             p.join()
         errors = [results[r][1] for r in range(world_size) if r in results and results[r][0] == "error"]
         if errors:
-            raise RuntimeError(f"a rank failed:\n{errors[0]}")
+            # The first line of each failure, then the full report of the first: a rank's failure often makes its peers fail too.
+            heads = "\n".join(f"  rank {r}: {results[r][1].splitlines()[0]}" for r in range(world_size) if r in results and results[r][0] == "error")
+            raise RuntimeError(f"{len(errors)} rank(s) failed:\n{heads}\n{errors[0]}")
         bad = [r for r, p in enumerate(procs) if p.exitcode != 0 or r not in results]
         if bad:
             raise RuntimeError(f"ranks {bad} exited with codes {[procs[r].exitcode for r in bad]}")

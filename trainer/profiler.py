@@ -1,0 +1,270 @@
+"""Measuring a job's cost profile on the local device (CPU here, CUDA where there is one).
+
+What is timed. For each group size d and a few sample mixes, the forward and backward pass of the
+model on the tokens one rank of the group holds (zig-zag split, padding included), with the ring
+attention computing exactly the blocks that rank computes but with the key/value exchange looped
+back (:data:`trainer.ring_attention.LOOPBACK`); so the time is the rank's compute, dense layers and
+attention together. The transfers are measured apart: a ping-pong between two processes over the
+job's backend (gloo on CPU, NCCL on GPUs) for a range of message sizes, fitted to
+``latency + bytes / bandwidth``.
+
+What is fitted. The profile's formula (:mod:`optimizer.profile`) for one group of size d holding
+samples of lengths L_i is ``b + sum_i ((a2 L_i^2 + a1 L_i) / d + a0)`` plus the ring transfer; the
+coefficients (a2, a1, a0, b) >= 0 come from non-negative least squares over the measurements. The
+fit's quality is reported as R^2 and the largest relative error of predicted against measured time.
+The ring sends each layer's keys and values forward once and, in the backward pass, the keys and
+values again with their gradients: ``bytes_per_token = 6 x layers x hidden x element size`` and
+``messages_per_step = 3 x layers`` exchanges per ring step.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainer.ring_attention import LOOPBACK, RingSpec, ring_attention, shard_layout
+from trainer.tiny_model import TinyConfig, TinyTransformer
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    """What to measure."""
+
+    lengths: tuple[int, ...] = (128, 256, 512, 1024, 1536)
+    """Sample lengths in tokens."""
+    degrees: tuple[int, ...] = (1, 2, 3, 4)
+    """Group sizes."""
+    mixes: tuple[int, ...] = (1, 2, 3)
+    """Samples per group (equal lengths), to separate per-sample from per-group constants."""
+    repeats: int = 3
+    """Timed runs per point (the median is kept)."""
+    warmup: int = 1
+    """Untimed runs per point."""
+    device: str = "auto"
+    """``cpu``, ``cuda`` or ``auto`` (CUDA when there is one)."""
+    dtype: str = "float32"
+    """Element type of the model."""
+    comm: bool = True
+    """Measure transfers between two processes (else the comm terms come from --bandwidth)."""
+    message_bytes: tuple[int, ...] = (1 << 12, 1 << 15, 1 << 18, 1 << 20, 1 << 22)
+    """Message sizes of the transfer probe."""
+    capacity_tokens: int | None = None
+    """Tokens per rank per micro-batch; None: from free GPU memory on CUDA, 65536 on CPU."""
+
+    def __post_init__(self) -> None:
+        for name in ("lengths", "degrees", "mixes", "message_bytes"):
+            values = getattr(self, name)
+            if not values or any(not isinstance(v, int) or v < 1 for v in values):
+                raise ValueError(f"{name} must be positive integers, got {values!r}")
+        if self.repeats < 1 or self.warmup < 0:
+            raise ValueError("repeats must be >= 1 and warmup >= 0")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.dtype not in ("float32", "float64", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, float64, bfloat16 or float16, got {self.dtype!r}")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measurement: a group of size ``degree`` holding samples of these lengths."""
+
+    lengths: tuple[int, ...]
+    degree: int
+    seconds: float
+
+
+@dataclass
+class Fit:
+    quadratic: float
+    linear: float
+    sample_constant: float
+    group_constant: float
+    r2: float
+    max_rel_error: float
+    points: list[dict[str, Any]] = field(default_factory=list)
+
+    def predict(self, lengths: Sequence[int], d: int) -> float:
+        return self.group_constant + sum((self.quadratic * L * L + self.linear * L) / d + self.sample_constant for L in lengths)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda was asked for but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_group(model: TinyTransformer, lengths: Sequence[int], d: int, device: torch.device, repeats: int = 3, warmup: int = 1) -> float:
+    """Median seconds of one rank's forward and backward for a group of size d holding these samples."""
+    layout = shard_layout(list(lengths), d, "ring")
+    spec = RingSpec(LOOPBACK, tuple(range(d)), 0, tuple((p.to(device), s.to(device)) for p, s in layout))
+    positions = layout[0][0].to(device)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(model.cfg.vocab, (int(positions.numel()),), generator=gen).to(device)
+    labels = torch.randint(model.cfg.vocab, (int(positions.numel()),), generator=gen).to(device)
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return ring_attention(q, k, v, spec)
+
+    times = []
+    for i in range(warmup + repeats):
+        model.zero_grad(set_to_none=True)
+        _sync(device)
+        t0 = time.perf_counter()
+        logits = model(tokens, positions, attend)
+        torch.nn.functional.cross_entropy(logits.float(), labels).backward()
+        _sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(model: TinyTransformer, settings: ProfileSettings, device: torch.device, progress: Progress | None = None) -> list[Point]:
+    """Time every (length, group size, mix) of the settings."""
+    points = []
+    combos = [(L, d, n) for d in settings.degrees for L in settings.lengths for n in settings.mixes]
+    for k, (L, d, n) in enumerate(combos):
+        lengths = (L,) * n
+        secs = time_group(model, lengths, d, device, settings.repeats, settings.warmup)
+        points.append(Point(lengths, d, secs))
+        if progress:
+            progress(f"[{k + 1}/{len(combos)}] d={d} samples={n}x{L}: {secs * 1000:.2f} ms")
+    return points
+
+
+def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with non-negative coefficients (drop the most negative column until none is)."""
+    active = list(range(x.shape[1]))
+    while True:
+        coef = np.zeros(x.shape[1])
+        sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        coef[active] = sol
+        if (sol >= 0).all() or len(active) == 1:
+            return np.maximum(coef, 0.0)
+        active.pop(int(np.argmin(sol)))
+
+
+def fit(points: Sequence[Point]) -> Fit:
+    """Fit (a2, a1, a0, b) to the measurements, weighting each point by 1/time (relative errors)."""
+    x = np.array([[sum(L * L for L in p.lengths) / p.degree, sum(p.lengths) / p.degree, len(p.lengths), 1.0] for p in points])
+    y = np.array([p.seconds for p in points])
+    w = 1.0 / y
+    coef = _nnls(x * w[:, None], y * w)
+    pred = x @ coef
+    ss_res = float(((y - pred) ** 2).sum())
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    rel = np.abs(pred - y) / y
+    rows = [{"lengths": list(p.lengths), "degree": p.degree, "measured_s": p.seconds, "predicted_s": float(q)} for p, q in zip(points, pred, strict=True)]
+    return Fit(float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3]), 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0, float(rel.max()), rows)
+
+
+# -- transfers --------------------------------------------------------------------------------
+
+def _pingpong(rank: int, world_size: int, sizes: list[int], repeats: int, use_cuda: bool) -> list[float]:
+    import torch.distributed as dist
+
+    device = torch.device("cuda", rank) if use_cuda else torch.device("cpu")
+    out = []
+    peer = 1 - rank
+    for n in sizes:
+        buf = torch.zeros(max(1, n // 4), dtype=torch.float32, device=device)
+        times = []
+        for i in range(repeats + 1):
+            dist.barrier()
+            t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(buf, peer)
+                dist.recv(buf, peer)
+            else:
+                dist.recv(buf, peer)
+                dist.send(buf, peer)
+            if use_cuda:
+                torch.cuda.synchronize(device)
+            if i:
+                times.append((time.perf_counter() - t0) / 2)
+        out.append(statistics.median(times))
+    return out
+
+
+def probe_transfers(sizes: Sequence[int], repeats: int = 5, use_cuda: bool = False) -> tuple[float, float, list[tuple[int, float]]]:
+    """(bandwidth bytes/s, latency s, [(bytes, one-way seconds)]) between two processes on this machine."""
+    from trainer.launch import spawn
+
+    backend = "nccl" if use_cuda else "gloo"
+    res = spawn(_pingpong, 2, list(sizes), repeats, use_cuda, backend=backend)
+    secs = res[0]
+    x = np.array([[1.0, float(n)] for n in sizes])
+    coef = _nnls(x, np.array(secs))
+    latency, per_byte = float(coef[0]), float(coef[1])
+    bandwidth = 1.0 / per_byte if per_byte > 0 else float(max(sizes)) / max(secs)
+    return bandwidth, latency, list(zip(sizes, secs, strict=True))
+
+
+def comm_terms(cfg: TinyConfig, dtype: torch.dtype) -> tuple[float, float]:
+    """(bytes_per_token, messages_per_step) of this implementation's ring (see the module docstring)."""
+    elem = torch.tensor([], dtype=dtype).element_size()
+    return 6.0 * cfg.layers * cfg.hidden * elem, 3.0 * cfg.layers
+
+
+def default_capacity(model: TinyTransformer, device: torch.device) -> int:
+    """Tokens per rank: 65536 on CPU; on CUDA, 80% of free memory over the activation bytes per token measured at 512 tokens."""
+    if device.type != "cuda":
+        return 65536
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    time_group(model, (512,), 1, device, repeats=1, warmup=0)
+    per_token = max(1.0, (torch.cuda.max_memory_allocated(device) - base) / 512)
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(0.8 * free / per_token)
+
+
+def measure_profile(cfg: TinyConfig, settings: ProfileSettings, progress: Progress | None = None,
+                    bandwidth: float | None = None, latency: float = 0.0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Measure and fit; returns (profile document for ``dhp plan --profile``, report)."""
+    device = resolve_device(settings.device)
+    dtype = getattr(torch, settings.dtype)
+    torch.manual_seed(0)
+    model = TinyTransformer(cfg).to(device=device, dtype=dtype)
+    if progress:
+        progress(f"device {device}, {torch.get_num_threads()} threads, model {cfg}")
+    points = measure(model, settings, device, progress)
+    f = fit(points)
+    transfers: list[tuple[int, float]] = []
+    if settings.comm:
+        if progress:
+            progress("measuring transfers between two processes ...")
+        use_cuda = device.type == "cuda" and torch.cuda.device_count() >= 2
+        bandwidth, latency, transfers = probe_transfers(settings.message_bytes, use_cuda=use_cuda)
+    if bandwidth is None:
+        raise ValueError("give a bandwidth when transfers are not measured")
+    bpt, msgs = comm_terms(cfg, dtype)
+    capacity = settings.capacity_tokens or default_capacity(model, device)
+    source = (f"dhp profile on {device} ({torch.get_num_threads()} threads, torch {torch.__version__}), tiny model {cfg.layers}x{cfg.hidden}, "
+              f"{len(points)} points, R^2 {f.r2:.4f}, largest relative error {f.max_rel_error:.3f}")
+    profile = {
+        "time": {"quadratic": f.quadratic, "linear": f.linear, "sample_constant": f.sample_constant, "group_constant": f.group_constant},
+        "comm": {"scheme": "ring", "bytes_per_token": bpt, "bandwidth_bytes_per_s": {"intra": bandwidth, "inter": bandwidth},
+                 "latency_s": {"intra": latency, "inter": latency}, "messages_per_step": msgs},
+        "capacity_tokens_per_rank": capacity,
+        "source": source,
+    }
+    report = {"r2": f.r2, "max_rel_error": f.max_rel_error, "points": f.points, "device": str(device),
+              "transfers": [{"bytes": n, "seconds": s} for n, s in transfers], "bandwidth_bytes_per_s": bandwidth, "latency_s": latency}
+    if not all(math.isfinite(v) for v in (f.quadratic, f.linear, f.sample_constant, f.group_constant)):
+        raise ValueError("the fit produced a non-finite coefficient; measure more points")
+    return profile, report
