@@ -6,6 +6,7 @@ The store's schema is brought to the newest migration when the app is created.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 from collections.abc import AsyncIterator
@@ -22,7 +23,7 @@ from api.metrics import Metrics, multiprocess_dir
 from api.middleware import ArrivalAndMetrics, BodyLimit
 from api.routes import health, plans, presets
 from api.settings import Settings
-from api.solving import PlanningService
+from api.solving import PlanningService, warm_up
 from api.store import Store
 from api.store.migrate import upgrade
 
@@ -46,6 +47,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(warm_up)
         # What exists at start-up lives as long as the process: keep it out of every garbage collection.
         gc.collect()
         gc.freeze()

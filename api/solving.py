@@ -157,6 +157,28 @@ LOST = {"type": "https://dhp-planner.dev/problems/lost", "title": "Plan lost", "
         "detail": "the server that accepted this plan-ahead request stopped before solving it", "hint": "submit the request again."}
 
 
+SOLVER_MODULES = ("ortools.sat.python.cp_model", "highspy", "pulp")
+"""Loaded once at start-up: a long-running service should not make its first requests pay the
+solver libraries' import time (the planner's ``auto`` avoids CP-SAT while OR-Tools is not loaded)."""
+
+
+def warm_up() -> list[str]:
+    """Import the installed solver libraries and backends; returns the modules now loaded."""
+    import importlib
+
+    loaded = []
+    for name in SOLVER_MODULES:
+        try:
+            importlib.import_module(name)
+            loaded.append(name)
+        except ImportError:
+            pass
+    from solver_models import available_backends
+
+    available_backends()
+    return loaded
+
+
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
     try:
         loop.call_soon_threadsafe(fn, *args)

@@ -353,3 +353,24 @@ def test_an_unexpected_failure_is_a_500_problem_document(client):
     client.app.state.service.plan_now = broken
     body = assert_problem(client.post("/v1/plans", json=small_request(n=4)), 500)
     assert body["type"].endswith("/internal") and "bug" not in body["detail"]  # no internals leak
+
+
+def test_solver_libraries_are_loaded_at_start_up(tmp_path):
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("ortools") is None:
+        pytest.skip("OR-Tools is not installed")
+    code = ("import sys\n"
+            "from fastapi.testclient import TestClient\n"
+            "from api.app import create_app\n"
+            "from api.settings import Settings\n"
+            "app = create_app(Settings(data_dir=sys.argv[1]))\n"
+            "before = 'ortools.sat.python.cp_model' in sys.modules\n"
+            "with TestClient(app):\n"
+            "    after = 'ortools.sat.python.cp_model' in sys.modules\n"
+            "print(before, after)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True"]
