@@ -265,6 +265,7 @@ class PlanningService:
         t1 = time.perf_counter()
         timings["translate"] = (t1 - t0) * 1000.0
         if hit is not None:
+            timings["done_at"] = time.perf_counter()
             return hit, True, timings
         result, text = self._solve(problem, arrival)
         t2 = time.perf_counter()
@@ -274,6 +275,7 @@ class PlanningService:
         self.store.add(record)
         self.cache.put(key, record, raw)
         timings["store"] = (time.perf_counter() - t2) * 1000.0
+        timings["done_at"] = time.perf_counter()
         return record, False, timings
 
     def _plan_ahead_job(self, plan_id: str, doc: dict[str, Any], arrival: float, use_cache: bool, loop: asyncio.AbstractEventLoop,
@@ -322,8 +324,11 @@ class PlanningService:
             event.set()
 
     async def plan(self, doc: dict[str, Any], arrival: float, use_cache: bool = True) -> tuple[PlanRecord, bool, dict[str, float]]:
-        """Solve now; returns the stored record, whether it came from the cache, and where the time went."""
-        return await self.pool.run(self.plan_now, doc, arrival, use_cache)
+        """Solve now; returns the stored record, whether it came from the cache, and where the time went
+        (``handoff``: from the solve thread's end until this coroutine runs again)."""
+        record, cached, timings = await self.pool.run(self.plan_now, doc, arrival, use_cache)
+        timings["handoff"] = (time.perf_counter() - timings.pop("done_at")) * 1000.0
+        return record, cached, timings
 
     async def plan_ahead(self, doc: dict[str, Any], arrival: float, use_cache: bool = True) -> tuple[PlanRecord, bool]:
         """Validate and store as pending, answer, and solve in the background."""

@@ -42,7 +42,7 @@ def _plan_response(record: Any, status: int, cached: bool | None = None, timings
 async def create_plan(body: PlanRequest, service: ServiceDep, arrived: ArrivalDep) -> Response:
     """Return the verified plan (201), the cached plan of an identical request (200), or with
     ``"wait": false`` the pending plan's id at once (202). The time budget counts from arrival.
-    The ``Server-Timing`` header says where the time went: queue, translate, solve, encode, store (ms)."""
+    The ``Server-Timing`` header says where the time went: queue, translate, solve, encode, store, handoff, app (ms)."""
     doc = translate.request_document(body)
     if body.wait:
         record, cached, timings = await service.plan(doc, arrived, body.cache)
