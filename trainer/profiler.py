@@ -46,7 +46,7 @@ class ProfileSettings:
     mixes: tuple[int, ...] = (1, 2, 3)
     """Samples per group (equal lengths), to separate per-sample from per-group constants."""
     repeats: int = 3
-    """Timed runs per point (the median is kept)."""
+    """Timed runs per point (the fastest is kept: other work on the machine only ever adds time)."""
     warmup: int = 1
     """Untimed runs per point."""
     device: str = "auto"
@@ -59,6 +59,12 @@ class ProfileSettings:
     """Message sizes of the transfer probe."""
     capacity_tokens: int | None = None
     """Tokens per rank per micro-batch; None: from free GPU memory on CUDA, 65536 on CPU."""
+    procs: int = 1
+    """Processes timing the same points at once (as many as the job runs per machine, so that they
+    share the machine's cores and memory bandwidth as the job's ranks will); each point keeps the
+    slowest process, as a step waits for its slowest rank."""
+    threads: int | None = None
+    """CPU threads per process (None: torch's choice)."""
 
     def __post_init__(self) -> None:
         for name in ("lengths", "degrees", "mixes", "message_bytes"):
@@ -110,7 +116,7 @@ def _sync(device: torch.device) -> None:
 
 
 def time_group(model: TinyTransformer, lengths: Sequence[int], d: int, device: torch.device, repeats: int = 3, warmup: int = 1) -> float:
-    """Median seconds of one rank's forward and backward for a group of size d holding these samples."""
+    """Fastest seconds of one rank's forward and backward for a group of size d holding these samples."""
     layout = shard_layout(list(lengths), d, "ring")
     spec = RingSpec(LOOPBACK, tuple(range(d)), 0, tuple((p.to(device), s.to(device)) for p, s in layout))
     positions = layout[0][0].to(device)
@@ -131,20 +137,45 @@ def time_group(model: TinyTransformer, lengths: Sequence[int], d: int, device: t
         _sync(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times)
 
 
 def measure(model: TinyTransformer, settings: ProfileSettings, device: torch.device, progress: Progress | None = None) -> list[Point]:
     """Time every (length, group size, mix) of the settings."""
     points = []
     combos = [(L, d, n) for d in settings.degrees for L in settings.lengths for n in settings.mixes]
+    together = None
+    if settings.procs > 1:
+        from trainer.launch import spawn
+
+        if progress:
+            progress(f"timing {len(combos)} points on {settings.procs} processes at once ...")
+        runs = spawn(_measure_worker, settings.procs, model.cfg, settings, str(device), threads=settings.threads or 1)
+        together = [max(r[k] for r in runs) for k in range(len(combos))]
     for k, (L, d, n) in enumerate(combos):
         lengths = (L,) * n
-        secs = time_group(model, lengths, d, device, settings.repeats, settings.warmup)
+        secs = together[k] if together is not None else time_group(model, lengths, d, device, settings.repeats, settings.warmup)
         points.append(Point(lengths, d, secs))
         if progress:
             progress(f"[{k + 1}/{len(combos)}] d={d} samples={n}x{L}: {secs * 1000:.2f} ms")
     return points
+
+
+def _measure_worker(rank: int, world_size: int, cfg: TinyConfig, settings: ProfileSettings, device_name: str) -> list[float]:
+    import torch.distributed as dist
+
+    device = torch.device(device_name)
+    if device.type == "cuda":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.manual_seed(0)
+    model = TinyTransformer(cfg).to(device=device, dtype=getattr(torch, settings.dtype))
+    out = []
+    for d in settings.degrees:
+        for L in settings.lengths:
+            for n in settings.mixes:
+                dist.barrier()
+                out.append(time_group(model, (L,) * n, d, device, settings.repeats, settings.warmup))
+    return out
 
 
 def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -240,8 +271,10 @@ def measure_profile(cfg: TinyConfig, settings: ProfileSettings, progress: Progre
     dtype = getattr(torch, settings.dtype)
     torch.manual_seed(0)
     model = TinyTransformer(cfg).to(device=device, dtype=dtype)
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
     if progress:
-        progress(f"device {device}, {torch.get_num_threads()} threads, model {cfg}")
+        progress(f"device {device}, {torch.get_num_threads()} threads x {settings.procs} processes, model {cfg}")
     points = measure(model, settings, device, progress)
     f = fit(points)
     transfers: list[tuple[int, float]] = []
@@ -254,7 +287,7 @@ def measure_profile(cfg: TinyConfig, settings: ProfileSettings, progress: Progre
         raise ValueError("give a bandwidth when transfers are not measured")
     bpt, msgs = comm_terms(cfg, dtype)
     capacity = settings.capacity_tokens or default_capacity(model, device)
-    source = (f"dhp profile on {device} ({torch.get_num_threads()} threads, torch {torch.__version__}), tiny model {cfg.layers}x{cfg.hidden}, "
+    source = (f"dhp profile on {device} ({settings.procs} x {torch.get_num_threads()} threads, torch {torch.__version__}), tiny model {cfg.layers}x{cfg.hidden}, "
               f"{len(points)} points, R^2 {f.r2:.4f}, largest relative error {f.max_rel_error:.3f}")
     profile = {
         "time": {"quadratic": f.quadratic, "linear": f.linear, "sample_constant": f.sample_constant, "group_constant": f.group_constant},
