@@ -20,6 +20,9 @@ from solver_models.base import ImprovementCallback, SolveResult, register
 from solver_models.formulation import SlotModel, model_ceiling
 from solver_models.lns import ModelResult, improve
 
+DETERMINISTIC_SHARE = 0.1
+"""Deterministic time limit as a share of the wall-clock limit (deterministic mode)."""
+
 
 def solve_model(model: SlotModel, time_limit_s: float, options: PlanOptions, on_solution: Callable[[int, int | None], None] | None = None) -> ModelResult:
     """Solve one slot model with CP-SAT within ``time_limit_s`` seconds."""
@@ -97,7 +100,9 @@ def solve_model(model: SlotModel, time_limit_s: float, options: PlanOptions, on_
         params.linearization_level = 0
     if options.deterministic:
         params.interleave_search = True
-        params.max_deterministic_time = max(0.001, time_limit_s)
+        # A tenth of the wall limit in deterministic units: the deterministic limit, not the clock, ends a search
+        # unless the machine is ten times slower than CP-SAT's estimate (a loaded machine).
+        params.max_deterministic_time = max(0.001, DETERMINISTIC_SHARE * time_limit_s)
 
     class _Callback(cp_model.CpSolverSolutionCallback):
         def __init__(self) -> None:

@@ -12,7 +12,8 @@ A backend supplies ``solve_model(model, seconds, options, on_solution)`` for one
   rounds out of three, their group sizes (idle ranks included), with everything else fixed. A round is kept when the
   re-computed step time falls, so the incumbent never gets worse than the hint. The neighbourhood
   grows after rounds solved to optimality and shrinks after time-outs. No global bound comes out of
-  a restricted model.
+  a restricted model. With ``deterministic`` the number of rounds is fixed by the budget and every
+  round runs under CP-SAT's deterministic limit, so a plan repeats whenever its rounds fit.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ MIN_ROUND_S = 0.008
 """No new neighbourhood is started with less time than this left."""
 ROUND_S = 0.015
 """Most seconds one neighbourhood may take."""
+DETERMINISTIC_ROUND_S = 0.06
+"""Wall-clock cap of a round in deterministic mode (CP-SAT stops at a tenth of it in deterministic time)."""
+DETERMINISTIC_ROUND_SHARE = 1.5
+"""Deterministic mode runs one round per this many round caps of the budget (options.time_budget_ms)."""
 SAMPLES_PER_EXTRA = 8
 """Most samples a neighbourhood frees, per light group it frees (the size adapts)."""
 
@@ -183,7 +188,13 @@ def _lns(tables: CostTables, options: PlanOptions, hint: Assignment, deadline: f
     largest: dict[str, int] = {}
     trace: list[TracePoint] = []
     overrun = lateness_s
-    while deadline - clock() > min_round_s:
+    # Deterministic mode: a round count fixed by the budget (each round under a deterministic limit),
+    # so that the same input gives the same plan whenever the rounds fit the budget.
+    max_rounds = None
+    if options.deterministic:
+        round_s = DETERMINISTIC_ROUND_S
+        max_rounds = int(options.time_budget_ms / 1000.0 / (DETERMINISTIC_ROUND_SHARE * round_s))
+    while deadline - clock() > min_round_s and (max_rounds is None or rounds < max_rounds):
         mb_time = np.array([max(t) for t in times])
         m = int(rng.choice(len(current), p=mb_time / mb_time.sum())) if rounds % 2 else int(np.argmax(mb_time))
         free = _neighbourhood(tables, current, times, rng, extra, m)
@@ -198,6 +209,8 @@ def _lns(tables: CostTables, options: PlanOptions, hint: Assignment, deadline: f
         if left < 0.002:
             break
         limit = min(left, round_s)
+        if options.deterministic and limit < round_s:
+            break  # a shortened round would make the answer depend on the clock
         res = solve_model(model, limit, options, None)
         spent = clock() - t1
         solve_ms += spent * 1000.0

