@@ -37,8 +37,8 @@ def solve_model(model: SlotModel, time_limit_s: float, options: PlanOptions, on_
     top = model_ceiling(model)
     t_mb = [cp.new_int_var(model.floor[m], top, f"T{m}") for m in range(model.n_mb)]
     u_mb = [cp.new_int_var(0, top, f"U{m}") for m in range(model.n_mb)] if model.tiebreak else []
-    for u, t in zip(u_mb, t_mb, strict=False):
-        cp.add(u <= t)
+    for u_var, t_var in zip(u_mb, t_mb, strict=False):  # u_mb is empty without a tie-break
+        cp.add(u_var <= t_var)
     by_item: list[list[tuple[int, int]]] = [[] for _ in model.items]
     by_slot: list[list[tuple[int, int]]] = [[] for _ in range(model.n_slots)]
     for q, s, t in model.arcs:

@@ -339,11 +339,11 @@ def neighbourhood_model(tables: CostTables, current: list[list[Group]], free: li
                 sizes.setdefault(node, {})
                 sizes[node][j] = sizes[node].get(j, 0) + 1
         if resize:  # idle ranks of untouched nodes may take samples too
-            for r in ranks:
-                sizes.setdefault(bld.node_of[r], {})
+            for rank in ranks:
+                sizes.setdefault(bld.node_of[rank], {})
         for node, counts in sizes.items():
             if resize:
-                room = sum(1 for r in ranks if bld.node_of[r] == node)
+                room = sum(1 for rank in ranks if bld.node_of[rank] == node)
                 wanted = set(counts) | {0} | {j for j in pow2 if bld.degrees[j] <= room}
                 for j in list(counts):
                     wanted |= {j - 1, j + 1}

@@ -81,10 +81,10 @@ def improve(tables: CostTables, options: PlanOptions, hint: Assignment | None, d
     ``lateness_s`` is how late the solver is expected to return after its time limit; it is kept
     back from every limit and raised to the worst lateness seen.
     """
-    if hint is None and full_model_pairs(tables) > FULL_MODEL_PAIRS:
-        return SolveResult(None, "error", message="no starting plan, and the problem is too large for one whole model")
     if full_model_pairs(tables) <= FULL_MODEL_PAIRS:
         return _whole(tables, options, hint, deadline - lateness_s, solve_model, on_improvement, clock)
+    if hint is None:
+        return SolveResult(None, "error", message="no starting plan, and the problem is too large for one whole model")
     return _lns(tables, options, hint, deadline, solve_model, on_improvement, clock, round_s, min_round_s, lateness_s)
 
 
