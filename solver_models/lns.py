@@ -215,7 +215,7 @@ def _lns(tables: CostTables, options: PlanOptions, hint: Assignment, deadline: f
         spent = clock() - t1
         solve_ms += spent * 1000.0
         # The solver's own lateness, kept back from later rounds; a one-off delay (loading the library) fades.
-        overrun = max(lateness_s, 0.5 * overrun, spent - limit)
+        overrun = max(lateness_s, 0.8 * overrun, spent - limit)
         rounds += 1
         if res.status == "optimal":
             extra = min(extra + 1, 16)

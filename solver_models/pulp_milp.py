@@ -30,7 +30,7 @@ CBC_OVERHEAD_S = 0.06
 """Seconds CBC needs beyond its time limit (process start, model file, solution file)."""
 CBC_MIN_LIMIT_S = 0.05
 """Shortest time limit CBC is started with (below it, it seldom gets past its root node)."""
-HIGHS_LATENESS_S = 0.01
+HIGHS_LATENESS_S = 0.015
 """Seconds HiGHS may answer after its time limit (it checks the clock between phases)."""
 
 
