@@ -64,9 +64,10 @@ def _dhp(backend: str) -> Planner:
     def run(problem: Problem, workload: Workload) -> Outcome:
         from optimizer.planner import plan
 
-        p = plan(replace(problem, options=replace(problem.options, backend=backend)), compare_static=False)
+        p = plan(replace(problem, options=replace(problem.options, backend=backend)))  # as users call it: static layout as a floor
         s = p.solver
-        return Outcome(plan_assignment(p, problem), s.fallback_reason, {"backend": s.backend, "status": s.status, "phases": s.details.get("phases", {})})
+        details = {"backend": s.backend, "status": s.status, "phases": s.details.get("phases", {}), "chosen": s.details.get("chosen")}
+        return Outcome(plan_assignment(p, problem), s.fallback_reason, details)
 
     return run
 

@@ -124,6 +124,9 @@ def markdown(doc: dict[str, Any], summary: dict[str, Any], command: str, plots: 
     for w, by in pw.items():
         lines.append(f"| {w} | " + " | ".join(f"{by[p]['valid']}/{by[p]['batches']}" for p in planners) + " |")
     lines += ["", "## Planning wall time, median / p99 in ms (peak traced memory in MiB), by cluster size", "",
+              "Times cover the whole call from the problem (cost tables included); the dhp planners' calls include the lower bound, "
+              "the best static layout as a floor and verification. Memory is the peak of Python allocations under tracemalloc "
+              "(the solvers' own C++ memory is not traced).", "",
               "| ranks | " + " | ".join(LABELS[p] for p in planners) + " |", "|---|" + "---|" * len(planners)]
     ranks = sorted({int(k) for p in planners for k in summary["timing"][p]})
     for k in ranks:
