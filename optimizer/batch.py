@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from optimizer.errors import ProblemError
@@ -33,24 +33,23 @@ class Sample:
     id: str
     text_tokens: int
     images: tuple[Image, ...] = ()
+    visual_tokens: int = field(init=False, repr=False, compare=False)
+    """All visual tokens of the sample's images and frames."""
+    length: int = field(init=False, repr=False, compare=False)
+    """Sequence length seen by the language model: text plus visual tokens."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "images", tuple(self.images))
+        images = tuple(self.images)
+        object.__setattr__(self, "images", images)
         if not isinstance(self.id, str) or not self.id:
             raise ProblemError("must be a non-empty string", field="samples[].id", hint="give every sample a unique id.")
         if not isinstance(self.text_tokens, int) or isinstance(self.text_tokens, bool) or self.text_tokens < 0:
             raise ProblemError(f"must be an integer >= 0, got {self.text_tokens!r}", field=f"samples[{self.id}].text_tokens", hint="give the number of text tokens.")
+        visual = sum(im.tokens * im.frames for im in images)
+        object.__setattr__(self, "visual_tokens", visual)
+        object.__setattr__(self, "length", self.text_tokens + visual)
         if self.length < 1:
             raise ProblemError("has no tokens", field=f"samples[{self.id}]", hint="give text_tokens > 0 or at least one image.")
-
-    @cached_property
-    def visual_tokens(self) -> int:
-        return sum(im.total_tokens for im in self.images)
-
-    @cached_property
-    def length(self) -> int:
-        """Sequence length seen by the language model."""
-        return self.text_tokens + self.visual_tokens
 
 
 @dataclass(frozen=True)

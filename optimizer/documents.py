@@ -85,6 +85,11 @@ def batch_from_json(doc: Any, model: ModelSpec | None = None, where: str = "batc
     samples_doc = _get(doc, "samples", where, "list")
     samples = []
     for k, s in enumerate(samples_doc):
+        fast = _sample_fast(s)
+        if fast is not None:
+            samples.append(fast)
+            continue
+        # The general path: slower, and its errors name the exact field.
         w = f"{where}.samples[{k}]"
         s = _obj(s, w)
         _unknown(s, {"id", "text_tokens", "images", "videos"}, w)
@@ -106,6 +111,53 @@ def batch_from_json(doc: Any, model: ModelSpec | None = None, where: str = "batc
         return Batch(tuple(samples))
     except ProblemError as exc:
         raise _rewhere(exc, where) from None
+
+
+_SAMPLE_KEYS = frozenset({"id", "text_tokens", "images", "videos"})
+_IMAGE_KEYS = frozenset({"tokens", "frames", "tokens_per_frame"})
+
+
+def _fast_images(items: Any, video: bool) -> list[Image] | None:
+    """Images given by token counts (the common case), or None to take the general path."""
+    if type(items) is not list:
+        return None
+    out = []
+    for im in items:
+        if type(im) is not dict or not im.keys() <= _IMAGE_KEYS:
+            return None
+        frames = im.get("frames", 1)
+        per_frame = im.get("tokens_per_frame")
+        tokens = im.get("tokens") if per_frame is None else per_frame
+        if type(frames) is not int or type(tokens) is not int or frames < 1 or tokens < 1 or (per_frame is not None and "tokens" in im):
+            return None
+        if video and per_frame is None and "frames" in im:
+            tokens = max(1, -(-tokens // frames))  # for videos, 'tokens' is the clip's total
+        out.append(Image(tokens=tokens, frames=frames))
+    return out
+
+
+def _sample_fast(s: Any) -> Sample | None:
+    """A well-formed sample without pixel sizes, checked with few operations; None otherwise."""
+    if type(s) is not dict or not s.keys() <= _SAMPLE_KEYS:
+        return None
+    sid = s.get("id")
+    text = s.get("text_tokens", 0)
+    if type(sid) is not str or not sid or type(text) is not int or text < 0:
+        return None
+    images: list[Image] = []
+    if "images" in s:
+        got = _fast_images(s["images"], False)
+        if got is None:
+            return None
+        images = got
+    if "videos" in s:
+        got = _fast_images(s["videos"], True)
+        if got is None:
+            return None
+        images += got
+    if text + sum(im.tokens * im.frames for im in images) < 1:
+        return None
+    return Sample(id=sid, text_tokens=text, images=tuple(images))
 
 
 def _image(doc: Any, where: str, model: ModelSpec | None, video: bool = False) -> Image:

@@ -261,7 +261,7 @@ class HeuristicPlanner:
             ranks, _ = place_groups([self.degrees[groups[k].degree_index] for k in members[layer]], self.t.node_ranges)
             if ranks is None:
                 return None
-            for k, rs in zip(members[layer], ranks):
+            for k, rs in zip(members[layer], ranks, strict=True):
                 mbs[layer].append((rs, groups[k].samples))
         return Assignment.of(mbs)
 
@@ -286,7 +286,7 @@ class HeuristicPlanner:
             ranks, free = place_groups([self.degrees[groups[k].degree_index] for k in ks], self.t.node_ranges)
             if ranks is None:
                 return False
-            for k, rs in zip(ks, ranks):
+            for k, rs in zip(ks, ranks, strict=True):
                 groups[k].ranks = rs
             self._free.append(free)
         return True

@@ -77,7 +77,7 @@ class LocalSearch:
             self.s_group[ss] = g
         # Which group holds each rank, per layer (merges look up their neighbours here).
         self.rank_group = np.full((self.n_layers, n_ranks), -1, dtype=np.int64)
-        for g, (r, m) in enumerate(zip(ranks, layers)):
+        for g, (r, m) in enumerate(zip(ranks, layers, strict=True)):
             self.rank_group[m, list(r)] = g
         self._refresh()
 

@@ -158,8 +158,8 @@ class Plan:
                 if shards:
                     gj["shards"] = [
                         {"sample": sid, "length": length, "padded_length": padded_length(length, g.degree, self.scheme),
-                         "ranges": [[list(r) for r in rs] for rs in token_ranges(length, g.degree, self.scheme)]}
-                        for sid, length in zip(g.samples, g.lengths)
+                         "ranges": _ranges_json(length, g.degree, self.scheme)}
+                        for sid, length in zip(g.samples, g.lengths, strict=True)
                     ]
                 groups.append(gj)
             mbs.append({"predicted_time_s": mb.predicted_time_s, "groups": groups})
@@ -185,6 +185,13 @@ class Plan:
                 "speedup": self.speedup_over_static,
             }
         return out
+
+
+def _ranges_json(length: int, d: int, scheme: str) -> list[list[list[int]]]:
+    """Token ranges per rank position as JSON arrays (most groups have size 1: one range)."""
+    if d == 1:
+        return [[[0, length]]]
+    return [[[a, b] for a, b in rs] for rs in token_ranges(length, d, scheme)]
 
 
 def assignment_from_json(doc: Any, sample_index: dict[str, int]) -> Assignment:

@@ -62,7 +62,7 @@ class Bandwidth:
     def to_json(self) -> float | dict[str, float]:
         if len(self.sizes) == 1 and self.sizes[0] == 1:
             return self.values[0]
-        return {str(s): v for s, v in zip(self.sizes, self.values)}
+        return {str(s): v for s, v in zip(self.sizes, self.values, strict=True)}
 
     @classmethod
     def from_json(cls, value: Any, where: str) -> Bandwidth:

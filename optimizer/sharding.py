@@ -21,15 +21,13 @@ def token_ranges(length: int, d: int, scheme: str = "ring") -> list[list[tuple[i
     if d == 1:
         return [[(0, length)]]
     total = padded_length(length, d, scheme)
-
-    def clip(a: int, b: int) -> tuple[int, int]:
-        return (min(a, length), min(b, length))
-
+    L = length
     if scheme == "ring":
-        chunk = total // (2 * d)
-        return [[clip(i * chunk, (i + 1) * chunk), clip((2 * d - 1 - i) * chunk, (2 * d - i) * chunk)] for i in range(d)]
-    chunk = total // d
-    return [[clip(i * chunk, (i + 1) * chunk)] for i in range(d)]
+        c = total // (2 * d)
+        last = 2 * d
+        return [[(min(i * c, L), min((i + 1) * c, L)), (min((last - 1 - i) * c, L), min((last - i) * c, L))] for i in range(d)]
+    c = total // d
+    return [[(min(i * c, L), min((i + 1) * c, L))] for i in range(d)]
 
 
 def tokens_held(length: int, d: int, scheme: str = "ring") -> list[int]:

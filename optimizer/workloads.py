@@ -79,7 +79,7 @@ def mixed(n: int, seed: int = 0) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     parts = rng.multinomial(n, [0.4, 0.2, 0.25, 0.15])
     samples: list[dict[str, Any]] = []
-    for gen, count, s in zip((image_sft, dynamic_resolution, long_tail_video, long_text), parts, range(4)):
+    for gen, count, s in zip((image_sft, dynamic_resolution, long_tail_video, long_text), parts, range(4), strict=True):
         samples.extend(gen(int(count), seed * 10 + s)["samples"])
     order = rng.permutation(len(samples))
     return {"samples": [dict(samples[i], id=f"m{k}") for k, i in enumerate(order)]}

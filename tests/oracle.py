@@ -9,7 +9,7 @@ subset DP. Exponential; only for tests.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache
 
 from optimizer.costs import sample_time, vision_work
 from optimizer.problem import Problem
@@ -125,7 +125,7 @@ def brute_force_optimum(problem: Problem) -> float:
 
     max_mb = problem.options.max_micro_batches
 
-    @lru_cache(maxsize=None)
+    @cache
     def step(mask: int, k: int) -> float:
         if mask == 0:
             return 0.0

@@ -80,3 +80,20 @@ def test_shorthand_cluster_and_mixed_cluster():
     tp = problem_from_json({"batch": BATCH, "cluster": {"nodes": 2, "gpus_per_node": 8, "tensor_parallel": 2, "pipeline_parallel": 2}})
     # 16 GPUs / (TP 2 x PP 2) = 4 ranks; pipeline stage 0 is node 0, so every planned rank is there.
     assert tp.cluster.domain_size == 4 and tp.cluster.rank_node == (0, 0, 0, 0)
+
+
+def test_fast_and_general_sample_paths_agree(monkeypatch):
+    import optimizer.documents as documents
+    from optimizer.workloads import WORKLOADS
+
+    extra = {"samples": [
+        {"id": "v", "videos": [{"frames": 8, "tokens": 1000}]},
+        {"id": "w", "videos": [{"frames": 3, "tokens_per_frame": 196}], "images": [{"tokens": 5, "frames": 2}]},
+        {"id": "t", "text_tokens": 7},
+    ]}
+    docs = [gen(40, seed=1) for gen in WORKLOADS.values()] + [extra]
+    fast = [documents.batch_from_json(d) for d in docs]
+    monkeypatch.setattr(documents, "_sample_fast", lambda s: None)
+    general = [documents.batch_from_json(d) for d in docs]
+    assert fast == general
+    assert [s.length for b in fast for s in b.samples] == [s.length for b in general for s in b.samples]

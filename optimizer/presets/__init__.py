@@ -7,7 +7,7 @@ edited and passed as ``--cluster FILE`` or ``--model FILE``.
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from optimizer.errors import ProblemError
 HERE = Path(__file__).resolve().parent
 
 
-@lru_cache(maxsize=None)
+@cache
 def _read(path: str) -> Any:
     return json.loads(Path(path).read_text())
 
