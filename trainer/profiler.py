@@ -115,11 +115,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_group(model: TinyTransformer, lengths: Sequence[int], d: int, device: torch.device, repeats: int = 3, warmup: int = 1) -> float:
-    """Fastest seconds of one rank's forward and backward for a group of size d holding these samples."""
+def time_group(model: TinyTransformer, lengths: Sequence[int], d: int, device: torch.device, repeats: int = 3, warmup: int = 1,
+               group: Any = LOOPBACK, position: int = 0) -> float:
+    """Fastest seconds of one rank's forward and backward for a group of size d holding these samples.
+
+    With the default ``group`` the exchange is looped back (compute only); with a real process group
+    of ranks 0..d-1 every member must call it together and the time includes the ring's transfers.
+    """
     layout = shard_layout(list(lengths), d, "ring")
-    spec = RingSpec(LOOPBACK, tuple(range(d)), 0, tuple((p.to(device), s.to(device)) for p, s in layout))
-    positions = layout[0][0].to(device)
+    spec = RingSpec(group, tuple(range(d)), position, tuple((p.to(device), s.to(device)) for p, s in layout))
+    positions = layout[position][0].to(device)
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(model.cfg.vocab, (int(positions.numel()),), generator=gen).to(device)
     labels = torch.randint(model.cfg.vocab, (int(positions.numel()),), generator=gen).to(device)
@@ -141,27 +146,42 @@ def time_group(model: TinyTransformer, lengths: Sequence[int], d: int, device: t
 
 
 def measure(model: TinyTransformer, settings: ProfileSettings, device: torch.device, progress: Progress | None = None) -> list[Point]:
-    """Time every (length, group size, mix) of the settings."""
+    """Time every (length, group size, mix) of the settings (compute only)."""
+    return measure_all(model, settings, device, progress)[0]
+
+
+def measure_all(model: TinyTransformer, settings: ProfileSettings, device: torch.device, progress: Progress | None = None) -> tuple[list[Point], list[Point]]:
+    """(compute points, real ring points): the second only with several processes, for sizes up to their number."""
     points = []
-    combos = [(L, d, n) for d in settings.degrees for L in settings.lengths for n in settings.mixes]
+    combos = _combos(settings)
     together = None
+    rings: list[Point] = []
     if settings.procs > 1:
         from trainer.launch import spawn
 
         if progress:
-            progress(f"timing {len(combos)} points on {settings.procs} processes at once ...")
+            progress(f"timing {len(combos)} points on {settings.procs} processes at once, then real rings of up to {settings.procs} ranks ...")
         runs = spawn(_measure_worker, settings.procs, model.cfg, settings, str(device), threads=settings.threads or 1)
-        together = [max(r[k] for r in runs) for k in range(len(combos))]
+        together = [max(r[0][k] for r in runs) for k in range(len(combos))]
+        ring_combos = [c for c in combos if 2 <= c[1] <= settings.procs]
+        rings = [Point((L,) * n, d, max(r[1][k] for r in runs if k < len(r[1]))) for k, (L, d, n) in enumerate(ring_combos)]
     for k, (L, d, n) in enumerate(combos):
         lengths = (L,) * n
         secs = together[k] if together is not None else time_group(model, lengths, d, device, settings.repeats, settings.warmup)
         points.append(Point(lengths, d, secs))
         if progress:
             progress(f"[{k + 1}/{len(combos)}] d={d} samples={n}x{L}: {secs * 1000:.2f} ms")
-    return points
+    for p in rings:
+        if progress:
+            progress(f"ring d={p.degree} samples={len(p.lengths)}x{p.lengths[0]}: {p.seconds * 1000:.2f} ms with transfers")
+    return points, rings
 
 
-def _measure_worker(rank: int, world_size: int, cfg: TinyConfig, settings: ProfileSettings, device_name: str) -> list[float]:
+def _combos(settings: ProfileSettings) -> list[tuple[int, int, int]]:
+    return [(L, d, n) for d in settings.degrees for L in settings.lengths for n in settings.mixes]
+
+
+def _measure_worker(rank: int, world_size: int, cfg: TinyConfig, settings: ProfileSettings, device_name: str) -> tuple[list[float], list[float]]:
     import torch.distributed as dist
 
     device = torch.device(device_name)
@@ -170,12 +190,20 @@ def _measure_worker(rank: int, world_size: int, cfg: TinyConfig, settings: Profi
     torch.manual_seed(0)
     model = TinyTransformer(cfg).to(device=device, dtype=getattr(torch, settings.dtype))
     out = []
-    for d in settings.degrees:
-        for L in settings.lengths:
-            for n in settings.mixes:
-                dist.barrier()
-                out.append(time_group(model, (L,) * n, d, device, settings.repeats, settings.warmup))
-    return out
+    for L, d, n in _combos(settings):
+        dist.barrier()
+        out.append(time_group(model, (L,) * n, d, device, settings.repeats, settings.warmup))
+    rings = []
+    groups = {d: dist.new_group(list(range(d))) for d in sorted(set(settings.degrees)) if 2 <= d <= world_size}
+    for L, d, n in _combos(settings):
+        if d not in groups:
+            continue
+        dist.barrier()
+        if rank < d:
+            rings.append(time_group(model, (L,) * n, d, device, settings.repeats, settings.warmup, group=groups[d], position=rank))
+        else:
+            rings.append(0.0)
+    return out, rings
 
 
 def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -246,6 +274,26 @@ def probe_transfers(sizes: Sequence[int], repeats: int = 5, use_cuda: bool = Fal
     return bandwidth, latency, list(zip(sizes, secs, strict=True))
 
 
+def fit_ring_transfers(compute: Fit, rings: Sequence[Point], bytes_per_token: float, messages: float) -> tuple[float, float, dict[str, Any]]:
+    """Bandwidth and per-exchange latency from real rings: what they took beyond the compute fit.
+
+    Each ring point's excess over the fitted compute time is matched to the profile's transfer
+    term, ``sum_i k L_i (d-1)/d / bw + m (d-1) latency``, by non-negative least squares; the
+    report gives the whole formula's R^2 and largest relative error on the ring points.
+    """
+    x = np.array([[sum(bytes_per_token * L * (p.degree - 1) / p.degree for L in p.lengths), len(p.lengths) * messages * (p.degree - 1)] for p in rings])
+    y = np.array([p.seconds - compute.predict(p.lengths, p.degree) for p in rings])
+    w = 1.0 / np.array([p.seconds for p in rings])
+    per_byte, latency = (float(v) for v in _nnls(x * w[:, None], y * w))
+    bandwidth = 1.0 / per_byte if per_byte > 0 else 1e12
+    total = np.array([compute.predict(p.lengths, p.degree) for p in rings]) + x @ np.array([per_byte, latency])
+    measured = np.array([p.seconds for p in rings])
+    ss_tot = float(((measured - measured.mean()) ** 2).sum())
+    r2 = 1.0 - float(((measured - total) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
+    rows = [{"lengths": list(p.lengths), "degree": p.degree, "measured_s": p.seconds, "predicted_s": float(t)} for p, t in zip(rings, total, strict=True)]
+    return bandwidth, latency, {"ring_r2": r2, "ring_max_rel_error": float((np.abs(total - measured) / measured).max()), "ring_points": rows}
+
+
 def comm_terms(cfg: TinyConfig, dtype: torch.dtype) -> tuple[float, float]:
     """(bytes_per_token, messages_per_step) of this implementation's ring (see the module docstring)."""
     elem = torch.tensor([], dtype=dtype).element_size()
@@ -275,17 +323,22 @@ def measure_profile(cfg: TinyConfig, settings: ProfileSettings, progress: Progre
         torch.set_num_threads(settings.threads)
     if progress:
         progress(f"device {device}, {torch.get_num_threads()} threads x {settings.procs} processes, model {cfg}")
-    points = measure(model, settings, device, progress)
+    points, rings = measure_all(model, settings, device, progress)
     f = fit(points)
     transfers: list[tuple[int, float]] = []
-    if settings.comm:
+    bpt, msgs = comm_terms(cfg, dtype)
+    ring_fit: dict[str, Any] = {}
+    if settings.comm and rings:
+        bandwidth, latency, ring_fit = fit_ring_transfers(f, rings, bpt, msgs)
+        if progress:
+            progress(f"transfers from real rings: {bandwidth / 1e9:.3f} GB/s, {latency * 1e6:.1f} us per exchange")
+    elif settings.comm:
         if progress:
             progress("measuring transfers between two processes ...")
         use_cuda = device.type == "cuda" and torch.cuda.device_count() >= 2
         bandwidth, latency, transfers = probe_transfers(settings.message_bytes, use_cuda=use_cuda)
     if bandwidth is None:
         raise ValueError("give a bandwidth when transfers are not measured")
-    bpt, msgs = comm_terms(cfg, dtype)
     capacity = settings.capacity_tokens or default_capacity(model, device)
     source = (f"dhp profile on {device} ({settings.procs} x {torch.get_num_threads()} threads, torch {torch.__version__}), tiny model {cfg.layers}x{cfg.hidden}, "
               f"{len(points)} points, R^2 {f.r2:.4f}, largest relative error {f.max_rel_error:.3f}")
@@ -297,7 +350,7 @@ def measure_profile(cfg: TinyConfig, settings: ProfileSettings, progress: Progre
         "source": source,
     }
     report = {"r2": f.r2, "max_rel_error": f.max_rel_error, "points": f.points, "device": str(device),
-              "transfers": [{"bytes": n, "seconds": s} for n, s in transfers], "bandwidth_bytes_per_s": bandwidth, "latency_s": latency}
+              "transfers": [{"bytes": n, "seconds": s} for n, s in transfers], "bandwidth_bytes_per_s": bandwidth, "latency_s": latency, **ring_fit}
     if not all(math.isfinite(v) for v in (f.quadratic, f.linear, f.sample_constant, f.group_constant)):
         raise ValueError("the fit produced a non-finite coefficient; measure more points")
     return profile, report

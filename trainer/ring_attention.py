@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -81,31 +81,34 @@ TILE = 128
 """Query rows per tile: each tile computes only the key columns it can see, so causal work is about halved."""
 
 
-def _tiles(mask: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(query rows, key columns) of each row tile of the block that sees at least one key."""
+Tiles = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def _tiles(mask: torch.Tensor) -> Tiles:
+    """(query rows, key columns, their mask) of each row tile of the block that sees at least one key."""
     rows = mask.any(dim=1).nonzero().flatten()
     out = []
     for a in range(0, int(rows.numel()), TILE):
         r = rows[a:a + TILE]
-        c = mask[r].any(dim=0).nonzero().flatten()
-        out.append((r, c))
+        sub = mask[r]
+        c = sub.any(dim=0).nonzero().flatten()
+        out.append((r, c, sub[:, c]))
     return out
 
 
-def _block_into(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> None:
+def _block_into(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tiles: Tiles, scale: float) -> None:
     """Merge one key block into (out, lse) in place, tile by tile over the visible rows and columns."""
-    for r, c in _tiles(mask):
-        b_out, b_lse = _block_forward(q[:, r], k[:, c], v[:, c], mask[r][:, c], scale)
+    for r, c, m in tiles:
+        b_out, b_lse = _block_forward(q[:, r], k[:, c], v[:, c], m, scale)
         o, s = _merge(out[:, r], lse[:, r], b_out, b_lse)
         out[:, r] = o
         lse[:, r] = s
 
 
-def _block_backward(q, k, v, dout, lse, delta, mask, scale, dq, dk, dv) -> None:
+def _block_backward(q, k, v, dout, lse, delta, tiles: Tiles, scale, dq, dk, dv) -> None:
     """Add one block's gradients into dq, dk, dv (in place), recomputing its probabilities tile by tile."""
-    for rows, cols in _tiles(mask):
+    for rows, cols, m in tiles:
         qr, kc, vc, dr = q[:, rows], k[:, cols], v[:, cols], dout[:, rows]
-        m = mask[rows][:, cols]
         s = torch.matmul(qr, kc.transpose(-1, -2)) * scale
         p = torch.exp(s - lse[:, rows].unsqueeze(-1)).masked_fill(~m, 0.0)
         dv[:, cols] += torch.matmul(p.transpose(-1, -2), dr)
@@ -125,6 +128,8 @@ class RingSpec:
     ranks: tuple[int, ...]
     position: int
     layout: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    _tiles: dict[int, Tiles] = field(default_factory=dict, compare=False, repr=False)
+    """Tiles of each source's block, computed once per micro-batch and shared by all layers."""
 
     @property
     def d(self) -> int:
@@ -142,6 +147,12 @@ class RingSpec:
         qp, qs = self.layout[self.position]
         kp, ks = self.layout[source]
         return visible(qp, qs, kp, ks)
+
+    def tiles(self, source: int) -> Tiles:
+        hit = self._tiles.get(source)
+        if hit is None:
+            hit = self._tiles[source] = _tiles(self.mask(source))
+        return hit
 
 
 LOOPBACK = "loopback"
@@ -174,7 +185,7 @@ class _RingAttention(torch.autograd.Function):
         for step in range(d):
             source = (spec.position - step) % d
             pending = _start_exchange(kv, spec) if step < d - 1 else None
-            _block_into(out, lse, qh, kv[0], kv[1], spec.mask(source), scale)
+            _block_into(out, lse, qh, kv[0], kv[1], spec.tiles(source), scale)
             if pending is not None:
                 _finish(pending[0])
                 kv = pending[1]
@@ -195,7 +206,7 @@ class _RingAttention(torch.autograd.Function):
         for step in range(d):
             source = (spec.position - step) % d
             pending = _start_exchange(kv, spec) if step < d - 1 else None
-            _block_backward(qh, kv[0], kv[1], doh, lse, delta, spec.mask(source), scale, dq, dkv[0], dkv[1])
+            _block_backward(qh, kv[0], kv[1], doh, lse, delta, spec.tiles(source), scale, dq, dkv[0], dkv[1])
             if pending is not None:
                 _finish(pending[0])
                 kv = pending[1]
