@@ -13,6 +13,7 @@ Usage::
     .venv/bin/python benchmarks/solver_bench.py --quick         # one seed, 64 ranks, 200 ms only
     .venv/bin/python benchmarks/solver_bench.py --sizes 64 --workloads video --budgets 1000 --policy pow2
     .venv/bin/python benchmarks/solver_bench.py --lp-check --seeds 1   # level LP bound vs area bound
+    .venv/bin/python benchmarks/solver_bench.py --excess --sizes 64 --policy pow2   # where the heuristic loses
 """
 
 from __future__ import annotations
@@ -106,6 +107,50 @@ def lp_check(args: argparse.Namespace) -> None:
                 print(f"{size:>5} {workload:<10} {seed:>4} {got[0] / area:>10.5f} {ms:>7.0f}  {got[1]}")
 
 
+def excess_check(args: argparse.Namespace) -> None:
+    """Where the heuristic's plan spends rank-seconds beyond the area bound's minimum.
+
+    For each sample, d t(d) on its group minus e_i(S) (the least area it could take finishing
+    within the bound S), summed by group size and span; plus the idle rank-seconds (ranks waiting
+    for their micro-batch's slowest group). All in rank-seconds; the step time times N is their sum
+    plus the group constants.
+    """
+    import numpy as np
+
+    from optimizer.bounds import lower_bound
+    from optimizer.costs import CostTables
+    from optimizer.evaluate import assignment_step_time
+    from optimizer.heuristic import heuristic_plan
+
+    for size in args.sizes:
+        cluster, n = SIZES[size]
+        for workload in args.workloads:
+            for seed in range(args.seeds):
+                problem = problem_from_json({"batch": WORKLOADS[workload](n, seed=seed), "cluster_preset": cluster, "model_preset": args.model,
+                                             "options": {"degree_policy": args.policy}})
+                tables = CostTables.build(problem)
+                plan_ = heuristic_plan(tables)
+                bound = lower_bound(tables)
+                b, t, deg = tables.group_constant, tables.best_time, tables.degrees
+                valid = np.arange(t.shape[1])[None, :] >= tables.min_degree_index[:, None]
+                least = np.where(valid & (b + t <= bound), t * deg[None, :], np.inf).min(axis=1)
+                excess: dict[str, float] = {}
+                idle = 0.0
+                for mb in plan_.micro_batches:
+                    times = [tables.group_time(list(s), r) for r, s in mb]
+                    idle += tables.n_ranks * max(times) - sum(len(r) * x for (r, _), x in zip(mb, times, strict=True))
+                    for r, s in mb:
+                        intra, speed, _ = tables.group_span(r)
+                        col = tables.time_matrix(intra, speed)[:, tables.degree_index[len(r)]]
+                        key = f"{len(r)}{'' if intra else '*'}"
+                        excess[key] = excess.get(key, 0.0) + float((len(r) * col[list(s)] - least[list(s)]).sum())
+                step = assignment_step_time(tables, plan_)
+                top = sorted(excess.items(), key=lambda kv: -kv[1])[:5]
+                print(f"{size:>4} ranks {workload:<10} seed {seed} policy {args.policy}: step/bound {step / bound:.4f}; N x (step - bound) "
+                      f"{tables.n_ranks * (step - bound):.1f} rank-s = idle {idle:.1f} + excess area by group size (* spans nodes) "
+                      + ", ".join(f"{k}: {v:.1f}" for k, v in top))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[64, 256], choices=sorted(SIZES), help="ranks (64: h100-8x8 x 512 samples, 256: h100-32x8 x 2048)")
@@ -118,11 +163,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=1, help="solver threads")
     ap.add_argument("--quick", action="store_true", help="one seed, 64 ranks, 200 ms")
     ap.add_argument("--lp-check", action="store_true", help="compare the level LP bound with the area bound instead")
+    ap.add_argument("--excess", action="store_true", help="where the heuristic's plan spends rank-seconds beyond the bound, instead")
     args = ap.parse_args(argv)
     if args.quick:
         args.seeds, args.sizes, args.budgets = 1, [64], [200]
     if args.lp_check:
         lp_check(args)
+        return
+    if args.excess:
+        excess_check(args)
         return
     warm_up(args.backends)
     t0 = time.perf_counter()
