@@ -134,8 +134,14 @@ def plan(problem: Problem, *, compare_static: bool = True, clock: Callable[[], f
     if skip:
         stats = SolverStats(**{**stats.__dict__, "backend": backend_name, "status": "fallback", "fallback_reason": skip})
     elif backend_name != "heuristic":
+        # The solver starts from the best plan known: the heuristic's, or the static layout when faster.
+        first, first_time = hint, h_time
+        if static is not None and static[0].predicted_step_time_s < h_time * (1 - 1e-9):
+            first, first_time = static[1], static[0].predicted_step_time_s
         solver_deadline = deadline - reserve / 1000.0
-        chosen, stats = _run_backend(tables, backend_name, hint, h_time, bound, solver_deadline, stats, start, clock)
+        chosen, stats = _run_backend(tables, backend_name, first, first_time, bound, solver_deadline, stats, start, clock)
+        if first is not hint:
+            stats = SolverStats(**{**stats.__dict__, "details": {**stats.details, "solver_start": f"static layout CP {static[0].degree}"}})  # type: ignore[index]
         lap("solver_ms")
     chosen_time = stats.objective_s if stats.objective_s is not None else assignment_step_time(tables, chosen)
     if static is not None and static[0].predicted_step_time_s < chosen_time * (1 - 1e-9):
@@ -221,5 +227,5 @@ def _run_backend(tables: CostTables, name: str, hint: Assignment, h_time: float,
     if not check.ok:
         return hint, SolverStats(**{**stats.__dict__, **base, "status": "fallback", "fallback_reason": f"{name} answer invalid: {check.violations[0]}"})
     if check.step_time_s >= h_time * (1 - 1e-9):
-        return hint, SolverStats(**{**stats.__dict__, **base, "fallback_reason": f"{name} found nothing better than the heuristic"})
+        return hint, SolverStats(**{**stats.__dict__, **base, "fallback_reason": f"{name} found nothing better than its starting plan"})
     return result.assignment, SolverStats(**{**stats.__dict__, **base, "objective_s": check.step_time_s})
