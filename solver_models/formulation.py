@@ -116,6 +116,36 @@ class SlotModel:
     def item_count(self, q: int) -> int:
         return len(self.items[q])
 
+    def pairs_by_item(self) -> list[list[tuple[int, int]]]:
+        """(slot, time) of each item's pairs (constraint 1)."""
+        out: list[list[tuple[int, int]]] = [[] for _ in self.items]
+        for q, s, t in self.arcs:
+            out[q].append((s, t))
+        return out
+
+    def pairs_by_slot(self) -> list[list[tuple[int, int]]]:
+        """(item, time) of each slot's pairs (constraints 2 and 3)."""
+        out: list[list[tuple[int, int]]] = [[] for _ in range(self.n_slots)]
+        for q, s, t in self.arcs:
+            out[s].append((q, t))
+        return out
+
+    def capacity_rows(self) -> list[tuple[list[int], int]]:
+        """(slots, ranks) of constraint 4: sum of d_s y_s over the slots <= ranks, per pool and per micro-batch."""
+        by_pool: list[list[int]] = [[] for _ in self.pools]
+        by_mb: list[list[int]] = [[] for _ in range(self.n_mb)]
+        for cls in self.classes:
+            if cls.pool >= 0:
+                by_pool[cls.pool].extend(cls.slots)
+            by_mb[cls.m].extend(cls.slots)
+        rows = [(slots, len(pool.ranks)) for slots, pool in zip(by_pool, self.pools, strict=True) if slots]
+        rows += [(slots, len(self.mb_ranks[m])) for m, slots in enumerate(by_mb) if slots]
+        return rows
+
+    def identical_pairs(self) -> list[tuple[int, int]]:
+        """Consecutive slots of one class (constraint 5: the first opens first and carries more)."""
+        return [(a, b) for cls in self.classes for a, b in zip(cls.slots, cls.slots[1:], strict=False)]
+
     def size(self) -> dict[str, int]:
         return {"slots": self.n_slots, "items": len(self.items), "samples": sum(len(m) for m in self.items), "pairs": len(self.arcs), "micro_batches": self.n_mb}
 

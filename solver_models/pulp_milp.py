@@ -54,17 +54,11 @@ def build_problem(model: SlotModel) -> tuple[Any, list[Any], dict[tuple[int, int
             prob += u <= t
     else:
         prob += pulp.lpSum(t_mb)
-    by_item: list[list[tuple[int, int]]] = [[] for _ in model.items]
-    by_slot: list[list[tuple[int, int]]] = [[] for _ in range(model.n_slots)]
-    for q, s, t in model.arcs:
-        by_item[q].append((s, t))
-        by_slot[s].append((q, t))
     # 1. every sample in exactly one group
-    for q, pairs in enumerate(by_item):
+    for q, pairs in enumerate(model.pairs_by_item()):
         prob += pulp.lpSum(x[(q, s)] for s, _ in pairs) == model.item_count(q)
     load = []
-    for s in range(model.n_slots):
-        pairs = by_slot[s]
+    for s, pairs in enumerate(model.pairs_by_slot()):
         expr = model.b * y[s] + pulp.lpSum(t * x[(q, s)] for q, t in pairs)
         load.append(expr)
         # 2. slot time within its micro-batch (through U_m in a neighbourhood model)
@@ -72,19 +66,12 @@ def build_problem(model: SlotModel) -> tuple[Any, list[Any], dict[tuple[int, int
         # 3. memory per rank; x only on open slots
         prob += pulp.lpSum(model.item_tokens[q] * x[(q, s)] for q, _ in pairs) <= model.slot_cap[s] * y[s]
     # 4. node and micro-batch capacity
-    for p, pool in enumerate(model.pools):
-        slots = [s for cls in model.classes if cls.pool == p for s in cls.slots]
-        if slots:
-            prob += pulp.lpSum(model.slot_d[s] * y[s] for s in slots) <= len(pool.ranks)
-    for m in range(model.n_mb):
-        slots = [s for s in range(model.n_slots) if model.slot_m[s] == m]
-        if slots:
-            prob += pulp.lpSum(model.slot_d[s] * y[s] for s in slots) <= len(model.mb_ranks[m])
+    for slots, ranks in model.capacity_rows():
+        prob += pulp.lpSum(model.slot_d[s] * y[s] for s in slots) <= ranks
     # 5. symmetry: identical slots open in order with falling loads; interchangeable micro-batches by time
-    for cls in model.classes:
-        for a, b in zip(cls.slots, cls.slots[1:], strict=False):
-            prob += y[a] >= y[b]
-            prob += load[a] >= load[b]
+    for a, b in model.identical_pairs():
+        prob += y[a] >= y[b]
+        prob += load[a] >= load[b]
     if model.symmetric_mbs:
         for m in range(model.n_mb - 1):
             prob += t_mb[m] >= t_mb[m + 1]
