@@ -31,7 +31,10 @@ SIZES = {64: ("h100-8x8", 512), 256: ("h100-32x8", 2048)}
 
 
 def warm_up(backends: list[str]) -> None:
-    """Load the solver libraries and run each backend once on a small batch."""
+    """Load the solver libraries (as the service does at start-up) and run each backend once on a small batch."""
+    from solver_models import available_backends
+
+    available_backends()  # imports OR-Tools, PuLP and HiGHS
     problem = problem_from_json({"batch": WORKLOADS["video"](32, seed=99), "cluster_preset": "h100-1x8", "model_preset": "qwen2-vl-7b"})
     for name in backends:
         plan(replace(problem, options=replace(problem.options, backend=name, time_budget_ms=100.0)))
