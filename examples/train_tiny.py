@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         from trainer.profiler import ProfileSettings, measure_profile
 
         grid = sorted({max(32, lengths[0]), lengths[len(lengths) // 2], lengths[-1], (lengths[0] + lengths[-1]) // 2})
-        settings = ProfileSettings(lengths=tuple(grid), degrees=tuple(range(1, min(world, 4) + 1)), mixes=(1, 2), repeats=3, device="cpu",
+        settings = ProfileSettings(lengths=tuple(grid), degrees=tuple(range(1, min(world, 4) + 1)), mixes=(1, 2), repeats=5, device="cpu",
                                    procs=min(world, args.gpus_per_node), threads=1)
         profile, report = measure_profile(cfg, settings, progress=log)
         log(f"profile fit: R^2 {report['r2']:.4f}, largest relative error {report['max_rel_error']:.3f}")

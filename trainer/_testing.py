@@ -33,6 +33,8 @@ def attention_worker(rank: int, world_size: int, lengths: list[int], scheme: str
     seg = torch.cat([s for _, s in layout])
     ref = full_attention(qf, kf, vf, pos, seg)
     (ref * go).sum().backward()
+    assert ql.grad is not None and kl.grad is not None and vl.grad is not None
+    assert qf.grad is not None and kf.grad is not None and vf.grad is not None
     return [float((out - ref[a:b]).abs().max()), float((ql.grad - qf.grad[a:b]).abs().max()),
             float((kl.grad - kf.grad[a:b]).abs().max()), float((vl.grad - vf.grad[a:b]).abs().max())]
 

@@ -106,15 +106,17 @@ def run_micro_batch(model: TinyTransformer, mb: MicroBatchWork, group: Any, sche
 def reduce_gradients(model: torch.nn.Module, group: Any = None) -> None:
     """Sum every parameter's gradient over the job in one flat all-reduce (missing gradients count as zero)."""
     params = list(model.parameters())
+    grads = []
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
+        grads.append(p.grad)
+    flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat, group=group)
     offset = 0
-    for p in params:
-        n = p.numel()
-        p.grad.copy_(flat[offset:offset + n].view_as(p))
+    for g in grads:
+        n = g.numel()
+        g.copy_(flat[offset:offset + n].view_as(g))
         offset += n
 
 
