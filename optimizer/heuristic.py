@@ -245,12 +245,15 @@ class HeuristicPlanner:
                 j = int(self.min_j[i])
                 d = self.degrees[j]
                 layer = max(range(layers), key=lambda m: (free[m], -m))
-                if free[layer] < d:
-                    return None
-                free[layer] -= d
-                groups.append(_Group(j, layer=layer))
-                rooms.append(self.capacity * d)
-                best = len(groups) - 1
+                if free[layer] >= d:
+                    free[layer] -= d
+                    groups.append(_Group(j, layer=layer))
+                    rooms.append(self.capacity * d)
+                    best = len(groups) - 1
+                else:
+                    best = self._enlarge_for(groups, rooms, free, li)
+                    if best < 0:
+                        return None
             groups[best].samples.append(i)
             rooms[best] -= li
         members: list[list[int]] = [[] for _ in range(layers)]
@@ -264,6 +267,27 @@ class HeuristicPlanner:
             for k, rs in zip(members[layer], ranks, strict=True):
                 mbs[layer].append((rs, groups[k].samples))
         return Assignment.of(mbs)
+
+    def _enlarge_for(self, groups: list[_Group], rooms: list[float], free: list[int], li: float) -> int:
+        """Grow the group that needs the fewest extra free ranks of its layer to also hold ``li`` tokens; -1 if none can."""
+        best, best_extra = -1, None
+        for g, grp in enumerate(groups):
+            d = self.degrees[grp.degree_index]
+            need = math.ceil((self.capacity * d - rooms[g] + li) / self.capacity - 1e-9)
+            j = next((k for k in range(grp.degree_index, len(self.degrees)) if self.degrees[k] >= need), None)
+            if j is None:
+                continue
+            extra = self.degrees[j] - d
+            if extra <= free[grp.layer] and (best_extra is None or extra < best_extra):
+                best, best_extra = g, extra
+        if best >= 0:
+            grp = groups[best]
+            d = self.degrees[grp.degree_index]
+            j = next(k for k in range(grp.degree_index, len(self.degrees)) if self.degrees[k] - d == best_extra)
+            free[grp.layer] -= best_extra
+            rooms[best] += self.capacity * best_extra
+            grp.degree_index = j
+        return best
 
     def _place(self, groups: list[_Group], layers: int) -> bool:
         """Spread groups over layers (largest first, to the emptiest layer) and place them on nodes."""

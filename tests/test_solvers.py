@@ -252,12 +252,32 @@ def test_cold_or_tools_with_a_short_budget_falls_back(monkeypatch, have, make_pr
 
 
 @pytest.mark.parametrize("case", [(4, 2, 2, 5, 3), (7, 2, 3, 6, 2)], ids=["seed4-2x2-mb3", "seed7-2x3-mb2"])
-def test_whole_model_plans_when_the_heuristic_finds_no_packing(case, have):
-    """Memory-tight tiny batches the heuristic cannot pack: the exact model finds the optimum."""
+def test_memory_tight_tiny_batches_reach_the_optimum(case, have):
+    """Memory-tight tiny batches: the heuristic's memory-first packing finds a plan, and every
+    exact backend improves it to the optimum."""
     problem = tiny_problem(*case)
     tables = CostTables.build(problem)
-    with pytest.raises(InfeasibleError):
-        heuristic_plan(tables)
+    from optimizer.verify import check_assignment
+
+    assert check_assignment(problem, heuristic_plan(tables)).ok
+    optimum = brute_force_optimum(problem)
+    for name in BACKENDS:
+        result = plan(_with(problem, backend=name))
+        assert verify(result, problem).ok
+        assert result.predicted_step_time_s == pytest.approx(optimum, rel=1e-6), name
+        assert result.solver.status == "optimal"
+
+
+@pytest.mark.parametrize("case", [(4, 2, 2, 5, 3), (7, 2, 3, 6, 2)], ids=["seed4-2x2-mb3", "seed7-2x3-mb2"])
+def test_whole_model_plans_when_the_heuristic_finds_no_packing(case, have, monkeypatch):
+    """Should the heuristic find no packing of a small batch, the whole model plans it (rescue)."""
+    import optimizer.planner as planner
+
+    def no_packing(tables, deadline=None):
+        raise InfeasibleError("no packing of the batch fits the domain's memory", field="batch.samples", hint="-")
+
+    monkeypatch.setattr(planner, "heuristic_plan", no_packing)
+    problem = tiny_problem(*case)
     optimum = brute_force_optimum(problem)
     for name in BACKENDS:
         result = plan(_with(problem, backend=name))
