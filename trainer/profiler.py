@@ -46,7 +46,8 @@ class ProfileSettings:
     mixes: tuple[int, ...] = (1, 2, 3)
     """Samples per group (equal lengths), to separate per-sample from per-group constants."""
     repeats: int = 3
-    """Timed runs per point (the fastest is kept: other work on the machine only ever adds time)."""
+    """Timed runs per point, taken in rounds over all points (the fastest is kept: other work on the
+    machine only ever adds time)."""
     warmup: int = 1
     """Untimed runs per point."""
     device: str = "auto"
@@ -165,12 +166,11 @@ def measure_all(model: TinyTransformer, settings: ProfileSettings, device: torch
         together = [max(r[0][k] for r in runs) for k in range(len(combos))]
         ring_combos = [c for c in combos if 2 <= c[1] <= settings.procs]
         rings = [Point((L,) * n, d, max(r[1][k] for r in runs if k < len(r[1]))) for k, (L, d, n) in enumerate(ring_combos)]
+    alone = together if together is not None else _sweep(combos, settings, lambda c, w: time_group(model, (c[0],) * c[2], c[1], device, 1, w))
     for k, (L, d, n) in enumerate(combos):
-        lengths = (L,) * n
-        secs = together[k] if together is not None else time_group(model, lengths, d, device, settings.repeats, settings.warmup)
-        points.append(Point(lengths, d, secs))
+        points.append(Point((L,) * n, d, alone[k]))
         if progress:
-            progress(f"[{k + 1}/{len(combos)}] d={d} samples={n}x{L}: {secs * 1000:.2f} ms")
+            progress(f"[{k + 1}/{len(combos)}] d={d} samples={n}x{L}: {alone[k] * 1000:.2f} ms")
     for p in rings:
         if progress:
             progress(f"ring d={p.degree} samples={len(p.lengths)}x{p.lengths[0]}: {p.seconds * 1000:.2f} ms with transfers")
@@ -181,6 +181,18 @@ def _combos(settings: ProfileSettings) -> list[tuple[int, int, int]]:
     return [(L, d, n) for d in settings.degrees for L in settings.lengths for n in settings.mixes]
 
 
+def _sweep(combos: list[tuple[int, int, int]], settings: ProfileSettings, run: Callable[[tuple[int, int, int], int], float]) -> list[float]:
+    """Fastest of ``settings.repeats`` runs of every point, the runs taken in rounds over all points.
+
+    A burst of other work on the machine then spoils one run of a few points, not every run of one.
+    """
+    best = [math.inf] * len(combos)
+    for rnd in range(settings.repeats):
+        for k, c in enumerate(combos):
+            best[k] = min(best[k], run(c, settings.warmup if rnd == 0 else 0))
+    return best
+
+
 def _measure_worker(rank: int, world_size: int, cfg: TinyConfig, settings: ProfileSettings, device_name: str) -> tuple[list[float], list[float]]:
     import torch.distributed as dist
 
@@ -189,20 +201,22 @@ def _measure_worker(rank: int, world_size: int, cfg: TinyConfig, settings: Profi
         device = torch.device("cuda", rank % torch.cuda.device_count())
     torch.manual_seed(0)
     model = TinyTransformer(cfg).to(device=device, dtype=getattr(torch, settings.dtype))
-    out = []
-    for L, d, n in _combos(settings):
+    combos = _combos(settings)
+
+    def alone(c: tuple[int, int, int], warmup: int) -> float:
         dist.barrier()
-        out.append(time_group(model, (L,) * n, d, device, settings.repeats, settings.warmup))
-    rings = []
+        return time_group(model, (c[0],) * c[2], c[1], device, 1, warmup)
+
+    out = _sweep(combos, settings, alone)
     groups = {d: dist.new_group(list(range(d))) for d in sorted(set(settings.degrees)) if 2 <= d <= world_size}
-    for L, d, n in _combos(settings):
-        if d not in groups:
-            continue
+
+    def ring(c: tuple[int, int, int], warmup: int) -> float:
         dist.barrier()
-        if rank < d:
-            rings.append(time_group(model, (L,) * n, d, device, settings.repeats, settings.warmup, group=groups[d], position=rank))
-        else:
-            rings.append(0.0)
+        if rank >= c[1]:
+            return 0.0
+        return time_group(model, (c[0],) * c[2], c[1], device, 1, warmup, group=groups[c[1]], position=rank)
+
+    rings = _sweep([c for c in combos if c[1] in groups], settings, ring)
     return out, rings
 
 

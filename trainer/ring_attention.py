@@ -84,15 +84,32 @@ TILE = 128
 Tiles = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
-def _tiles(mask: torch.Tensor) -> Tiles:
-    """(query rows, key columns, their mask) of each row tile of the block that sees at least one key."""
-    rows = mask.any(dim=1).nonzero().flatten()
-    out = []
-    for a in range(0, int(rows.numel()), TILE):
-        r = rows[a:a + TILE]
-        sub = mask[r]
-        c = sub.any(dim=0).nonzero().flatten()
-        out.append((r, c, sub[:, c]))
+def _tiles(q_pos: torch.Tensor, q_seg: torch.Tensor, k_pos: torch.Tensor, k_seg: torch.Tensor) -> Tiles:
+    """(query rows, key columns, their mask) of each row tile of a block that sees at least one key.
+
+    Built sample by sample (a query sees only keys of its own sample), so the cost grows with the
+    sum of squared sample lengths, not the square of the total. Tiles never span two samples or two
+    chunks of one, whose rows see very different keys.
+    """
+    out: Tiles = []
+    for s in torch.unique(q_seg).tolist():
+        qi = (q_seg == s).nonzero().flatten()
+        ki = (k_seg == s).nonzero().flatten()
+        if ki.numel() == 0:
+            continue
+        mask = q_pos[qi][:, None] >= k_pos[ki][None, :]
+        live = mask.any(dim=1).nonzero().flatten()
+        if live.numel() == 0:
+            continue
+        pos = q_pos[qi][live]
+        breaks = (pos[1:] != pos[:-1] + 1).nonzero().flatten() + 1
+        bounds = [0, *breaks.tolist(), int(live.numel())]
+        for a, b in zip(bounds[:-1], bounds[1:], strict=False):
+            for x in range(a, b, TILE):
+                local = live[x:min(x + TILE, b)]
+                sub = mask[local]
+                c = sub.any(dim=0).nonzero().flatten()
+                out.append((qi[local], ki[c], sub[:, c]))
     return out
 
 
@@ -151,7 +168,9 @@ class RingSpec:
     def tiles(self, source: int) -> Tiles:
         hit = self._tiles.get(source)
         if hit is None:
-            hit = self._tiles[source] = _tiles(self.mask(source))
+            qp, qs = self.layout[self.position]
+            kp, ks = self.layout[source]
+            hit = self._tiles[source] = _tiles(qp, qs, kp, ks)
         return hit
 
 
