@@ -1,20 +1,23 @@
 """Measuring a job's cost profile on the local device (CPU here, CUDA where there is one).
 
-What is timed. For each group size d and a few sample mixes, the forward and backward pass of the
-model on the tokens one rank of the group holds (zig-zag split, padding included), with the ring
-attention computing exactly the blocks that rank computes but with the key/value exchange looped
-back (:data:`trainer.ring_attention.LOOPBACK`); so the time is the rank's compute, dense layers and
-attention together. The transfers are measured apart: a ping-pong between two processes over the
-job's backend (gloo on CPU, NCCL on GPUs) for a range of message sizes, fitted to
-``latency + bytes / bandwidth``.
+What is timed. For each group size d and a few sample mixes, one rank's part of a micro-batch run by
+the trainer's own code (:func:`trainer.step.run_micro_batch`: its zig-zag share of the tokens,
+padding included, forward, loss, backward), with the ring's key/value exchange looped back
+(:data:`trainer.ring_attention.LOOPBACK`): the rank's compute, dense layers and attention together.
+Runs are taken in rounds over all points and the fastest run of each point is kept. With
+``procs`` > 1 that many processes time together (sharing the machine as the job's ranks will), and
+then run real rings over the job's backend (gloo on CPU, NCCL on GPUs) for the group sizes up to
+``procs``; their excess over the compute gives the transfer terms. With one process a ping-pong
+between two processes, fitted to ``latency + bytes / bandwidth``, gives them instead.
 
 What is fitted. The profile's formula (:mod:`optimizer.profile`) for one group of size d holding
 samples of lengths L_i is ``b + sum_i ((a2 L_i^2 + a1 L_i) / d + a0)`` plus the ring transfer; the
-coefficients (a2, a1, a0, b) >= 0 come from non-negative least squares over the measurements. The
-fit's quality is reported as R^2 and the largest relative error of predicted against measured time.
-The ring sends each layer's keys and values forward once and, in the backward pass, the keys and
-values again with their gradients: ``bytes_per_token = 6 x layers x hidden x element size`` and
-``messages_per_step = 3 x layers`` exchanges per ring step.
+coefficients (a2, a1, a0, b) >= 0 come from non-negative least squares over the measurements
+(weighted for relative error). The fit's quality is reported as R^2 and the largest relative error
+of predicted against measured time. The ring sends each layer's keys and values forward once and,
+in the backward pass, the keys and values again with their gradients:
+``bytes_per_token = 6 x layers x hidden x element size`` and ``messages_per_step = 3 x layers``
+exchanges per ring step.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.ring_attention import LOOPBACK, RingSpec, ring_attention, shard_layout
+from trainer.ring_attention import LOOPBACK
 from trainer.tiny_model import TinyConfig, TinyTransformer
 
 Progress = Callable[[str], None]
@@ -118,28 +121,28 @@ def _sync(device: torch.device) -> None:
 
 def time_group(model: TinyTransformer, lengths: Sequence[int], d: int, device: torch.device, repeats: int = 3, warmup: int = 1,
                group: Any = LOOPBACK, position: int = 0) -> float:
-    """Fastest seconds of one rank's forward and backward for a group of size d holding these samples.
+    """Fastest seconds of one rank's part of a micro-batch: a group of size d holding these samples.
 
-    With the default ``group`` the exchange is looped back (compute only); with a real process group
-    of ranks 0..d-1 every member must call it together and the time includes the ring's transfers.
+    It runs the trainer's own micro-batch code (:func:`trainer.step.run_micro_batch`: token
+    gathering, layout, forward, loss and backward). With the default ``group`` the ring's exchange
+    is looped back (compute only); with a real process group of ranks 0..d-1 every member must call
+    it together and the time includes the ring's transfers.
     """
-    layout = shard_layout(list(lengths), d, "ring")
-    spec = RingSpec(group, tuple(range(d)), position, tuple((p.to(device), s.to(device)) for p, s in layout))
-    positions = layout[position][0].to(device)
+    from trainer.apply import apply_plan
+    from trainer.step import label_count, run_micro_batch
+
+    ids = [f"p{i}" for i in range(len(lengths))]
+    doc = {"scheme": "ring", "micro_batches": [{"groups": [{"ranks": list(range(d)), "samples": ids, "lengths": [int(x) for x in lengths]}]}]}
+    mb = apply_plan(doc, position).micro_batches[0]
     gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(model.cfg.vocab, (int(positions.numel()),), generator=gen).to(device)
-    labels = torch.randint(model.cfg.vocab, (int(positions.numel()),), generator=gen).to(device)
-
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return ring_attention(q, k, v, spec)
-
+    samples = {k: torch.randint(model.cfg.vocab, (int(n),), generator=gen) for k, n in zip(ids, lengths, strict=True)}
+    total = label_count(samples)
     times = []
     for i in range(warmup + repeats):
         model.zero_grad(set_to_none=True)
         _sync(device)
         t0 = time.perf_counter()
-        logits = model(tokens, positions, attend)
-        torch.nn.functional.cross_entropy(logits.float(), labels).backward()
+        run_micro_batch(model, mb, group, "ring", samples, total)
         _sync(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
