@@ -9,7 +9,8 @@ from optimizer.plan import Assignment, GroupPlan, MicroBatchPlan, Plan, SolverSt
 
 def assignment_step_time(tables: CostTables, assignment: Assignment) -> float:
     """Sum over micro-batches of the slowest group's predicted time."""
-    return sum(max((tables.group_time(list(s), r) for r, s in mb), default=0.0) for mb in assignment.micro_batches)
+    times = iter(tables.group_times([g for mb in assignment.micro_batches for g in mb]))
+    return sum(max((next(times) for _ in mb), default=0.0) for mb in assignment.micro_batches)
 
 
 def build_plan(
@@ -20,12 +21,14 @@ def build_plan(
     static: StaticBaseline | None = None,
 ) -> Plan:
     samples = tables.problem.batch.samples
+    ordered = [sorted(mb, key=lambda g: g[0][0]) for mb in assignment.micro_batches]
+    times = iter(tables.group_times([g for mb in ordered for g in mb]))
     mbs = []
     step = 0.0
-    for mb in assignment.micro_batches:
+    for mb in ordered:
         groups = []
-        for ranks, idx in sorted(mb, key=lambda g: g[0][0]):
-            t = tables.group_time(list(idx), ranks)
+        for ranks, idx in mb:
+            t = next(times)
             intra, _, _ = tables.group_span(ranks)
             groups.append(GroupPlan(ranks=ranks, samples=tuple(samples[i].id for i in idx), lengths=tuple(samples[i].length for i in idx), predicted_time_s=t, intra_node=intra))
         plan_mb = MicroBatchPlan(tuple(groups))
