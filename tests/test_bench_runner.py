@@ -111,3 +111,12 @@ def test_dhp_bench_rejects_bad_flags(tmp_path, capsys):
     assert "--workloads" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["bench", "--ranks", "8,x"])
+
+
+def test_scaling_point_that_runs_out_of_time_is_reported_not_raised():
+    from bench.scaling import markdown, run_point
+
+    r = run_point(64, 512, 1, timeout_s=0.05)
+    assert r["status"] == "timeout" and "0 s" in r["error"]
+    text = markdown({"workload": "video", "memory_limit_gb": 8, "timeout_s": 0.05, "points": [r], "exponent": None})
+    assert "timeout" in text and "k = n/a" in text
