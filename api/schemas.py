@@ -27,13 +27,15 @@ class OptionsIn(BaseModel):
     backend: Literal["auto", "heuristic", "cpsat", "highs", "cbc"] | None = Field(None, description="planner after the heuristic")
     solver_workers: int | None = Field(None, ge=1, le=64, description="threads an exact solver may use (capped by the service)")
     deterministic: bool | None = None
+    group_reuse: Literal["prefer", "only", "ignore"] | None = Field(None, description="how to treat existing_groups: prefer them, use only them, or ignore them")
+    new_group_cost_s: float | None = Field(None, ge=0, description="seconds charged for each communicator the job does not have yet")
 
 
-_IMAGE_SCHEMA: dict[str, Any] = {"type": "object", "properties": {"tokens": {"type": "integer", "minimum": 1}, "frames": {"type": "integer", "minimum": 1},
-                                                 "tokens_per_frame": {"type": "integer", "minimum": 1}, "width": {"type": "integer", "minimum": 1},
-                                                 "height": {"type": "integer", "minimum": 1}}}
+_IMAGE_SCHEMA: dict[str, Any] = {"type": "object", "properties": {"tokens": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000}, "frames": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000},
+                                                 "tokens_per_frame": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000}, "width": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000},
+                                                 "height": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000}}}
 _BATCH_SCHEMA: dict[str, Any] = {"required": ["samples"], "properties": {"samples": {"type": "array", "items": {
-    "type": "object", "properties": {"id": {"type": "string", "minLength": 1}, "text_tokens": {"type": "integer", "minimum": 0},
+    "type": "object", "properties": {"id": {"type": "string", "minLength": 1}, "text_tokens": {"type": "integer", "minimum": 0, "maximum": 1_000_000_000},
                                      "images": {"type": "array", "items": _IMAGE_SCHEMA}, "videos": {"type": "array", "items": _IMAGE_SCHEMA}},
     "additionalProperties": False}}}}
 
@@ -52,6 +54,7 @@ class PlanRequest(BaseModel):
     model_preset: str | None = Field(None, max_length=128, description="a preset model name (GET /v1/presets)")
     profile: dict[str, Any] | None = Field(None, description="a measured cost profile; replaces the analytical cost model")
     options: OptionsIn | None = None
+    existing_groups: list[list[int]] | None = Field(None, description="rank groups (communicators) the training job already has")
     wait: bool = Field(True, description="false: plan ahead; answer 202 with the id at once and solve in the background")
     cache: bool = Field(True, description="false: solve again even if an identical request was planned before")
 

@@ -24,7 +24,7 @@ from optimizer.errors import ProblemError
 from optimizer.plan import Plan
 from optimizer.problem import Problem
 
-_PARTS = ("batch", "cluster", "cluster_preset", "model", "model_preset", "profile")
+_PARTS = ("batch", "cluster", "cluster_preset", "model", "model_preset", "profile", "existing_groups")
 
 
 def request_document(body: PlanRequest) -> dict[str, Any]:

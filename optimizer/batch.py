@@ -7,6 +7,9 @@ from functools import cached_property
 
 from optimizer.errors import ProblemError
 
+MAX_TOKENS = 10**9
+"""Largest token or frame count of one field (a billion: far above any sample, far below overflow)."""
+
 
 @dataclass(frozen=True)
 class Image:
@@ -16,9 +19,9 @@ class Image:
     frames: int = 1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.tokens, int) or isinstance(self.tokens, bool) or self.tokens < 1:
+        if not isinstance(self.tokens, int) or isinstance(self.tokens, bool) or not 1 <= self.tokens <= MAX_TOKENS:
             raise ProblemError(f"must be an integer >= 1, got {self.tokens!r}", field="images[].tokens", hint="give the visual token count, or width and height in pixels.")
-        if not isinstance(self.frames, int) or isinstance(self.frames, bool) or self.frames < 1:
+        if not isinstance(self.frames, int) or isinstance(self.frames, bool) or not 1 <= self.frames <= MAX_TOKENS:
             raise ProblemError(f"must be an integer >= 1, got {self.frames!r}", field="images[].frames", hint="give the number of video frames (1 for a still image).")
 
     @property
@@ -43,7 +46,7 @@ class Sample:
         object.__setattr__(self, "images", images)
         if not isinstance(self.id, str) or not self.id:
             raise ProblemError("must be a non-empty string", field="samples[].id", hint="give every sample a unique id.")
-        if not isinstance(self.text_tokens, int) or isinstance(self.text_tokens, bool) or self.text_tokens < 0:
+        if not isinstance(self.text_tokens, int) or isinstance(self.text_tokens, bool) or not 0 <= self.text_tokens <= MAX_TOKENS:
             raise ProblemError(f"must be an integer >= 0, got {self.text_tokens!r}", field=f"samples[{self.id}].text_tokens", hint="give the number of text tokens.")
         visual = sum(im.tokens * im.frames for im in images)
         object.__setattr__(self, "visual_tokens", visual)

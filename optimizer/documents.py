@@ -24,6 +24,11 @@ from optimizer.problem import Problem
 from optimizer.profile import Bandwidth, CostProfile
 
 _MISSING = object()
+MAX_COUNT = 10**9
+"""Largest integer any count field accepts (tokens, frames, sizes): far above real batches and
+clusters, far below what would overflow the cost arithmetic."""
+MAX_NODES = 100_000
+MAX_GPUS_PER_NODE = 1024
 
 
 def _obj(doc: Any, where: str) -> Mapping[str, Any]:
@@ -50,6 +55,8 @@ def _get(doc: Mapping[str, Any], key: str, where: str, kind: str, default: Any =
             value = int(value)
         if not isinstance(value, int) or isinstance(value, bool):
             raise ProblemError(f"must be an integer, got {value!r}", field=path, hint="use a whole number.")
+        if abs(value) > MAX_COUNT:
+            raise ProblemError(f"{value} is too large", field=path, hint=f"use a value of at most {MAX_COUNT:,}.")
     elif kind == "number":
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             raise ProblemError(f"must be a finite number, got {value!r}", field=path, hint="use a JSON number.")
@@ -128,7 +135,7 @@ def _fast_images(items: Any, video: bool) -> list[Image] | None:
         frames = im.get("frames", 1)
         per_frame = im.get("tokens_per_frame")
         tokens = im.get("tokens") if per_frame is None else per_frame
-        if type(frames) is not int or type(tokens) is not int or frames < 1 or tokens < 1 or (per_frame is not None and "tokens" in im):
+        if type(frames) is not int or type(tokens) is not int or not 1 <= frames <= MAX_COUNT or not 1 <= tokens <= MAX_COUNT or (per_frame is not None and "tokens" in im):
             return None
         if video and per_frame is None and "frames" in im:
             tokens = max(1, -(-tokens // frames))  # for videos, 'tokens' is the clip's total
@@ -142,7 +149,7 @@ def _sample_fast(s: Any) -> Sample | None:
         return None
     sid = s.get("id")
     text = s.get("text_tokens", 0)
-    if type(sid) is not str or not sid or type(text) is not int or text < 0:
+    if type(sid) is not str or not sid or type(text) is not int or not 0 <= text <= MAX_COUNT:
         return None
     images: list[Image] = []
     if "images" in s:
@@ -224,9 +231,11 @@ def cluster_from_json(doc: Any, where: str = "cluster") -> Cluster:
     if isinstance(nodes_doc, int) and not isinstance(nodes_doc, bool):
         if nodes_doc < 1:
             raise ProblemError(f"must be >= 1, got {nodes_doc}", field=f"{where}.nodes", hint="give the number of nodes.")
+        if nodes_doc > MAX_NODES:
+            raise ProblemError(f"{nodes_doc} nodes are more than the {MAX_NODES:,} this planner accepts", field=f"{where}.nodes", hint="describe at most that many nodes.")
         per = _get(doc, "gpus_per_node", where, "int", 8)
-        if per < 1:
-            raise ProblemError(f"must be >= 1, got {per}", field=f"{where}.gpus_per_node", hint="give the GPUs per node, e.g. 8.")
+        if not 1 <= per <= MAX_GPUS_PER_NODE:
+            raise ProblemError(f"must be from 1 to {MAX_GPUS_PER_NODE}, got {per}", field=f"{where}.gpus_per_node", hint="give the GPUs per node, e.g. 8.")
         gpu, defaults = _gpu(doc.get("gpu", "H100-SXM"), f"{where}.gpu")
         nodes = [Node(gpu, per)] * nodes_doc
     elif isinstance(nodes_doc, list) and nodes_doc:
@@ -240,6 +249,8 @@ def cluster_from_json(doc: Any, where: str = "cluster") -> Cluster:
             gpus = _get(nd, "gpus", w, "int", 8)
             if count < 1 or gpus < 1:
                 raise ProblemError(f"count {count} and gpus {gpus} must be >= 1", field=w, hint="give positive counts.")
+            if gpus > MAX_GPUS_PER_NODE or len(nodes) + count > MAX_NODES:
+                raise ProblemError(f"at most {MAX_NODES:,} nodes of at most {MAX_GPUS_PER_NODE} GPUs are accepted", field=w, hint="describe a smaller cluster.")
             gpu, entry = _gpu(nd.get("gpu", doc.get("gpu", "H100-SXM")), f"{w}.gpu")
             if not defaults:
                 defaults = entry

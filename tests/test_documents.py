@@ -97,3 +97,21 @@ def test_fast_and_general_sample_paths_agree(monkeypatch):
     general = [documents.batch_from_json(d) for d in docs]
     assert fast == general
     assert [s.length for b in fast for s in b.samples] == [s.length for b in general for s in b.samples]
+
+
+@pytest.mark.parametrize(
+    ("doc", "field"),
+    [
+        ({"batch": {"samples": [{"id": "a", "text_tokens": 10**30}]}}, "batch.samples[0].text_tokens"),
+        ({"batch": {"samples": [{"id": "a", "images": [{"tokens": 10**20, "frames": 2}]}]}}, "batch.samples[0].images[0].tokens"),
+        ({"batch": BATCH, "cluster": {"nodes": 10**12}}, "cluster.nodes"),
+        ({"batch": BATCH, "cluster": {"nodes": 10**6}}, "cluster.nodes"),
+        ({"batch": BATCH, "cluster": {"nodes": 2, "gpus_per_node": 5000}}, "cluster.gpus_per_node"),
+        ({"batch": BATCH, "cluster": {"nodes": [{"count": 200_000, "gpus": 8}]}}, "cluster.nodes[0]"),
+        ({"batch": BATCH, "model": {"llm": {"layers": 10**40, "hidden": 64, "heads": 1, "ffn_hidden": 1, "vocab": 1, "parameters": 1}}}, "model.llm.layers"),
+    ],
+)
+def test_huge_numbers_are_refused_not_overflowed(doc, field):
+    with pytest.raises(ProblemError) as info:
+        problem_from_json(doc)
+    assert info.value.field == field and info.value.hint
