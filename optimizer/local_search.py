@@ -116,9 +116,9 @@ class LocalSearch:
         top3 = np.zeros(L)
         id1 = np.full(L, -1)
         id2 = np.full(L, -1)
-        times = np.where(self.g_alive, self.g_time, 0.0)
+        times = self.g_time
         for m in range(L):
-            idx = np.flatnonzero(self.g_layer == m)
+            idx = np.flatnonzero((self.g_layer == m) & self.g_alive)
             tm = times[idx]
             if tm.size == 0:
                 continue
@@ -296,7 +296,7 @@ class LocalSearch:
             tops = self._layer_tops()
             g = int(tops[3][0, m])
             improved = False
-            if g >= 0:
+            if g >= 0 and self.samples_of[g]:  # a layer whose groups are all empty has nothing to improve
                 gain, move = self._best_move(g, tops)
                 gain2, move2 = self._best_merge(g, tops)
                 if gain2 < gain:

@@ -13,11 +13,13 @@ from optimizer.errors import InfeasibleError
 from optimizer.planner import plan
 from optimizer.verify import verify
 
-# The heuristic's worst ratio to the optimum seen on these instances is about 1.26 (memory-bound
-# cases with power-of-two sizes on 3-GPU nodes, where a size-4 group must span nodes); the bound
-# leaves a little room. The mean is checked tighter.
-WORST = 1.3
-MEAN = 1.04
+# The heuristic's worst ratio to the optimum on these 200 instances is about 1.45 (memory-bound
+# cases with power-of-two sizes on 3-GPU nodes, where a size-4 group must span nodes); the exact
+# backends close such gaps within the budget. The bound leaves a little room; the mean is checked
+# tighter (about 1.01 to 1.015 measured, benchmarks/oracle_gap.py).
+WORST = 1.5
+MEAN = 1.03
+SEEDS = 200
 
 
 def tiny_problem(seed: int, **options):
@@ -41,7 +43,7 @@ def tiny_problem(seed: int, **options):
 @pytest.mark.parametrize("policy", ["any", "pow2"])
 def test_heuristic_close_to_optimum_and_never_worse_than_static(policy):
     ratios = []
-    for seed in range(40):
+    for seed in range(SEEDS):
         problem = tiny_problem(seed, degree_policy=policy)
         optimum = brute_force_optimum(problem)
         if math.isinf(optimum):
@@ -58,4 +60,4 @@ def test_heuristic_close_to_optimum_and_never_worse_than_static(policy):
         ratios.append(step / optimum)
         assert step / optimum <= WORST, f"seed {seed}: {step / optimum:.3f} x the optimum"
     assert sum(ratios) / len(ratios) <= MEAN
-    assert len(ratios) >= 25
+    assert len(ratios) >= SEEDS * 0.8
