@@ -83,31 +83,37 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def lp_check(args: argparse.Namespace) -> None:
-    """Print the level LP of :mod:`solver_models.lp_bound` against the area bound, per instance."""
-    from optimizer.bounds import lower_bound
+def instances(args: argparse.Namespace):
+    """(ranks, workload, seed, cost tables) of every instance the selected sizes, workloads and seeds give."""
     from optimizer.costs import CostTables
-    from optimizer.evaluate import assignment_step_time
-    from optimizer.heuristic import heuristic_plan
-    from solver_models.lp_bound import level_bound
 
-    print(f"{'ranks':>5} {'workload':<10} {'seed':>4} {'LP / area':>10} {'LP ms':>7}  LP size")
     for size in args.sizes:
         cluster, n = SIZES[size]
         for workload in args.workloads:
             for seed in range(args.seeds):
                 problem = problem_from_json({"batch": WORKLOADS[workload](n, seed=seed), "cluster_preset": cluster, "model_preset": args.model,
                                              "options": {"degree_policy": args.policy}})
-                tables = CostTables.build(problem)
-                area = lower_bound(tables)
-                upper = assignment_step_time(tables, heuristic_plan(tables))
-                t0 = time.perf_counter()
-                got = level_bound(tables, upper)
-                ms = (time.perf_counter() - t0) * 1000.0
-                if got is None:
-                    print(f"{size:>5} {workload:<10} {seed:>4} {'n/a':>10}")
-                    continue
-                print(f"{size:>5} {workload:<10} {seed:>4} {got[0] / area:>10.5f} {ms:>7.0f}  {got[1]}")
+                yield size, workload, seed, CostTables.build(problem)
+
+
+def lp_check(args: argparse.Namespace) -> None:
+    """Print the level LP of :mod:`solver_models.lp_bound` against the area bound, per instance."""
+    from optimizer.bounds import lower_bound
+    from optimizer.evaluate import assignment_step_time
+    from optimizer.heuristic import heuristic_plan
+    from solver_models.lp_bound import level_bound
+
+    print(f"{'ranks':>5} {'workload':<10} {'seed':>4} {'LP / area':>10} {'LP ms':>7}  LP size")
+    for size, workload, seed, tables in instances(args):
+        area = lower_bound(tables)
+        upper = assignment_step_time(tables, heuristic_plan(tables))
+        t0 = time.perf_counter()
+        got = level_bound(tables, upper)
+        ms = (time.perf_counter() - t0) * 1000.0
+        if got is None:
+            print(f"{size:>5} {workload:<10} {seed:>4} {'n/a':>10}")
+            continue
+        print(f"{size:>5} {workload:<10} {seed:>4} {got[0] / area:>10.5f} {ms:>7.0f}  {got[1]}")
 
 
 def excess_check(args: argparse.Namespace) -> None:
@@ -121,37 +127,30 @@ def excess_check(args: argparse.Namespace) -> None:
     import numpy as np
 
     from optimizer.bounds import lower_bound
-    from optimizer.costs import CostTables
     from optimizer.evaluate import assignment_step_time
     from optimizer.heuristic import heuristic_plan
 
-    for size in args.sizes:
-        cluster, n = SIZES[size]
-        for workload in args.workloads:
-            for seed in range(args.seeds):
-                problem = problem_from_json({"batch": WORKLOADS[workload](n, seed=seed), "cluster_preset": cluster, "model_preset": args.model,
-                                             "options": {"degree_policy": args.policy}})
-                tables = CostTables.build(problem)
-                plan_ = heuristic_plan(tables)
-                bound = lower_bound(tables)
-                b, t, deg = tables.group_constant, tables.best_time, tables.degrees
-                valid = np.arange(t.shape[1])[None, :] >= tables.min_degree_index[:, None]
-                least = np.where(valid & (b + t <= bound), t * deg[None, :], np.inf).min(axis=1)
-                excess: dict[str, float] = {}
-                idle = 0.0
-                for mb in plan_.micro_batches:
-                    times = [tables.group_time(list(s), r) for r, s in mb]
-                    idle += tables.n_ranks * max(times) - sum(len(r) * x for (r, _), x in zip(mb, times, strict=True))
-                    for r, s in mb:
-                        intra, speed, _ = tables.group_span(r)
-                        col = tables.time_matrix(intra, speed)[:, tables.degree_index[len(r)]]
-                        key = f"{len(r)}{'' if intra else '*'}"
-                        excess[key] = excess.get(key, 0.0) + float((len(r) * col[list(s)] - least[list(s)]).sum())
-                step = assignment_step_time(tables, plan_)
-                top = sorted(excess.items(), key=lambda kv: -kv[1])[:5]
-                print(f"{size:>4} ranks {workload:<10} seed {seed} policy {args.policy}: step/bound {step / bound:.4f}; N x (step - bound) "
-                      f"{tables.n_ranks * (step - bound):.1f} rank-s = idle {idle:.1f} + excess area by group size (* spans nodes) "
-                      + ", ".join(f"{k}: {v:.1f}" for k, v in top))
+    for size, workload, seed, tables in instances(args):
+        plan_ = heuristic_plan(tables)
+        bound = lower_bound(tables)
+        b, t, deg = tables.group_constant, tables.best_time, tables.degrees
+        valid = np.arange(t.shape[1])[None, :] >= tables.min_degree_index[:, None]
+        least = np.where(valid & (b + t <= bound), t * deg[None, :], np.inf).min(axis=1)
+        excess: dict[str, float] = {}
+        idle = 0.0
+        for mb in plan_.micro_batches:
+            times = [tables.group_time(list(s), r) for r, s in mb]
+            idle += tables.n_ranks * max(times) - sum(len(r) * x for (r, _), x in zip(mb, times, strict=True))
+            for r, s in mb:
+                intra, speed, _ = tables.group_span(r)
+                col = tables.time_matrix(intra, speed)[:, tables.degree_index[len(r)]]
+                key = f"{len(r)}{'' if intra else '*'}"
+                excess[key] = excess.get(key, 0.0) + float((len(r) * col[list(s)] - least[list(s)]).sum())
+        step = assignment_step_time(tables, plan_)
+        top = sorted(excess.items(), key=lambda kv: -kv[1])[:5]
+        print(f"{size:>4} ranks {workload:<10} seed {seed} policy {args.policy}: step/bound {step / bound:.4f}; N x (step - bound) "
+              f"{tables.n_ranks * (step - bound):.1f} rank-s = idle {idle:.1f} + excess area by group size (* spans nodes) "
+              + ", ".join(f"{k}: {v:.1f}" for k, v in top))
 
 
 def main(argv: list[str] | None = None) -> None:
