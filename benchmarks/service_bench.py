@@ -28,9 +28,7 @@ import asyncio
 import gc
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +40,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from api.local_server import LocalServer  # noqa: E402
 from optimizer.documents import problem_from_json  # noqa: E402
 from optimizer.planner import plan as run_planner  # noqa: E402
 from optimizer.workloads import WORKLOADS  # noqa: E402
@@ -53,35 +52,9 @@ def pct(values: list[float], q: float) -> float:
     return ordered[k]
 
 
-class Server:
-    def __init__(self, data_dir: Path, workers: int = 1, **env: str) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("DHP_") and k != "DATABASE_URL"}
-        full_env.update({f"DHP_{k.upper()}": v for k, v in env.items()})
-        self.proc = subprocess.Popen([sys.executable, "-m", "optimizer.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-                                      "--workers", str(workers), "--data-dir", str(data_dir), "--log-level", "warning"],
-                                     cwd=ROOT, env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(self.proc.stderr.read().decode() if self.proc.stderr else "server exited")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("server did not start")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+def Server(data_dir: Path, workers: int = 1, **env: str) -> LocalServer:
+    """``dhp serve`` on loopback with DHP_ settings given as keywords (solve_workers="2" -> DHP_SOLVE_WORKERS)."""
+    return LocalServer(data_dir, workers=workers, env={f"DHP_{k.upper()}": v for k, v in env.items()})
 
 
 def big_request() -> dict[str, Any]:
