@@ -59,7 +59,15 @@ class PlanRequest(BaseModel):
     cache: bool = Field(True, description="false: solve again even if an identical request was planned before")
 
 
-class PlanOut(BaseModel):
+class _PlanFigures(BaseModel):
+    """The figures every view of a plan shows (absent while it is being solved)."""
+
+    predicted_step_time_s: float | None = None
+    lower_bound_s: float | None = None
+    gap: float | None = None
+
+
+class PlanOut(_PlanFigures):
     """A plan: exactly what ``dhp plan`` prints, plus ``id``, ``status`` and ``created_at``.
 
     While a plan-ahead request is being solved only ``id``, ``status`` (``pending``) and
@@ -71,9 +79,6 @@ class PlanOut(BaseModel):
     id: str
     status: Literal["pending", "done", "failed"]
     created_at: datetime
-    predicted_step_time_s: float | None = None
-    lower_bound_s: float | None = None
-    gap: float | None = None
     ratio_to_bound: float | None = None
     scheme: str | None = None
     domain_size: int | None = None
@@ -84,7 +89,7 @@ class PlanOut(BaseModel):
     error: dict[str, Any] | None = None
 
 
-class PlanSummary(BaseModel):
+class PlanSummary(_PlanFigures):
     id: str
     status: str
     created_at: datetime
@@ -95,9 +100,6 @@ class PlanSummary(BaseModel):
     n_ranks: int
     backend: str | None = None
     solver_status: str | None = None
-    predicted_step_time_s: float | None = None
-    lower_bound_s: float | None = None
-    gap: float | None = None
     solve_ms: float | None = None
 
 

@@ -277,26 +277,18 @@ def _tokens_to_heads(y: torch.Tensor, d: int, group: Any) -> torch.Tensor:
     return back.permute(1, 0, 2, 3).reshape(t, d * hd, dim)
 
 
-class _HeadsToTokens(torch.autograd.Function):
+class _AllToAll(torch.autograd.Function):
+    """Ulysses' exchange as an autograd function: heads to tokens (``to_tokens``) or back; the
+    backward runs the opposite exchange."""
+
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, d: int, group: Any) -> torch.Tensor:  # type: ignore[override]
-        ctx.d, ctx.group = d, group
-        return _heads_to_tokens(x, d, group)
+    def forward(ctx: Any, x: torch.Tensor, d: int, group: Any, to_tokens: bool) -> torch.Tensor:  # type: ignore[override]
+        ctx.d, ctx.group, ctx.to_tokens = d, group, to_tokens
+        return (_heads_to_tokens if to_tokens else _tokens_to_heads)(x, d, group)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        return _tokens_to_heads(g, ctx.d, ctx.group), None, None
-
-
-class _TokensToHeads(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, y: torch.Tensor, d: int, group: Any) -> torch.Tensor:  # type: ignore[override]
-        ctx.d, ctx.group = d, group
-        return _tokens_to_heads(y, d, group)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        return _heads_to_tokens(g, ctx.d, ctx.group), None, None
+        return (_tokens_to_heads if ctx.to_tokens else _heads_to_tokens)(g, ctx.d, ctx.group), None, None, None
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSpec, scale: float | None = None) -> torch.Tensor:
@@ -313,6 +305,6 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: R
         raise ValueError("Ulysses needs every position to hold the same number of tokens (pad to a multiple of d)")
     pos = torch.cat([p for p, _ in spec.layout])
     seg = torch.cat([s for _, s in spec.layout])
-    qa, ka, va = (_HeadsToTokens.apply(x, d, spec.group) for x in (q, k, v))
+    qa, ka, va = (_AllToAll.apply(x, d, spec.group, True) for x in (q, k, v))
     o = full_attention(qa, ka, va, pos, seg, scale)
-    return _TokensToHeads.apply(o, d, spec.group)
+    return _AllToAll.apply(o, d, spec.group, False)
