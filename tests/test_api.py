@@ -374,3 +374,18 @@ def test_solver_libraries_are_loaded_at_start_up(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_existing_groups_and_reuse_options_reach_the_planner(client):
+    """A request may carry the job's communicators; the plan then says which groups are new and what they cost."""
+    req = small_request(group_reuse="prefer", new_group_cost_s=0.5)
+    req["existing_groups"] = [[0, 1], [2, 3, 4], [8, 9, 10, 11]]
+    r = client.post("/v1/plans", json=req)
+    assert r.status_code == 201, r.text
+    doc = r.json()
+    expected = run_planner(problem_from_json(req)).to_json()
+    assert doc["new_communicators"] == expected["new_communicators"]
+    assert doc["group_setup_s"] == pytest.approx(0.5 * len(doc["new_communicators"]))
+    bad = dict(req, existing_groups=[[0, 999]])
+    r = client.post("/v1/plans", json=bad)
+    assert r.status_code == 422 and "existing_groups" in r.json()["field"]
