@@ -60,7 +60,9 @@ def active(problem: Problem) -> bool:
 
 def objective(tables: CostTables, assignment: Assignment) -> float:
     """Step time plus the cost of the new communicators the assignment needs."""
-    step = sum(max((tables.group_time(list(s), r) for r, s in mb), default=0.0) for mb in assignment.micro_batches)
+    from optimizer.evaluate import assignment_step_time  # evaluate imports this module
+
+    step = assignment_step_time(tables, assignment)
     groups = (r for mb in assignment.micro_batches for r, _ in mb)
     return step + tables.problem.options.new_group_cost_s * len(new_communicators(tables.problem, groups))
 
