@@ -22,7 +22,6 @@ Everything is deterministic for a given input (ties break on index).
 from __future__ import annotations
 
 import bisect
-import heapq
 import math
 import time
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ import numpy as np
 from optimizer.costs import CostTables
 from optimizer.errors import InfeasibleError
 from optimizer.local_search import LocalSearch
+from optimizer.lpt import lpt_place
 from optimizer.placement import place_groups
 from optimizer.plan import Assignment
 
@@ -316,67 +316,37 @@ class HeuristicPlanner:
         return True
 
     def _lpt(self, groups: list[_Group], order: list[int], slack: float) -> bool:
-        """Longest first, each sample to the group where it would finish earliest (memory permitting).
-
-        Classes of groups larger than 1 drop out once their least-loaded group is full up to the
-        target (``slack``): from then on only the size-1 groups can finish a sample earlier in practice.
-        """
+        """Longest first, each sample to the group where it would finish earliest (memory permitting);
+        see :mod:`optimizer.lpt`."""
         t = self.t
         keys: dict[tuple[int, bool, float], int] = {}
-        members: list[list[int]] = []
+        group_class = np.empty(len(groups), dtype=np.int64)
         for g, grp in enumerate(groups):
             intra, speed, _ = t.group_span(grp.ranks)
             key = (grp.degree_index, intra, speed)
-            if key not in keys:
-                keys[key] = len(members)
-                members.append([])
-            members[keys[key]].append(g)
-        colmat = np.vstack([t.time_matrix(intra, speed)[:, j] for j, intra, speed in keys])  # [classes, samples]
-        for c, gs in enumerate(members):  # a group's real load (its span may differ from the packing's assumption)
-            for g in gs:
-                if groups[g].samples:
-                    groups[g].load = float(colmat[c, groups[g].samples].sum())
-        cap = self.capacity
-        tokens = [grp.tokens for grp in groups]
-        lengths = self.lengths
-        # Per class: [eligible heap of (load, group), waiting heap of (-room, load, group), token limit,
-        # class index, size-1?]. Groups without memory room for the current sample wait, by room,
-        # until a sample that fits comes.
-        table = [[sorted((groups[g].load, g) for g in members[c]), [], cap * self.degrees[k[0]], c, k[0] == 0] for k, c in keys.items()]
-        rows = colmat.T.tolist()  # each sample's time on every class
-        has_unit = any(entry[4] for entry in table)
-        active = table
-        push, pop = heapq.heappush, heapq.heappop
-        for pos, i in enumerate(order, 1):
-            li = float(lengths[i])
-            row = rows[i]
-            best = None
-            best_finish = math.inf
-            if has_unit and not pos % 8 and len(active) > 1:
-                active = [e for e in active if e[4] or (e[0] and e[0][0][0] < slack)]
-            for entry in active:
-                heap, wait, limit, c, _ = entry
-                while wait and -wait[0][0] >= li:
-                    _, load, g = pop(wait)
-                    push(heap, (load, g))
-                while heap and tokens[heap[0][1]] + li > limit:
-                    load, g = pop(heap)
-                    push(wait, (tokens[g] - limit, load, g))
-                if heap:
-                    finish = heap[0][0] + row[c]
-                    if finish < best_finish:
-                        best_finish, best = finish, entry
-            if best is None:
-                return False
-            heap = best[0]
-            load, g = pop(heap)
-            load += row[best[3]]
-            grp = groups[g]
-            grp.samples.append(i)
-            grp.load = load
-            tokens[g] += li
-            grp.tokens = tokens[g]
-            push(heap, (load, g))
+            c = keys.get(key)
+            if c is None:
+                c = keys[key] = len(keys)
+            group_class[g] = c
+        times = np.empty((self.lengths.shape[0], len(keys)))
+        for (j, intra, speed), c in keys.items():
+            times[:, c] = t.time_matrix(intra, speed)[:, j]
+        load = np.zeros(len(groups))
+        for g, grp in enumerate(groups):  # a group's real load (its span may differ from the packing's assumption)
+            if grp.samples:
+                load[g] = float(times[grp.samples, group_class[g]].sum())
+        tokens = np.array([grp.tokens for grp in groups], dtype=np.float64)
+        class_limit = np.array([self.capacity * self.degrees[j] for j, _, _ in keys], dtype=np.float64)
+        class_unit = np.array([j == 0 for j, _, _ in keys], dtype=np.bool_)
+        order_arr = np.asarray(order, dtype=np.int64)
+        placed = np.empty(order_arr.shape[0], dtype=np.int64)
+        if not lpt_place(order_arr, self.lengths, times, group_class, load, tokens, class_limit, class_unit, float(slack), placed):
+            return False
+        for i, g in zip(order, placed.tolist(), strict=True):
+            groups[g].samples.append(i)
+        for g, grp in enumerate(groups):
+            grp.load = float(load[g])
+            grp.tokens = float(tokens[g])
         return True
 
     # -- the whole plan ---------------------------------------------------------------------

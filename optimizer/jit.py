@@ -1,0 +1,30 @@
+"""Compiled loops: numba's ``njit`` when it is installed, plain Python otherwise.
+
+The planner's per-sample loops (the LPT placement of short samples, the static layout's balancing,
+the verifier's recomputation) run in :mod:`optimizer.kernels` under ``njit``. numba is a dependency
+of the package; without it (or with ``NUMBA_DISABLE_JIT=1``) the same functions run as ordinary
+Python, with the same results, only slower. Compiled code is cached on disk (``cache=True``), so
+only the first process after an install pays the compilation (about a second per kernel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+try:  # pragma: no cover - exercised by whichever branch the environment takes
+    from numba import njit as _njit
+
+    HAVE_NUMBA = True
+except ImportError:  # pragma: no cover
+    _njit = None
+    HAVE_NUMBA = False
+
+
+def compiled(fn: F) -> F:
+    """``fn`` compiled in nopython mode with an on-disk cache, or ``fn`` itself without numba."""
+    if _njit is None:
+        return fn
+    return _njit(cache=True, nogil=True)(fn)  # type: ignore[no-any-return]
