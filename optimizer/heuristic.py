@@ -21,7 +21,6 @@ Everything is deterministic for a given input (ties break on index).
 
 from __future__ import annotations
 
-import bisect
 import math
 import time
 from dataclasses import dataclass, field
@@ -29,9 +28,10 @@ from functools import cached_property
 
 import numpy as np
 
+from optimizer.best_fit import best_fit_long
 from optimizer.costs import CostTables
 from optimizer.errors import InfeasibleError
-from optimizer.local_search import LocalSearch
+from optimizer.local_search import LocalSearch, Packing
 from optimizer.lpt import lpt_place
 from optimizer.placement import place_groups
 from optimizer.plan import Assignment
@@ -162,67 +162,47 @@ class HeuristicPlanner:
         return hi
 
     # -- 3. packing -------------------------------------------------------------------------
-    def pack(self, target: float, layers: int) -> Assignment | None:
+    def pack(self, target: float, layers: int) -> Packing | None:
         t = self.t
         j_of = self.degrees_for(target)
         degs = t.degrees
         cost = self.cost
-        cap = self.capacity
         slack = target - self.b
         rows = np.arange(j_of.shape[0])
         t_of = cost[rows, j_of]
         is_long = degs[j_of] >= 2
         # Long samples: largest size first, then longest time first (ties by index).
-        long_idx = rows[is_long][np.lexsort((rows[is_long], -t_of[is_long], -j_of[is_long]))].tolist()
-        times = t_of.tolist()
-        lengths = self.lengths.tolist()
-        sizes = degs.tolist()
-        js = j_of.tolist()
-        groups: list[_Group] = []
-        # Per size: open groups as a sorted list of (load, group); best fit is the fullest group
-        # whose load still leaves room for the sample's time (bisect), memory permitting.
-        open_by_j: dict[int, list[tuple[float, int]]] = {}
-        for i in long_idx:
-            j = js[i]
-            ti = times[i]
-            li = lengths[i]
-            limit = cap * sizes[j]
-            loads = open_by_j.setdefault(j, [])
-            k = bisect.bisect_right(loads, (slack - ti, math.inf)) - 1
-            best = -1
-            for _ in range(BEST_FIT_PROBES):
-                if k < 0:
-                    break
-                g = loads[k][1]
-                if groups[g].tokens + li <= limit:
-                    best = g
-                    del loads[k]
-                    break
-                k -= 1
-            if best < 0:
-                groups.append(_Group(j))
-                best = len(groups) - 1
-            grp = groups[best]
-            grp.samples.append(i)
-            grp.load += ti
-            grp.tokens += li
-            bisect.insort(loads, (grp.load, best))
-        if not self._place(groups, layers):
+        long_rows = rows[is_long]
+        long_idx = long_rows[np.lexsort((long_rows, -t_of[is_long], -j_of[is_long]))]
+        n_long = long_idx.shape[0]
+        long_group = np.empty(n_long, dtype=np.int64)
+        g_size = np.empty(n_long, dtype=np.int64)
+        g_load = np.empty(n_long, dtype=np.float64)
+        g_tokens = np.empty(n_long, dtype=np.float64)
+        n_groups = best_fit_long(long_idx, j_of, t_of, self.lengths, degs, self.capacity, slack, BEST_FIT_PROBES, long_group, g_size, g_load, g_tokens)
+        g_size, g_load, g_tokens = g_size[:n_groups], g_load[:n_groups], g_tokens[:n_groups]
+        placed = self._place(g_size, g_load, layers)
+        if placed is None:
             return None
+        ranks, layer_of, free = placed
         # Every free rank becomes a group of size 1.
-        for layer, free in enumerate(self._free):
-            for r in free:
-                groups.append(_Group(0, ranks=(r,), layer=layer))
+        unit_ranks = [r for f in free for r in f]
+        ranks += [(r,) for r in unit_ranks]
+        layer_of = np.concatenate([layer_of, np.repeat(np.arange(layers), [len(f) for f in free])])
         short = rows[~is_long]
         # Longest (in tokens) first: then a group without memory room for one sample waits until the
         # samples have become short enough, and never comes back for a longer one.
-        short_idx = short[np.lexsort((short, -cost[short, 0], -self.lengths[short]))].tolist()
-        if not self._lpt(groups, short_idx, slack):
+        short_idx = short[np.lexsort((short, -cost[short, 0], -self.lengths[short]))]
+        members: list[list[int]] = [[] for _ in range(n_groups)]
+        for i, g in zip(long_idx.tolist(), long_group.tolist(), strict=True):
+            members[g].append(i)
+        short_group = self._lpt(ranks, g_size, members, g_tokens, np.asarray(unit_ranks, dtype=np.int64), short_idx, slack)
+        if short_group is None:
             return None
-        mbs: list[list[tuple[tuple[int, ...], list[int]]]] = [[] for _ in range(layers)]
-        for g in groups:
-            mbs[g.layer].append((g.ranks, g.samples))
-        return Assignment.of(mbs)
+        sample_group = np.empty(rows.shape[0], dtype=np.int64)
+        sample_group[long_idx] = long_group
+        sample_group[short_idx] = short_group
+        return Packing(ranks=ranks, layer=layer_of, sample_group=sample_group, sequence=np.concatenate([long_idx, short_idx]))
 
     def pack_memory_first(self, layers: int) -> Assignment | None:
         """Fallback when the time-targeted packing does not fit: best-fit-decreasing by tokens.
@@ -289,65 +269,70 @@ class HeuristicPlanner:
             grp.degree_index = j
         return best
 
-    def _place(self, groups: list[_Group], layers: int) -> bool:
-        """Spread groups over layers (largest first, to the emptiest layer) and place them on nodes."""
+    def _place(self, g_size: np.ndarray, g_load: np.ndarray, layers: int) -> tuple[list[tuple[int, ...]], np.ndarray, list[list[int]]] | None:
+        """Spread groups over layers (largest first, to the emptiest layer) and place them on nodes.
+
+        Returns each group's ranks and layer and each layer's free ranks, or None if they do not fit."""
         n_ranks = self.t.n_ranks
-        if sum(self.degrees[g.degree_index] for g in groups) > layers * n_ranks:
-            return False
+        sizes = [self.degrees[j] for j in g_size.tolist()]
+        if sum(sizes) > layers * n_ranks:
+            return None
+        n_groups = len(sizes)
         used = [0] * layers
         members: list[list[int]] = [[] for _ in range(layers)]
-        for k in sorted(range(len(groups)), key=lambda k: (-self.degrees[groups[k].degree_index], -groups[k].load, k)):
-            d = self.degrees[groups[k].degree_index]
+        layer_of = np.empty(n_groups, dtype=np.int64)
+        for k in np.lexsort((np.arange(n_groups), -g_load, -np.asarray(sizes, dtype=np.int64))).tolist():
+            d = sizes[k]
             layer = min(range(layers), key=lambda m: (used[m] + d > n_ranks, used[m], m))
             if used[layer] + d > n_ranks:
-                return False
+                return None
             used[layer] += d
             members[layer].append(k)
-            groups[k].layer = layer
-        self._free = []
+            layer_of[k] = layer
+        ranks: list[tuple[int, ...]] = [()] * n_groups
+        free_ranks = []
         for layer in range(layers):
             ks = members[layer]
-            ranks, free = place_groups([self.degrees[groups[k].degree_index] for k in ks], self.t.node_ranges)
-            if ranks is None:
-                return False
-            for k, rs in zip(ks, ranks, strict=True):
-                groups[k].ranks = rs
-            self._free.append(free)
-        return True
+            placed, free = place_groups([sizes[k] for k in ks], self.t.node_ranges)
+            if placed is None:
+                return None
+            for k, rs in zip(ks, placed, strict=True):
+                ranks[k] = rs
+            free_ranks.append(free)
+        return ranks, layer_of, free_ranks
 
-    def _lpt(self, groups: list[_Group], order: list[int], slack: float) -> bool:
+    def _lpt(self, ranks: list[tuple[int, ...]], g_size: np.ndarray, members: list[list[int]], g_tokens: np.ndarray,
+             unit_ranks: np.ndarray, order: np.ndarray, slack: float) -> np.ndarray | None:
         """Longest first, each sample to the group where it would finish earliest (memory permitting);
-        see :mod:`optimizer.lpt`."""
+        see :mod:`optimizer.lpt`. Groups are the packed ones (``members``), then one per free rank.
+        Returns the group of each sample of ``order``, or None when one fits nowhere."""
         t = self.t
+        n_long = len(members)
         keys: dict[tuple[int, bool, float], int] = {}
-        group_class = np.empty(len(groups), dtype=np.int64)
-        for g, grp in enumerate(groups):
-            intra, speed, _ = t.group_span(grp.ranks)
-            key = (grp.degree_index, intra, speed)
-            c = keys.get(key)
-            if c is None:
-                c = keys[key] = len(keys)
+        group_class = np.empty(len(ranks), dtype=np.int64)
+        for g in range(n_long):
+            intra, speed, _ = t.group_span(ranks[g])
+            c = keys.setdefault((int(g_size[g]), intra, speed), len(keys))
             group_class[g] = c
+        unit_speed = t.rank_speed[unit_ranks]
+        values, first = np.unique(unit_speed, return_index=True)
+        for k in np.argsort(first, kind="stable").tolist():
+            keys[(0, True, float(values[k]))] = len(keys)
+            group_class[n_long:][unit_speed == values[k]] = len(keys) - 1
         times = np.empty((self.lengths.shape[0], len(keys)))
         for (j, intra, speed), c in keys.items():
             times[:, c] = t.time_matrix(intra, speed)[:, j]
-        load = np.zeros(len(groups))
-        for g, grp in enumerate(groups):  # a group's real load (its span may differ from the packing's assumption)
-            if grp.samples:
-                load[g] = float(times[grp.samples, group_class[g]].sum())
-        tokens = np.array([grp.tokens for grp in groups], dtype=np.float64)
+        load = np.zeros(len(ranks))
+        for g, ss in enumerate(members):  # a group's real load (its span may differ from the packing's assumption)
+            load[g] = float(times[ss, group_class[g]].sum())
+        tokens = np.zeros(len(ranks))
+        tokens[:n_long] = g_tokens
         class_limit = np.array([self.capacity * self.degrees[j] for j, _, _ in keys], dtype=np.float64)
         class_unit = np.array([j == 0 for j, _, _ in keys], dtype=np.bool_)
-        order_arr = np.asarray(order, dtype=np.int64)
-        placed = np.empty(order_arr.shape[0], dtype=np.int64)
-        if not lpt_place(order_arr, self.lengths, times, group_class, load, tokens, class_limit, class_unit, float(slack), placed):
-            return False
-        for i, g in zip(order, placed.tolist(), strict=True):
-            groups[g].samples.append(i)
-        for g, grp in enumerate(groups):
-            grp.load = float(load[g])
-            grp.tokens = float(tokens[g])
-        return True
+        placed = np.empty(order.shape[0], dtype=np.int64)
+        if not lpt_place(order, self.lengths, times, group_class, load, tokens, class_limit, class_unit, float(slack), placed):
+            return None
+        return placed
 
     # -- the whole plan ---------------------------------------------------------------------
     def plan(self, deadline: float | None = None, rounds: int = FAST_ROUNDS) -> Assignment:
@@ -374,7 +359,7 @@ class HeuristicPlanner:
             for candidate in candidates:
                 if candidate is None:
                     continue
-                search = LocalSearch(self.t, candidate, max_rounds=rounds)
+                search = LocalSearch.from_packing(self.t, candidate, max_rounds=rounds)
                 if len(candidates) > 1:
                     search.run(deadline)
                 step = search.step_time()

@@ -16,6 +16,7 @@ three group times kept to know a layer's new maximum without rescanning it.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -29,8 +30,68 @@ ROOM_CANDIDATES = 16
 """... and this many with the most memory room (moves and swaps go only there)."""
 
 
+@dataclass(frozen=True)
+class Packing:
+    """A packing as arrays, as the heuristic builds it: every rank of every layer is in one group.
+
+    ``ranks[g]`` and ``layer[g]`` describe group g; ``sample_group[i]`` is sample i's group;
+    ``sequence`` lists the samples in the order they joined their groups (member lists keep it).
+    """
+
+    ranks: list[tuple[int, ...]]
+    layer: np.ndarray
+    sample_group: np.ndarray
+    sequence: np.ndarray
+
+
 class LocalSearch:
     def __init__(self, tables: CostTables, assignment: Assignment, max_rounds: int = 2000) -> None:
+        ranks: list[tuple[int, ...]] = []
+        layers: list[int] = []
+        members: list[list[int]] = []
+        for m, mb in enumerate(assignment.micro_batches):
+            used: set[int] = set()
+            for r, s in mb:
+                ranks.append(tuple(r))
+                layers.append(m)
+                members.append(list(s))
+                used.update(r)
+            # Idle ranks become empty groups of size 1: moves can fill them and "grow" can absorb them.
+            for r in range(tables.n_ranks):
+                if r not in used:
+                    ranks.append((r,))
+                    layers.append(m)
+                    members.append([])
+        s_group = np.empty(tables.n_samples, dtype=np.int64)
+        for g, ss in enumerate(members):
+            s_group[ss] = g
+        self._setup(tables, ranks, np.asarray(layers, dtype=np.int64), members, s_group, len(assignment.micro_batches), max_rounds)
+
+    @classmethod
+    def from_packing(cls, tables: CostTables, packing: Packing, max_rounds: int = 2000) -> LocalSearch:
+        """The search over a packing: the same groups, in the order :class:`Assignment` would give
+        them (per layer with samples: its busy groups, then its idle ranks), without building one."""
+        n_groups = len(packing.ranks)
+        busy = np.bincount(packing.sample_group, minlength=n_groups) > 0
+        kept = np.bincount(packing.layer[busy], minlength=int(packing.layer.max()) + 1) > 0
+        new_layer = np.cumsum(kept) - 1
+        keep = kept[packing.layer]
+        order = np.lexsort((np.arange(n_groups), ~busy, new_layer[packing.layer]))
+        order = order[keep[order]]
+        renumber = np.full(n_groups, -1, dtype=np.int64)
+        renumber[order] = np.arange(order.shape[0])
+        s_group = renumber[packing.sample_group]
+        seq = packing.sequence
+        joined = seq[np.argsort(s_group[seq], kind="stable")].tolist()
+        ends = np.cumsum(np.bincount(s_group, minlength=order.shape[0])).tolist()
+        members = [joined[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        ranks = [packing.ranks[g] for g in order.tolist()]
+        search = cls.__new__(cls)
+        search._setup(tables, ranks, new_layer[packing.layer[order]], members, s_group, int(kept.sum()), max_rounds)
+        return search
+
+    def _setup(self, tables: CostTables, ranks: list[tuple[int, ...]], layers: np.ndarray, members: list[list[int]],
+               s_group: np.ndarray, n_layers: int, max_rounds: int) -> None:
         self.t = tables
         self.b = tables.group_constant
         self.max_rounds = max_rounds
@@ -39,46 +100,32 @@ class LocalSearch:
         self.class_keys: list[tuple[int, bool, float]] = []
         self.class_rows: list[np.ndarray] = []
         self._class_index: dict[tuple[int, bool, float], int] = {}
-        ranks, layers, classes, limits, samples = [], [], [], [], []
-        n_ranks = tables.n_ranks
-
-        unit_speed, unit_cap = tables.rank_speed.tolist(), tables.rank_capacity.tolist()
-
-        def add(r: tuple[int, ...], m: int, s: list[int]) -> None:
-            if len(r) == 1:
-                intra, speed, cap = True, unit_speed[r[0]], unit_cap[r[0]]
-            else:
-                intra, speed, cap = tables.group_span(r)
-            ranks.append(tuple(r))
-            layers.append(m)
-            classes.append(self._class((tables.degree_index[len(r)], intra, speed)))
-            limits.append(cap * len(r))
-            samples.append(list(s))
-
-        for m, mb in enumerate(assignment.micro_batches):
-            used: set[int] = set()
-            for r, s in mb:
-                add(r, m, list(s))
-                used.update(r)
-            # Idle ranks become empty groups of size 1: moves can fill them and "grow" can absorb them.
-            for r in range(n_ranks):
-                if r not in used:
-                    add((r,), m, [])
-        self.n_layers = len(assignment.micro_batches)
+        n_groups = len(ranks)
+        sizes = np.fromiter(map(len, ranks), dtype=np.int64, count=n_groups)
+        first = np.fromiter((r[0] for r in ranks), dtype=np.int64, count=n_groups)
+        classes = np.empty(n_groups, dtype=np.int64)
+        limits = np.empty(n_groups, dtype=np.float64)
+        unit = np.flatnonzero(sizes == 1)
+        speed = tables.rank_speed[first[unit]]
+        for value in np.unique(speed).tolist():
+            classes[unit[speed == value]] = self._class((0, True, value))
+        limits[unit] = tables.rank_capacity[first[unit]]
+        self.n_layers = n_layers
+        self.rank_group = np.full((n_layers, tables.n_ranks), -1, dtype=np.int64)
+        self.rank_group[layers[unit], first[unit]] = unit
+        for g in np.flatnonzero(sizes > 1).tolist():
+            r = ranks[g]
+            intra, sp, cap = tables.group_span(r)
+            classes[g] = self._class((tables.degree_index[len(r)], intra, sp))
+            limits[g] = cap * len(r)
+            self.rank_group[layers[g], list(r)] = g
         self.g_ranks = ranks
-        self.g_layer = np.asarray(layers, dtype=np.int64)
-        self.g_class = np.asarray(classes, dtype=np.int64)
-        self.g_limit = np.asarray(limits, dtype=np.float64)
-        self.g_alive = np.ones(len(ranks), dtype=bool)
-        self.samples_of = samples
-        n = tables.n_samples
-        self.s_group = np.empty(n, dtype=np.int64)
-        for g, ss in enumerate(samples):
-            self.s_group[ss] = g
-        # Which group holds each rank, per layer (merges look up their neighbours here).
-        self.rank_group = np.full((self.n_layers, n_ranks), -1, dtype=np.int64)
-        for g, (r, m) in enumerate(zip(ranks, layers, strict=True)):
-            self.rank_group[m, list(r)] = g
+        self.g_layer = layers
+        self.g_class = classes
+        self.g_limit = limits
+        self.g_alive = np.ones(n_groups, dtype=bool)
+        self.samples_of = members
+        self.s_group = s_group
         self._refresh()
 
     # -- bookkeeping ------------------------------------------------------------------------
