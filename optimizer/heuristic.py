@@ -33,7 +33,7 @@ from optimizer.costs import CostTables
 from optimizer.errors import InfeasibleError
 from optimizer.local_search import LocalSearch, Packing
 from optimizer.lpt import lpt_place
-from optimizer.placement import place_groups
+from optimizer.placement import place_groups, spread_over_layers
 from optimizer.plan import Assignment
 
 EXTRA_MICRO_BATCHES = 2
@@ -270,30 +270,24 @@ class HeuristicPlanner:
         return best
 
     def _place(self, g_size: np.ndarray, g_load: np.ndarray, layers: int) -> tuple[list[tuple[int, ...]], np.ndarray, list[list[int]]] | None:
-        """Spread groups over layers (largest first, to the emptiest layer) and place them on nodes.
+        """Spread groups over layers (largest first, then most loaded, to the emptiest layer) and
+        place them on nodes (:mod:`optimizer.placement`).
 
         Returns each group's ranks and layer and each layer's free ranks, or None if they do not fit."""
         n_ranks = self.t.n_ranks
-        sizes = [self.degrees[j] for j in g_size.tolist()]
-        if sum(sizes) > layers * n_ranks:
+        sizes = self.t.degrees[g_size]
+        if int(sizes.sum()) > layers * n_ranks:
             return None
-        n_groups = len(sizes)
-        used = [0] * layers
-        members: list[list[int]] = [[] for _ in range(layers)]
+        n_groups = sizes.shape[0]
+        order = np.lexsort((np.arange(n_groups), -g_load, -sizes))
         layer_of = np.empty(n_groups, dtype=np.int64)
-        for k in np.lexsort((np.arange(n_groups), -g_load, -np.asarray(sizes, dtype=np.int64))).tolist():
-            d = sizes[k]
-            layer = min(range(layers), key=lambda m: (used[m] + d > n_ranks, used[m], m))
-            if used[layer] + d > n_ranks:
-                return None
-            used[layer] += d
-            members[layer].append(k)
-            layer_of[k] = layer
+        if not spread_over_layers(sizes, order, layers, n_ranks, layer_of):
+            return None
         ranks: list[tuple[int, ...]] = [()] * n_groups
         free_ranks = []
         for layer in range(layers):
-            ks = members[layer]
-            placed, free = place_groups([sizes[k] for k in ks], self.t.node_ranges)
+            ks = order[layer_of[order] == layer].tolist()
+            placed, free = place_groups(sizes[ks], self.t.node_ranges)
             if placed is None:
                 return None
             for k, rs in zip(ks, placed, strict=True):

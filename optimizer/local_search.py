@@ -212,7 +212,7 @@ class LocalSearch:
             base_h = np.where(time_h > 0, time_h, self.b)[None, :]
             room = (self.g_limit[alive] - self.g_tokens[alive])[None, :]
             new_tg = tg - cost_a if members.size > 1 else np.zeros_like(cost_a)
-            new_th = base_h + self.cols[self.g_class[alive]][:, members].T
+            new_th = base_h + self.cols[self.g_class[alive][None, :], members[:, None]]
             delta = self._delta(g, new_tg, new_th, self.g_layer[alive][None, :], alive[None, :], tops)
             delta = np.where(room >= len_a, delta, np.inf)
             k = int(np.argmin(delta))
@@ -225,7 +225,7 @@ class LocalSearch:
             len_c = self.lengths[others][None, :]
             room_h = (self.g_limit[h_of_c] - self.g_tokens[h_of_c])[None, :] + len_c
             room_g = self.g_limit[g] - self.g_tokens[g]
-            cost_a_in_h = self.cols[self.g_class[h_of_c]][:, members].T
+            cost_a_in_h = self.cols[self.g_class[h_of_c][None, :], members[:, None]]
             new_tg = tg - cost_a + self.cols[self.g_class[g], others][None, :]
             new_th = self.g_time[h_of_c][None, :] - self.s_cost[others][None, :] + cost_a_in_h
             ok = (room_h >= len_a) & (room_g + len_a >= len_c)

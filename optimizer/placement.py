@@ -1,110 +1,144 @@
-"""Placing groups of given sizes onto ranks, node by node.
+"""Placing groups of given sizes onto ranks, node by node, and spreading groups over micro-batches.
 
 Groups are placed largest first. A group no larger than a node goes to the node with the fewest free
-ranks that still hold it (best fit), on contiguous ranks, so it uses the intra-node links. A group
-larger than a node takes whole free nodes in a row plus part of the next. Only when no node has
-room does a group spill over several nodes (it then pays inter-node bandwidth, which the planner
-sees in the group's time). Ranks left over are returned so the caller can use them.
+ranks that still hold it (best fit, lowest node index on ties), on contiguous ranks, so it uses the
+intra-node links. A group larger than a node takes whole free nodes in a row plus part of the next.
+Only when no node has room does a group spill over several nodes, taken from the nodes with the most
+free ranks first (it then pays inter-node bandwidth, which the planner sees in the group's time).
+Ranks left over are returned so the caller can use them. The loops are compiled (:mod:`optimizer.jit`).
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 
+import numpy as np
 
-def place_groups(sizes: Sequence[int], node_ranges: Sequence[tuple[int, int]]) -> tuple[list[tuple[int, ...]] | None, list[int]]:
-    """Ranks for each group (same order as ``sizes``) and the free ranks left, or (None, []) if they do not fit."""
-    free_start = [a for a, _ in node_ranges]
-    ends = [b for _, b in node_ranges]
-    total = sum(b - a for a, b in node_ranges)
-    if sum(sizes) > total:
-        return None, []
-    placed: list[tuple[int, ...] | None] = [None] * len(sizes)
-    order = sorted(range(len(sizes)), key=lambda k: -sizes[k])
-    node_size = max(b - a for a, b in node_ranges)
-    # Nodes bucketed by their free rank count, each bucket a min-heap of node indices, so that
-    # best fit (fewest free ranks that still hold the group, lowest index first) costs O(node size).
-    buckets: list[list[int]] = [[] for _ in range(node_size + 1)]
-    for n in range(len(free_start)):
-        buckets[ends[n] - free_start[n]].append(n)
-    stale: set[tuple[int, int]] = set()
-
-    def take_best_fit(d: int) -> int:
-        for f in range(d, node_size + 1):
-            heap = buckets[f]
-            while heap:
-                n = heapq.heappop(heap)
-                if (n, f) in stale:
-                    stale.discard((n, f))
-                    continue
-                return n
-        return -1
-
-    def refile(n: int, old: int) -> None:
-        new = ends[n] - free_start[n]
-        if new != old:
-            heapq.heappush(buckets[new], n)
-
-    spill: list[int] = []
-    for k in order:
-        d = sizes[k]
-        if d <= node_size:
-            n = take_best_fit(d)
-            if n >= 0:
-                a = free_start[n]
-                placed[k] = tuple(range(a, a + d))
-                free_start[n] += d
-                heapq.heappush(buckets[ends[n] - free_start[n]], n)
-                continue
-            spill.append(k)
-            continue
-        # Larger than a node: a run of wholly free nodes, then the rest from the next node.
-        run = _whole_node_run(free_start, node_ranges, d)
-        if run is None:
-            spill.append(k)
-            continue
-        ranks: list[int] = []
-        n = run
-        while len(ranks) < d:
-            old = ends[n] - free_start[n]
-            take = min(d - len(ranks), old)
-            ranks.extend(range(free_start[n], free_start[n] + take))
-            free_start[n] += take
-            if take:
-                stale.add((n, old))
-                heapq.heappush(buckets[ends[n] - free_start[n]], n)
-            n += 1
-        placed[k] = tuple(ranks)
-    for k in spill:
-        d = sizes[k]
-        ranks = []
-        # Take from the nodes with most free ranks first to touch as few nodes as possible.
-        for n in sorted(range(len(free_start)), key=lambda n: -(ends[n] - free_start[n])):
-            take = min(d - len(ranks), ends[n] - free_start[n])
-            ranks.extend(range(free_start[n], free_start[n] + take))
-            free_start[n] += take
-            if len(ranks) == d:
-                break
-        placed[k] = tuple(sorted(ranks))
-    free = [r for n in range(len(free_start)) for r in range(free_start[n], ends[n])]
-    return [p for p in placed if p is not None], free
+from optimizer.jit import compiled
 
 
-def _whole_node_run(free_start: list[int], node_ranges: Sequence[tuple[int, int]], d: int) -> int | None:
-    """First node index starting a run of consecutive nodes whose free ranks add up to d, all but the last wholly free."""
-    for start in range(len(node_ranges)):
-        if free_start[start] != node_ranges[start][0]:
+@compiled
+def _whole_node_run(free_start: np.ndarray, node_start: np.ndarray, node_end: np.ndarray, d: int) -> int:
+    """First node starting a run of consecutive nodes whose free ranks add up to d, all but the last wholly free; -1 if none."""
+    n_nodes = node_start.shape[0]
+    for start in range(n_nodes):
+        if free_start[start] != node_start[start]:
             continue
         got = 0
         n = start
-        while n < len(node_ranges):
-            a, b = node_ranges[n]
-            whole = free_start[n] == a
-            got += b - free_start[n]
+        while n < n_nodes:
+            whole = free_start[n] == node_start[n]
+            got += node_end[n] - free_start[n]
             if got >= d:
                 return start
             if not whole:
                 break
             n += 1
-    return None
+    return -1
+
+
+@compiled
+def place_layer(sizes: np.ndarray, node_start: np.ndarray, node_end: np.ndarray, offsets: np.ndarray,
+                ranks_out: np.ndarray, free_out: np.ndarray) -> int:
+    """Place groups of ``sizes`` on one layer of the domain.
+
+    Group k's ranks go to ``ranks_out[offsets[k]:offsets[k + 1]]`` (ascending); the free ranks left
+    go to the front of ``free_out``. Returns how many ranks are free, or -1 if the groups do not fit.
+    """
+    n_nodes = node_start.shape[0]
+    total = 0
+    node_size = 0
+    for n in range(n_nodes):
+        total += node_end[n] - node_start[n]
+        node_size = max(node_size, node_end[n] - node_start[n])
+    if sizes.sum() > total:
+        return -1
+    free_start = node_start.copy()
+    spill = np.empty(sizes.shape[0], dtype=np.int64)
+    n_spill = 0
+    for k in np.argsort(-sizes, kind="mergesort"):
+        d = sizes[k]
+        out = offsets[k]
+        if d <= node_size:
+            best = -1
+            best_free = node_size + 1
+            for n in range(n_nodes):
+                f = node_end[n] - free_start[n]
+                if d <= f < best_free:
+                    best, best_free = n, f
+            if best < 0:
+                spill[n_spill] = k
+                n_spill += 1
+                continue
+            for q in range(d):
+                ranks_out[out + q] = free_start[best] + q
+            free_start[best] += d
+            continue
+        n = _whole_node_run(free_start, node_start, node_end, d)
+        if n < 0:
+            spill[n_spill] = k
+            n_spill += 1
+            continue
+        got = 0
+        while got < d:
+            take = min(d - got, node_end[n] - free_start[n])
+            for q in range(take):
+                ranks_out[out + got + q] = free_start[n] + q
+            got += take
+            free_start[n] += take
+            n += 1
+    for s in range(n_spill):
+        k = spill[s]
+        d = sizes[k]
+        out = offsets[k]
+        got = 0
+        for n in np.argsort(free_start - node_end, kind="mergesort"):
+            take = min(d - got, node_end[n] - free_start[n])
+            for q in range(take):
+                ranks_out[out + got + q] = free_start[n] + q
+            got += take
+            free_start[n] += take
+            if got == d:
+                break
+        ranks_out[out:out + d] = np.sort(ranks_out[out:out + d])
+    n_free = 0
+    for n in range(n_nodes):
+        for r in range(free_start[n], node_end[n]):
+            free_out[n_free] = r
+            n_free += 1
+    return n_free
+
+
+@compiled
+def spread_over_layers(sizes: np.ndarray, order: np.ndarray, layers: int, n_ranks: int, layer_out: np.ndarray) -> bool:
+    """Each group, in ``order``, to the layer with the fewest used ranks that still has room (lowest
+    layer on ties). False if some group has no room."""
+    used = np.zeros(layers, dtype=np.int64)
+    for k in order:
+        d = sizes[k]
+        best = -1
+        for m in range(layers):
+            if used[m] + d <= n_ranks and (best < 0 or used[m] < used[best]):
+                best = m
+        if best < 0:
+            return False
+        used[best] += d
+        layer_out[k] = best
+    return True
+
+
+def place_groups(sizes: Sequence[int], node_ranges: Sequence[tuple[int, int]]) -> tuple[list[tuple[int, ...]] | None, list[int]]:
+    """Ranks for each group (same order as ``sizes``) and the free ranks left, or (None, []) if they do not fit."""
+    size_arr = np.asarray(sizes, dtype=np.int64).reshape(-1)
+    node_start = np.fromiter((a for a, _ in node_ranges), dtype=np.int64, count=len(node_ranges))
+    node_end = np.fromiter((b for _, b in node_ranges), dtype=np.int64, count=len(node_ranges))
+    offsets = np.zeros(size_arr.shape[0] + 1, dtype=np.int64)
+    np.cumsum(size_arr, out=offsets[1:])
+    ranks = np.empty(int(offsets[-1]), dtype=np.int64)
+    free = np.empty(int((node_end - node_start).sum()), dtype=np.int64)
+    n_free = place_layer(size_arr, node_start, node_end, offsets, ranks, free)
+    if n_free < 0:
+        return None, []
+    flat = ranks.tolist()
+    bounds = offsets.tolist()
+    return [tuple(flat[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)], free[:n_free].tolist()

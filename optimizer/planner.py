@@ -23,6 +23,7 @@ from optimizer.bounds import lower_bound
 from optimizer.costs import CostTables
 from optimizer.errors import InfeasibleError
 from optimizer.evaluate import assignment_step_time, build_plan
+from optimizer.gc_pause import collector_paused
 from optimizer.heuristic import heuristic_plan
 from optimizer.plan import Assignment, Plan, SolverStats, TracePoint
 from optimizer.problem import Problem
@@ -89,6 +90,12 @@ def choose_backend(tables: CostTables, requested: str, remaining_ms: float, rese
 
 
 def plan(problem: Problem, *, compare_static: bool = True, clock: Callable[[], float] = time.perf_counter) -> Plan:
+    """The verified plan of ``problem`` (see the module docstring)."""
+    with collector_paused():
+        return _plan(problem, compare_static, clock)
+
+
+def _plan(problem: Problem, compare_static: bool, clock: Callable[[], float]) -> Plan:
     start = clock()
     options = problem.options
     deadline = start + options.time_budget_ms / 1000.0
