@@ -1,0 +1,46 @@
+"""The compiled loops and their plain-Python form (numba absent or NUMBA_DISABLE_JIT=1) give the same plans."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from optimizer import jit
+
+SCRIPT = """
+import json, sys
+from optimizer.documents import problem_from_json
+from optimizer.planner import plan
+from optimizer.workloads import image_sft, long_tail_video
+docs = [
+    {"batch": long_tail_video(48, seed=5), "cluster_preset": "h100-8x8", "model_preset": "qwen2-vl-7b"},
+    {"batch": image_sft(40, seed=2), "cluster_preset": "mixed-h100-a100", "model_preset": "internvl2-8b"},
+]
+out = []
+for doc in docs:
+    p = plan(problem_from_json(dict(doc, options={"backend": "heuristic"})))
+    out.append({"step": p.predicted_step_time_s, "bound": p.lower_bound_s, "static": p.static_baseline.predicted_step_time_s,
+                "groups": [[list(g.ranks), list(g.samples)] for mb in p.micro_batches for g in mb.groups]})
+print(json.dumps(out))
+"""
+
+
+def _run(disable: bool) -> list:
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1" if disable else "0"}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=Path(__file__).parents[1], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not jit.HAVE_NUMBA, reason="numba is not installed: only the plain-Python form exists")
+def test_compiled_and_plain_python_plans_agree() -> None:
+    compiled, plain = _run(False), _run(True)
+    assert [c["groups"] for c in compiled] == [p["groups"] for p in plain]
+    for c, p in zip(compiled, plain, strict=True):
+        for key in ("step", "bound", "static"):
+            assert c[key] == pytest.approx(p[key], rel=1e-12)
