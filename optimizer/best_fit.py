@@ -21,8 +21,11 @@ def best_fit_long(order: np.ndarray, size_index: np.ndarray, times: np.ndarray, 
     """Pack ``order``; ``out_group[k]`` gets the group of ``order[k]``. Returns the number of groups,
     whose size index, load and tokens are written to ``g_size``, ``g_load`` and ``g_tokens``."""
     n = order.shape[0]
-    sorted_load = np.empty(n)
-    sorted_group = np.empty(n, dtype=np.int64)
+    # Open groups of the current size in DESCENDING (load, group) order: new groups (the lightest,
+    # as samples come longest first) land near the end, and a group that gains load moves only a
+    # few places to the front, so the array shifts stay short.
+    by_load = np.empty(n)
+    by_group = np.empty(n, dtype=np.int64)
     count = 0
     current = -1
     n_groups = 0
@@ -35,51 +38,42 @@ def best_fit_long(order: np.ndarray, size_index: np.ndarray, times: np.ndarray, 
         ti = times[i]
         li = lengths[i]
         limit = capacity * sizes[j]
-        # Last group whose load leaves room for ti (the first position with a larger load, minus one).
+        # The fullest group whose load still leaves room for ti: the first position with load <= slack - ti.
         room = slack - ti
         lo, hi = 0, count
         while lo < hi:
             mid = (lo + hi) >> 1
-            if room < sorted_load[mid]:
+            if by_load[mid] <= room:
                 hi = mid
             else:
                 lo = mid + 1
-        k = lo - 1
+        k = lo
         best = -1
         for _ in range(probes):
-            if k < 0:
+            if k >= count:
                 break
-            g = sorted_group[k]
+            g = by_group[k]
             if g_tokens[g] + li <= limit:
                 best = g
-                for q in range(k, count - 1):
-                    sorted_load[q] = sorted_load[q + 1]
-                    sorted_group[q] = sorted_group[q + 1]
-                count -= 1
                 break
-            k -= 1
+            k += 1
         if best < 0:
             best = n_groups
             n_groups += 1
             g_size[best] = j
             g_load[best] = 0.0
             g_tokens[best] = 0.0
+            k = count  # a new entry: it is inserted as if appended, then moved forward
+            count += 1
         g_load[best] += ti
         g_tokens[best] += li
         out_group[pos] = best
-        # Insert (load, group) after every entry that is not larger.
+        # Move the entry at k forward past every entry smaller than (load, best).
         load = g_load[best]
-        lo, hi = 0, count
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if load < sorted_load[mid] or (load == sorted_load[mid] and best < sorted_group[mid]):
-                hi = mid
-            else:
-                lo = mid + 1
-        for q in range(count, lo, -1):
-            sorted_load[q] = sorted_load[q - 1]
-            sorted_group[q] = sorted_group[q - 1]
-        sorted_load[lo] = load
-        sorted_group[lo] = best
-        count += 1
+        while k > 0 and (by_load[k - 1] < load or (by_load[k - 1] == load and by_group[k - 1] < best)):
+            by_load[k] = by_load[k - 1]
+            by_group[k] = by_group[k - 1]
+            k -= 1
+        by_load[k] = load
+        by_group[k] = best
     return n_groups

@@ -1,16 +1,57 @@
-"""Turn an assignment into a plan, with times from the cost tables."""
+"""Turn an assignment into a plan, with times from the cost tables.
+
+Group times are computed for all groups at once from the assignment's flat arrays
+(:attr:`optimizer.plan.Assignment.flat`): each group's span (intra-node, slowest GPU) by a
+reduction over its ranks, then one gather and one sum per time matrix.
+"""
 
 from __future__ import annotations
 
+import numpy as np
+
 from optimizer.communicators import new_communicators, reporting
 from optimizer.costs import CostTables
-from optimizer.plan import Assignment, GroupPlan, MicroBatchPlan, Plan, SolverStats, StaticBaseline
+from optimizer.plan import Assignment, FlatGroups, GroupPlan, MicroBatchPlan, Plan, SolverStats, StaticBaseline
+
+
+def flat_group_times(tables: CostTables, flat: FlatGroups) -> tuple[np.ndarray, np.ndarray]:
+    """(predicted seconds, intra-node?) of every group; 0 s for a group without samples.
+
+    Raises KeyError for a group whose size is not an allowed degree (as the tables would).
+    """
+    n_groups = flat.size.shape[0]
+    if n_groups == 0:
+        return np.zeros(0), np.zeros(0, dtype=bool)
+    node = tables.rank_node[flat.ranks]
+    intra = np.minimum.reduceat(node, flat.rank_start) == np.maximum.reduceat(node, flat.rank_start)
+    speed = np.minimum.reduceat(tables.rank_speed[flat.ranks], flat.rank_start)
+    lut = np.full(tables.n_ranks + 1, -1, dtype=np.int64)
+    lut[tables.degrees] = np.arange(tables.degrees.shape[0])
+    j = lut[np.minimum(flat.size, tables.n_ranks)]
+    if (j < 0).any():
+        raise KeyError(int(flat.size[int(np.argmax(j < 0))]))
+    gid = np.repeat(np.arange(n_groups), flat.count)
+    total = np.zeros(n_groups)
+    keys = np.stack([intra.astype(np.float64), speed], axis=1)
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    for u in range(uniq.shape[0]):
+        matrix = tables.time_matrix(bool(uniq[u, 0]), float(uniq[u, 1]))
+        if uniq.shape[0] == 1:
+            total += np.bincount(gid, weights=matrix[flat.samples, j[gid]], minlength=n_groups)
+        else:
+            sel = inverse[gid] == u
+            total += np.bincount(gid[sel], weights=matrix[flat.samples[sel], j[gid[sel]]], minlength=n_groups)
+    return np.where(flat.count > 0, total + tables.group_constant, 0.0), intra
 
 
 def assignment_step_time(tables: CostTables, assignment: Assignment) -> float:
     """Sum over micro-batches of the slowest group's predicted time."""
-    times = iter(tables.group_times([g for mb in assignment.micro_batches for g in mb]))
-    return sum(max((next(times) for _ in mb), default=0.0) for mb in assignment.micro_batches)
+    flat = assignment.flat
+    times, _ = flat_group_times(tables, flat)
+    slowest = np.zeros(len(assignment.micro_batches))
+    np.maximum.at(slowest, flat.layer, times)
+    return sum(slowest.tolist())
 
 
 def build_plan(
@@ -20,18 +61,25 @@ def build_plan(
     lower_bound_s: float,
     static: StaticBaseline | None = None,
 ) -> Plan:
-    samples = tables.problem.batch.samples
-    ordered = [sorted(mb, key=lambda g: g[0][0]) for mb in assignment.micro_batches]
-    times = iter(tables.group_times([g for mb in ordered for g in mb]))
+    flat = assignment.flat
+    times, intra = flat_group_times(tables, flat)
+    batch = tables.problem.batch
+    ids = [s.id for s in batch.samples]
+    sample_list = flat.samples.tolist()
+    flat_ids = list(map(ids.__getitem__, sample_list))
+    flat_lengths = list(map(batch.lengths.__getitem__, sample_list))
+    starts = np.zeros(flat.count.shape[0] + 1, dtype=np.int64)
+    np.cumsum(flat.count, out=starts[1:])
+    bounds = starts.tolist()
+    groups = [g for mb in assignment.micro_batches for g in mb]
+    time_list, intra_list = times.tolist(), intra.tolist()
     mbs = []
     step = 0.0
-    for mb in ordered:
-        groups = []
-        for ranks, idx in mb:
-            t = next(times)
-            intra, _, _ = tables.group_span(ranks)
-            groups.append(GroupPlan(ranks=ranks, samples=tuple(samples[i].id for i in idx), lengths=tuple(samples[i].length for i in idx), predicted_time_s=t, intra_node=intra))
-        plan_mb = MicroBatchPlan(tuple(groups))
+    for order in _by_first_rank(flat, len(assignment.micro_batches)):
+        plan_mb = MicroBatchPlan(tuple(
+            GroupPlan(ranks=groups[g][0], samples=tuple(flat_ids[bounds[g]:bounds[g + 1]]), lengths=tuple(flat_lengths[bounds[g]:bounds[g + 1]]),
+                      predicted_time_s=time_list[g], intra_node=intra_list[g])
+            for g in order))
         step += plan_mb.predicted_time_s
         mbs.append(plan_mb)
     problem = tables.problem
@@ -49,3 +97,15 @@ def build_plan(
         solver=solver,
         static_baseline=static,
     )
+
+
+def _by_first_rank(flat: FlatGroups, n_layers: int) -> list[list[int]]:
+    """Group indices of each micro-batch, ordered by their first rank."""
+    order = np.lexsort((flat.first_rank, flat.layer))
+    per_layer = np.bincount(flat.layer, minlength=n_layers)
+    out, start = [], 0
+    ordered = order.tolist()
+    for count in per_layer.tolist():
+        out.append(ordered[start:start + count])
+        start += count
+    return out

@@ -30,7 +30,9 @@ import numpy as np
 
 from optimizer.best_fit import best_fit_long
 from optimizer.costs import CostTables
+from optimizer.degree_choice import choose_degrees, fluid_work
 from optimizer.errors import InfeasibleError
+from optimizer.group_classes import GroupClasses, class_times, classify
 from optimizer.local_search import LocalSearch, Packing
 from optimizer.lpt import lpt_place
 from optimizer.placement import place_groups, spread_over_layers
@@ -110,45 +112,30 @@ class HeuristicPlanner:
 
     # -- 2. target time ---------------------------------------------------------------------
     @cached_property
-    def _at_min(self) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
-        """Each sample's time and rank-seconds on its memory-minimal size, their total, and the
-        fastest size of each sample (for targets no size meets)."""
-        rows = np.arange(self.cost.shape[0])
-        t_min = self.cost[rows, self.min_j]
-        area_min = self.t.degrees[self.min_j] * t_min
+    def _fastest(self) -> np.ndarray:
+        """Each sample's fastest allowed size index (for targets no size meets)."""
         allowed = np.arange(self.cost.shape[1])[None, :] >= self.min_j[:, None]
-        fastest = np.where(allowed, self.cost, np.inf).argmin(axis=1)
-        return t_min, area_min, float(area_min.sum()), fastest
+        return np.where(allowed, self.cost, np.inf).argmin(axis=1)
 
     def degrees_for(self, target: float) -> np.ndarray:
         """Index of each sample's degree for a per-layer target time: the smallest size that holds
         it in memory and finishes it within the target (its fastest size if none does)."""
-        t_min, _, _, fastest = self._at_min
-        j = self.min_j.copy()
-        late = np.flatnonzero(t_min + self.b > target)  # only these need a larger size than memory asks
-        if late.size:
-            cost = self.cost[late]
-            ok = (cost + self.b <= target) & (np.arange(cost.shape[1])[None, :] >= self.min_j[late, None])
-            has = ok.any(axis=1)
-            j[late] = np.where(has, ok.argmax(axis=1), fastest[late])
+        j = np.empty(self.min_j.shape[0], dtype=np.int64)
+        choose_degrees(self.cost, self.min_j, self._fastest, self.b, float(target), j)
         return j
 
     def fluid_ranks(self, target: float) -> float:
-        t_min, area_min, total, _ = self._at_min
-        late = np.flatnonzero(t_min + self.b > target)
-        work = total
-        if late.size:
-            j = self.degrees_for(target)[late]
-            work += float((self.t.degrees[j] * self.cost[late, j]).sum() - area_min[late].sum())
+        work = fluid_work(self.cost, self.min_j, self._fastest, self.t.degrees, self.b, float(target))
         return work / max(target - self.b, 1e-12)
 
     def target_time(self, layers: int) -> float:
         avail = layers * self.t.n_ranks
         rows = np.arange(self.cost.shape[0])
-        lo = self.b + float(np.where(np.arange(self.cost.shape[1])[None, :] >= self.min_j[:, None], self.cost, np.inf).min(axis=1).max())
+        lo = self.b + float(self.cost[rows, self._fastest].max())
         if self.fluid_ranks(lo) <= avail:
             return lo
-        hi = self.b + float(self.cost[rows, self.min_j].max()) + float((self.cost[rows, self.min_j] * self.t.degrees[self.min_j]).sum()) / avail
+        t_min = self.cost[rows, self.min_j]
+        hi = self.b + float(t_min.max()) + float((t_min * self.t.degrees[self.min_j]).sum()) / avail
         while self.fluid_ranks(hi) > avail:
             hi *= 2
         for _ in range(40):
@@ -193,16 +180,14 @@ class HeuristicPlanner:
         # Longest (in tokens) first: then a group without memory room for one sample waits until the
         # samples have become short enough, and never comes back for a longer one.
         short_idx = short[np.lexsort((short, -cost[short, 0], -self.lengths[short]))]
-        members: list[list[int]] = [[] for _ in range(n_groups)]
-        for i, g in zip(long_idx.tolist(), long_group.tolist(), strict=True):
-            members[g].append(i)
-        short_group = self._lpt(ranks, g_size, members, g_tokens, np.asarray(unit_ranks, dtype=np.int64), short_idx, slack)
-        if short_group is None:
+        placed_short = self._lpt(ranks, g_size, long_idx, long_group, g_tokens, short_idx, slack)
+        if placed_short is None:
             return None
+        short_group, classes, times = placed_short
         sample_group = np.empty(rows.shape[0], dtype=np.int64)
         sample_group[long_idx] = long_group
         sample_group[short_idx] = short_group
-        return Packing(ranks=ranks, layer=layer_of, sample_group=sample_group, sequence=np.concatenate([long_idx, short_idx]))
+        return Packing(ranks=ranks, layer=layer_of, sample_group=sample_group, sequence=np.concatenate([long_idx, short_idx]), classes=classes, times=times)
 
     def pack_memory_first(self, layers: int) -> Assignment | None:
         """Fallback when the time-targeted packing does not fit: best-fit-decreasing by tokens.
@@ -295,30 +280,17 @@ class HeuristicPlanner:
             free_ranks.append(free)
         return ranks, layer_of, free_ranks
 
-    def _lpt(self, ranks: list[tuple[int, ...]], g_size: np.ndarray, members: list[list[int]], g_tokens: np.ndarray,
-             unit_ranks: np.ndarray, order: np.ndarray, slack: float) -> np.ndarray | None:
+    def _lpt(self, ranks: list[tuple[int, ...]], g_size: np.ndarray, long_idx: np.ndarray, long_group: np.ndarray, g_tokens: np.ndarray,
+             order: np.ndarray, slack: float) -> tuple[np.ndarray, GroupClasses, np.ndarray] | None:
         """Longest first, each sample to the group where it would finish earliest (memory permitting);
-        see :mod:`optimizer.lpt`. Groups are the packed ones (``members``), then one per free rank.
-        Returns the group of each sample of ``order``, or None when one fits nowhere."""
-        t = self.t
-        n_long = len(members)
-        keys: dict[tuple[int, bool, float], int] = {}
-        group_class = np.empty(len(ranks), dtype=np.int64)
-        for g in range(n_long):
-            intra, speed, _ = t.group_span(ranks[g])
-            c = keys.setdefault((int(g_size[g]), intra, speed), len(keys))
-            group_class[g] = c
-        unit_speed = t.rank_speed[unit_ranks]
-        values, first = np.unique(unit_speed, return_index=True)
-        for k in np.argsort(first, kind="stable").tolist():
-            keys[(0, True, float(values[k]))] = len(keys)
-            group_class[n_long:][unit_speed == values[k]] = len(keys) - 1
-        times = np.empty((self.lengths.shape[0], len(keys)))
-        for (j, intra, speed), c in keys.items():
-            times[:, c] = t.time_matrix(intra, speed)[:, j]
-        load = np.zeros(len(ranks))
-        for g, ss in enumerate(members):  # a group's real load (its span may differ from the packing's assumption)
-            load[g] = float(times[ss, group_class[g]].sum())
+        see :mod:`optimizer.lpt`. Groups are the packed ones (holding ``long_idx``), then one per
+        free rank. Returns the group of each sample of ``order``, or None when one fits nowhere."""
+        n_long = g_size.shape[0]
+        classes = classify(self.t, ranks)
+        keys, group_class = classes.keys, classes.group_class
+        times = class_times(self.t, keys)
+        # A group's real load (its span may differ from the packing's assumption), summed in packing order.
+        load = np.bincount(long_group, weights=times[long_idx, group_class[long_group]], minlength=len(ranks))
         tokens = np.zeros(len(ranks))
         tokens[:n_long] = g_tokens
         class_limit = np.array([self.capacity * self.degrees[j] for j, _, _ in keys], dtype=np.float64)
@@ -326,7 +298,7 @@ class HeuristicPlanner:
         placed = np.empty(order.shape[0], dtype=np.int64)
         if not lpt_place(order, self.lengths, times, group_class, load, tokens, class_limit, class_unit, float(slack), placed):
             return None
-        return placed
+        return placed, classes, times
 
     # -- the whole plan ---------------------------------------------------------------------
     def plan(self, deadline: float | None = None, rounds: int = FAST_ROUNDS) -> Assignment:

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
 from optimizer.costs import CostTables
+from optimizer.group_classes import ClassKey, GroupClasses, class_times, classify
 from optimizer.plan import Assignment
 from optimizer.search_kernels import EPS, best_move, layer_tops, refresh_group
 
@@ -44,6 +46,10 @@ class Packing:
     layer: np.ndarray
     sample_group: np.ndarray
     sequence: np.ndarray
+    classes: GroupClasses | None = None
+    """The groups' classes, when the packer already knows them ..."""
+    times: np.ndarray | None = None
+    """... and the [samples x classes] times of those classes."""
 
 
 class LocalSearch:
@@ -80,42 +86,33 @@ class LocalSearch:
         renumber[order] = np.arange(order.shape[0])
         ranks = [packing.ranks[g] for g in order.tolist()]
         search = cls.__new__(cls)
-        search._setup(tables, ranks, new_layer[packing.layer[order]], renumber[packing.sample_group], int(kept.sum()), max_rounds)
+        known = None
+        if packing.classes is not None and packing.times is not None:
+            c = packing.classes
+            known = (GroupClasses(c.keys, c.group_class[order], c.capacity[order]), packing.times)
+        search._setup(tables, ranks, new_layer[packing.layer[order]], renumber[packing.sample_group], int(kept.sum()), max_rounds, known)
         return search
 
     def _setup(self, tables: CostTables, ranks: list[tuple[int, ...]], layers: np.ndarray, s_group: np.ndarray,
-               n_layers: int, max_rounds: int) -> None:
+               n_layers: int, max_rounds: int, known: tuple[GroupClasses, np.ndarray] | None = None) -> None:
         self.t = tables
         self.b = tables.group_constant
         self.max_rounds = max_rounds
         self.lengths = tables.lengths.astype(np.float64)
-        self._cols: np.ndarray | None = None
-        self.class_keys: list[tuple[int, bool, float]] = []
-        self.class_rows: list[np.ndarray] = []
-        self._class_index: dict[tuple[int, bool, float], int] = {}
+        classes = known[0] if known is not None else classify(tables, ranks)
+        self.class_keys: list[ClassKey] = list(classes.keys)
+        self._class_index = {key: k for k, key in enumerate(self.class_keys)}
+        self.times = known[1] if known is not None else class_times(tables, self.class_keys)
         n_groups = len(ranks)
         sizes = np.fromiter(map(len, ranks), dtype=np.int64, count=n_groups)
-        first = np.fromiter((r[0] for r in ranks), dtype=np.int64, count=n_groups)
-        classes = np.empty(n_groups, dtype=np.int64)
-        limits = np.empty(n_groups, dtype=np.float64)
-        unit = np.flatnonzero(sizes == 1)
-        speed = tables.rank_speed[first[unit]]
-        for value in np.unique(speed).tolist():
-            classes[unit[speed == value]] = self._class((0, True, value))
-        limits[unit] = tables.rank_capacity[first[unit]]
+        flat = np.fromiter(chain.from_iterable(ranks), dtype=np.int64, count=int(sizes.sum()))
         self.n_layers = n_layers
         self.rank_group = np.full((n_layers, tables.n_ranks), -1, dtype=np.int64)
-        self.rank_group[layers[unit], first[unit]] = unit
-        for g in np.flatnonzero(sizes > 1).tolist():
-            r = ranks[g]
-            intra, sp, cap = tables.group_span(r)
-            classes[g] = self._class((tables.degree_index[len(r)], intra, sp))
-            limits[g] = cap * len(r)
-            self.rank_group[layers[g], list(r)] = g
+        self.rank_group[np.repeat(layers, sizes), flat] = np.repeat(np.arange(n_groups), sizes)
         self.g_ranks = ranks
         self.g_layer = layers
-        self.g_class = classes
-        self.g_limit = limits
+        self.g_class = classes.group_class.copy()
+        self.g_limit = classes.capacity * sizes
         self.g_alive = np.ones(n_groups, dtype=bool)
         self.s_group = s_group
         self.top = np.zeros((n_layers, 3))
@@ -123,27 +120,18 @@ class LocalSearch:
         self._refresh()
 
     # -- bookkeeping ------------------------------------------------------------------------
-    def _class(self, key: tuple[int, bool, float]) -> int:
+    def _class(self, key: ClassKey) -> int:
         k = self._class_index.get(key)
         if k is None:
-            j, intra, speed = key
             k = len(self.class_keys)
             self.class_keys.append(key)
-            self.class_rows.append(self.t.time_matrix(intra, speed)[:, j])
+            self.times = np.hstack([self.times, class_times(self.t, [key])])
             self._class_index[key] = k
-            self._cols = None
         return k
-
-    @property
-    def cols(self) -> np.ndarray:
-        """[classes, samples]: each sample's time on a group of each class."""
-        if self._cols is None:
-            self._cols = np.vstack(self.class_rows)
-        return self._cols
 
     def _refresh(self) -> None:
         n_groups = len(self.g_ranks)
-        self.s_cost = self.cols[self.g_class[self.s_group], np.arange(self.t.n_samples)]
+        self.s_cost = self.times[np.arange(self.t.n_samples), self.g_class[self.s_group]]
         loads = np.bincount(self.s_group, weights=self.s_cost, minlength=n_groups)
         counts = np.bincount(self.s_group, minlength=n_groups)
         self.g_time = np.where(counts > 0, loads + self.b, 0.0)
@@ -164,7 +152,7 @@ class LocalSearch:
     def _best_move(self, g: int) -> tuple[float, tuple]:
         """Best move or swap of one sample of g (see :func:`optimizer.search_kernels.best_move`)."""
         delta, kind, a, x = best_move(g, self.top, self.top_id, self.g_time, self.g_layer, self.g_limit, self.g_tokens, self.g_alive,
-                                      self.g_class, self.s_group, self.s_cost, self.lengths, self.cols, self.b, SLACK_CANDIDATES, ROOM_CANDIDATES)
+                                      self.g_class, self.s_group, self.s_cost, self.lengths, self.times, self.b, SLACK_CANDIDATES, ROOM_CANDIDATES)
         if kind == 0:
             return -EPS, ()
         return float(delta), ("move" if kind == 1 else "swap", int(a), int(x))
@@ -233,9 +221,8 @@ class LocalSearch:
             self._update_groups([g])
 
     def _update_groups(self, gs: list[int]) -> None:
-        cols = self.cols
         for g in gs:
-            refresh_group(g, self.s_group, self.s_cost, self.lengths, cols[self.g_class[g]], self.b, self.g_time, self.g_tokens)
+            refresh_group(g, self.s_group, self.s_cost, self.lengths, self.times[:, self.g_class[g]], self.b, self.g_time, self.g_tokens)
 
     # -- driver -----------------------------------------------------------------------------
     def run(self, deadline: float | None = None) -> None:
@@ -265,12 +252,13 @@ class LocalSearch:
         self.rounds = rounds
 
     def assignment(self) -> Assignment:
+        """The current groups with samples, micro-batch by micro-batch, each group's samples ascending."""
         order = np.argsort(self.s_group, kind="stable")
         groups = self.s_group[order]
         starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
         ends = np.r_[starts[1:], groups.shape[0]].tolist()
         flat = order.tolist()
-        mbs: list[list[tuple[tuple[int, ...], list[int]]]] = [[] for _ in range(self.n_layers)]
+        mbs: list[list[tuple[tuple[int, ...], tuple[int, ...]]]] = [[] for _ in range(self.n_layers)]
         for g, a, b in zip(groups[starts].tolist(), starts.tolist(), ends, strict=True):
-            mbs[int(self.g_layer[g])].append((self.g_ranks[g], flat[a:b]))
-        return Assignment.of(mbs)
+            mbs[int(self.g_layer[g])].append((self.g_ranks[g], tuple(flat[a:b])))
+        return Assignment(tuple(tuple(mb) for mb in mbs if mb))

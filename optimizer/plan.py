@@ -8,7 +8,11 @@ cost tables. ``Plan.to_json`` is the wire form printed by ``dhp plan`` and retur
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
+from itertools import chain
 from typing import Any
+
+import numpy as np
 
 from optimizer.errors import ProblemError
 from optimizer.sharding import padded_length, token_ranges
@@ -20,6 +24,19 @@ GroupAssignment = tuple[tuple[int, ...], tuple[int, ...]]
 
 
 @dataclass(frozen=True)
+class FlatGroups:
+    """The groups of an assignment as arrays, in order (micro-batch by micro-batch)."""
+
+    layer: np.ndarray  # [G] micro-batch of each group
+    size: np.ndarray  # [G] ranks per group
+    ranks: np.ndarray  # all groups' ranks, one group after the other
+    rank_start: np.ndarray  # [G] where each group's ranks begin in ``ranks``
+    samples: np.ndarray  # all groups' sample indices, one group after the other
+    count: np.ndarray  # [G] samples per group
+    first_rank: np.ndarray  # [G]
+
+
+@dataclass(frozen=True)
 class Assignment:
     """A candidate plan: for every micro-batch, its groups as (ranks, sample indices)."""
 
@@ -27,7 +44,21 @@ class Assignment:
 
     @classmethod
     def of(cls, micro_batches: list[list[tuple[list[int] | tuple[int, ...], list[int] | tuple[int, ...]]]]) -> Assignment:
-        return cls(tuple(tuple((tuple(int(r) for r in ranks), tuple(int(i) for i in samples)) for ranks, samples in mb if len(samples)) for mb in micro_batches if any(len(s) for _, s in mb)))
+        return cls(tuple(tuple((tuple(map(int, ranks)), tuple(map(int, samples))) for ranks, samples in mb if len(samples)) for mb in micro_batches if any(len(s) for _, s in mb)))
+
+    @cached_property
+    def flat(self) -> FlatGroups:
+        groups = [g for mb in self.micro_batches for g in mb]
+        n = len(groups)
+        size = np.fromiter(map(len, (r for r, _ in groups)), dtype=np.int64, count=n)
+        count = np.fromiter(map(len, (s for _, s in groups)), dtype=np.int64, count=n)
+        ranks = np.fromiter(chain.from_iterable(r for r, _ in groups), dtype=np.int64, count=int(size.sum()))
+        samples = np.fromiter(chain.from_iterable(s for _, s in groups), dtype=np.int64, count=int(count.sum()))
+        rank_start = np.zeros(n, dtype=np.int64)
+        np.cumsum(size[:-1], out=rank_start[1:])
+        layer = np.repeat(np.arange(len(self.micro_batches)), [len(mb) for mb in self.micro_batches])
+        first_rank = ranks[rank_start] if n and size.min() > 0 else np.array([r[0] if r else -1 for r, _ in groups], dtype=np.int64)
+        return FlatGroups(layer=layer, size=size, ranks=ranks, rank_start=rank_start, samples=samples, count=count, first_rank=first_rank)
 
 
 # -- the plan ---------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Compiled inner loops of the local search (:mod:`optimizer.local_search`).
 
 Groups are arrays indexed by group id (time, layer, memory limit and tokens, alive flag, class);
-samples by sample id (group, time in that group, length). ``cols[c, i]`` is sample i's time on a
+samples by sample id (group, time in that group, length). ``times[i, c]`` is sample i's time on a
 group of class c. The step time is the sum over layers of the slowest group; :func:`layer_tops`
 keeps each layer's three largest group times so that the change of the step time caused by
 changing two groups is known without rescanning (:func:`step_delta`). Ties break towards the lower
@@ -107,7 +107,7 @@ def candidates(g: int, top: np.ndarray, g_time: np.ndarray, g_layer: np.ndarray,
 @compiled
 def best_move(g: int, top: np.ndarray, top_id: np.ndarray, g_time: np.ndarray, g_layer: np.ndarray, g_limit: np.ndarray,
               g_tokens: np.ndarray, g_alive: np.ndarray, g_class: np.ndarray, s_group: np.ndarray, s_cost: np.ndarray,
-              lengths: np.ndarray, cols: np.ndarray, b: float, n_slack: int, n_room: int) -> tuple[float, int, int, int]:
+              lengths: np.ndarray, times: np.ndarray, b: float, n_slack: int, n_room: int) -> tuple[float, int, int, int]:
     """Best move (one sample of g to another group) or swap (with a sample of another group).
 
     Returns (change of the step time, kind, a, x): kind 1 moves sample a to group x, kind 2 swaps
@@ -132,7 +132,7 @@ def best_move(g: int, top: np.ndarray, top_id: np.ndarray, g_time: np.ndarray, g
             if g_limit[h] - g_tokens[h] < la:
                 continue
             base = g_time[h] if g_time[h] > 0 else b
-            d = step_delta(g, m, new_tg, h, g_layer[h], base + cols[g_class[h], a], top, top_id)
+            d = step_delta(g, m, new_tg, h, g_layer[h], base + times[a, g_class[h]], top, top_id)
             if d < best:
                 best, kind, best_a, best_x = d, 1, a, h
     room_g = g_limit[g] - g_tokens[g]
@@ -149,7 +149,7 @@ def best_move(g: int, top: np.ndarray, top_id: np.ndarray, g_time: np.ndarray, g
             la = lengths[a]
             if room_h < la or room_g + la < lc:
                 continue
-            d = step_delta(g, m, tg - s_cost[a] + cols[cg, c], h, hl, g_time[h] - s_cost[c] + cols[ch, a], top, top_id)
+            d = step_delta(g, m, tg - s_cost[a] + times[c, cg], h, hl, g_time[h] - s_cost[c] + times[a, ch], top, top_id)
             if d < best:
                 best, kind, best_a, best_x = d, 2, a, c
     return best, kind, best_a, best_x
