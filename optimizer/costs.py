@@ -2,8 +2,8 @@
 
 Planners and formulations read :class:`CostTables`; they never see the model or the hardware.
 :func:`sample_time` is the scalar form of the formula (documented in :mod:`optimizer.profile`),
-used by the verifier; the tables compute the same formula with numpy, so the two paths check each
-other.
+used by the verifier; the tables fill whole matrices with the same formula in compiled loops
+(:mod:`optimizer.time_kernels`), so the two paths check each other.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import chain
+from operator import attrgetter
 
 import numpy as np
 
@@ -19,6 +21,7 @@ from optimizer.batch import Sample
 from optimizer.errors import InfeasibleError
 from optimizer.problem import Problem
 from optimizer.profile import CostProfile
+from optimizer.time_kernels import fill_best_time, fill_time_matrix
 
 
 def vision_work(profile: CostProfile, sample: Sample) -> float:
@@ -38,6 +41,23 @@ def sample_time(profile: CostProfile, length: int, vision: float, d: int, intra:
     if profile.overlap_with_attention:
         comm = max(0.0, comm - attention)
     return compute + comm
+
+
+def vision_work_array(profile: CostProfile, samples: Sequence[Sample]) -> np.ndarray:
+    """:func:`vision_work` of every sample, as an array (the same sums, image by image in order)."""
+    n = len(samples)
+    if not (profile.vision_linear or profile.vision_quadratic):
+        return np.zeros(n)
+    images = list(map(attrgetter("images"), samples))
+    counts = np.fromiter(map(len, images), dtype=np.int64, count=n)
+    flat = list(chain.from_iterable(images))
+    tokens = np.fromiter(map(attrgetter("tokens"), flat), dtype=np.float64, count=len(flat))
+    frames = np.fromiter(map(attrgetter("frames"), flat), dtype=np.float64, count=len(flat))
+    work = frames * (profile.vision_linear * tokens + profile.vision_quadratic * tokens * tokens)
+    if len(flat) == n and n and counts.min() == 1:
+        return work
+    # bincount adds each sample's images in order, starting from zero, as the scalar sum does.
+    return np.bincount(np.repeat(np.arange(n), counts), weights=work, minlength=n)
 
 
 def allowed_degrees(problem: Problem, max_degree: int) -> list[int]:
@@ -75,13 +95,13 @@ class CostTables:
         profile = problem.cost_profile
         cluster = problem.cluster
         samples = problem.batch.samples
-        lengths = np.fromiter((s.length for s in samples), dtype=np.int64, count=len(samples))
-        vision = np.fromiter((vision_work(profile, s) for s in samples), dtype=np.float64, count=len(samples))
+        lengths = np.fromiter(problem.batch.lengths, dtype=np.int64, count=len(samples))
+        vision = vision_work_array(profile, samples)
         n_ranks = cluster.domain_size
         rank_node = np.asarray(cluster.rank_node, dtype=np.int64)
         gpu_names = [n.gpu.name for n in cluster.nodes]
-        rank_speed = np.array([profile.speed_for(gpu_names[k]) for k in cluster.rank_node], dtype=np.float64)
-        rank_capacity = np.array([profile.capacity_for(gpu_names[k]) for k in cluster.rank_node], dtype=np.float64)
+        rank_speed = np.array([profile.speed_for(g) for g in gpu_names], dtype=np.float64)[rank_node]
+        rank_capacity = np.array([profile.capacity_for(g) for g in gpu_names], dtype=np.float64)[rank_node]
         best_capacity = float(rank_capacity.max())
         need = int(math.ceil(int(lengths.max()) / best_capacity))
         opt_max = problem.options.max_degree
@@ -150,17 +170,14 @@ class CostTables:
 
     def _compute_matrix(self, intra: bool, speed: float) -> np.ndarray:
         p = self.profile
-        L = self.lengths.astype(np.float64)[:, None]
-        d = self.degrees.astype(np.float64)[None, :]
-        attention = p.quadratic * L * L / d / speed
-        compute = (p.quadratic * L * L + p.linear * L + self.vision[:, None]) / d / speed + p.sample_constant / speed
-        bw = np.array([p.bandwidth(int(x), intra) for x in self.degrees], dtype=np.float64)[None, :]
+        d = self.degrees.astype(np.float64)
         share = (d - 1) / d if p.scheme == "ring" else 1.0 / d
-        comm = p.bytes_per_token * L * share / bw + p.messages_per_step * (d - 1) * p.latency(intra)
-        if p.overlap_with_attention:
-            comm = np.maximum(0.0, comm - attention)
-        comm = np.where(d == 1, 0.0, comm)
-        return compute + comm
+        bw = np.array([p.bandwidth(int(x), intra) for x in self.degrees], dtype=np.float64)
+        latency = p.messages_per_step * (d - 1) * p.latency(intra)
+        out = np.empty((self.n_samples, d.shape[0]))
+        fill_time_matrix(self.lengths, self.vision, d, share, bw, latency, float(p.quadratic), float(p.linear), float(p.sample_constant),
+                         float(p.bytes_per_token), float(speed), bool(p.overlap_with_attention), out)
+        return out
 
     @cached_property
     def best_time(self) -> np.ndarray:
@@ -168,15 +185,17 @@ class CostTables:
         fast = float(self.rank_speed.max())
         intra = self.time_matrix(True, fast)
         inter = self.time_matrix(False, fast)
-        fits = (self.degrees <= self.node_size)[None, :]
-        return np.where(fits, np.minimum(intra, inter), inter)
+        out = np.empty_like(inter)
+        fill_best_time(intra, inter, self.degrees <= self.node_size, out)
+        return out
 
     @cached_property
     def min_degree_index(self) -> np.ndarray:
         """[n] index into ``degrees`` of the smallest size on which each sample fits in memory."""
         cap = float(self.rank_capacity.max())
-        fits = self.lengths[:, None] <= cap * self.degrees[None, :]
-        return fits.argmax(axis=1)
+        # The first size with lengths <= cap * size; 0 where none fits (build refuses such batches).
+        first = np.searchsorted(cap * self.degrees, self.lengths, side="left")
+        return np.where(first < len(self.degrees), first, 0)
 
     @cached_property
     def _rank_lists(self) -> tuple[list[int], list[float], list[float]]:

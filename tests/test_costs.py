@@ -92,3 +92,55 @@ def test_vision_tokens_from_pixels_and_frames():
     assert b.length == 5 + 8 * 196
     tables = CostTables.build(problem)
     assert np.all(tables.vision > 0)  # the encoder's work is charged
+
+
+# -- the compiled tables against straightforward numpy ---------------------------------------
+
+
+def _numpy_matrix(tables: CostTables, intra: bool, speed: float) -> np.ndarray:
+    """The cost formula over whole arrays, as broadcast numpy expressions (the reference)."""
+    p = tables.profile
+    L = tables.lengths.astype(np.float64)[:, None]
+    d = tables.degrees.astype(np.float64)[None, :]
+    attention = p.quadratic * L * L / d / speed
+    compute = (p.quadratic * L * L + p.linear * L + tables.vision[:, None]) / d / speed + p.sample_constant / speed
+    bw = np.array([p.bandwidth(int(x), intra) for x in tables.degrees], dtype=np.float64)[None, :]
+    share = (d - 1) / d if p.scheme == "ring" else 1.0 / d
+    comm = p.bytes_per_token * L * share / bw + p.messages_per_step * (d - 1) * p.latency(intra)
+    if p.overlap_with_attention:
+        comm = np.maximum(0.0, comm - attention)
+    comm = np.where(d == 1, 0.0, comm)
+    return compute + comm
+
+
+def _table_cases():
+    from optimizer.workloads import WORKLOADS
+
+    overlap_off = dict(PROFILE, comm={**PROFILE["comm"], "latency_s": {"intra": 3e-6, "inter": 2e-5}, "messages_per_step": 7})
+    overlap_on = dict(PROFILE, comm={**PROFILE["comm"], "overlap_with_attention": True},
+                      time={**PROFILE["time"], "vision_linear": 1e-6, "vision_quadratic": 1e-10}, speed_by_gpu={"A100-80GB": 0.4})
+    ulysses = dict(PROFILE, comm={"scheme": "ulysses", "bytes_per_token": 700.0, "bandwidth_bytes_per_s": {"intra": 3e9, "inter": 4e8}})
+    yield {"batch": WORKLOADS["video"](48, seed=1), "cluster_preset": "h100-8x8", "model_preset": "qwen2-vl-7b"}
+    yield {"batch": WORKLOADS["mixed"](60, seed=2), "cluster_preset": "mixed-h100-a100", "model_preset": "qwen2-vl-7b"}
+    yield {"batch": WORKLOADS["image-sft"](40, seed=3), "cluster_preset": "ascend910b-8x8", "model_preset": "internvl2-8b",
+           "options": {"cp_scheme": "ulysses", "degree_policy": "any"}}
+    for profile in (overlap_off, overlap_on, ulysses):
+        yield {"batch": WORKLOADS["dynamic-res"](30, seed=4), "cluster_preset": "mixed-h100-a100", "profile": profile}
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_compiled_matrices_equal_numpy_to_the_bit(case):
+    doc = list(_table_cases())[case]
+    tables = CostTables.build(problem_from_json(doc))
+    speeds = sorted({1.0, *tables.rank_speed.tolist()})
+    for intra in (True, False):
+        for speed in speeds:
+            assert np.array_equal(tables.time_matrix(intra, speed), _numpy_matrix(tables, intra, speed))
+    fast = float(tables.rank_speed.max())
+    fits = (tables.degrees <= tables.node_size)[None, :]
+    expected = np.where(fits, np.minimum(_numpy_matrix(tables, True, fast), _numpy_matrix(tables, False, fast)), _numpy_matrix(tables, False, fast))
+    assert np.array_equal(tables.best_time, expected)
+    from optimizer.costs import vision_work
+
+    assert np.array_equal(tables.vision, [vision_work(tables.profile, s) for s in tables.problem.batch.samples])
+    assert tables.rank_speed.tolist() == [tables.profile.speed_for(tables.problem.cluster.rank_gpu(r).name) for r in range(tables.n_ranks)]
