@@ -19,54 +19,41 @@ from __future__ import annotations
 
 import numpy as np
 
+from optimizer.bound_kernels import area_frontiers, area_search, sample_extremes
 from optimizer.costs import CostTables
 
 
-def single_sample_bound(tables: CostTables) -> float:
-    t = tables.best_time
-    valid = np.arange(t.shape[1])[None, :] >= tables.min_degree_index[:, None]
-    best = np.where(valid, t, np.inf).min(axis=1)
-    return float(tables.group_constant + best.max())
+def _extremes(tables: CostTables) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per sample over its allowed sizes: the least time, the least area d t_i(d), and the time on that size."""
+    n = tables.n_samples
+    fastest, best_area, best_area_time = np.empty(n), np.empty(n), np.empty(n)
+    sample_extremes(tables.best_time, tables.degrees.astype(np.float64), tables.min_degree_index, fastest, best_area, best_area_time)
+    return fastest, best_area, best_area_time
+
+
+def single_sample_bound(tables: CostTables, fastest: np.ndarray | None = None) -> float:
+    """Bound 1 (see the module docstring); ``fastest`` is each sample's least time where known."""
+    if fastest is None:
+        fastest = _extremes(tables)[0]
+    return float(tables.group_constant + fastest.max())
 
 
 def area_bound(tables: CostTables, floor: float = 0.0, rel_tol: float = 1e-5) -> float:
-    """Smallest S with sum_i e_i(S) + b sum L / C <= N S (see the module docstring)."""
-    t = tables.best_time
+    """Smallest S with sum_i e_i(S) + b sum L / C <= N S (see the module docstring), by bisection to ``rel_tol``."""
     b = tables.group_constant
-    n_ranks = tables.n_ranks
-    d = tables.degrees.astype(np.float64)[None, :]
-    valid = np.arange(t.shape[1])[None, :] >= tables.min_degree_index[:, None]
-    area = np.where(valid, t * d, np.inf)
+    fastest, best_area, best_area_time = _extremes(tables)
     memory_ranks = float(tables.lengths.sum()) / float(tables.rank_capacity.max())
-
-    lo = max(floor, single_sample_bound(tables))
+    lo = float(max(floor, single_sample_bound(tables, fastest)))
     # Samples whose cheapest-area size already finishes within lo never change: fold them in once.
-    best_j = area.argmin(axis=1)
-    best_area = area[np.arange(area.shape[0]), best_j]
-    fixed = b + t[np.arange(t.shape[0]), best_j] <= lo
+    fixed = b + best_area_time <= lo
     base = float(best_area[fixed].sum())
-    t_act, area_act = t[~fixed], area[~fixed]
-
-    def excess(s: float) -> float:
-        if t_act.shape[0]:
-            e = np.where(b + t_act <= s, area_act, np.inf).min(axis=1)
-            if not np.all(np.isfinite(e)):
-                return np.inf
-            return base + float(e.sum()) + b * memory_ranks - n_ranks * s
-        return base + b * memory_ranks - n_ranks * s
-
-    if excess(lo) <= 0:
-        return lo
-    hi = lo * 2
-    while excess(hi) > 0:
-        hi *= 2
-    while hi - lo > rel_tol * hi:
-        mid = 0.5 * (lo + hi)
-        if excess(mid) > 0:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    rows = np.flatnonzero(~fixed)
+    min_j = tables.min_degree_index
+    room = int((len(tables.degrees) - min_j[rows]).sum()) + len(rows)
+    start = np.empty(len(rows) + 1, dtype=np.int64)
+    finish, area = np.empty(room), np.empty(room)
+    area_frontiers(tables.best_time, tables.degrees.astype(np.float64), min_j, rows, b, lo, start, finish, area)
+    return float(area_search(lo, base, b * memory_ranks, start, finish, area, float(tables.n_ranks), rel_tol))
 
 
 def lower_bound(tables: CostTables) -> float:

@@ -1,0 +1,76 @@
+"""The lower bound's compiled search against the straightforward numpy form of the same bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.runner import make_problem
+from bench.workloads import WORKLOADS
+from optimizer.bounds import area_bound, lower_bound, single_sample_bound
+from optimizer.costs import CostTables
+from optimizer.documents import problem_from_json
+
+
+def reference_single(tables: CostTables) -> float:
+    t = tables.best_time
+    valid = np.arange(t.shape[1])[None, :] >= tables.min_degree_index[:, None]
+    return float(tables.group_constant + np.where(valid, t, np.inf).min(axis=1).max())
+
+
+def reference_area(tables: CostTables, floor: float = 0.0, rel_tol: float = 1e-5) -> float:
+    """The area bound with masks over the whole [n, D] table at every bisection step."""
+    t = tables.best_time
+    b = tables.group_constant
+    d = tables.degrees.astype(np.float64)[None, :]
+    valid = np.arange(t.shape[1])[None, :] >= tables.min_degree_index[:, None]
+    area = np.where(valid, t * d, np.inf)
+    memory_ranks = float(tables.lengths.sum()) / float(tables.rank_capacity.max())
+    lo = max(floor, reference_single(tables))
+    best_j = area.argmin(axis=1)
+    best_area = area[np.arange(area.shape[0]), best_j]
+    fixed = b + t[np.arange(t.shape[0]), best_j] <= lo
+    base = float(best_area[fixed].sum())
+    t_act, area_act = t[~fixed], area[~fixed]
+
+    def excess(s: float) -> float:
+        e = np.where(b + t_act <= s, area_act, np.inf).min(axis=1) if t_act.shape[0] else np.zeros(0)
+        if not np.all(np.isfinite(e)):
+            return np.inf
+        return base + float(e.sum()) + b * memory_ranks - tables.n_ranks * s
+
+    if excess(lo) <= 0:
+        return lo
+    hi = lo * 2
+    while excess(hi) > 0:
+        hi *= 2
+    while hi - lo > rel_tol * hi:
+        mid = 0.5 * (lo + hi)
+        if excess(mid) > 0:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _cases():
+    for workload, ranks, n in [("video", 16, 64), ("video", 64, 512), ("long-text", 32, 200), ("mixed", 16, 300), ("anyres", 8, 100), ("dynamic-res", 128, 700)]:
+        for seed in range(3):
+            yield CostTables.build(make_problem(WORKLOADS[workload], ranks, n, seed, 300.0))
+    for preset in ("mixed-h100-a100", "a100-8x8", "h100-1x8"):
+        for seed in range(2):
+            batch = WORKLOADS["video"].batch(96, seed)
+            for options in ({}, {"degree_policy": "any"}, {"max_micro_batches": 64}):
+                yield CostTables.build(problem_from_json({"batch": batch, "cluster_preset": preset, "model_preset": "qwen2-vl-7b", "options": options}))
+
+
+def test_bound_equals_the_numpy_reference():
+    checked = 0
+    for tables in _cases():
+        assert single_sample_bound(tables) == reference_single(tables)
+        got = lower_bound(tables)
+        assert got == pytest.approx(reference_area(tables), rel=1e-12, abs=0.0)
+        floor = got * 1.3
+        assert area_bound(tables, floor=floor) == pytest.approx(reference_area(tables, floor=floor), rel=1e-12, abs=0.0)
+        checked += 1
+    assert checked > 30
