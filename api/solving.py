@@ -163,9 +163,13 @@ solver libraries' import time (the planner's ``auto`` avoids CP-SAT while OR-Too
 
 
 def warm_up() -> list[str]:
-    """Import the installed solver libraries and backends; returns the modules now loaded."""
+    """Load the planner's compiled kernels and import the installed solver libraries and backends;
+    returns the solver modules now loaded."""
     import importlib
 
+    from optimizer.warm import warm_up as load_kernels
+
+    load_kernels()
     loaded = []
     for name in SOLVER_MODULES:
         try:

@@ -38,3 +38,14 @@ def fluid_work(cost: np.ndarray, min_j: np.ndarray, fastest: np.ndarray, degrees
         j = _choose(cost, min_j, fastest, b, target, i)
         work += degrees[j] * cost[i, j]
     return work
+
+
+@compiled
+def fastest_sizes(cost: np.ndarray, min_j: np.ndarray, out: np.ndarray) -> None:
+    """``out[i]``: the size index, at least ``min_j[i]``, on which sample i is fastest (the first on ties)."""
+    for i in range(cost.shape[0]):
+        best = min_j[i]
+        for k in range(best + 1, cost.shape[1]):
+            if cost[i, k] < cost[i, best]:
+                best = k
+        out[i] = best

@@ -55,9 +55,17 @@ def classify(tables: CostTables, ranks: list[tuple[int, ...]]) -> GroupClasses:
     return GroupClasses(keys, number[inverse.reshape(-1)], capacity)
 
 
-def class_times(tables: CostTables, keys: list[ClassKey]) -> np.ndarray:
-    """[n_samples, classes]: each sample's time on a group of each class."""
+def class_times(tables: CostTables, keys: list[ClassKey], columns: dict[ClassKey, np.ndarray] | None = None) -> np.ndarray:
+    """[n_samples, classes]: each sample's time on a group of each class.
+
+    ``columns``, when given, caches each class's column (contiguous) across calls."""
     times = np.empty((tables.n_samples, len(keys)))
-    for c, (j, intra, speed) in enumerate(keys):
-        times[:, c] = tables.time_matrix(intra, speed)[:, j]
+    for c, key in enumerate(keys):
+        column = columns.get(key) if columns is not None else None
+        if column is None:
+            j, intra, speed = key
+            column = np.ascontiguousarray(tables.time_matrix(intra, speed)[:, j])
+            if columns is not None:
+                columns[key] = column
+        times[:, c] = column
     return times

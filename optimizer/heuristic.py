@@ -30,7 +30,7 @@ import numpy as np
 
 from optimizer.best_fit import best_fit_long
 from optimizer.costs import CostTables
-from optimizer.degree_choice import choose_degrees, fluid_work
+from optimizer.degree_choice import choose_degrees, fastest_sizes, fluid_work
 from optimizer.errors import InfeasibleError
 from optimizer.group_classes import GroupClasses, class_times, classify
 from optimizer.local_search import LocalSearch, Packing
@@ -78,16 +78,19 @@ class HeuristicPlanner:
         speed = float(tables.rank_speed.min())
         intra = tables.time_matrix(True, speed)
         inter = tables.time_matrix(False, speed)
-        fits = (tables.degrees <= self.node_size)[None, :]
-        self.cost = np.where(fits, intra, inter)  # [n, D] time on a well-placed group of each size
+        in_node = int(np.searchsorted(tables.degrees, self.node_size, side="right"))  # sizes are ascending
+        # [n, D] time on a well-placed group of each size: within a node up to the node size.
+        self.cost = np.concatenate([intra[:, :in_node], inter[:, in_node:]], axis=1)
         self.lengths = tables.lengths.astype(np.float64)
         self.min_j = self._min_degree_index()
         self.total_tokens = float(self.lengths.sum())
+        self._columns: dict[tuple[int, bool, float], np.ndarray] = {}
 
     def _min_degree_index(self) -> np.ndarray:
-        fits = self.lengths[:, None] <= self.capacity * self.t.degrees[None, :]
-        if not np.all(fits.any(axis=1)):
-            i = int(np.argmin(fits.any(axis=1)))
+        # The first size whose memory holds the sample (sizes are ascending).
+        j = np.searchsorted(self.capacity * self.t.degrees, self.lengths, side="left")
+        if (j >= len(self.degrees)).any():
+            i = int(np.argmax(j >= len(self.degrees)))
             s = self.t.problem.batch.samples[i]
             need = math.ceil(s.length / self.capacity)
             raise InfeasibleError(
@@ -95,7 +98,7 @@ class HeuristicPlanner:
                 field="batch.samples",
                 hint=f"raise options.max_degree to >= {need}, add ranks, or shorten the sample.",
             )
-        return fits.argmax(axis=1)
+        return j
 
     # -- 1. micro-batch counts --------------------------------------------------------------
     def micro_batch_counts(self) -> list[int]:
@@ -114,8 +117,9 @@ class HeuristicPlanner:
     @cached_property
     def _fastest(self) -> np.ndarray:
         """Each sample's fastest allowed size index (for targets no size meets)."""
-        allowed = np.arange(self.cost.shape[1])[None, :] >= self.min_j[:, None]
-        return np.where(allowed, self.cost, np.inf).argmin(axis=1)
+        out = np.empty(self.min_j.shape[0], dtype=np.int64)
+        fastest_sizes(self.cost, self.min_j, out)
+        return out
 
     def degrees_for(self, target: float) -> np.ndarray:
         """Index of each sample's degree for a per-layer target time: the smallest size that holds
@@ -124,8 +128,20 @@ class HeuristicPlanner:
         choose_degrees(self.cost, self.min_j, self._fastest, self.b, float(target), j)
         return j
 
+    @cached_property
+    def _fluid_split(self) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+        """Samples that finish on their memory-minimal size within every target tried (all targets
+        are at least the slowest sample's best time): their rank-seconds, once; and the others."""
+        rows = np.arange(self.cost.shape[0])
+        t_min = self.cost[rows, self.min_j]
+        lo = self.b + float(self.cost[rows, self._fastest].max())
+        fixed = t_min + self.b <= lo
+        rest = np.flatnonzero(~fixed)
+        return float((self.t.degrees[self.min_j[fixed]] * t_min[fixed]).sum()), self.cost[rest], self.min_j[rest], self._fastest[rest]
+
     def fluid_ranks(self, target: float) -> float:
-        work = fluid_work(self.cost, self.min_j, self._fastest, self.t.degrees, self.b, float(target))
+        fixed_work, cost, min_j, fastest = self._fluid_split
+        work = fixed_work + fluid_work(cost, min_j, fastest, self.t.degrees, self.b, float(target))
         return work / max(target - self.b, 1e-12)
 
     def target_time(self, layers: int) -> float:
@@ -288,7 +304,7 @@ class HeuristicPlanner:
         n_long = g_size.shape[0]
         classes = classify(self.t, ranks)
         keys, group_class = classes.keys, classes.group_class
-        times = class_times(self.t, keys)
+        times = class_times(self.t, keys, self._columns)
         # A group's real load (its span may differ from the packing's assumption), summed in packing order.
         load = np.bincount(long_group, weights=times[long_idx, group_class[long_group]], minlength=len(ranks))
         tokens = np.zeros(len(ranks))

@@ -28,6 +28,7 @@ from optimizer.heuristic import heuristic_plan
 from optimizer.plan import Assignment, Plan, SolverStats, TracePoint
 from optimizer.problem import Problem
 from optimizer.verify import check_assignment, verify
+from optimizer.warm import warm_up
 
 # Share of the budget the heuristic may use when an exact backend follows.
 HEURISTIC_SHARE = 0.3
@@ -91,6 +92,7 @@ def choose_backend(tables: CostTables, requested: str, remaining_ms: float, rese
 
 def plan(problem: Problem, *, compare_static: bool = True, clock: Callable[[], float] = time.perf_counter) -> Plan:
     """The verified plan of ``problem`` (see the module docstring)."""
+    warm_up()  # once per process, before the budget's clock starts (optimizer.warm)
     with collector_paused():
         return _plan(problem, compare_static, clock)
 

@@ -23,7 +23,7 @@ docs = [
 ]
 out = []
 for doc in docs:
-    p = plan(problem_from_json(dict(doc, options={"backend": "heuristic"})))
+    p = plan(problem_from_json(dict(doc, options={"backend": "heuristic", "time_budget_ms": 600000})))
     out.append({"step": p.predicted_step_time_s, "bound": p.lower_bound_s, "static": p.static_baseline.predicted_step_time_s,
                 "groups": [[list(g.ranks), list(g.samples)] for mb in p.micro_batches for g in mb.groups]})
 print(json.dumps(out))
