@@ -118,20 +118,19 @@ def best_static(tables: CostTables) -> tuple[StaticBaseline, Assignment] | None:
     total = float(tables.lengths.sum())
     longest = int(tables.lengths.max())
     most = tables.problem.options.max_micro_batches
-    best_time = tables.best_time
-    candidates = []
+    sizes = []
     c = 1
     while c <= n:
         if longest <= cap * c and c in tables.degree_index:
             n_groups = n // c
             least = max(1, math.ceil(total / (cap * c * n_groups) - 1e-12))
             if least <= most:
-                work = float(best_time[:, tables.degree_index[c]].sum())
-                estimate = work / n_groups + least * tables.group_constant
-                candidates.append((estimate, c, least))
+                sizes.append((c, n_groups, least))
         c *= 2
+    works = tables.best_time_columns([tables.degree_index[c] for c, _, _ in sizes]).sum(axis=1).tolist()
+    candidates = sorted((work / n_groups + least * tables.group_constant, c, least) for work, (c, n_groups, least) in zip(works, sizes, strict=True))
     best: tuple[_Layout, _Balanced] | None = None
-    for estimate, c, least in sorted(candidates):
+    for estimate, c, least in candidates:
         if best is not None and estimate >= best[1].step_time:
             break
         layout = _layout(tables, c)

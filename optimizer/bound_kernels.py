@@ -1,10 +1,12 @@
 """The lower bound's loops over the time table, compiled (see :mod:`optimizer.jit`).
 
-Notation as in :mod:`optimizer.bounds`: ``t[i, j]`` is sample i's best time on the j-th allowed
-size, ``degrees[j]`` that size, ``min_j[i]`` the first size on which i fits in memory (sizes below
-it are not allowed for i), b the group constant.
+Notation as in :mod:`optimizer.bounds`: t[i, j] is sample i's best time on the j-th allowed size,
+read on the fly from the intra- and inter-node matrices by
+:func:`optimizer.time_kernels.best_placement` (so the whole best-time table is never built);
+``degrees[j]`` is that size, ``min_j[i]`` the first size on which i fits in memory (sizes below it
+are not allowed for i), b the group constant.
 
-:func:`sample_extremes` reads the whole table once. For the area bound only the samples whose
+:func:`sample_extremes` reads the matrices once. For the area bound only the samples whose
 cheapest-area size would not finish within the starting bound matter while searching S; for each
 of them :func:`area_frontiers` keeps the sizes on the time/area frontier for S at or above the
 starting bound (sorted by finishing time b + t, each with a smaller area than every size that
@@ -17,19 +19,21 @@ from __future__ import annotations
 import numpy as np
 
 from optimizer.jit import compiled
+from optimizer.time_kernels import best_placement
 
 
 @compiled
-def sample_extremes(t: np.ndarray, degrees: np.ndarray, min_j: np.ndarray, fastest: np.ndarray, best_area: np.ndarray, best_area_time: np.ndarray) -> None:
+def sample_extremes(intra: np.ndarray, inter: np.ndarray, fits_node: np.ndarray, degrees: np.ndarray, min_j: np.ndarray,
+                    fastest: np.ndarray, best_area: np.ndarray, best_area_time: np.ndarray) -> None:
     """Per sample i, over its allowed sizes: ``fastest[i]`` the least time, ``best_area[i]`` the
     least area d t (the first size attaining it) and ``best_area_time[i]`` the time on that size."""
-    n_degrees = t.shape[1]
-    for i in range(t.shape[0]):
+    n_degrees = degrees.shape[0]
+    for i in range(min_j.shape[0]):
         low = np.inf
         area = np.inf
         area_time = np.inf
         for j in range(min_j[i], n_degrees):
-            x = t[i, j]
+            x = best_placement(intra[i, j], inter[i, j], fits_node[j])
             if x < low:
                 low = x
             a = x * degrees[j]
@@ -42,8 +46,8 @@ def sample_extremes(t: np.ndarray, degrees: np.ndarray, min_j: np.ndarray, faste
 
 
 @compiled
-def area_frontiers(t: np.ndarray, degrees: np.ndarray, min_j: np.ndarray, rows: np.ndarray, b: float, lo: float,
-                   start: np.ndarray, finish: np.ndarray, area: np.ndarray) -> None:
+def area_frontiers(intra: np.ndarray, inter: np.ndarray, fits_node: np.ndarray, degrees: np.ndarray, min_j: np.ndarray,
+                   rows: np.ndarray, b: float, lo: float, start: np.ndarray, finish: np.ndarray, area: np.ndarray) -> None:
     """The frontier above ``lo`` of each sample ``rows[k]``: entries ``start[k]:start[k + 1]`` of
     ``finish`` (b + t, ascending) and ``area`` (strictly descending).
 
@@ -53,7 +57,8 @@ def area_frontiers(t: np.ndarray, degrees: np.ndarray, min_j: np.ndarray, rows: 
     S >= ``lo``. ``start`` has ``len(rows) + 1`` entries and gets written; ``finish`` and ``area``
     need room for every allowed size of every row, plus one per row.
     """
-    n_degrees = t.shape[1]
+    n_degrees = degrees.shape[0]
+    t = np.empty(n_degrees)
     late = np.empty(n_degrees, dtype=np.int64)
     pos = 0
     for k in range(rows.shape[0]):
@@ -62,8 +67,9 @@ def area_frontiers(t: np.ndarray, degrees: np.ndarray, min_j: np.ndarray, rows: 
         least = np.inf
         first = np.inf
         for j in range(min_j[i], n_degrees):
-            f = b + t[i, j]
-            a = t[i, j] * degrees[j]
+            t[j] = best_placement(intra[i, j], inter[i, j], fits_node[j])
+            f = b + t[j]
+            a = t[j] * degrees[j]
             if f <= lo and a < least:
                 least = a
                 first = f
@@ -73,20 +79,20 @@ def area_frontiers(t: np.ndarray, degrees: np.ndarray, min_j: np.ndarray, rows: 
         # The later sizes that beat it, by finishing time (few: insertion sort).
         m = 0
         for j in range(min_j[i], n_degrees):
-            f = b + t[i, j]
-            if f > lo and t[i, j] * degrees[j] < least:
+            f = b + t[j]
+            if f > lo and t[j] * degrees[j] < least:
                 q = m
-                while q > 0 and b + t[i, late[q - 1]] > f:
+                while q > 0 and b + t[late[q - 1]] > f:
                     late[q] = late[q - 1]
                     q -= 1
                 late[q] = j
                 m += 1
         for q in range(m):
             j = late[q]
-            a = t[i, j] * degrees[j]
+            a = t[j] * degrees[j]
             if a < least:
                 least = a
-                finish[pos] = b + t[i, j]
+                finish[pos] = b + t[j]
                 area[pos] = a
                 pos += 1
     start[rows.shape[0]] = pos

@@ -27,7 +27,7 @@ def _extremes(tables: CostTables) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per sample over its allowed sizes: the least time, the least area d t_i(d), and the time on that size."""
     n = tables.n_samples
     fastest, best_area, best_area_time = np.empty(n), np.empty(n), np.empty(n)
-    sample_extremes(tables.best_time, tables.degrees.astype(np.float64), tables.min_degree_index, fastest, best_area, best_area_time)
+    sample_extremes(*tables.best_placements(), tables.degrees.astype(np.float64), tables.min_degree_index, fastest, best_area, best_area_time)
     return fastest, best_area, best_area_time
 
 
@@ -52,7 +52,7 @@ def area_bound(tables: CostTables, floor: float = 0.0, rel_tol: float = 1e-5) ->
     room = int((len(tables.degrees) - min_j[rows]).sum()) + len(rows)
     start = np.empty(len(rows) + 1, dtype=np.int64)
     finish, area = np.empty(room), np.empty(room)
-    area_frontiers(tables.best_time, tables.degrees.astype(np.float64), min_j, rows, b, lo, start, finish, area)
+    area_frontiers(*tables.best_placements(), tables.degrees.astype(np.float64), min_j, rows, b, lo, start, finish, area)
     return float(area_search(lo, base, b * memory_ranks, start, finish, area, float(tables.n_ranks), rel_tol))
 
 

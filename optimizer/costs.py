@@ -21,7 +21,7 @@ from optimizer.batch import Sample
 from optimizer.errors import InfeasibleError
 from optimizer.problem import Problem
 from optimizer.profile import CostProfile
-from optimizer.time_kernels import fill_best_time, fill_time_matrix
+from optimizer.time_kernels import fill_best_columns, fill_best_time, fill_time_matrix
 
 
 def vision_work(profile: CostProfile, sample: Sample) -> float:
@@ -179,14 +179,27 @@ class CostTables:
                          float(p.bytes_per_token), float(speed), bool(p.overlap_with_attention), out)
         return out
 
+    def best_placements(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What :attr:`best_time` picks from: the intra- and inter-node matrices on the fastest GPU and,
+        per size, whether it fits a node (see :func:`optimizer.time_kernels.best_placement`)."""
+        fast = float(self.rank_speed.max())
+        return self.time_matrix(True, fast), self.time_matrix(False, fast), self.degrees <= self.node_size
+
     @cached_property
     def best_time(self) -> np.ndarray:
         """[n, D] the cheapest placement of each size: intra-node where the size fits a node, on the fastest GPU."""
-        fast = float(self.rank_speed.max())
-        intra = self.time_matrix(True, fast)
-        inter = self.time_matrix(False, fast)
+        intra, inter, fits = self.best_placements()
         out = np.empty_like(inter)
-        fill_best_time(intra, inter, self.degrees <= self.node_size, out)
+        fill_best_time(intra, inter, fits, out)
+        return out
+
+    def best_time_columns(self, columns: Sequence[int]) -> np.ndarray:
+        """[len(columns), n] the columns ``columns`` of :attr:`best_time`, without building the whole
+        table when it is not built yet."""
+        if "best_time" in self.__dict__:
+            return np.ascontiguousarray(self.best_time[:, list(columns)].T)
+        out = np.empty((len(columns), self.n_samples))
+        fill_best_columns(*self.best_placements(), np.asarray(columns, dtype=np.int64), out)
         return out
 
     @cached_property

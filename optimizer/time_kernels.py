@@ -6,8 +6,10 @@ every sample and allowed group size, with the same floating-point operations in 
 written ``np.true_divide``: every divisor here is positive, and compiled code then needs no
 division-by-zero test per element, which lets the compiler vectorise the loop over group sizes.
 
-:func:`fill_best_time` combines the intra- and inter-node matrices into the best placement of each
-size (intra-node where the size fits a node).
+:func:`best_placement` is the rule that combines the intra- and inter-node matrices into the best
+placement of each size (intra-node where the size fits a node); :func:`fill_best_time` applies it
+to a whole table, :func:`fill_best_columns` to a few sizes, and the lower bound's loops apply it
+on the fly.
 """
 
 from __future__ import annotations
@@ -56,13 +58,26 @@ def fill_time_matrix(lengths: np.ndarray, vision: np.ndarray, degrees: np.ndarra
 
 
 @compiled
+def best_placement(intra: float, inter: float, fits_node: bool) -> float:
+    """A sample's time on the better placement of a size: the smaller of its ``intra`` and ``inter``
+    node times where the size fits a node, else ``inter``."""
+    if fits_node and intra < inter:
+        return intra
+    return inter
+
+
+@compiled
 def fill_best_time(intra: np.ndarray, inter: np.ndarray, fits_node: np.ndarray, out: np.ndarray) -> None:
-    """``out[i, j]``: the smaller of ``intra[i, j]`` and ``inter[i, j]`` where size j fits a node, else ``inter[i, j]``."""
+    """``out[i, j]``: :func:`best_placement` of every sample and size."""
     for i in range(out.shape[0]):
         for j in range(out.shape[1]):
-            e = inter[i, j]
-            if fits_node[j]:
-                a = intra[i, j]
-                if a < e:
-                    e = a
-            out[i, j] = e
+            out[i, j] = best_placement(intra[i, j], inter[i, j], fits_node[j])
+
+
+@compiled
+def fill_best_columns(intra: np.ndarray, inter: np.ndarray, fits_node: np.ndarray, columns: np.ndarray, out: np.ndarray) -> None:
+    """``out[k, i]``: :func:`best_placement` of sample i and size ``columns[k]`` (one pass over the rows)."""
+    for i in range(intra.shape[0]):
+        for k in range(columns.shape[0]):
+            j = columns[k]
+            out[k, i] = best_placement(intra[i, j], inter[i, j], fits_node[j])

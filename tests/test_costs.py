@@ -135,11 +135,18 @@ def test_compiled_matrices_equal_numpy_to_the_bit(case):
     speeds = sorted({1.0, *tables.rank_speed.tolist()})
     for intra in (True, False):
         for speed in speeds:
-            assert np.array_equal(tables.time_matrix(intra, speed), _numpy_matrix(tables, intra, speed))
+            m = tables.time_matrix(intra, speed)
+            assert np.array_equal(m, _numpy_matrix(tables, intra, speed))
+            for i in range(0, tables.n_samples, 7):  # the scalar formula, to the last bit
+                assert m[i].tolist() == [sample_time(tables.profile, int(tables.lengths[i]), float(tables.vision[i]), int(d), intra, speed) for d in tables.degrees]
     fast = float(tables.rank_speed.max())
     fits = (tables.degrees <= tables.node_size)[None, :]
     expected = np.where(fits, np.minimum(_numpy_matrix(tables, True, fast), _numpy_matrix(tables, False, fast)), _numpy_matrix(tables, False, fast))
+    some = [len(tables.degrees) - 1, 0, len(tables.degrees) // 2]
+    assert np.array_equal(tables.best_time_columns(some), expected[:, some].T)  # before the table exists
+    assert "best_time" not in tables.__dict__
     assert np.array_equal(tables.best_time, expected)
+    assert np.array_equal(tables.best_time_columns(some), expected[:, some].T)
     from optimizer.costs import vision_work
 
     assert np.array_equal(tables.vision, [vision_work(tables.profile, s) for s in tables.problem.batch.samples])
