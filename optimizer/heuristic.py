@@ -238,9 +238,9 @@ class HeuristicPlanner:
             groups[best].samples.append(i)
             rooms[best] -= li
         members: list[list[int]] = [[] for _ in range(layers)]
-        for k, g in enumerate(groups):
-            members[g.layer].append(k)
-        mbs: list[list[tuple[tuple[int, ...], list[int]]]] = [[] for _ in range(layers)]
+        for k, grp in enumerate(groups):
+            members[grp.layer].append(k)
+        mbs: list[list[tuple[list[int] | tuple[int, ...], list[int] | tuple[int, ...]]]] = [[] for _ in range(layers)]
         for layer in range(layers):
             ranks, _ = place_groups([self.degrees[groups[k].degree_index] for k in members[layer]], self.t.node_ranges)
             if ranks is None:
@@ -251,7 +251,7 @@ class HeuristicPlanner:
 
     def _enlarge_for(self, groups: list[_Group], rooms: list[float], free: list[int], li: float) -> int:
         """Grow the group that needs the fewest extra free ranks of its layer to also hold ``li`` tokens; -1 if none can."""
-        best, best_extra = -1, None
+        best, best_extra = -1, 0
         for g, grp in enumerate(groups):
             d = self.degrees[grp.degree_index]
             need = math.ceil((self.capacity * d - rooms[g] + li) / self.capacity - 1e-9)
@@ -259,7 +259,7 @@ class HeuristicPlanner:
             if j is None:
                 continue
             extra = self.degrees[j] - d
-            if extra <= free[grp.layer] and (best_extra is None or extra < best_extra):
+            if extra <= free[grp.layer] and (best < 0 or extra < best_extra):
                 best, best_extra = g, extra
         if best >= 0:
             grp = groups[best]
@@ -351,9 +351,9 @@ class HeuristicPlanner:
                 break
         if best is None:
             for layers in counts:
-                candidate = self.pack_memory_first(layers)
-                if candidate is not None:
-                    best = LocalSearch(self.t, candidate, max_rounds=rounds)
+                fallback = self.pack_memory_first(layers)
+                if fallback is not None:
+                    best = LocalSearch(self.t, fallback, max_rounds=rounds)
                     break
         if best is None:
             raise InfeasibleError(

@@ -10,10 +10,11 @@ only the first process after an install pays the compilation (about a second per
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+_njit: Any
 try:  # pragma: no cover - exercised by whichever branch the environment takes
     from numba import njit as _njit
 
@@ -27,4 +28,4 @@ def compiled(fn: F) -> F:
     """``fn`` compiled in nopython mode with an on-disk cache, or ``fn`` itself without numba."""
     if _njit is None:
         return fn
-    return _njit(cache=True, nogil=True)(fn)  # type: ignore[no-any-return]
+    return cast(F, _njit(cache=True, nogil=True)(fn))

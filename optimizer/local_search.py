@@ -59,11 +59,11 @@ class LocalSearch:
         s_group = np.empty(tables.n_samples, dtype=np.int64)
         for m, mb in enumerate(assignment.micro_batches):
             used: set[int] = set()
-            for r, s in mb:
-                s_group[list(s)] = len(ranks)
-                ranks.append(tuple(r))
+            for group_ranks, group_samples in mb:
+                s_group[list(group_samples)] = len(ranks)
+                ranks.append(tuple(group_ranks))
                 layers.append(m)
-                used.update(r)
+                used.update(group_ranks)
             # Idle ranks become empty groups of size 1: moves can fill them and "grow" can absorb them.
             for r in range(tables.n_ranks):
                 if r not in used:

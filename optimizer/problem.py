@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from optimizer.analytical import analytical_profile
 from optimizer.batch import Batch
@@ -51,7 +52,7 @@ class Problem:
     def domain_size(self) -> int:
         return self.cluster.domain_size
 
-    def with_options(self, **changes: object) -> Problem:
+    def with_options(self, **changes: Any) -> Problem:
         from dataclasses import replace
 
         return replace(self, options=replace(self.options, **changes))

@@ -113,7 +113,9 @@ def best_move(g: int, top: np.ndarray, top_id: np.ndarray, g_time: np.ndarray, g
     Returns (change of the step time, kind, a, x): kind 1 moves sample a to group x, kind 2 swaps
     sample a with sample x, kind 0 found nothing that lowers the step time by more than EPS.
     """
-    best, kind, best_a, best_x = -EPS, 0, -1, -1
+    best, kind = -EPS, 0
+    best_a: int = -1
+    best_x: int = -1
     n = s_group.shape[0]
     members = np.flatnonzero(s_group == g)
     if members.shape[0] == 0:
@@ -134,7 +136,7 @@ def best_move(g: int, top: np.ndarray, top_id: np.ndarray, g_time: np.ndarray, g
             base = g_time[h] if g_time[h] > 0 else b
             d = step_delta(g, m, new_tg, h, g_layer[h], base + times[a, g_class[h]], top, top_id)
             if d < best:
-                best, kind, best_a, best_x = d, 1, a, h
+                best, kind, best_a, best_x = d, 1, int(a), int(h)
     room_g = g_limit[g] - g_tokens[g]
     cg = g_class[g]
     for c in range(n):
@@ -151,7 +153,7 @@ def best_move(g: int, top: np.ndarray, top_id: np.ndarray, g_time: np.ndarray, g
                 continue
             d = step_delta(g, m, tg - s_cost[a] + times[c, cg], h, hl, g_time[h] - s_cost[c] + times[a, ch], top, top_id)
             if d < best:
-                best, kind, best_a, best_x = d, 2, a, c
+                best, kind, best_a, best_x = d, 2, int(a), int(c)
     return best, kind, best_a, best_x
 
 
