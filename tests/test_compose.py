@@ -90,4 +90,7 @@ def test_dockerfile(compose):
     assert "EXPOSE 8000" in lines
     assert re.search(r"pip install -c constraints.txt '\.\[[^\]]*service[^\]]*\]'", text)
     assert lines[-1] == 'CMD ["dhp", "serve"]'
+    # Kernels compiled at build time into a cache the non-root user owns.
+    cache = re.search(r"NUMBA_CACHE_DIR=(\S+)", text)
+    assert cache and "warm_up()" in text and f"chown -R dhp {cache.group(1)}" in text
     assert compose["services"]["planner"]["build"] == "."
