@@ -15,11 +15,13 @@ import time
 
 _lock = threading.Lock()
 _done = False
+last_error: str | None = None
+"""Why the warm-up plan failed, if it did (planning goes on: each kernel then loads on first use)."""
 
 
 def warm_up() -> float:
     """Run every kernel once in this process (no-op after the first call); returns the milliseconds spent."""
-    global _done
+    global _done, last_error
     if _done:
         return 0.0
     with _lock:
@@ -37,5 +39,8 @@ def warm_up() -> float:
             "batch": {"samples": [{"id": f"w{i}", "text_tokens": n} for i, n in enumerate(lengths)]},
             "options": {"backend": "heuristic", "time_budget_ms": 60_000},
         }
-        plan(problem_from_json(doc))
+        try:
+            plan(problem_from_json(doc))
+        except Exception as exc:  # never let the warm-up stop a real plan
+            last_error = f"{type(exc).__name__}: {exc}"
         return (time.perf_counter() - start) * 1000.0
