@@ -44,3 +44,12 @@ def test_compiled_and_plain_python_plans_agree() -> None:
     for c, p in zip(compiled, plain, strict=True):
         for key in ("step", "bound", "static"):
             assert c[key] == pytest.approx(p[key], rel=1e-12)
+
+
+def test_warm_up_runs_once_and_plans_cleanly() -> None:
+    script = ("import json; from optimizer import warm; first = warm.warm_up(); second = warm.warm_up(); "
+              "print(json.dumps([first, second, warm.last_error]))")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    first, second, error = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert first > 0 and second == 0 and error is None
