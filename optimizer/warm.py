@@ -33,10 +33,13 @@ def warm_up() -> float:
         from optimizer.planner import plan
 
         lengths = [90_000, 40_000, 20_000, 9_000, 6_000, 3_000, 2_000, 1_500, 1_000, 800, 600, 400, 300, 200, 100, 50]
+        samples = [{"id": f"w{i}", "text_tokens": n} for i, n in enumerate(lengths)]
+        samples += [{"id": "img", "text_tokens": 100, "images": [{"tokens": 576}, {"tokens": 576}]},
+                    {"id": "vid", "text_tokens": 50, "videos": [{"frames": 16, "tokens_per_frame": 196}]}]
         doc = {
             "cluster_preset": "mixed-h100-a100",
-            "model_preset": "llama3-8b",
-            "batch": {"samples": [{"id": f"w{i}", "text_tokens": n} for i, n in enumerate(lengths)]},
+            "model_preset": "qwen2-vl-7b",
+            "batch": {"samples": samples},
             "options": {"backend": "heuristic", "time_budget_ms": 60_000},
         }
         try:
