@@ -240,21 +240,3 @@ class CostTables:
         intra, speed, _ = self.group_span(ranks)
         j = self.degree_index[len(ranks)]
         return self.group_constant + float(self.time_matrix(intra, speed)[np.asarray(samples), j].sum())
-
-    def group_times(self, groups: Sequence[tuple[tuple[int, ...], Sequence[int]]]) -> list[float]:
-        """:meth:`group_time` of many (ranks, samples) groups at once, in one pass per time matrix."""
-        by_matrix: dict[tuple[bool, float], tuple[list[int], list[int], list[int]]] = {}
-        nonempty = np.zeros(len(groups), dtype=bool)
-        for g, (ranks, samples) in enumerate(groups):
-            if len(samples) == 0:
-                continue
-            nonempty[g] = True
-            intra, speed, _ = self.group_span(ranks)
-            rows, cols, ids = by_matrix.setdefault((intra, speed), ([], [], []))
-            rows.extend(samples)
-            cols.extend([self.degree_index[len(ranks)]] * len(samples))
-            ids.extend([g] * len(samples))
-        total = np.zeros(len(groups))
-        for (intra, speed), (rows, cols, ids) in by_matrix.items():
-            total += np.bincount(ids, weights=self.time_matrix(intra, speed)[rows, cols], minlength=len(groups))
-        return np.where(nonempty, total + self.group_constant, 0.0).tolist()

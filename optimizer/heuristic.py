@@ -203,7 +203,7 @@ class HeuristicPlanner:
         sample_group = np.empty(rows.shape[0], dtype=np.int64)
         sample_group[long_idx] = long_group
         sample_group[short_idx] = short_group
-        return Packing(ranks=ranks, layer=layer_of, sample_group=sample_group, sequence=np.concatenate([long_idx, short_idx]), classes=classes, times=times)
+        return Packing(ranks=ranks, layer=layer_of, sample_group=sample_group, classes=classes, times=times)
 
     def pack_memory_first(self, layers: int) -> Assignment | None:
         """Fallback when the time-targeted packing does not fit: best-fit-decreasing by tokens.

@@ -38,14 +38,12 @@ ROOM_CANDIDATES = 16
 class Packing:
     """A packing as arrays, as the heuristic builds it: every rank of every layer is in one group.
 
-    ``ranks[g]`` and ``layer[g]`` describe group g; ``sample_group[i]`` is sample i's group;
-    ``sequence`` lists the samples in the order they joined their groups (member lists keep it).
+    ``ranks[g]`` and ``layer[g]`` describe group g; ``sample_group[i]`` is sample i's group.
     """
 
     ranks: list[tuple[int, ...]]
     layer: np.ndarray
     sample_group: np.ndarray
-    sequence: np.ndarray
     classes: GroupClasses | None = None
     """The groups' classes, when the packer already knows them ..."""
     times: np.ndarray | None = None
