@@ -53,3 +53,23 @@ def test_warm_up_runs_once_and_plans_cleanly() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     first, second, error = json.loads(proc.stdout.strip().splitlines()[-1])
     assert first > 0 and second == 0 and error is None
+
+
+def test_kernels_compile_without_a_writable_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not jit.HAVE_NUMBA:
+        pytest.skip("numba is not installed")
+    calls = []
+
+    def fake_njit(**options):
+        calls.append(options)
+        if options.get("cache"):
+            raise RuntimeError("cannot cache function 'f': no locator available for file 'f.py'")
+        return lambda fn: ("compiled", fn)
+
+    monkeypatch.setattr(jit, "_njit", fake_njit)
+
+    def f(x):
+        return x
+
+    assert jit.compiled(f) == ("compiled", f)
+    assert [c.get("cache", False) for c in calls] == [True, False]
