@@ -54,6 +54,15 @@ class Sample:
         if self.length < 1:
             raise ProblemError("has no tokens", field=f"samples[{self.id}]", hint="give text_tokens > 0 or at least one image.")
 
+    @classmethod
+    def checked(cls, id: str, text_tokens: int, images: tuple[Image, ...], visual_tokens: int) -> Sample:
+        """A sample whose fields the caller has already checked as ``__post_init__`` would (a
+        non-empty str id, int counts in range, at least one token): built without checking again.
+        Used by the document reader's fast path, where per-sample checks dominate reading a batch."""
+        sample = object.__new__(cls)
+        sample.__dict__.update(id=id, text_tokens=text_tokens, images=images, visual_tokens=visual_tokens, length=text_tokens + visual_tokens)
+        return sample
+
 
 @dataclass(frozen=True)
 class Batch:

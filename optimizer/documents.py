@@ -162,9 +162,10 @@ def _sample_fast(s: Any) -> Sample | None:
         if got is None:
             return None
         images += got
-    if text + sum(im.tokens * im.frames for im in images) < 1:
+    visual = sum(im.tokens * im.frames for im in images)
+    if text + visual < 1:
         return None
-    return Sample(id=sid, text_tokens=text, images=tuple(images))
+    return Sample.checked(sid, text, tuple(images), visual)
 
 
 def _image(doc: Any, where: str, model: ModelSpec | None, video: bool = False) -> Image:
