@@ -1,10 +1,11 @@
 """Local search on an assignment: lower the step time by moving work out of slow groups.
 
 The step time is the sum over micro-batches (layers) of the slowest group's time. Each round takes
-one layer's slowest group g and evaluates, with vectorised arithmetic over all groups and samples:
+one layer's slowest group g and evaluates:
 
-- *move*: one sample of g to any group with memory room, in any layer;
-- *swap*: one sample of g for one sample of another group;
+- *move*: one sample of g to another group with memory room, in any layer (on large problems, among
+  the groups with the most time slack or memory room);
+- *swap*: one sample of g for one sample of such a group;
 - *merge*: g joins the group on the rank just below or above it (idle or busy) into one larger
   group, when that size is allowed (this is how a slow group grows over idle ranks).
 
