@@ -11,6 +11,7 @@ import numpy as np
 
 from optimizer.communicators import new_communicators, reporting
 from optimizer.costs import CostTables
+from optimizer.group_classes import group_spans
 from optimizer.plan import Assignment, FlatGroups, GroupPlan, MicroBatchPlan, Plan, SolverStats, StaticBaseline
 
 
@@ -22,14 +23,7 @@ def flat_group_times(tables: CostTables, flat: FlatGroups) -> tuple[np.ndarray, 
     n_groups = flat.size.shape[0]
     if n_groups == 0:
         return np.zeros(0), np.zeros(0, dtype=bool)
-    node = tables.rank_node[flat.ranks]
-    intra = np.minimum.reduceat(node, flat.rank_start) == np.maximum.reduceat(node, flat.rank_start)
-    speed = np.minimum.reduceat(tables.rank_speed[flat.ranks], flat.rank_start)
-    lut = np.full(tables.n_ranks + 1, -1, dtype=np.int64)
-    lut[tables.degrees] = np.arange(tables.degrees.shape[0])
-    j = lut[np.minimum(flat.size, tables.n_ranks)]
-    if (j < 0).any():
-        raise KeyError(int(flat.size[int(np.argmax(j < 0))]))
+    j, intra, speed, _ = group_spans(tables, flat.ranks, flat.rank_start, flat.size)
     gid = np.repeat(np.arange(n_groups), flat.count)
     total = np.zeros(n_groups)
     keys = np.stack([intra.astype(np.float64), speed], axis=1)

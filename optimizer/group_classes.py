@@ -27,15 +27,11 @@ class GroupClasses:
     """[G] smallest per-rank capacity among each group's ranks."""
 
 
-def classify(tables: CostTables, ranks: list[tuple[int, ...]]) -> GroupClasses:
-    """Class of each group of ``ranks`` (every size must be an allowed degree)."""
-    n = len(ranks)
-    if n == 0:
-        return GroupClasses([], np.zeros(0, dtype=np.int64), np.zeros(0))
-    sizes = np.fromiter(map(len, ranks), dtype=np.int64, count=n)
-    flat = np.fromiter(chain.from_iterable(ranks), dtype=np.int64, count=int(sizes.sum()))
-    starts = np.zeros(n, dtype=np.int64)
-    np.cumsum(sizes[:-1], out=starts[1:])
+def group_spans(tables: CostTables, flat: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(size index, intra-node?, slowest speed, smallest capacity) of groups whose ranks lie one
+    group after the other in ``flat`` (group g from ``starts[g]``, ``sizes[g]`` ranks, none empty).
+
+    Raises KeyError for a group whose size is not an allowed degree."""
     node = tables.rank_node[flat]
     intra = np.minimum.reduceat(node, starts) == np.maximum.reduceat(node, starts)
     speed = np.minimum.reduceat(tables.rank_speed[flat], starts)
@@ -45,6 +41,19 @@ def classify(tables: CostTables, ranks: list[tuple[int, ...]]) -> GroupClasses:
     j = lut[np.minimum(sizes, tables.n_ranks)]
     if (j < 0).any():
         raise KeyError(f"group size {int(sizes[int(np.argmax(j < 0))])} is not an allowed degree")
+    return j, intra, speed, capacity
+
+
+def classify(tables: CostTables, ranks: list[tuple[int, ...]]) -> GroupClasses:
+    """Class of each group of ``ranks`` (every size must be an allowed degree)."""
+    n = len(ranks)
+    if n == 0:
+        return GroupClasses([], np.zeros(0, dtype=np.int64), np.zeros(0))
+    sizes = np.fromiter(map(len, ranks), dtype=np.int64, count=n)
+    flat = np.fromiter(chain.from_iterable(ranks), dtype=np.int64, count=int(sizes.sum()))
+    starts = np.zeros(n, dtype=np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    j, intra, speed, capacity = group_spans(tables, flat, starts, sizes)
     rows = np.stack([j.astype(np.float64), intra.astype(np.float64), speed], axis=1)
     uniq, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
     number = np.empty(uniq.shape[0], dtype=np.int64)
