@@ -32,7 +32,9 @@ def _problem_args(p: argparse.ArgumentParser) -> None:
     md = p.add_mutually_exclusive_group()
     md.add_argument("--model", help="model file (see examples/model.json)")
     md.add_argument("--model-preset", help="a preset model name (dhp presets)")
-    p.add_argument("--profile", help="measured cost profile (see examples/profile.json); replaces the analytical cost model")
+    pf = p.add_mutually_exclusive_group()
+    pf.add_argument("--profile", help="measured cost profile (see examples/profile.json); replaces the analytical cost model")
+    pf.add_argument("--profile-preset", help="a profile of the zoo by name (dhp presets), e.g. flexsp-gpt7b")
     p.add_argument("--options", help="options file (the 'options' document of a request)")
     p.add_argument("--budget-ms", type=float, help="planning time budget in milliseconds")
     p.add_argument("--backend", choices=["auto", "heuristic", "cpsat", "highs", "cbc"], help="planner after the heuristic")
@@ -59,6 +61,10 @@ def build_request(args: argparse.Namespace) -> dict[str, Any]:
         doc["model_preset"] = args.model_preset
     if args.profile:
         doc["profile"] = read_json_file(args.profile, "--profile")
+    elif args.profile_preset:
+        from optimizer.presets import load_profile
+
+        doc["profile"] = load_profile(args.profile_preset, "--profile-preset")
     options = dict(read_json_file(args.options, "--options")) if args.options else {}
     for flag, key in (("budget_ms", "time_budget_ms"), ("backend", "backend"), ("degree_policy", "degree_policy"),
                       ("max_degree", "max_degree"), ("max_micro_batches", "max_micro_batches"), ("cp_scheme", "cp_scheme")):
@@ -116,7 +122,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(presets, indent=2))
         return 0
-    for kind in ("clusters", "models", "gpus"):
+    for kind in ("clusters", "models", "gpus", "profiles"):
         print(f"{kind}: {', '.join(sorted(presets[kind]))}")
     return 0
 
