@@ -3,6 +3,11 @@
 Writes ``results.json``, ``report.md`` and PNG plots into ``--out`` (``scaling.json``,
 ``scaling.png`` too with ``--scaling``); progress goes to stderr. ``--quick`` runs a small grid
 (about a minute on two cores).
+
+``--suite flexsp`` runs the grid of dhp against the real FlexSP solver (:mod:`bench.versus`): five
+workloads x 3 seeds x 64 and 256 ranks x 512 samples x five profiles, printing a table per case and
+the summary lines; with ``--quick`` one small case (the CI test runs it). ``--profiles`` runs any
+grid under zoo profiles or profile files (``analytical`` is the default).
 """
 
 from __future__ import annotations
@@ -45,7 +50,14 @@ def register(subparsers: Any) -> None:
     b.add_argument("--max-samples", type=int, help="skip cells with more samples (default 8192)")
     b.add_argument("--seeds", type=int, help="seeded batches per cell (default 3)")
     b.add_argument("--repeats", type=int, help="timed calls per batch after the warm-up (default 3)")
-    b.add_argument("--budget-ms", type=float, help="budget of the exact backend and of the FlexSP-style MILP (default 1000)")
+    b.add_argument("--budget-ms", type=float, help="budget of the exact backend and of the bucket MILP (default 1000)")
+    b.add_argument("--suite", choices=["baselines", "flexsp"], default="baselines",
+                   help="baselines: every planner on the workload grid (default); flexsp: dhp against the real FlexSP solver (see above)")
+    b.add_argument("--profiles", type=_csv, help="comma-separated cost profiles: analytical, zoo names (dhp presets) or profile files (.json)")
+    b.add_argument("--samples", type=_csv_ints, help="batch sizes in samples (replace --samples-per-rank)")
+    b.add_argument("--flexsp-src", help="folder holding FlexSP's galvatron/flexsp_solver (default ../shared/peers/flexsp beside the repository)")
+    b.add_argument("--flexsp-time-limit", type=float, help="SCIP time limit per FlexSP MILP in seconds (default 10, as its scripts; 1 with --quick in the flexsp suite)")
+    b.add_argument("--flexsp-workers", type=int, help="most processes FlexSP's pools start (default 2)")
     b.add_argument("--planners", type=_csv, help="comma-separated planners (default: all; dhp-auto only with an exact backend)")
     b.add_argument("--no-memory", action="store_true", help="skip the tracemalloc peak-memory call")
     b.add_argument("--scaling", action="store_true", help="also measure heuristic planning cost up to 8192 ranks x 65536 samples")
@@ -64,9 +76,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     command = "dhp " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv and Path(sys.argv[0]).name == "dhp" else "dhp bench " + " ".join(
         shlex.quote(a) for a in _echo(args))
+    from bench.flexsp_real import FlexSPSettings, require
+
     out = Path(args.out)
-    kwargs: dict[str, Any] = dict(QUICK) if args.quick else {}
-    for key in ("workloads", "ranks", "samples_per_rank", "max_samples", "seeds", "repeats", "budget_ms", "planners"):
+    from bench import versus
+
+    suite = getattr(args, "suite", "baselines")
+    if suite == "flexsp":
+        kwargs: dict[str, Any] = dict(versus.QUICK if args.quick else versus.FULL)
+    else:
+        kwargs = dict(QUICK) if args.quick else {}
+    for key in ("workloads", "ranks", "samples_per_rank", "samples", "max_samples", "seeds", "repeats", "budget_ms", "planners", "profiles"):
         value = getattr(args, key)
         if value is not None:
             kwargs[key] = value
@@ -81,8 +101,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         for w in args.workloads:
             get_workload(w)
+    limit = args.flexsp_time_limit
+    if limit is None:
+        limit = versus.QUICK_TIME_LIMIT_S if suite == "flexsp" and args.quick else 10.0
+    kwargs["flexsp"] = FlexSPSettings(src=args.flexsp_src, time_limit_s=limit, workers=2 if args.flexsp_workers is None else args.flexsp_workers)
+    if "flexsp" in kwargs.get("planners", ()) and not args.scaling_only:
+        require(kwargs["flexsp"])
     out.mkdir(parents=True, exist_ok=True)
-    if not args.scaling_only:
+    if not args.scaling_only and suite == "flexsp":
+        spec = GridSpec(**kwargs)
+        with tqdm(total=total_steps(spec), desc="bench flexsp", unit="plan", file=sys.stderr, dynamic_ncols=True) as bar:
+            doc = run_grid(spec, progress=bar.update)
+        _, text = versus.write(doc, out, command)
+        print("\n".join(text))
+        print(f"wrote {out / 'results.json'}, {out / 'report.md'} and plots")
+    elif not args.scaling_only:
         spec = GridSpec(**kwargs)
         with tqdm(total=total_steps(spec), desc="bench", unit="plan", file=sys.stderr, dynamic_ncols=True) as bar:
             doc = run_grid(spec, progress=bar.update)

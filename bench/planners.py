@@ -11,10 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from bench.baselines import flexsp_milp, megatron_dcp, static_deployed
+from bench.baselines import bucket_milp, megatron_dcp, static_deployed
+from bench.flexsp_real import FlexSPSettings
 from bench.workloads import Workload
 from optimizer.baselines import best_static
 from optimizer.costs import CostTables
+from optimizer.options import PlanOptions
 from optimizer.plan import Assignment, Plan
 from optimizer.problem import Problem
 
@@ -54,10 +56,45 @@ def _megatron(problem: Problem, workload: Workload) -> Outcome:
     return Outcome(a, None if a else "a sample needs more than the domain, or more micro-batches than allowed")
 
 
-def _flexsp(problem: Problem, workload: Workload) -> Outcome:
+def _bucket_milp(problem: Problem, workload: Workload) -> Outcome:
     opts = problem.options
-    r = flexsp_milp(CostTables.build(problem), opts.time_budget_ms / 1000.0, workers=opts.solver_workers)
+    r = bucket_milp(CostTables.build(problem), opts.time_budget_ms / 1000.0, workers=opts.solver_workers)
     return Outcome(r.assignment, r.message, r.to_json())
+
+
+def flexsp_planner(settings: FlexSPSettings) -> Planner:
+    """The real FlexSP solver (:mod:`bench.flexsp_real`) with ``settings``; its wall time is in ``details``."""
+
+    def run(problem: Problem, workload: Workload) -> Outcome:
+        from bench.flexsp_real import solve
+
+        r = solve(CostTables.build(problem), settings)
+        return Outcome(r.assignment, r.note, r.details)
+
+    return run
+
+
+DEFAULT_OPTIONS_MICRO_BATCHES = 64
+"""Micro-batch cap given to dhp at its default options, only if the defaults cap the count at all."""
+
+
+def dhp_default(budget_ms: float, backend: str = "auto") -> Planner:
+    """``plan()`` with the engine's default options except the budget and backend (and a micro-batch cap
+    of at least :data:`DEFAULT_OPTIONS_MICRO_BATCHES` where the defaults still cap it): dhp as users call it."""
+
+    def run(problem: Problem, workload: Workload) -> Outcome:
+        from optimizer.planner import plan
+
+        base = PlanOptions()
+        cap = None if base.max_micro_batches is None else max(base.max_micro_batches, DEFAULT_OPTIONS_MICRO_BATCHES)
+        options = replace(base, time_budget_ms=budget_ms, backend=backend, max_micro_batches=cap)
+        p = plan(replace(problem, options=options))
+        s = p.solver
+        details = {"backend": s.backend, "status": s.status, "phases": s.details.get("phases", {}), "chosen": s.details.get("chosen"),
+                   "budget_ms": budget_ms, "solver_wall_ms": s.wall_ms}
+        return Outcome(plan_assignment(p, problem), s.fallback_reason, details)
+
+    return run
 
 
 def _dhp(backend: str) -> Planner:
@@ -76,26 +113,46 @@ PLANNERS: dict[str, Planner] = {
     "static-deployed": _static_deployed,
     "static-best": _static_best,
     "megatron-dcp": _megatron,
-    "flexsp-milp": _flexsp,
+    "bucket-milp": _bucket_milp,
+    "flexsp": flexsp_planner(FlexSPSettings()),
     "dhp-heuristic": _dhp("heuristic"),
     "dhp-auto": _dhp("auto"),
+    "dhp-heuristic-default": dhp_default(200.0, "heuristic"),
+    "dhp-default": dhp_default(200.0),
+    "dhp-1s": dhp_default(1000.0),
 }
-"""All planners, in report order. ``dhp-auto`` is the heuristic then an exact backend when one is installed."""
+"""All planners, in report order. ``dhp-auto`` is the heuristic then an exact backend when one is installed; ``dhp-default``,
+``dhp-1s`` and ``dhp-heuristic-default`` plan with the engine's default options (200 ms, 1 s, heuristic only) rather than the
+grid's. ``flexsp`` is the real FlexSP solver (settings from the grid: :func:`planner_for`)."""
+
+DEFAULT_EXCLUDED = ("flexsp", "dhp-heuristic-default", "dhp-default", "dhp-1s")
+"""Planners only run when asked for (``--planners``, or the flexsp suite): the real FlexSP solver takes minutes per batch."""
+
+
+def planner_for(name: str, flexsp: FlexSPSettings | None = None) -> Planner:
+    """The planner called ``name``; ``flexsp`` with the given settings."""
+    if name == "flexsp" and flexsp is not None:
+        return flexsp_planner(flexsp)
+    return PLANNERS[name]
 
 LABELS = {
     "static-deployed": "static as deployed",
     "static-best": "static at its best",
     "megatron-dcp": "Megatron dynamic-CP greedy",
-    "flexsp-milp": "FlexSP-style MILP",
+    "bucket-milp": "bucket MILP (home-made, FlexSP's idea)",
+    "flexsp": "FlexSP (real solver)",
     "dhp-heuristic": "dhp heuristic",
     "dhp-auto": "dhp heuristic + solver",
+    "dhp-heuristic-default": "dhp heuristic only (defaults)",
+    "dhp-default": "dhp @ 200 ms (defaults)",
+    "dhp-1s": "dhp @ 1 s",
 }
 
 
 def default_planners() -> list[str]:
-    """Every planner; ``dhp-auto`` only when an exact backend is installed (else it equals the heuristic),
-    ``flexsp-milp`` only when OR-Tools is (``pip install 'dhp-planner[bench]'``)."""
-    names = list(PLANNERS)
+    """Every planner but :data:`DEFAULT_EXCLUDED`; ``dhp-auto`` only when an exact backend is installed (else it equals
+    the heuristic), ``bucket-milp`` only when OR-Tools is (``pip install 'dhp-planner[bench]'``)."""
+    names = [n for n in PLANNERS if n not in DEFAULT_EXCLUDED]
     try:
         from solver_models import available_backends
 
@@ -105,7 +162,7 @@ def default_planners() -> list[str]:
     if not have:
         names.remove("dhp-auto")
     try:
-        import ortools  # noqa: F401 - the FlexSP-style MILP needs CP-SAT
+        import ortools  # noqa: F401 - the bucket MILP needs CP-SAT
     except ModuleNotFoundError:
-        names.remove("flexsp-milp")
+        names.remove("bucket-milp")
     return names

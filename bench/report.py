@@ -26,9 +26,15 @@ def _planners(doc: dict[str, Any]) -> list[str]:
     return list(doc["spec"]["planners"])
 
 
+def _label(r: dict[str, Any], several_profiles: bool) -> str:
+    """The row a record belongs to: its workload, with its profile when the grid ran under several."""
+    return f"{r['workload']} [{r.get('profile', 'analytical')}]" if several_profiles else r["workload"]
+
+
 def summarize(doc: dict[str, Any]) -> dict[str, Any]:
-    """Medians per workload and planner, planning times per cluster size, and the goal checks."""
-    recs = list(doc["records"])
+    """Medians per workload (and profile) and planner, planning times per cluster size, and the goal checks."""
+    several = len(doc["spec"].get("profiles") or ("analytical",)) > 1
+    recs = [{**r, "workload": _label(r, several)} for r in doc["records"]]
     planners = _planners(doc)
     batches: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in recs:
@@ -46,9 +52,10 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
     for (w, ranks, n, _seed), by in batches.items():
         dep = by.get("static-deployed", {})
         for p, r in by.items():
-            counts[w, p][1] += 1
+            if r.get("status") != "skipped":
+                counts[w, p][1] += 1
             if r.get("status") != "ok":
-                if r.get("status") != "infeasible":
+                if r.get("status") not in ("infeasible", "skipped"):
                     failures.append({k: r.get(k) for k in ("workload", "ranks", "samples", "seed", "planner", "status", "note")})
                 continue
             counts[w, p][0] += 1
@@ -66,7 +73,7 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
                 peak[p, ranks] = max(peak.get((p, ranks), 0.0), r["peak_mb"])
         mine = by.get(PLANNER)
         if mine and mine.get("status") == "ok":
-            for p in ("megatron-dcp", "flexsp-milp", "static-best"):
+            for p in ("megatron-dcp", "bucket-milp", "flexsp", "static-best"):
                 other = by.get(p)
                 if other and other.get("status") == "ok" and other["step_time_s"] < mine["step_time_s"] * (1 - 1e-9):
                     beaten[w, p] += 1
@@ -89,7 +96,7 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
         goals["video_speedup_over_static_deployed"] = mine_w["video"]["speedup_over_static_deployed"]
     if mine_w:
         goals["median_ratio_to_bound"] = _median(ratio_all[PLANNER])
-        for p in ("megatron-dcp", "flexsp-milp"):
+        for p in ("megatron-dcp", "bucket-milp", "flexsp"):
             if p in planners:
                 goals[f"at_least_{p}_on_every_workload"] = all(
                     (per_workload[w][PLANNER]["speedup_over_static_best"] or 0) >= (per_workload[w][p]["speedup_over_static_best"] or 0) - 1e-9 for w in workloads)
@@ -105,8 +112,9 @@ def markdown(doc: dict[str, Any], summary: dict[str, Any], command: str, plots: 
              f"Grid: workloads {', '.join(spec['workloads'])}; ranks {', '.join(map(str, spec['ranks']))}; "
              f"samples per rank {', '.join(map(str, spec['samples_per_rank']))} (at most {spec['max_samples']} samples); "
              f"{spec['seeds']} seeded batches per cell, {spec['repeats']} timed calls each after a warm-up; "
-             f"budget {spec['budget_ms']:.0f} ms for the exact backend and the FlexSP-style MILP; exact backends: {', '.join(doc['backends']) or 'none'}. "
-             f"Model {doc.get('model', 'qwen2-vl-7b')}, H100 nodes of 8 GPUs, analytical cost profile. Ran {doc['elapsed_s']:.0f} s.", "",
+             f"budget {spec['budget_ms']:.0f} ms for the exact backend and the bucket MILP; exact backends: {', '.join(doc['backends']) or 'none'}. "
+             f"Model {doc.get('model', 'qwen2-vl-7b')} (as many heads as ranks under a Ulysses profile), H100 nodes of 8 GPUs; "
+             f"cost profiles: {', '.join(spec.get('profiles') or ['analytical'])}. Ran {doc['elapsed_s']:.0f} s.", "",
              "All step times are the cost model's predictions; every plan was verified by `optimizer.verify.check_assignment`.", "",
              "## Median speedup over static at its best (per batch, then median)", "",
              "| workload | " + " | ".join(LABELS[p] for p in planners) + " |", "|---|" + "---|" * len(planners)]
@@ -141,11 +149,11 @@ def markdown(doc: dict[str, Any], summary: dict[str, Any], command: str, plots: 
         lines.append(f"- median speedup over static at its best on long-tail video: {_fmt(g.get('video_speedup_over_static_best'), '.2f', 'x')} (goal >= 1.30x); "
                      f"over static as deployed: {_fmt(g.get('video_speedup_over_static_deployed'), '.2f', 'x')}")
         lines.append(f"- median ratio to the lower bound across the grid: {_fmt(g.get('median_ratio_to_bound'), '.3f')} (goal <= 1.05)")
-        for p in ("megatron-dcp", "flexsp-milp"):
+        for p in ("megatron-dcp", "bucket-milp", "flexsp"):
             key = f"at_least_{p}_on_every_workload"
             if key in g:
                 lines.append(f"- median speedup at least the {LABELS[p]}'s on every workload: {'yes' if g[key] else 'no'}")
-        worse = {w: {p: by[p]["batches_better_than_heuristic"] for p in ("static-best", "megatron-dcp", "flexsp-milp") if p in by and by[p]["batches_better_than_heuristic"]} for w, by in pw.items()}
+        worse = {w: {p: by[p]["batches_better_than_heuristic"] for p in ("static-best", "megatron-dcp", "bucket-milp", "flexsp") if p in by and by[p]["batches_better_than_heuristic"]} for w, by in pw.items()}
         worse = {w: v for w, v in worse.items() if v}
         if worse:
             lines.append("- batches where a baseline beat the heuristic: " + "; ".join(f"{w}: " + ", ".join(f"{LABELS[p]} {c}" for p, c in v.items()) for w, v in worse.items()))

@@ -8,7 +8,17 @@ invalid and never counted). Recorded per planner and batch: predicted step time,
 static at its best, ratio to :func:`optimizer.bounds.lower_bound`, planning wall times (one
 warm-up call on the cell's first batch, then ``repeats`` timed calls per batch) and peak Python
 memory of one extra call under :mod:`tracemalloc` (kept apart so tracing does not slow the timed
-calls).
+calls). The real FlexSP solver (planner ``flexsp``) is called once per batch, without warm-up or
+memory tracing: one call takes seconds to minutes.
+
+Profiles (``--profiles``): ``analytical`` is the analytical profile of the bench's model on the
+bench's cluster (the default); any other name is a profile of the zoo (:func:`optimizer.presets.load_profile`)
+or a profile file (.json). Every planner plans and is scored under the same profile. Under a Ulysses
+profile the model (Qwen2-VL-7B-like) gets as many attention heads as the domain has ranks, so every
+power-of-two group size divides them (FlexSP places no head limit on its sizes). A profile with
+``speed_by_gpu`` gets a mixed cluster: the first half of the nodes H100, the second half the first GPU
+type the profile lists. With ``flexsp`` among the planners, groups may span the whole domain
+(``max_degree`` = ranks) as FlexSP's may; the bound is taken under that rule.
 """
 
 from __future__ import annotations
@@ -20,7 +30,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bench.planners import PLANNERS, Outcome, default_planners
+from bench.flexsp_real import FlexSPSettings
+from bench.planners import PLANNERS, Outcome, default_planners, planner_for
 from bench.workloads import Workload, get_workload
 from optimizer.bounds import lower_bound
 from optimizer.costs import CostTables
@@ -49,11 +60,22 @@ class GridSpec:
     seeds: int = 3
     repeats: int = 3
     budget_ms: float = 1000.0
-    """Time budget of the planner with an exact backend and of the FlexSP-style MILP."""
+    """Time budget of the planner with an exact backend and of the bucket MILP."""
     planners: tuple[str, ...] = field(default_factory=lambda: tuple(default_planners()))
     memory: bool = True
+    profiles: tuple[str, ...] = ("analytical",)
+    """Cost profiles the grid runs under: ``analytical``, zoo names or profile files."""
+    samples: tuple[int, ...] = ()
+    """Batch sizes in samples; when given they replace ``samples_per_rank``."""
+    max_micro_batches: int = 16
+    """``options.max_micro_batches`` of the grid's problems (dhp's default-option planners use their own)."""
+    flexsp: FlexSPSettings = field(default_factory=FlexSPSettings)
 
     def __post_init__(self) -> None:
+        for name in self.profiles:
+            resolve_profile(name)
+        if any(n < 1 for n in self.samples):
+            raise ProblemError(f"batch sizes must be >= 1, got {self.samples}", field="--samples", hint="e.g. --samples 512.")
         for r in self.ranks:
             if r < 1 or (r > GPUS_PER_NODE and r % GPUS_PER_NODE):
                 raise ProblemError(f"{r} ranks is not a whole number of {GPUS_PER_NODE}-GPU nodes", field="--ranks", hint=f"use 1..{GPUS_PER_NODE} or a multiple of {GPUS_PER_NODE}.")
@@ -64,22 +86,65 @@ class GridSpec:
             raise ProblemError("seeds and repeats must be >= 1", field="--seeds", hint="e.g. --seeds 3 --repeats 3.")
 
     def cells(self) -> list[tuple[str, int, int]]:
+        if self.samples:
+            return [(w, r, n) for w in self.workloads for r in self.ranks for n in self.samples]
         return [(w, r, r * k) for w in self.workloads for r in self.ranks for k in self.samples_per_rank]
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "flexsp": self.flexsp.to_json()}
 
 
-def cluster_doc(ranks: int) -> dict[str, Any]:
-    """A homogeneous H100 cluster of ``ranks`` GPUs (8 per node; one smaller node below 8)."""
+ANALYTICAL = "analytical"
+
+
+def resolve_profile(name: str) -> dict[str, Any] | None:
+    """The profile document ``name`` stands for (None: the analytical default); a zoo name or a .json file."""
+    if name == ANALYTICAL:
+        return None
+    if name.endswith(".json"):
+        from optimizer.documents import profile_from_json, read_json_file
+
+        doc = read_json_file(name, "--profiles")
+        profile_from_json(doc)  # names the bad field now rather than in the middle of a run
+        return dict(doc)
+    from optimizer.presets import load_profile
+
+    return load_profile(name, "--profiles")
+
+
+def cluster_doc(ranks: int, profile: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A cluster of ``ranks`` GPUs (8 per node; one smaller node below 8): H100 nodes, or for a profile with
+    ``speed_by_gpu`` (and at least two nodes) the second half of the nodes of the first GPU type it lists."""
     if ranks <= GPUS_PER_NODE:
         return {"nodes": 1, "gpus_per_node": ranks}
-    return {"nodes": ranks // GPUS_PER_NODE, "gpus_per_node": GPUS_PER_NODE}
+    nodes = ranks // GPUS_PER_NODE
+    other = next(iter((profile or {}).get("speed_by_gpu") or {}), None)
+    if other is not None and nodes >= 2:
+        return {"nodes": [{"count": nodes - nodes // 2, "gpus": GPUS_PER_NODE, "gpu": "H100-SXM"}, {"count": nodes // 2, "gpus": GPUS_PER_NODE, "gpu": other}]}
+    return {"nodes": nodes, "gpus_per_node": GPUS_PER_NODE}
 
 
-def make_problem(workload: Workload, ranks: int, n: int, seed: int, budget_ms: float) -> Problem:
-    doc = {"batch": workload.batch(n, seed), "cluster": cluster_doc(ranks), "model_preset": MODEL_PRESET,
-           "options": {"time_budget_ms": budget_ms, "solver_workers": 1, "max_micro_batches": MAX_MICRO_BATCHES}}
+def model_doc(ranks: int, profile: dict[str, Any] | None) -> dict[str, Any]:
+    """The bench's model; under a Ulysses profile with as many attention heads as ranks (see the module docstring)."""
+    from optimizer.presets import load_preset
+
+    doc = load_preset("models", MODEL_PRESET, "model_preset")
+    if profile is not None and (profile.get("comm") or {}).get("scheme") == "ulysses":
+        doc = {**doc, "name": f"{doc.get('name', MODEL_PRESET)}-{ranks}heads", "llm": {**doc["llm"], "heads": ranks, "kv_heads": ranks}}
+    return doc
+
+
+def make_problem(workload: Workload, ranks: int, n: int, seed: int, budget_ms: float, profile: dict[str, Any] | None = None,
+                 max_micro_batches: int = MAX_MICRO_BATCHES, whole_domain_groups: bool = False) -> Problem:
+    options: dict[str, Any] = {"time_budget_ms": budget_ms, "solver_workers": 1, "max_micro_batches": max_micro_batches}
+    if whole_domain_groups:
+        options["max_degree"] = ranks
+    doc: dict[str, Any] = {"batch": workload.batch(n, seed), "cluster": cluster_doc(ranks, profile), "options": options}
+    if profile is None:
+        doc["model_preset"] = MODEL_PRESET
+    else:
+        doc["model"] = model_doc(ranks, profile)
+        doc["profile"] = profile
     return problem_from_json(doc)
 
 
@@ -113,13 +178,15 @@ def _peak_mb(fn: Callable[[], Outcome]) -> float:
     return peak / 2**20
 
 
-def run_cell(spec: GridSpec, workload_name: str, ranks: int, n: int, tick: Callable[[], None] = lambda: None) -> Iterator[dict[str, Any]]:
+def run_cell(spec: GridSpec, workload_name: str, ranks: int, n: int, tick: Callable[[], None] = lambda: None,
+             profile: str = ANALYTICAL) -> Iterator[dict[str, Any]]:
     """Records (one per planner and batch) of one cell; an infeasible batch gives one record per planner saying so."""
     workload = get_workload(workload_name)
+    profile_doc = resolve_profile(profile)
     for seed in range(spec.seeds):
-        base = {"workload": workload.name, "ranks": ranks, "samples": n, "seed": seed}
+        base = {"workload": workload.name, "ranks": ranks, "samples": n, "seed": seed, "profile": profile}
         try:
-            problem = make_problem(workload, ranks, n, seed, spec.budget_ms)
+            problem = make_problem(workload, ranks, n, seed, spec.budget_ms, profile_doc, spec.max_micro_batches, "flexsp" in spec.planners)
             tables = CostTables.build(problem)
         except PlannerError as exc:
             for name in spec.planners:
@@ -130,24 +197,27 @@ def run_cell(spec: GridSpec, workload_name: str, ranks: int, n: int, tick: Calla
         steps: dict[str, float] = {}
         rows = []
         for name in spec.planners:
-            planner = PLANNERS[name]
+            planner = planner_for(name, spec.flexsp)
+            once = name == "flexsp"  # minutes per call: no warm-up, no repeats, no traced call
 
             def call(planner=planner, problem=problem) -> Outcome:
                 return planner(problem, workload)
 
-            if seed == 0:
+            if seed == 0 and not once:
                 _timed(call)  # warm-up
             walls = []
             out: Outcome | None = None
             error = None
-            for _ in range(spec.repeats):
+            for _ in range(1 if once else spec.repeats):
                 out, ms, error = _timed(call)
                 walls.append(ms)
             row: dict[str, Any] = {**base, "planner": name, "wall_ms": walls, "lower_bound_s": bound}
-            if spec.memory and seed == 0:
+            if spec.memory and seed == 0 and not once:
                 row["peak_mb"] = _peak_mb(call)
             if error is not None or out is None:
                 row.update(status="error", note=error)
+            elif out.assignment is None and out.details.get("skipped"):
+                row.update(status="skipped", note=out.note)
             elif out.assignment is None:
                 row.update(status="no-plan", note=out.note, details=out.details)
             else:
@@ -179,16 +249,17 @@ def run_grid(spec: GridSpec, progress: Callable[[int], Any] | None = None) -> di
     records: list[dict[str, Any]] = []
     skipped = []
     started = time.time()
-    for w, r, n in spec.cells():
-        if n > spec.max_samples:
-            skipped.append({"workload": w, "ranks": r, "samples": n, "reason": f"more than max_samples {spec.max_samples}"})
-            if progress:
-                progress(spec.seeds * len(spec.planners))
-            continue
-        records.extend(run_cell(spec, w, r, n, (lambda: progress(1)) if progress else (lambda: None)))
+    for profile in spec.profiles:
+        for w, r, n in spec.cells():
+            if n > spec.max_samples:
+                skipped.append({"workload": w, "ranks": r, "samples": n, "profile": profile, "reason": f"more than max_samples {spec.max_samples}"})
+                if progress:
+                    progress(spec.seeds * len(spec.planners))
+                continue
+            records.extend(run_cell(spec, w, r, n, (lambda: progress(1)) if progress else (lambda: None), profile))
     return {"spec": spec.to_json(), "backends": backends, "started_unix": started, "elapsed_s": time.time() - started,
             "records": records, "skipped": skipped}
 
 
 def total_steps(spec: GridSpec) -> int:
-    return len(spec.cells()) * spec.seeds * len(spec.planners)
+    return len(spec.profiles) * len(spec.cells()) * spec.seeds * len(spec.planners)

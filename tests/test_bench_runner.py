@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bench.report import summarize
-from bench.runner import GridSpec, percentile, run_grid, total_steps
+from bench.runner import GridSpec, make_problem, percentile, resolve_profile, run_grid, total_steps
 from bench.scaling import fit_exponent
 from bench.workloads import WORKLOADS, get_workload, load_replay, save_replay
 from optimizer.cli import main
@@ -15,7 +15,7 @@ from optimizer.documents import batch_from_json
 from optimizer.errors import ProblemError
 
 TINY = dict(workloads=("video", "image-sft"), ranks=(8, 16), samples_per_rank=(2,), seeds=1, repeats=1, budget_ms=100.0,
-            planners=("static-deployed", "static-best", "megatron-dcp", "flexsp-milp", "dhp-heuristic"))
+            planners=("static-deployed", "static-best", "megatron-dcp", "bucket-milp", "dhp-heuristic"))
 
 
 def test_generated_batches_respect_the_workload_longest_allowed_sample():
@@ -120,3 +120,29 @@ def test_scaling_point_that_runs_out_of_time_is_reported_not_raised():
     assert r["status"] == "timeout" and "0 s" in r["error"]
     text = markdown({"workload": "video", "memory_limit_gb": 8, "timeout_s": 0.05, "points": [r], "exponent": None})
     assert "timeout" in text and "k = n/a" in text
+
+
+def test_grid_runs_under_several_profiles_with_a_model_that_suits_ulysses():
+    spec = GridSpec(workloads=("image-sft",), ranks=(16,), samples_per_rank=(2,), seeds=1, repeats=1, budget_ms=100.0, memory=False,
+                    planners=("static-best", "dhp-heuristic"), profiles=("analytical", "flexsp-gpt7b", "stress-mixed-gpu"))
+    doc = run_grid(spec)
+    recs = doc["records"]
+    assert {r["profile"] for r in recs} == {"analytical", "flexsp-gpt7b", "stress-mixed-gpu"}
+    assert all(r["status"] == "ok" for r in recs), [(r["profile"], r["planner"], r.get("note")) for r in recs if r["status"] != "ok"]
+    by = {(r["profile"], r["planner"]): r["step_time_s"] for r in recs}
+    assert by["flexsp-gpt7b", "dhp-heuristic"] != by["analytical", "dhp-heuristic"]  # planned and scored under another cost model
+    assert by["stress-mixed-gpu", "dhp-heuristic"] != by["flexsp-gpt7b", "dhp-heuristic"]  # A100 half of the cluster is slower
+    problem = make_problem(WORKLOADS["image-sft"], 16, 32, 0, 100.0, resolve_profile("flexsp-gpt7b"))
+    assert problem.model.llm.heads == 16 and problem.scheme == "ulysses" and problem.cost_profile.capacity_tokens_per_rank == 6449
+    mixed = make_problem(WORKLOADS["image-sft"], 16, 32, 0, 100.0, resolve_profile("stress-mixed-gpu"))
+    assert [n.gpu.name for n in mixed.cluster.nodes] == ["H100-SXM", "A100-80GB"]
+    summary = summarize(doc)
+    assert "image-sft [flexsp-gpt7b]" in summary["per_workload"]
+
+
+def test_unknown_profile_is_a_clear_error(tmp_path, capsys):
+    with pytest.raises(ProblemError) as exc:
+        GridSpec(profiles=("flexsp-gpt70b",))
+    assert exc.value.field == "--profiles"
+    assert main(["bench", "--quick", "--profiles", "nope", "--out", str(tmp_path)]) == 2
+    assert "--profiles" in capsys.readouterr().err

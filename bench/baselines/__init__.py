@@ -3,8 +3,8 @@
 Static at its best is :func:`optimizer.baselines.best_static` (reused, not duplicated here).
 """
 
-from bench.baselines.flexsp import flexsp_milp
+from bench.baselines.bucket_milp import bucket_milp
 from bench.baselines.megatron_dcp import megatron_dcp
 from bench.baselines.static_deployed import deployed_degree, static_deployed
 
-__all__ = ["deployed_degree", "flexsp_milp", "megatron_dcp", "static_deployed"]
+__all__ = ["bucket_milp", "deployed_degree", "megatron_dcp", "static_deployed"]

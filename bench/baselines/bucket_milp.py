@@ -1,6 +1,11 @@
-"""A FlexSP-style MILP (ASPLOS 2025), from its public description, solved with OR-Tools CP-SAT.
+"""The bucket MILP: a home-made planner after the idea FlexSP (ASPLOS 2025) published, solved with OR-Tools CP-SAT.
 
-FlexSP chooses, per micro-batch, a set of sequence-parallel groups of power-of-two sizes >= 2 and
+It is not FlexSP: the real FlexSP solver runs as its own baseline (:mod:`bench.flexsp_real`, planner
+``flexsp``) where it can, that is under a Ulysses profile its cost model can express, with SCIP
+installed. This one stays because it runs where that cannot: under ring and analytical profiles,
+on mixed clusters, and with OR-Tools only, within the same budget as the planner.
+
+The idea taken from FlexSP's description: choose, per micro-batch, a set of sequence-parallel groups of power-of-two sizes >= 2 and
 assigns length buckets to them so that the slowest group finishes first; sequences are bucketed
 (about 16 buckets) to keep the MILP small, and several micro-batch counts are tried.
 
@@ -15,7 +20,7 @@ two counts gave a plan or the budget is spent:
 3. bucket counts are turned back into samples (longest first, to the least-loaded copy).
 
 When the solver finds no solution within its share, the starting point is kept if it places every
-sample (FlexSP itself runs its MILP for seconds; here it gets the same budget as the planner).
+sample (FlexSP's own MILPs run for seconds each; this one gets the same budget as the planner).
 
 MILP of one micro-batch. Notation: buckets b (log-spaced length ranges) with c_b samples,
 longest length U_b and mean time t_b(s) on a group of size s; candidate groups g of size s_g
@@ -51,7 +56,7 @@ CANDIDATES_PER_SIZE = 64
 
 
 @dataclass
-class FlexSPResult:
+class BucketMILPResult:
     assignment: Assignment | None
     micro_batches: int | None = None
     statuses: list[str] = field(default_factory=list)
@@ -202,27 +207,27 @@ def _solve_micro_batch(tables: CostTables, samples: list[int], sizes: list[int],
     return [(s, m) for (s, _), m in zip(copies_out, members, strict=True) if m], name
 
 
-def flexsp_milp(tables: CostTables, budget_s: float, workers: int = 1, counts_tried: int = 2) -> FlexSPResult:
-    """The FlexSP-style plan within ``budget_s`` seconds (see the module docstring)."""
+def bucket_milp(tables: CostTables, budget_s: float, workers: int = 1, counts_tried: int = 2) -> BucketMILPResult:
+    """The bucket MILP's plan within ``budget_s`` seconds (see the module docstring)."""
     start = time.perf_counter()
     n_ranks = tables.n_ranks
     sizes = [int(s) for s in tables.degrees if s >= 2 and not (s & (s - 1)) and s <= n_ranks]
     if not sizes:
-        return FlexSPResult(None, message="the domain has fewer than 2 ranks; FlexSP needs groups of size >= 2")
+        return BucketMILPResult(None, message="the domain has fewer than 2 ranks; the bucket MILP needs groups of size >= 2")
     cap = float(tables.rank_capacity.min())
     lengths = tables.lengths
     least = max(1, math.ceil(float(lengths.sum()) / (cap * n_ranks) - 1e-12))
-    most = tables.problem.options.max_micro_batches
+    most = tables.problem.options.micro_batch_limit
     tries = list(range(least, most + 1))
     if not tries:
-        return FlexSPResult(None, message=f"memory needs {least} micro-batches, more than options.max_micro_batches {most}")
+        return BucketMILPResult(None, message=f"memory needs {least} micro-batches, more than options.max_micro_batches {most}")
     index = tables.degree_index
     min_size = [max(2, _next_pow2(math.ceil(int(L) / cap))) for L in lengths.tolist()]
     if max(min_size) > sizes[-1]:
-        return FlexSPResult(None, message="a sample needs a larger group than the domain allows")
+        return BucketMILPResult(None, message="a sample needs a larger group than the domain allows")
     area = [min_size[i] * float(tables.best_time[i, index[min_size[i]]]) for i in range(len(min_size))]
     order = sorted(range(len(area)), key=lambda i: -area[i])
-    best: FlexSPResult = FlexSPResult(None, message="no micro-batch count gave a solution within the budget")
+    best: BucketMILPResult = BucketMILPResult(None, message="no micro-batch count gave a solution within the budget")
     best_time = math.inf
     share = budget_s / sum(tries[:counts_tried])
     from optimizer.evaluate import assignment_step_time
@@ -260,11 +265,11 @@ def flexsp_milp(tables: CostTables, budget_s: float, workers: int = 1, counts_tr
             plan.append(placed)
         if not plan:
             if best.assignment is None:
-                best = FlexSPResult(None, m_count, statuses, f"no solution for {m_count} micro-batch(es) within the budget ({statuses[-1] if statuses else 'not run'})")
+                best = BucketMILPResult(None, m_count, statuses, f"no solution for {m_count} micro-batch(es) within the budget ({statuses[-1] if statuses else 'not run'})")
             continue
         solved += 1
         a = Assignment.of(plan)
         t = assignment_step_time(tables, a)
         if t < best_time:
-            best, best_time = FlexSPResult(a, m_count, statuses), t
+            best, best_time = BucketMILPResult(a, m_count, statuses), t
     return best
