@@ -6,7 +6,11 @@ A backend supplies ``solve_model(model, seconds, options, on_solution)`` for one
 - *whole problem* (small instances, estimated model size below ``FULL_MODEL_PAIRS``): the full
   model of :func:`~solver_models.formulation.full_model`, hinted with the heuristic's plan; its
   proven bound is a bound of the problem on homogeneous clusters (less the rounding slack);
-- *large-neighbourhood search* otherwise: starting from the heuristic's plan, each round frees the
+- *global model* first on larger problems, for CP-SAT and HiGHS, when the starting plan is far from
+  the lower bound (:mod:`solver_models.global_search`): length buckets x group sizes x
+  micro-batch time levels, free in the micro-batch count and the group sizes, for part of the
+  time; its plan, when faster, is where the neighbourhood search starts;
+- *large-neighbourhood search* otherwise and for the rest of the time: starting from the heuristic's plan, each round frees the
   slowest group of one micro-batch together with the groups sharing its nodes and a few of the
   lightest groups (sometimes of a second micro-batch), and re-solves their samples and, on two
   rounds out of three, their group sizes (idle ranks included), with everything else fixed. A round is kept when the
@@ -30,6 +34,7 @@ from optimizer.options import PlanOptions
 from optimizer.plan import Assignment, TracePoint
 from solver_models.base import ImprovementCallback, SolveResult
 from solver_models.formulation import UNIT, Group, SlotModel, full_model, neighbourhood_model, rounding_slack
+from solver_models.global_search import global_step
 
 FULL_MODEL_PAIRS = 6000
 """Largest estimated (item, slot) pair count solved as one model."""
@@ -63,7 +68,7 @@ ModelSolver = Callable[[SlotModel, float, PlanOptions, Callable[[int, int | None
 def full_model_pairs(tables: CostTables) -> int:
     """Estimated pair count of the full model (samples x slots)."""
     n = tables.n_samples
-    n_mb = min(tables.problem.options.max_micro_batches, n)
+    n_mb = min(tables.problem.options.micro_batch_limit, n)
     degrees = [int(d) for d in tables.degrees]
     per_mb = sum((b - a) // d for a, b in tables.node_ranges for d in degrees if d <= b - a)
     if len(tables.node_ranges) > 1:
@@ -85,7 +90,22 @@ def improve(tables: CostTables, options: PlanOptions, hint: Assignment | None, d
         return _whole(tables, options, hint, deadline - lateness_s, solve_model, on_improvement, clock)
     if hint is None:
         return SolveResult(None, "error", message="no starting plan, and the problem is too large for one whole model")
-    return _lns(tables, options, hint, deadline, solve_model, on_improvement, clock, round_s, min_round_s, lateness_s)
+    start = clock()
+    h_time = assignment_step_time(tables, hint)
+    found, found_time, global_details = global_step(tables, options, hint, h_time, deadline - lateness_s, name, clock)
+    trace: list[TracePoint] = []
+    if found is not None:
+        hint = found
+        elapsed = (clock() - start) * 1000.0
+        trace.append(TracePoint(elapsed, found_time, None))
+        if on_improvement is not None:
+            on_improvement(elapsed, found_time, None)
+    res = _lns(tables, options, hint, deadline, solve_model, on_improvement, clock, round_s, min_round_s, lateness_s)
+    if global_details:
+        res.details["global"] = global_details
+        res.trace = trace + res.trace
+        res.wall_ms = (clock() - start) * 1000.0
+    return res
 
 
 def _whole(tables: CostTables, options: PlanOptions, hint: Assignment | None, deadline: float, solve_model: ModelSolver,
