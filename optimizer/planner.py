@@ -17,11 +17,13 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+import numpy as np
+
 from optimizer import communicators
 from optimizer.baselines import best_static
 from optimizer.bounds import lower_bound
 from optimizer.costs import CostTables
-from optimizer.errors import InfeasibleError
+from optimizer.errors import InfeasibleError, PlannerError
 from optimizer.evaluate import assignment_step_time, build_plan
 from optimizer.gc_pause import collector_paused, collector_running
 from optimizer.heuristic import heuristic_plan
@@ -48,9 +50,25 @@ RESERVE_MS_PER_SAMPLE = 0.005
 HEURISTIC_MS_PER_SAMPLE = 0.01
 # Least solver milliseconds for which ``auto`` starts a neighbourhood search on a large problem.
 MIN_SEARCH_MS = 60.0
-# Milliseconds a cold start of OR-Tools takes (loading the library); below this much time left,
-# ``auto`` prefers a backend that loads faster unless OR-Tools is already loaded.
-CPSAT_IMPORT_MS = 400.0
+# Milliseconds loading each backend's library costs in a process that has not loaded it yet (numpy
+# already loaded, as it is when a plan runs). Measured on the 2-core development machine in fresh
+# processes: OR-Tools' CP-SAT 184 to 216 ms idle (357 to 661 ms seen on a busy machine), PuLP with
+# highspy 26 to 62 ms; the figures below leave room for a busy machine. ``auto`` never starts a
+# backend whose loading would not leave MIN_SOLVER_MS of solving in the budget.
+IMPORT_MS = {"cpsat": 400.0, "highs": 100.0, "cbc": 100.0}
+# The module whose presence in ``sys.modules`` means a backend's library is loaded.
+LIBRARY_MODULE = {"cpsat": "ortools.sat.python.cp_model", "highs": "pulp", "cbc": "pulp"}
+# Status "optimal" promises a step time within this share of a proven lower bound (the exact
+# models round times up to 0.1 us units, so a proof is never closer than that rounding).
+OPTIMAL_GAP = 1e-4
+
+
+def load_ms(name: str) -> float:
+    """Milliseconds loading backend ``name``'s library would still cost in this process (0 when loaded)."""
+    import sys
+
+    module = LIBRARY_MODULE.get(name)
+    return 0.0 if module is None or module in sys.modules else IMPORT_MS.get(name, 0.0)
 
 
 def reserve_ms(tables: CostTables, eval_ms: float | None = None) -> float:
@@ -74,20 +92,15 @@ def choose_backend(tables: CostTables, requested: str, remaining_ms: float, rese
     solver_ms = remaining_ms - (reserve_ms(tables) if reserve is None else reserve)
     if solver_ms < MIN_SOLVER_MS:
         return "heuristic"
-    import sys
-
     from solver_models import available_backends
     from solver_models.lns import FULL_MODEL_PAIRS, full_model_pairs
 
     if solver_ms < MIN_SEARCH_MS and full_model_pairs(tables) > FULL_MODEL_PAIRS:
         return "heuristic"
 
-    order = ["cpsat", "highs", "cbc"]
-    if "ortools.sat.python.cp_model" not in sys.modules and remaining_ms < CPSAT_IMPORT_MS:
-        order = ["highs", "cpsat", "cbc"]
-    have = available_backends()
-    for name in order:
-        if name in have:
+    have = available_backends()  # finds the libraries without loading them
+    for name in ("cpsat", "highs", "cbc"):
+        if name in have and solver_ms - load_ms(name) >= MIN_SOLVER_MS:
             return name
     return "heuristic"
 
@@ -166,6 +179,7 @@ def _plan(problem: Problem, compare_static: bool, clock: Callable[[], float]) ->
         chosen, hint = communicators.adapt(tables, chosen), communicators.adapt(tables, hint)
         lap("group_reuse_ms")
     result = build_plan(tables, chosen, stats, max(bound, stats.bound_s or 0.0), static[0] if static else None)
+    result = replace(result, solver=honest_status(result.solver, result.predicted_step_time_s, result.lower_bound_s))
     lap("build_ms")
     report = verify(result, problem)
     lap("verify_ms")
@@ -179,39 +193,85 @@ def _plan(problem: Problem, compare_static: bool, clock: Callable[[], float]) ->
     return replace(result, solver=final)
 
 
+def honest_status(stats: SolverStats, step_s: float, bound_s: float) -> SolverStats:
+    """``stats`` with status ``optimal`` kept only when the plan's own step time is within
+    OPTIMAL_GAP of the proven bound; otherwise ``feasible``, with the solver's claim in the details.
+
+    A solver proves the optimum of its model; the plan is the model's answer decoded onto ranks and
+    evaluated independently, so the two can differ (a group the model charged as spanning nodes may
+    land inside one, times are rounded in the model, the plan may come from elsewhere).
+    """
+    if stats.status != "optimal" or step_s <= bound_s * (1 + OPTIMAL_GAP):
+        return stats
+    note = f"{stats.backend} reported optimal, but the plan's {step_s:.9g} s is {100 * (step_s / bound_s - 1):.4f}% above the proven bound {bound_s:.9g} s"
+    return replace(stats, status="feasible", details={**stats.details, "solver_claim": note})
+
+
+def memory_proof(tables: CostTables) -> bool:
+    """Whether the batch provably cannot fit: more tokens than every rank of every allowed micro-batch
+    holds, or a sample longer than the largest group of the roomiest ranks holds."""
+    limit = min(tables.problem.options.micro_batch_limit, tables.n_samples)
+    capacity = tables.rank_capacity
+    largest = float(np.sort(capacity)[::-1][: int(tables.degrees.max())].sum())
+    return bool(tables.lengths.sum() > limit * capacity.sum() * (1 + 1e-9) or tables.lengths.max() > largest * (1 + 1e-9))
+
+
 def _rescue(tables: CostTables, error: InfeasibleError, deadline: float, start: float, clock: Callable[[], float]) -> tuple[Assignment, SolverStats]:
-    """A plan from the whole exact model when the heuristic found none; re-raises ``error`` when there is none."""
-    options = tables.problem.options
-    if options.backend == "heuristic":
+    """A plan from the whole exact model when the heuristic found none.
+
+    The heuristic's InfeasibleError stands only when infeasibility is proven: by counting memory
+    (:func:`memory_proof`) or by the whole exact model answering ``infeasible`` on a homogeneous
+    cluster (there it holds every plan). Otherwise the model's plan is returned, or, when it finds
+    none in time, a PlannerError says that no plan was found and that infeasibility is not proven.
+    """
+    if memory_proof(tables):
         raise error
+    options = tables.problem.options
     from solver_models import get_backend
     from solver_models.lns import FULL_MODEL_PAIRS, full_model_pairs
 
-    name = choose_backend(tables, options.backend, (deadline - clock()) * 1000.0, 0.0)
+    left_ms = (deadline - clock()) * 1000.0
+    name = choose_backend(tables, "auto" if options.backend == "heuristic" else options.backend, left_ms, 0.0)
     backend = get_backend(name) if name != "heuristic" else None
-    if backend is None or full_model_pairs(tables) > FULL_MODEL_PAIRS or not backend.available():
-        raise error
-    try:
-        result = backend.solve(tables, options, None, deadline, None)  # type: ignore[arg-type]
-    except Exception:  # a solver crash must not hide the heuristic's explanation
-        raise error from None
-    if result.assignment is None or not check_assignment(tables.problem, result.assignment).ok:
-        raise error
-    objective = assignment_step_time(tables, result.assignment)
-    elapsed = (clock() - start) * 1000.0
-    return result.assignment, SolverStats(backend=name, status=result.status, wall_ms=elapsed, objective_s=objective, bound_s=result.bound_s,
-                                          trace=(TracePoint(elapsed, objective, result.bound_s),),
-                                          details={**result.details, "rescue": f"the heuristic found no plan ({error.message}); the whole model did"})
+    why: str | None = None
+    if full_model_pairs(tables) > FULL_MODEL_PAIRS:
+        why = "the batch is too large for the whole exact model"
+    elif backend is None or not backend.available():
+        why = f"no exact backend could run in the {left_ms:.0f} ms left" if name in ("heuristic", "auto") else f"backend {name!r} is not installed"
+    else:
+        why = _no_time_for(name, left_ms)
+    result = None
+    if why is None:
+        try:
+            result = backend.solve(tables, options, None, deadline, None)  # type: ignore[union-attr, arg-type]
+        except Exception as exc:  # a solver crash must not hide the heuristic's explanation
+            why = f"{name} failed: {type(exc).__name__}: {exc}"
+    if result is not None and result.assignment is not None and check_assignment(tables.problem, result.assignment).ok:
+        objective = assignment_step_time(tables, result.assignment)
+        elapsed = (clock() - start) * 1000.0
+        return result.assignment, SolverStats(backend=name, status=result.status, wall_ms=elapsed, objective_s=objective, bound_s=result.bound_s,
+                                              trace=(TracePoint(elapsed, objective, result.bound_s),),
+                                              details={**result.details, "rescue": f"the heuristic found no plan ({error.message}); the whole model did"})
+    if result is not None and result.status == "infeasible" and tables.homogeneous:
+        raise InfeasibleError(f"{error.message}; the whole exact model ({name}) proves that no plan exists", field=error.field, hint=error.hint)
+    if why is None and result is not None:
+        why = f"the whole exact model ({name}) found no plan in time ({result.status})"
+    raise PlannerError(
+        f"no plan found within the budget: the heuristic found none ({error.message}) and {why}; infeasibility is not proven",
+        field="options.time_budget_ms",
+        hint="give a larger budget (options.time_budget_ms) with an exact backend installed (pip install 'dhp-planner[solver]'), "
+             "or allow more micro-batches (options.max_micro_batches).",
+    )
 
 
 def _no_time_for(name: str, solver_ms: float) -> str | None:
     """Why ``name`` cannot run in ``solver_ms`` milliseconds, or None when it can."""
-    import sys
-
     if solver_ms < MIN_SOLVER_MS:
         return f"no time left for {name} after the heuristic ({solver_ms:.0f} ms for the solver)"
-    if name == "cpsat" and "ortools.sat.python.cp_model" not in sys.modules and solver_ms < CPSAT_IMPORT_MS:
-        return (f"OR-Tools is not loaded in this process yet (about {CPSAT_IMPORT_MS:.0f} ms, once) and only {solver_ms:.0f} ms "
+    cost = load_ms(name)
+    if cost and solver_ms - cost < MIN_SOLVER_MS:
+        library = "OR-Tools" if name == "cpsat" else "PuLP"
+        return (f"{library} is not loaded in this process yet (about {cost:.0f} ms, once) and only {solver_ms:.0f} ms "
                 "are left for the solver: give a larger budget, use --backend highs, or plan from a running service")
     return None
 

@@ -115,11 +115,16 @@ class CpSatBackend:
     name = "cpsat"
 
     def available(self) -> bool:
+        """Whether OR-Tools is installed, found without loading it (loading takes a few hundred ms)."""
+        import importlib.util
+        import sys
+
+        if "ortools.sat.python.cp_model" in sys.modules:
+            return True
         try:
-            import ortools.sat.python.cp_model  # noqa: F401
+            return importlib.util.find_spec("ortools.sat.python.cp_model") is not None
         except ImportError:
             return False
-        return True
 
     def solve(self, tables: CostTables, options: PlanOptions, hint: Assignment | None, deadline: float, on_improvement: ImprovementCallback | None = None) -> SolveResult:
         return improve(tables, options, hint, deadline, solve_model, on_improvement, self.name, clock=time.perf_counter)

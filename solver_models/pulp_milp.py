@@ -1,8 +1,10 @@
 """The slot model of :mod:`solver_models.formulation` as a PuLP MILP, solved by HiGHS or CBC.
 
-The numbered comments match the constraints of that module's docstring; times are integers of
-``formulation.UNIT`` seconds, exactly as in the CP-SAT model. HiGHS runs in process (``highspy``)
-and reports its MIP dual bound; CBC runs as a subprocess, takes the incumbent as a warm start and
+The numbered comments match the constraints of that module's docstring; times are the model's
+integers of ``formulation.UNIT`` seconds divided by :func:`time_scale` (the incumbent's step time
+becomes about 1e4) so that the solvers' tolerances stay meaningful. HiGHS runs in process
+(``highspy``), starts from the incumbent (``setSolution``) and reports its MIP dual bound; CBC runs as
+a subprocess, takes the incumbent as a warm start, reports its best possible objective in its log and
 gets a shorter time limit because its start-up and shut-down come on top. The status is read from
 ``sol_status`` (CBC says "Optimal" on a time-out while the solution status says integer-feasible),
 so only a proven optimum is called ``optimal``. Neither solver reports improving solutions while it
@@ -34,19 +36,39 @@ HIGHS_LATENESS_S = 0.015
 """Seconds HiGHS may answer after its time limit (it checks the clock between phases)."""
 
 
+SCALE_TARGET = 1e4
+"""The incumbent's step time in the MILPs' scaled time unit (see :func:`time_scale`)."""
+HIGHS_GAP = 1e-6
+"""HiGHS's relative MIP gap (its default, 1e-4, would equal the planner's OPTIMAL_GAP and leave no room)."""
+_HIGHS_THREADS: list[int] = []
+"""Threads of the first HiGHS solve of this process (highspy's task scheduler is set up once per process)."""
+
+
+def time_scale(model: SlotModel) -> float:
+    """Model units per MILP time unit: the incumbent's step time becomes about SCALE_TARGET.
+
+    The slot model counts 0.1 us units, so coefficients reach 1e7 to 1e8 for steps of seconds; at that
+    size the MILP solvers' absolute tolerances (1e-6 to 1e-9 on rows and integrality) stop meaning
+    anything and a "proven" optimum can be wrong. Scaled, times are moderate floats (T_m continuous,
+    no rounding added), and memory rows are divided by the slot's capacity.
+    """
+    return max(1.0, model.upper / SCALE_TARGET)
+
+
 def build_problem(model: SlotModel) -> tuple[Any, list[Any], dict[tuple[int, int], Any], list[Any]]:
-    """The PuLP problem of ``model`` and its y, x and T variables."""
+    """The PuLP problem of ``model`` (times divided by :func:`time_scale`) and its y, x and T variables."""
     import pulp
 
+    scale = time_scale(model)
     prob = pulp.LpProblem("dhp_slots", pulp.LpMinimize)
-    top = model_ceiling(model)
+    top = model_ceiling(model) / scale
     var = prob.add_variable
     y = [var(f"y{s}", 0, 1, cat="Binary") for s in range(model.n_slots)]
     x: dict[tuple[int, int], Any] = {}
     for q, s, _ in model.arcs:
         c = model.item_count(q)
         x[(q, s)] = var(f"x{q}_{s}", 0, 1, cat="Binary") if c == 1 else var(f"x{q}_{s}", 0, c, cat="Integer")
-    t_mb = [var(f"T{m}", model.floor[m], top) for m in range(model.n_mb)]
+    t_mb = [var(f"T{m}", model.floor[m] / scale, top) for m in range(model.n_mb)]
     u_mb = [var(f"U{m}", 0, top) for m in range(model.n_mb)] if model.tiebreak else []
     if model.tiebreak:
         prob += pulp.lpSum(t_mb) * model.tiebreak + pulp.lpSum(u_mb)
@@ -59,12 +81,13 @@ def build_problem(model: SlotModel) -> tuple[Any, list[Any], dict[tuple[int, int
         prob += pulp.lpSum(x[(q, s)] for s, _ in pairs) == model.item_count(q)
     load = []
     for s, pairs in enumerate(model.pairs_by_slot()):
-        expr = model.b * y[s] + pulp.lpSum(t * x[(q, s)] for q, t in pairs)
+        expr = (model.b / scale) * y[s] + pulp.lpSum((t / scale) * x[(q, s)] for q, t in pairs)
         load.append(expr)
         # 2. slot time within its micro-batch (through U_m in a neighbourhood model)
         prob += expr <= (u_mb if model.tiebreak else t_mb)[model.slot_m[s]]
-        # 3. memory per rank; x only on open slots
-        prob += pulp.lpSum(model.item_tokens[q] * x[(q, s)] for q, _ in pairs) <= model.slot_cap[s] * y[s]
+        # 3. memory per rank (as a share of the slot's capacity); x only on open slots
+        cap = max(1, model.slot_cap[s])
+        prob += pulp.lpSum((model.item_tokens[q] / cap) * x[(q, s)] for q, _ in pairs) <= model.slot_cap[s] / cap * y[s]
     # 4. node and micro-batch capacity
     for slots, ranks in model.capacity_rows():
         prob += pulp.lpSum(model.slot_d[s] * y[s] for s in slots) <= ranks
@@ -94,50 +117,140 @@ def _silence_highs_banner() -> None:
         os.close(saved)
 
 
+def highs_threads(requested: int) -> int:
+    """The thread count HiGHS runs with in this process: the first one asked for.
+
+    highspy sets up its task scheduler once per process with the first run's thread count; a later
+    run asking for another count fails ("error" on every solve), so every run keeps the first count.
+    """
+    if not _HIGHS_THREADS:
+        _HIGHS_THREADS.append(max(1, int(requested)))
+    return _HIGHS_THREADS[0]
+
+
+def _highs_solver(time_limit_s: float, options: PlanOptions, warm: bool) -> Any:
+    """PuLP's in-process HiGHS, given the variables' initial values as a starting solution when ``warm``."""
+    import pulp
+
+    class WarmHiGHS(pulp.HiGHS):  # PuLP's HiGHS interface has no warm start: pass the values through setSolution
+        def callSolver(self, lp: Any) -> None:
+            if warm:
+                columns = lp.variables()
+                index = [v.index for v in columns if v.varValue is not None]
+                values = [float(v.varValue) for v in columns if v.varValue is not None]
+                if index:
+                    import numpy as np
+
+                    lp.solverModel.setSolution(len(index), np.asarray(index, dtype=np.int32), np.asarray(values, dtype=np.float64))
+            lp.solverModel.run()
+
+    return WarmHiGHS(msg=False, timeLimit=max(0.001, time_limit_s), threads=highs_threads(options.solver_workers), gapRel=HIGHS_GAP)
+
+
+def _set_start(model: SlotModel, y: list[Any], x: dict[tuple[int, int], Any], t_mb: list[Any]) -> bool:
+    """Give the hint's values to the variables (the starting solution); False when the model has no complete hint."""
+    if not model.hint_x:
+        return False
+    scale = time_scale(model)
+    for s, v in enumerate(model.hint_y):
+        y[s].setInitialValue(v)
+    for key, var in x.items():
+        var.setInitialValue(model.hint_x.get(key, 0))
+    for m, v in enumerate(model.hint_t):
+        t_mb[m].setInitialValue(max(v, model.floor[m]) / scale)
+    return True
+
+
 def _solve_with(solver_name: str, model: SlotModel, time_limit_s: float, options: PlanOptions) -> ModelResult:
     import pulp
 
     if solver_name == "highs":
         _silence_highs_banner()
     prob, y, x, t_mb = build_problem(model)
+    scale = time_scale(model)
+    warm = _set_start(model, y, x, t_mb) and not model.tiebreak
+    log = None
     if solver_name == "highs":
-        solver = pulp.HiGHS(msg=False, timeLimit=max(0.001, time_limit_s), threads=options.solver_workers)
+        solver = _highs_solver(time_limit_s, options, warm)
     else:
         limit = time_limit_s - CBC_OVERHEAD_S
         if limit < CBC_MIN_LIMIT_S:
             return ModelResult("timeout", None, None, None, None)
-        warm = bool(model.hint_x)
-        if warm:
-            for s, v in enumerate(model.hint_y):
-                y[s].setInitialValue(v)
-            for key, var in x.items():
-                var.setInitialValue(model.hint_x.get(key, 0))
+        import tempfile
+
+        log = tempfile.NamedTemporaryFile("r", suffix=".log", prefix="dhp-cbc-", delete=False)
+        log.close()
         with warnings.catch_warnings():  # the bundled CBC binary is what a plain install has
             warnings.simplefilter("ignore", DeprecationWarning)
-            solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, threads=options.solver_workers, warmStart=warm, timeMode="elapsed")
+            solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, threads=options.solver_workers, warmStart=warm, timeMode="elapsed", logPath=log.name)
     try:
-        prob.solve(solver)
-    except pulp.PulpSolverError as exc:  # CBC may exit without a solution file when stopped very early
-        return ModelResult("error", None, None, None, None, message=str(exc))
+        try:
+            prob.solve(solver)
+        except pulp.PulpSolverError as exc:  # CBC may exit without a solution file when stopped very early
+            return ModelResult("error", None, None, None, None, message=str(exc))
+        except Exception as exc:  # noqa: BLE001 - HiGHS errors (e.g. its scheduler) are errors, not time-outs
+            return ModelResult("error", None, None, None, None, message=f"{type(exc).__name__}: {exc}")
+        cbc_bound = _cbc_bound(log.name) if log is not None else None
+    finally:
+        if log is not None:
+            os.unlink(log.name)
     sol = prob.sol_status
+    highs_state = _highs_status(prob) if solver_name == "highs" else None
     if sol == pulp.LpSolutionInfeasible:
         return ModelResult("infeasible", None, None, None, None)
     if sol not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-        return ModelResult("timeout" if sol == pulp.LpSolutionNoSolutionFound else "error", None, None, None, _highs_bound(prob, solver_name))
+        if solver_name == "highs" and highs_state not in ("kTimeLimit", "kInterrupt", "kIterationLimit"):
+            return ModelResult("error", None, None, None, None, message=f"HiGHS ended with model status {highs_state}")
+        state = "timeout" if sol == pulp.LpSolutionNoSolutionFound else "error"
+        return ModelResult(state, None, None, None, _scaled_bound(_highs_bound(prob, solver_name), scale) if not model.tiebreak else None)
     yv = [int(round(v.value() or 0)) for v in y]
     xv = {k: int(round(v.value() or 0)) for k, v in x.items()}
-    objective = sum(int(round(v.value() or 0)) for v in t_mb)
+    objective = int(round(sum(v.value() or 0.0 for v in t_mb) * scale))
     status = "optimal" if sol == pulp.LpSolutionOptimal else "feasible"
     bound = None
     if not model.tiebreak:
-        bound = _highs_bound(prob, solver_name) if solver_name == "highs" else None
-        if status == "optimal" and bound is None:
-            bound = objective
+        # The solver's own bound: HiGHS's MIP dual bound; CBC's from its log when it stopped early. CBC states
+        # no bound when it proves optimality ("Optimal solution found"), and then (only then) its objective is its bound.
+        raw = _highs_bound(prob, solver_name) if solver_name == "highs" else cbc_bound
+        if status == "optimal" and solver_name == "cbc":
+            raw = sum(v.value() or 0.0 for v in t_mb)
+        bound = _scaled_bound(raw, scale)
     return ModelResult(status, yv, xv, objective, bound)
 
 
-def _highs_bound(prob: Any, solver_name: str) -> int | None:
-    """HiGHS's MIP dual bound, rounded up (the objective takes integer values)."""
+def _scaled_bound(raw: float | None, scale: float) -> int | None:
+    """A bound in model units from one in scaled units, rounded down past the solvers' tolerances (1e-6)."""
+    if raw is None or not raw > -1e30 or raw != raw:
+        return None
+    return max(0, math.floor(raw * scale * (1 - 1e-6)))
+
+
+def _highs_status(prob: Any) -> str | None:
+    try:
+        return str(prob.solverModel.getModelStatus()).rsplit(".", 1)[-1]
+    except Exception:  # noqa: BLE001 - no model status to read
+        return None
+
+
+def _cbc_bound(path: str) -> float | None:
+    """CBC's best possible objective from its log when it stopped early: its final "Lower bound:", else
+    the last "best possible" of its progress lines (bounds only rise, so an earlier one is still valid)."""
+    import re
+
+    try:
+        with open(path) as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    found = re.findall(r"Lower bound:\s*(-?[0-9.eE+-]+)", text) or re.findall(r"best possible (-?[0-9.eE+-]+)", text)
+    try:
+        return float(found[-1]) if found else None
+    except ValueError:
+        return None
+
+
+def _highs_bound(prob: Any, solver_name: str) -> float | None:
+    """HiGHS's MIP dual bound (in the MILP's scaled units)."""
     if solver_name != "highs":
         return None
     try:
@@ -147,7 +260,7 @@ def _highs_bound(prob: Any, solver_name: str) -> int | None:
         return None
     if not bound > -1e30 or bound != bound:
         return None
-    return max(0, math.ceil(bound - 1e-6))
+    return bound
 
 
 def _model_solver(solver_name: str) -> Callable[[SlotModel, float, PlanOptions, Callable[[int, int | None], None] | None], ModelResult]:
@@ -160,15 +273,30 @@ def _model_solver(solver_name: str) -> Callable[[SlotModel, float, PlanOptions, 
     return solve_model
 
 
+def _installed(solver_name: str) -> bool:
+    """PuLP found on the path and, for HiGHS, highspy; for CBC, PuLP's bundled binary or one on the PATH."""
+    import importlib.util
+    import shutil
+
+    spec = importlib.util.find_spec("pulp")
+    if spec is None:
+        return False
+    if solver_name == "highs":
+        return importlib.util.find_spec("highspy") is not None
+    bundled = [os.path.join(p, "solverdir", "cbc") for p in (spec.submodule_search_locations or [])]
+    return any(os.path.isdir(p) for p in bundled) or shutil.which("cbc") is not None
+
+
 class PulpBackend:
     def __init__(self, solver_name: str) -> None:
         self.name = solver_name
 
     def available(self) -> bool:
-        try:
-            import pulp
-        except ImportError:
-            return False
+        """Whether PuLP and this solver are installed; found without loading PuLP when it is not loaded yet."""
+        if "pulp" not in sys.modules:
+            return _installed(self.name)
+        import pulp
+
         try:
             if self.name == "highs":
                 return bool(pulp.HiGHS(msg=False).available())

@@ -1,0 +1,48 @@
+"""The warm-up loads every compiled kernel the planning path uses: after it, planning varied
+problems (ring and Ulysses, one GPU type and mixed, memory-bound, measured profiles) loads none."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SCRIPT = r"""
+import importlib, json, pkgutil, sys
+sys.path.insert(0, "tests")
+import optimizer
+from numba.core.registry import CPUDispatcher
+from optimizer.warm import warm_up
+import optimizer.warm as warm
+from optimizer.documents import problem_from_json
+from optimizer.errors import PlannerError
+from optimizer.planner import plan
+from optimizer.workloads import long_tail_video
+from oracle_instances import instance, with_options
+
+mods = [importlib.import_module(f"optimizer.{m.name}") for m in pkgutil.iter_modules(optimizer.__path__) if m.name != "cli"]
+kernels = {f"{m.__name__}.{k}": v for m in mods for k, v in vars(m).items() if isinstance(v, CPUDispatcher) and v.py_func.__module__ == m.__name__}
+warm_up()
+before = {k: len(v.signatures) for k, v in kernels.items()}
+docs = [with_options(instance(seed)[0], backend="heuristic") for seed in range(40)]
+docs.append({"cluster_preset": "h100-8x8", "model_preset": "qwen2-vl-7b", "batch": long_tail_video(300, seed=1), "options": {"backend": "heuristic"}})
+docs.append({"cluster_preset": "mixed-h100-a100", "model_preset": "qwen2-vl-7b", "batch": long_tail_video(200, seed=2),
+             "options": {"backend": "heuristic", "cp_scheme": "ulysses"}})
+for doc in docs:
+    try:
+        plan(problem_from_json(doc))
+    except PlannerError:
+        pass
+after = {k: len(v.signatures) for k, v in kernels.items()}
+print(json.dumps({"error": warm.last_error, "loaded_later": sorted(k for k in kernels if after[k] != before[k])}))
+"""
+
+
+def test_no_kernel_loads_after_the_warm_up():
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600, cwd=ROOT, check=True)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["error"] is None, report["error"]
+    assert report["loaded_later"] == [], f"kernels first loaded after the warm-up: {report['loaded_later']}"
