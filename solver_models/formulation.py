@@ -106,6 +106,7 @@ class SlotModel:
     hint_y: list[int] = field(default_factory=list)
     hint_x: dict[tuple[int, int], int] = field(default_factory=dict)
     hint_t: list[int] = field(default_factory=list)
+    node_of_rank: list[int] = field(default_factory=list)
     offset: float = 0.0  # seconds of the micro-batches outside the model (added to its objective)
     tiebreak: int = 0  # K > 0: minimise K sum_m T_m + sum_m U_m, U_m the slowest freed slot (see neighbourhood_model)
 
@@ -150,7 +151,12 @@ class SlotModel:
         return {"slots": self.n_slots, "items": len(self.items), "samples": sum(len(m) for m in self.items), "pairs": len(self.arcs), "micro_batches": self.n_mb}
 
     def decode(self, y: list[int], x: dict[tuple[int, int], int]) -> list[list[Group]]:
-        """The groups of every micro-batch of the model for the values ``y`` and ``x``, fixed groups included."""
+        """The groups of every micro-batch of the model for the values ``y`` and ``x``, fixed groups included.
+
+        A spanning slot was charged the inter-node time: it gets ranks of at least two nodes whenever the
+        free ranks left allow it (the plan then costs what the model said; a group that still lands inside
+        one node is evaluated as such, and the planner compares the plan with the bound itself).
+        """
         members: dict[int, list[int]] = {}
         queues = [list(ms) for ms in self.items]
         for (q, s), v in sorted(x.items()):
@@ -179,11 +185,22 @@ class SlotModel:
             left = sorted((p for p in range(len(self.pools)) if self.pools[p].m == m), key=lambda p: -len(free_by_pool[p]))
             rest = [r for p in left for r in free_by_pool[p]]
             rest += sorted(set(self.mb_ranks[m]) - {r for p in range(len(self.pools)) if self.pools[p].m == m for r in self.pools[p].ranks})
-            for s in spanning[m]:
+            for s in sorted(spanning[m], key=lambda s: -self.classes[self.slot_class[s]].d):
                 d = self.classes[self.slot_class[s]].d
-                ranks, rest = tuple(sorted(rest[:d])), rest[d:]
-                mbs[m].append((ranks, tuple(members[s])))
+                take = _spanning_pick(rest, d, self.node_of_rank)
+                rest = [r for r in rest if r not in take]
+                mbs[m].append((tuple(sorted(take)), tuple(members[s])))
         return mbs
+
+
+def _spanning_pick(free: list[int], d: int, node_of: list[int]) -> list[int]:
+    """``d`` of the ``free`` ranks (kept in order), on at least two nodes when ``free`` has two."""
+    take = list(free[:d])
+    if len(take) == d and len({node_of[r] for r in take}) == 1:
+        other = next((r for r in free[d:] if node_of[r] != node_of[take[0]]), None)
+        if other is not None and d >= 2:
+            take[-1] = other
+    return take
 
 
 # -- building ---------------------------------------------------------------------------------
@@ -273,7 +290,7 @@ class _Builder:
             cls = self.classes[c]
             slot_m.append(cls.m)
             slot_d.append(cls.d)
-            slot_cap.append(int(math.floor(cls.capacity * cls.d)))
+            slot_cap.append(int(math.floor(cls.capacity * cls.d * (1 + 1e-9))))  # the verifier's tolerance: no plan it accepts is cut off
         for cls in self.classes:
             key = (cls.intra, cls.speed)
             if key not in columns:
@@ -291,6 +308,7 @@ class _Builder:
             n_mb=n_mb, b=b, classes=self.classes, slot_class=self.slot_class, slot_m=slot_m, slot_d=slot_d, slot_cap=slot_cap,
             pools=self.pools, mb_ranks=mb_ranks, items=items, item_tokens=tokens, arcs=arcs,
             floor=[to_units(f) if f > 0 else 0 for f in floor_s], fixed=fixed, symmetric_mbs=symmetric, exact=self.exact, upper=upper, offset=offset,
+            node_of_rank=self.node_of,
         )
 
 
@@ -300,8 +318,12 @@ def model_ceiling(model: SlotModel) -> int:
 
 
 def rounding_slack(model: SlotModel) -> float:
-    """Seconds by which rounding up can raise a plan's model objective above its true step time."""
-    return model.n_mb * (sum(len(m) for m in model.items) + 1) * UNIT
+    """Seconds by which rounding up can raise a plan's model objective above its true step time.
+
+    Each micro-batch's time is one slot's load: the group constant and its samples' times, each
+    rounded up by less than a unit, so the sum over micro-batches gains less than (samples + micro-batches) units.
+    """
+    return (sum(len(m) for m in model.items) + model.n_mb) * UNIT
 
 
 def full_model(tables: CostTables, hint: Assignment | None, upper_s: float) -> SlotModel:
@@ -310,7 +332,7 @@ def full_model(tables: CostTables, hint: Assignment | None, upper_s: float) -> S
     ``hint`` may be None (no plan known; ``upper_s`` must then be above any group's time).
     """
     n = tables.n_samples
-    n_mb = max(len(hint.micro_batches) if hint else 0, min(tables.problem.options.max_micro_batches, n))
+    n_mb = max(len(hint.micro_batches) if hint else 0, min(tables.problem.options.micro_batch_limit, n))
     bld = _Builder(tables, upper_s, exact=True)
     everything = list(range(tables.n_ranks))
     for m in range(n_mb):
