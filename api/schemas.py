@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from optimizer.options import MICRO_BATCH_CEILING
+
 
 class OptionsIn(BaseModel):
     """Planner options (the ``options`` document of ``dhp plan --options``)."""
@@ -21,7 +23,7 @@ class OptionsIn(BaseModel):
 
     degree_policy: Literal["any", "pow2"] | None = Field(None, description="group sizes: any integer or powers of two")
     max_degree: int | None = Field(None, ge=1, description="largest group size")
-    max_micro_batches: int | None = Field(None, ge=1, le=1024, description="most micro-batches per step")
+    max_micro_batches: int | None = Field(None, ge=1, le=MICRO_BATCH_CEILING, description="most micro-batches per step; leave out to let the planner decide")
     cp_scheme: Literal["ring", "ulysses"] | None = Field(None, description="context-parallel scheme")
     time_budget_ms: float | None = Field(None, ge=1, le=600_000, description="planning budget in ms, counted from the request's arrival")
     backend: Literal["auto", "heuristic", "cpsat", "highs", "cbc"] | None = Field(None, description="planner after the heuristic")

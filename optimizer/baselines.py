@@ -117,7 +117,7 @@ def best_static(tables: CostTables) -> tuple[StaticBaseline, Assignment] | None:
     cap = float(tables.rank_capacity.min())
     total = float(tables.lengths.sum())
     longest = int(tables.lengths.max())
-    most = tables.problem.options.max_micro_batches
+    most = tables.problem.options.micro_batch_limit
     sizes = []
     c = 1
     while c <= n:

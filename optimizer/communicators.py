@@ -10,7 +10,7 @@ creating another costs time and device memory. ``options.group_reuse`` says what
   when new groups remain and they cost something, a plan on the existing groups alone (as for
   ``only``) is tried too, and the one with the smaller step time plus group cost is kept;
 - ``only``: every group of two or more ranks must be an existing group. The planners then only
-  use the sizes the existing groups have (:func:`optimizer.costs.allowed_degrees`), and here every
+  use the sizes the existing groups have (:func:`optimizer.degrees.allowed_degrees`), and here every
   group is moved onto an existing group of its size; a group that finds none free in its
   micro-batch moves to another micro-batch that has one (or a new one, up to
   ``options.max_micro_batches``).
@@ -192,7 +192,7 @@ def _place_leftovers(tables: CostTables, mbs: list[list[GroupAssignment]], lefto
     to the limit); failing that, sample by sample: joining a group already in a micro-batch or taking
     a free existing group of any size or a single rank, wherever the step grows least.
     """
-    limit = tables.problem.options.max_micro_batches
+    limit = tables.problem.options.micro_batch_limit
     for d, samples in sorted(leftovers, key=lambda x: -x[0]):
         best = _best_slot(tables, mbs, by_size.get(d, []), samples, limit, join=False)
         if best is not None:

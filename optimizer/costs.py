@@ -18,6 +18,7 @@ from operator import attrgetter
 import numpy as np
 
 from optimizer.batch import Sample
+from optimizer.degrees import allowed_degrees
 from optimizer.errors import InfeasibleError
 from optimizer.problem import Problem
 from optimizer.profile import CostProfile
@@ -60,21 +61,6 @@ def vision_work_array(profile: CostProfile, samples: Sequence[Sample]) -> np.nda
     return np.bincount(np.repeat(np.arange(n), counts), weights=work, minlength=n)
 
 
-def allowed_degrees(problem: Problem, max_degree: int) -> list[int]:
-    """Group sizes the options and the CP scheme permit, up to ``max_degree``."""
-    if problem.options.degree_policy == "pow2":
-        sizes = [1 << k for k in range(max_degree.bit_length()) if (1 << k) <= max_degree]
-    else:
-        sizes = list(range(1, max_degree + 1))
-    if problem.scheme == "ulysses":
-        heads = problem.model.llm.heads // problem.cluster.tensor_parallel
-        sizes = [d for d in sizes if heads % d == 0]
-    if problem.options.group_reuse == "only":
-        have = {len(g) for g in problem.existing_groups}
-        sizes = [d for d in sizes if d == 1 or d in have]
-    return sizes
-
-
 @dataclass(frozen=True)
 class CostTables:
     """Everything planners need, as arrays. Built once per problem by :meth:`build`."""
@@ -97,22 +83,15 @@ class CostTables:
         samples = problem.batch.samples
         lengths = np.fromiter(problem.batch.lengths, dtype=np.int64, count=len(samples))
         vision = vision_work_array(profile, samples)
-        n_ranks = cluster.domain_size
         rank_node = np.asarray(cluster.rank_node, dtype=np.int64)
         gpu_names = [n.gpu.name for n in cluster.nodes]
         rank_speed = np.array([profile.speed_for(g) for g in gpu_names], dtype=np.float64)[rank_node]
         rank_capacity = np.array([profile.capacity_for(g) for g in gpu_names], dtype=np.float64)[rank_node]
         best_capacity = float(rank_capacity.max())
         need = int(math.ceil(int(lengths.max()) / best_capacity))
-        opt_max = problem.options.max_degree
-        if opt_max is None:
-            max_degree = min(n_ranks, max(64, need))
-        else:
-            max_degree = min(n_ranks, opt_max)
-        degrees = allowed_degrees(problem, max_degree)
+        degrees = allowed_degrees(problem)
         # The longest sample must fit on some allowed group size.
-        fitting = [d for d in degrees if int(lengths.max()) / d <= best_capacity]
-        if not fitting:
+        if not any(int(lengths.max()) / d <= best_capacity for d in degrees):
             worst = problem.batch.samples[int(lengths.argmax())]
             raise InfeasibleError(
                 f"sample {worst.id!r} has {worst.length} tokens and needs a group of at least {need} ranks "
@@ -132,6 +111,20 @@ class CostTables:
             node_ranges=cluster.node_rank_ranges,
             group_constant=profile.group_constant,
         )
+
+    def subset(self, rows: np.ndarray) -> CostTables:
+        """The tables of the samples ``rows`` alone (same cluster, sizes and options): rows of the
+        matrices already built are reused. Sample ``k`` of the subset is sample ``rows[k]`` here."""
+        from dataclasses import replace
+
+        from optimizer.batch import Batch
+
+        samples = self.problem.batch.samples
+        sub = Batch.__new__(Batch)
+        object.__setattr__(sub, "samples", tuple(samples[i] for i in rows.tolist()))
+        out = replace(self, problem=replace(self.problem, batch=sub), lengths=self.lengths[rows], vision=self.vision[rows])
+        out._matrices.update({key: m[rows] for key, m in self._matrices.items()})
+        return out
 
     # -- sizes --------------------------------------------------------------------------------
     @property

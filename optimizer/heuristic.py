@@ -32,14 +32,17 @@ from optimizer.best_fit import best_fit_long
 from optimizer.costs import CostTables
 from optimizer.degree_choice import choose_degrees, fastest_sizes, fluid_work
 from optimizer.errors import InfeasibleError
+from optimizer.evaluate import assignment_step_time
 from optimizer.group_classes import GroupClasses, class_times, classify
 from optimizer.local_search import LocalSearch, Packing
 from optimizer.lpt import lpt_place
 from optimizer.placement import place_groups, spread_over_layers
 from optimizer.plan import Assignment
+from optimizer.segments import segmented
 
 EXTRA_MICRO_BATCHES = 2
-"""Micro-batch counts tried beyond the least that memory allows."""
+"""Micro-batch counts always tried beyond the least that memory allows; further counts are tried
+while their fluid estimate still beats the best plan found (a count is a decision, not a minimum)."""
 BEST_FIT_PROBES = 8
 """Groups a long sample tries (fullest first) before it opens a new one."""
 FAST_ROUNDS = 12
@@ -47,7 +50,10 @@ FAST_ROUNDS = 12
 GOOD_ENOUGH = 0.03
 """Stop trying more micro-batches once within this fraction of the fluid optimum."""
 RETRY_FACTOR = 1.05
-"""Target raised by this factor when a packing does not fit."""
+"""Target raised by this factor when a packing does not fit (then by RETRY_GROWTH each time)."""
+RETRY_GROWTH = 1.25
+RETRY_LIMIT = 3.0
+"""Largest factor of the fluid target tried before a count is given up."""
 SMALL_BATCH = 64
 """Batches up to this many samples also try the coarser targets below."""
 SMALL_BATCH_TARGETS = (1.25, 1.6, 2.2)
@@ -104,14 +110,14 @@ class HeuristicPlanner:
     def micro_batch_counts(self) -> list[int]:
         n_ranks = self.t.n_ranks
         least = max(1, math.ceil(self.total_tokens / (self.capacity * n_ranks) - 1e-12))
-        most = self.t.problem.options.max_micro_batches
+        most = self.t.problem.options.micro_batch_limit
         if least > most:
             raise InfeasibleError(
                 f"the batch holds {self.total_tokens:.0f} tokens but {most} micro-batches of {n_ranks} ranks x {self.capacity:.0f} tokens hold only {most * n_ranks * self.capacity:.0f}",
                 field="options.max_micro_batches",
                 hint=f"allow at least {least} micro-batches, add ranks, or send a smaller batch.",
             )
-        return list(range(least, min(most, least + EXTRA_MICRO_BATCHES) + 1))
+        return list(range(least, min(most, max(least + EXTRA_MICRO_BATCHES, self.t.n_samples)) + 1))
 
     # -- 2. target time ---------------------------------------------------------------------
     @cached_property
@@ -204,6 +210,18 @@ class HeuristicPlanner:
         sample_group[long_idx] = long_group
         sample_group[short_idx] = short_group
         return Packing(ranks=ranks, layer=layer_of, sample_group=sample_group, classes=classes, times=times)
+
+    def _pack_raising(self, target: float, layers: int) -> Packing | None:
+        """:meth:`pack` at ``target``, raised while the packing does not fit: the fluid count ignores
+        that samples of one size may not share a group within the target, so the groups it opens can
+        need more ranks than a layer has; a longer target lets them share."""
+        factor = 1.0
+        while factor <= RETRY_LIMIT:
+            packing = self.pack(target * factor, layers)
+            if packing is not None:
+                return packing
+            factor = RETRY_FACTOR if factor == 1.0 else factor * RETRY_GROWTH
+        return None
 
     def pack_memory_first(self, layers: int) -> Assignment | None:
         """Fallback when the time-targeted packing does not fit: best-fit-decreasing by tokens.
@@ -330,10 +348,11 @@ class HeuristicPlanner:
             target = self.target_time(layers)
             estimate = layers * target  # the fluid optimum for this count
             if estimate >= best_time:
+                if layers >= counts[0] + EXTRA_MICRO_BATCHES and best is not None:
+                    break  # the fluid estimate grows with the count from here on (b per micro-batch)
                 continue
             floor = min(floor, estimate)
-            # A packing that fails on memory fragmentation rarely succeeds a little higher up: one retry.
-            candidates = [self.pack(target, layers) or self.pack(target * RETRY_FACTOR, layers)]
+            candidates = [self._pack_raising(target, layers)]
             if self.lengths.shape[0] <= SMALL_BATCH:
                 # Few samples: granularity matters more than the fluid target; coarser targets
                 # choose other group sizes and are cheap to try. Each is polished before comparing.
@@ -366,6 +385,16 @@ class HeuristicPlanner:
 
 
 def heuristic_plan(tables: CostTables, deadline: float | None = None) -> Assignment:
+    """The heuristic's plan: the whole batch at once, then cut into segments of similar length
+    when that is faster (:mod:`optimizer.segments`)."""
+    whole = HeuristicPlanner(tables).plan(deadline)
+    if tables.n_samples < 2:
+        return whole
+    best, _ = segmented(tables, _plan_segment, whole, assignment_step_time(tables, whole), deadline)
+    return best
+
+
+def _plan_segment(tables: CostTables, deadline: float | None) -> Assignment:
     return HeuristicPlanner(tables).plan(deadline)
 
 

@@ -30,6 +30,7 @@ from operator import attrgetter
 
 import numpy as np
 
+from optimizer.degrees import size_problem
 from optimizer.errors import VerificationError
 from optimizer.plan import Assignment, Plan
 from optimizer.problem import Problem
@@ -57,22 +58,6 @@ class Report:
             shown = "; ".join(self.violations[:5])
             more = f" (and {len(self.violations) - 5} more)" if len(self.violations) > 5 else ""
             raise VerificationError(f"plan is invalid: {shown}{more}", field="plan", hint="this is a planner bug if the plan came from dhp-planner; report it with the request.")
-
-
-def _degree_problems(problem: Problem, d: int) -> str | None:
-    n = problem.cluster.domain_size
-    if d > n:
-        return f"size {d} exceeds the domain of {n} ranks"
-    opts = problem.options
-    if opts.max_degree is not None and d > opts.max_degree:
-        return f"size {d} exceeds options.max_degree {opts.max_degree}"
-    if opts.degree_policy == "pow2" and d & (d - 1):
-        return f"size {d} is not a power of two"
-    if problem.scheme == "ulysses":
-        heads = problem.model.llm.heads // problem.cluster.tensor_parallel
-        if heads % d:
-            return f"size {d} does not divide the {heads} attention heads per rank (Ulysses)"
-    return None
 
 
 def _offsets(seqs: Sequence[Sized]) -> np.ndarray:
@@ -184,14 +169,14 @@ def _clean(problem: Problem, flat: _Flat, rec: _Recomputed) -> bool:
     """Whether invariants 1-5 hold, tested on the arrays."""
     n_ranks = problem.cluster.domain_size
     n_samples = len(problem.batch.samples)
-    if len(flat.mb_start) - 1 > problem.options.max_micro_batches or rec.repeats:
+    if len(flat.mb_start) - 1 > problem.options.micro_batch_limit or rec.repeats:
         return False
     sizes = np.diff(flat.rank_start)
     if len(sizes) and sizes.min() == 0:
         return False
     if len(flat.ranks) and (flat.ranks.min() < 0 or flat.ranks.max() >= n_ranks):
         return False
-    if any(_degree_problems(problem, d) for d in np.unique(sizes).tolist()):
+    if any(size_problem(problem, d) for d in np.unique(sizes).tolist()):
         return False
     s = flat.samples
     if len(s) != n_samples or s.min() < 0 or s.max() >= n_samples or np.bincount(s, minlength=n_samples).min() != 1:
@@ -205,7 +190,7 @@ def _violations(problem: Problem, groups: Groups, rec: _Recomputed) -> list[str]
     n_ranks = problem.cluster.domain_size
     n_samples = len(problem.batch.samples)
     seen = [0] * n_samples
-    if len(groups) > problem.options.max_micro_batches:
+    if len(groups) > problem.options.micro_batch_limit:
         out.append(f"{len(groups)} micro-batches exceed options.max_micro_batches {problem.options.max_micro_batches}")
     g = -1
     for m, mb in enumerate(groups):
@@ -226,7 +211,7 @@ def _violations(problem: Problem, groups: Groups, rec: _Recomputed) -> list[str]
             if overlap:
                 out.append(f"{where}: ranks {sorted(overlap)[:5]} already used in this micro-batch")
             used.update(ranks)
-            why = _degree_problems(problem, len(ranks))
+            why = size_problem(problem, len(ranks))
             if why:
                 out.append(f"{where}: {why}")
             for i in sample_indices:

@@ -131,7 +131,7 @@ def level_bound(tables: CostTables, upper_s: float) -> tuple[float, dict[str, in
         row(np.array([col_a[k], col_n[k]]), np.array([1.0, -lower]), 0.0, inf)
         row(np.array([col_a[k], col_n[k]]), np.array([-1.0, float(theta[k])]), 0.0, inf)
     # 5. micro-batch count
-    row(col_n, np.ones(n_k), 0.0, float(tables.problem.options.max_micro_batches))
+    row(col_n, np.ones(n_k), 0.0, float(tables.problem.options.micro_batch_limit))
 
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)

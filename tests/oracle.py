@@ -123,7 +123,7 @@ def brute_force_optimum(problem: Problem) -> float:
             if h[mask] < best_single[mask]:
                 best_single[mask] = h[mask]
 
-    max_mb = problem.options.max_micro_batches
+    max_mb = min(problem.options.micro_batch_limit, n)  # more micro-batches than samples never help
 
     @cache
     def step(mask: int, k: int) -> float:

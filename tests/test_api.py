@@ -342,7 +342,7 @@ def test_a_repeated_request_skips_validation(client, monkeypatch):
     monkeypatch.setattr(translate, "to_problem", lambda *a: calls.append(1) or original(*a))
     again = client.post("/v1/plans", json=dict(reversed(list(req.items()))))  # same documents, other key order
     assert again.status_code == 200 and again.json()["id"] == first["id"] and calls == []
-    other = client.post("/v1/plans", json={**req, "options": {**req["options"], "max_micro_batches": 8}})  # the default, spelled out
+    other = client.post("/v1/plans", json={**req, "options": {**req["options"], "degree_policy": "any"}})  # the default, spelled out
     assert other.status_code == 200 and other.json()["id"] == first["id"] and calls == [1]
 
 

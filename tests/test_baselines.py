@@ -51,7 +51,7 @@ def reference_best(tables: CostTables) -> tuple[StaticBaseline, Assignment] | No
     n = tables.n_ranks
     cap = float(tables.rank_capacity.min())
     total = float(tables.lengths.sum())
-    most = tables.problem.options.max_micro_batches
+    most = tables.problem.options.micro_batch_limit
     candidates = []
     c = 1
     while c <= n:

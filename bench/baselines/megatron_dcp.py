@@ -40,7 +40,7 @@ def megatron_dcp(tables: CostTables) -> Assignment | None:
     if max(need) > domain or any(s not in index for s in set(need)):
         return None
     remaining = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    limit = tables.problem.options.max_micro_batches
+    limit = tables.problem.options.micro_batch_limit
     micro_batches: list[list[tuple[list[int] | tuple[int, ...], list[int] | tuple[int, ...]]]] = []
     while remaining:
         if len(micro_batches) >= limit:
