@@ -12,10 +12,17 @@ C the largest per-rank capacity, S the step time.
    sum_i L_i / C is the least total group size all micro-batches together need for memory.
    The left side grows with S and the right side shrinks, so the smallest S that satisfies the
    inequality is found by bisection; every S below it is impossible.
+3. Micro-batches: every micro-batch lasts at least b plus its slowest group's work, and there are at
+   least M = ceil(sum_i L_i / (capacity of all ranks)) of them. In micro-batch m the slowest group
+   works at least (sum of the areas of m's samples) / N, and a sample of m finishes within
+   T_m <= S - (M - 1) b. So S >= (M - 1) b + S' with N S' >= N b + sum_i e_i(S') (e_i as in 2,
+   evaluated at S'). It is the stronger bound when the per-micro-batch constant b is large.
 The solver backends add LP-relaxation bounds on top of these.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -38,11 +45,10 @@ def single_sample_bound(tables: CostTables, fastest: np.ndarray | None = None) -
     return float(tables.group_constant + fastest.max())
 
 
-def area_bound(tables: CostTables, floor: float = 0.0, rel_tol: float = 1e-5) -> float:
-    """Smallest S with sum_i e_i(S) + b sum L / C <= N S (see the module docstring), by bisection to ``rel_tol``."""
+def _area_search(tables: CostTables, memory: float, floor: float, rel_tol: float) -> float:
+    """Smallest S >= floor with sum_i e_i(S) + ``memory`` <= N S, by bisection to ``rel_tol``."""
     b = tables.group_constant
     fastest, best_area, best_area_time = _extremes(tables)
-    memory_ranks = float(tables.lengths.sum()) / float(tables.rank_capacity.max())
     lo = float(max(floor, single_sample_bound(tables, fastest)))
     # Samples whose cheapest-area size already finishes within lo never change: fold them in once.
     fixed = b + best_area_time <= lo
@@ -53,8 +59,32 @@ def area_bound(tables: CostTables, floor: float = 0.0, rel_tol: float = 1e-5) ->
     start = np.empty(len(rows) + 1, dtype=np.int64)
     finish, area = np.empty(room), np.empty(room)
     area_frontiers(*tables.best_placements(), tables.degrees.astype(np.float64), min_j, rows, b, lo, start, finish, area)
-    return float(area_search(lo, base, b * memory_ranks, start, finish, area, float(tables.n_ranks), rel_tol))
+    return float(area_search(lo, base, memory, start, finish, area, float(tables.n_ranks), rel_tol))
+
+
+def area_bound(tables: CostTables, floor: float = 0.0, rel_tol: float = 1e-5) -> float:
+    """Smallest S with sum_i e_i(S) + b sum L / C <= N S (bound 2 of the module docstring)."""
+    memory_ranks = float(tables.lengths.sum()) / float(tables.rank_capacity.max())
+    return _area_search(tables, tables.group_constant * memory_ranks, floor, rel_tol)
+
+
+def fewest_micro_batches(tables: CostTables) -> int:
+    """The least micro-batch count memory allows: the batch's tokens over what all ranks hold at once."""
+    per_mb = float(tables.rank_capacity.sum())
+    return max(1, math.ceil(float(tables.lengths.sum()) / per_mb * (1 - 1e-12)))
+
+
+def micro_batch_bound(tables: CostTables, rel_tol: float = 1e-5) -> float:
+    """Bound 3 of the module docstring: (M - 1) b + S', S' the smallest with sum_i e_i(S') + N b <= N S'."""
+    m = fewest_micro_batches(tables)
+    b = tables.group_constant
+    return (m - 1) * b + _area_search(tables, tables.n_ranks * b, 0.0, rel_tol)
+
+
+def bound_parts(tables: CostTables) -> dict[str, float]:
+    """Every lower bound of the module docstring by name (the largest is the problem's bound)."""
+    return {"area": area_bound(tables), "micro_batches": micro_batch_bound(tables)}
 
 
 def lower_bound(tables: CostTables) -> float:
-    return area_bound(tables)
+    return max(bound_parts(tables).values())

@@ -7,9 +7,11 @@ import pytest
 
 from bench.runner import make_problem
 from bench.workloads import WORKLOADS
-from optimizer.bounds import area_bound, lower_bound, single_sample_bound
+from optimizer.bounds import area_bound, lower_bound, micro_batch_bound, single_sample_bound
 from optimizer.costs import CostTables
 from optimizer.documents import problem_from_json
+from optimizer.evaluate import assignment_step_time
+from optimizer.heuristic import heuristic_plan
 
 
 def reference_single(tables: CostTables) -> float:
@@ -68,9 +70,27 @@ def test_bound_equals_the_numpy_reference():
     checked = 0
     for tables in _cases():
         assert single_sample_bound(tables) == reference_single(tables)
-        got = lower_bound(tables)
+        got = area_bound(tables)
         assert got == pytest.approx(reference_area(tables), rel=1e-12, abs=0.0)
+        assert lower_bound(tables) == max(got, micro_batch_bound(tables))
         floor = got * 1.3
         assert area_bound(tables, floor=floor) == pytest.approx(reference_area(tables, floor=floor), rel=1e-12, abs=0.0)
         checked += 1
     assert checked > 30
+
+
+def test_micro_batch_bound_is_the_stronger_when_the_per_micro_batch_constant_dominates():
+    """Bound 3 against a hand computation: two ranks, three samples that each fill one rank's memory, b large."""
+    profile = {"time": {"quadratic": 0.0, "linear": 1e-3, "sample_constant": 0.0, "group_constant": 5.0},
+               "comm": {"scheme": "ring", "bytes_per_token": 1.0, "bandwidth_bytes_per_s": {"intra": 1e11, "inter": 1e10}},
+               "capacity_tokens_per_rank": 100}
+    batch = {"samples": [{"id": f"s{i}", "text_tokens": 100} for i in range(3)]}
+    tables = CostTables.build(problem_from_json({"batch": batch, "cluster": {"nodes": 1, "gpus_per_node": 2}, "model_preset": "llama3-8b", "profile": profile}))
+    # At least 2 micro-batches (300 tokens, 200 per micro-batch): 5 s + S', 2 S' >= 2 x 5 s + 0.3 s of work.
+    # The area bound only charges b per 100 tokens of memory: 2 S >= 15 s + 0.3 s.
+    assert micro_batch_bound(tables) == pytest.approx(10.15, rel=1e-4)
+    assert area_bound(tables) == pytest.approx(7.65, rel=1e-4)
+    assert lower_bound(tables) == micro_batch_bound(tables)
+    # A plan: two samples side by side (5.1 s), then one on both ranks (5.05 s and a negligible transfer).
+    plan_time = assignment_step_time(tables, heuristic_plan(tables))
+    assert lower_bound(tables) <= plan_time <= 10.2 + 1e-9
