@@ -112,8 +112,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         spec = GridSpec(**kwargs)
         with tqdm(total=total_steps(spec), desc="bench flexsp", unit="plan", file=sys.stderr, dynamic_ncols=True) as bar:
             doc = run_grid(spec, progress=bar.update)
-        _, text = versus.write(doc, out, command)
-        print("\n".join(text))
+        _, lines = versus.write(doc, out, command)
+        print("\n".join(lines))
         print(f"wrote {out / 'results.json'}, {out / 'report.md'} and plots")
     elif not args.scaling_only:
         spec = GridSpec(**kwargs)

@@ -27,7 +27,10 @@ What it runs is what its own script runs (``solver.py --method_type flexSP``):
 ``flexSPOptimizer(...).solve_flexSP_globalbatch_mp_gbmb(seqs, chunk_alg="sort_consec", bucket_alg="dp",
 mb_option_num=5, bucket_num=16)`` with SCIP's ``limits/time`` per MILP (its scripts use 10 s). It
 opens one process per micro-batch count and a pool per count; here those run one count at a time,
-each pool capped at ``workers`` processes, so at most ``workers`` SCIP solves run at once.
+each pool capped at ``workers`` processes, so at most ``workers`` SCIP solves run at once. (The
+process that waits on a pool polls it in a loop, as FlexSP's code does, which keeps one more core
+busy; SCIP's time limit is wall-clock time, so on a machine with few cores its MILPs get less
+search within the same limit than on a large one.)
 
 Its answer is a list of groups per micro-batch, each with a size and its sequences. The groups are
 laid out on ranks here, largest first on contiguous ranges (so every power-of-two group is aligned
@@ -194,10 +197,10 @@ class FlexSPRun:
 
 def layout(micro_batches: list[list[tuple[int, list[int]]]], n_ranks: int) -> Assignment:
     """Groups (size, sample indices) per micro-batch on ranks: largest first, contiguous from rank 0."""
-    out = []
+    out: list[list[tuple[list[int] | tuple[int, ...], list[int] | tuple[int, ...]]]] = []
     for mb in micro_batches:
         at = 0
-        groups = []
+        groups: list[tuple[list[int] | tuple[int, ...], list[int] | tuple[int, ...]]] = []
         for size, samples in sorted(mb, key=lambda g: -int(g[0])):
             if at + int(size) > n_ranks:
                 raise ValueError(f"FlexSP's groups of one micro-batch need more than {n_ranks} ranks")

@@ -9,6 +9,7 @@ most ``workers`` processes (fork start method: the children inherit the imported
 
 from __future__ import annotations
 
+import importlib
 import json
 import multiprocessing
 import random
@@ -42,11 +43,10 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     from bench.flexsp_real import build_optimizer, import_flexsp
 
     solver = import_flexsp(job["src"])
-    utils = sys.modules.get("galvatron.flexsp_solver.multiprocess_utils") or __import__(
-        "galvatron.flexsp_solver.multiprocess_utils", fromlist=["mp_worker"])
+    utils: Any = importlib.import_module("galvatron.flexsp_solver.multiprocess_utils")
     shim = capped_multiprocessing(int(job["workers"]))
-    solver.mp = shim
-    utils.mp = shim
+    for module in (solver, utils):  # both call multiprocessing through their module-level name ``mp``
+        module.mp = shim
     random.seed(int(job.get("seed", 0)))
     opt = build_optimizer(solver, job["params"], float(job["time_limit_s"]))
     seqs = [solver.Sequence(seq=int(length), id=i) for i, length in enumerate(job["lengths"])]

@@ -158,6 +158,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FormatStrFormatter
 
     paths = []
     for prof in dict.fromkeys(r["profile"] for r in rows):
@@ -173,9 +174,12 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
         ax.plot([lo, hi], [lo, hi], color="black", linewidth=0.8, label="equal")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(FormatStrFormatter("%g"))
+            axis.set_minor_formatter(FormatStrFormatter("%g"))
         ax.set_xlabel("FlexSP (real solver) step time, s")
         ax.set_ylabel("dhp step time, s")
-        ax.set_title(f"dhp against FlexSP under {prof} (below the line: dhp faster)")
+        ax.set_title(f"{prof}: dhp against FlexSP, per case\n(below the line: dhp faster)", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
