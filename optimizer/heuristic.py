@@ -51,13 +51,15 @@ GOOD_ENOUGH = 0.03
 """Stop trying more micro-batches once within this fraction of the fluid optimum."""
 RETRY_FACTOR = 1.05
 """Target raised by this factor when a packing does not fit (then by RETRY_GROWTH each time)."""
-RETRY_GROWTH = 1.25
-RETRY_LIMIT = 3.0
+RETRY_GROWTH = 1.3
+RETRY_LIMIT = 2.0
 """Largest factor of the fluid target tried before a count is given up."""
 SMALL_BATCH = 64
 """Batches up to this many samples also try the coarser targets below."""
 SMALL_BATCH_TARGETS = (1.25, 1.6, 2.2)
 """Factors of the target tried for small batches."""
+MAX_EMPTY_COUNTS = 3
+"""Counts tried past the first few while none has packed, before the memory-first fallback."""
 MAX_FILL = 0.85
 """A micro-batch count whose memory would be filled beyond this share is skipped when a larger count is allowed."""
 
@@ -351,6 +353,8 @@ class HeuristicPlanner:
                 if layers >= counts[0] + EXTRA_MICRO_BATCHES and best is not None:
                     break  # the fluid estimate grows with the count from here on (b per micro-batch)
                 continue
+            if best is None and layers > counts[0] + EXTRA_MICRO_BATCHES + MAX_EMPTY_COUNTS:
+                break  # no count has packed so far: the memory-first packing below takes over
             floor = min(floor, estimate)
             candidates = [self._pack_raising(target, layers)]
             if self.lengths.shape[0] <= SMALL_BATCH:

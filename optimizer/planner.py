@@ -33,7 +33,7 @@ from optimizer.verify import check_assignment, verify
 from optimizer.warm import warm_up
 
 # Share of the budget the heuristic may use when an exact backend follows.
-HEURISTIC_SHARE = 0.3
+HEURISTIC_SHARE = 0.5
 # Below this many milliseconds left, no exact backend is started.
 MIN_SOLVER_MS = 20.0
 # Milliseconds kept back from the solver for checking its answer, building and verifying the plan:

@@ -14,9 +14,10 @@ Search (greedy, within the heuristic's deadline):
 2. cut points: where the sorted samples' cumulative tokens fill a given share of one micro-batch's
    memory (N ranks x capacity), for shares from :data:`CUT_SHARES`, and where the memory-minimal
    group size of the samples changes from above one node to within one;
-3. the head (the longest samples, up to the cut) and the rest are each planned by the heuristic;
-   the best cut is kept when it beats the current plan, and the rest is cut again the same way,
-   up to :data:`MAX_SEGMENTS` segments.
+3. the head (the longest samples, up to the cut) is planned by the heuristic; the rest too, unless
+   the head's step time plus the rest's lower bound already exceeds the best plan known; the best
+   cut is kept when it beats the current plan, and the rest is cut again the same way, up to
+   :data:`MAX_SEGMENTS` segments.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from optimizer.bounds import lower_bound
 from optimizer.costs import CostTables
 from optimizer.errors import InfeasibleError
 from optimizer.evaluate import assignment_step_time
@@ -81,8 +83,9 @@ def segmented(tables: CostTables, plan_one: SubPlanner, first: Assignment, first
                 head_t, tail_t = tables.subset(head), tables.subset(tail)
                 head_a = plan_one(head_t, deadline)
                 head_time = assignment_step_time(head_t, head_a)
-                if head_time >= rest_time:
-                    continue
+                target = rest_time if best is None else min(rest_time, best[0])
+                if head_time + lower_bound(tail_t) >= target * (1 - 1e-9):
+                    continue  # the rest cannot make up for this head
                 tail_a = plan_one(tail_t, deadline)
                 if fixed_mbs + len(head_a.micro_batches) + len(tail_a.micro_batches) > limit:
                     continue  # the caller's cap on micro-batches
