@@ -4,6 +4,7 @@ budget, fallbacks and the choice of ``backend=auto``."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -215,10 +216,10 @@ def test_highs_prints_nothing_on_stdout(have):
     import subprocess
     import sys
 
-    code = ("from tests.test_solvers import tiny_problem, _with\n"
+    code = ("import sys\nsys.path.insert(0, 'tests')\nfrom test_solvers import tiny_problem, _with\n"
             "from optimizer.planner import plan\n"
             "plan(_with(tiny_problem(0, 2, 3, 6, 2), backend='highs', time_budget_ms=2000.0))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True, cwd=Path(__file__).resolve().parents[1])
     assert out.stdout == ""
 
 
