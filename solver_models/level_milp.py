@@ -106,12 +106,12 @@ def solve_highs(milp: Milp, deadline: float, workers: int = 1, deterministic: bo
     by ``deadline`` (a ``time.perf_counter()`` value)."""
     import highspy
 
-    from solver_models.pulp_milp import _silence_highs_banner
+    from solver_models.pulp_milp import _silence_highs_banner, highs_threads
 
     _silence_highs_banner()
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
-    h.setOptionValue("threads", int(workers))
+    h.setOptionValue("threads", highs_threads(workers))  # one count per process (see highs_threads)
     h.setOptionValue("mip_rel_gap", 1e-6)
     h.setOptionValue("mip_pool_soft_limit", 50)
     h.setOptionValue("mip_heuristic_effort", 0.3)
