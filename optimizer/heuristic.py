@@ -110,15 +110,20 @@ class HeuristicPlanner:
 
     # -- 1. micro-batch counts --------------------------------------------------------------
     def micro_batch_counts(self) -> list[int]:
+        """Counts to try, from the least the heuristic's packing (at the smallest per-rank capacity)
+        can use; raises only when memory proves the cap too small (at every rank's own capacity)."""
         n_ranks = self.t.n_ranks
         least = max(1, math.ceil(self.total_tokens / (self.capacity * n_ranks) - 1e-12))
         most = self.t.problem.options.micro_batch_limit
-        if least > most:
+        held = float(self.t.rank_capacity.sum())
+        proven = max(1, math.ceil(self.total_tokens / held - 1e-12))
+        if proven > most:
             raise InfeasibleError(
-                f"the batch holds {self.total_tokens:.0f} tokens but {most} micro-batches of {n_ranks} ranks x {self.capacity:.0f} tokens hold only {most * n_ranks * self.capacity:.0f}",
+                f"the batch holds {self.total_tokens:.0f} tokens but {most} micro-batches of {n_ranks} ranks hold only {most * held:.0f}",
                 field="options.max_micro_batches",
-                hint=f"allow at least {least} micro-batches, add ranks, or send a smaller batch.",
+                hint=f"allow at least {proven} micro-batches, add ranks, or send a smaller batch.",
             )
+        least = min(least, most)
         return list(range(least, min(most, max(least + EXTRA_MICRO_BATCHES, self.t.n_samples)) + 1))
 
     # -- 2. target time ---------------------------------------------------------------------
