@@ -111,7 +111,7 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
         "wall_ms": {p: {"median": _median(v), "max": max(v, default=None)} for p, v in walls.items() if p != FLEXSP},
         "flexsp_solve_wall_s": {"median": _median(flexsp_walls), "max": max(flexsp_walls, default=None)},
         "per_profile": per_profile,
-        "skipped_flexsp": sorted({f"{r['profile']}: {r.get(f'{FLEXSP}_note')}" for r in rows if r[f"{FLEXSP}_status"] == "skipped"}),
+        "skipped_flexsp": sorted({f"{r['profile']}: {(r.get(f'{FLEXSP}_note') or '').removeprefix('skipped: ')}" for r in rows if r[f"{FLEXSP}_status"] == "skipped"}),
     }
 
 
