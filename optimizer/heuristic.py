@@ -393,13 +393,21 @@ class HeuristicPlanner:
         return best.assignment()
 
 
-def heuristic_plan(tables: CostTables, deadline: float | None = None) -> Assignment:
+def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: float | None = None) -> Assignment:
     """The heuristic's plan: the whole batch at once, then cut into segments of similar length
-    when that is faster (:mod:`optimizer.segments`)."""
+    when that is faster (:mod:`optimizer.segments`); not tried when the whole batch's plan is
+    within GOOD_ENOUGH of ``bound`` (the problem's lower bound, computed here when not given)."""
     whole = HeuristicPlanner(tables).plan(deadline)
     if tables.n_samples < 2:
         return whole
-    best, _ = segmented(tables, _plan_segment, whole, assignment_step_time(tables, whole), deadline)
+    whole_time = assignment_step_time(tables, whole)
+    if bound is None:
+        from optimizer.bounds import lower_bound
+
+        bound = lower_bound(tables)
+    if whole_time <= bound * (1 + GOOD_ENOUGH):
+        return whole
+    best, _ = segmented(tables, _plan_segment, whole, whole_time, deadline)
     return best
 
 

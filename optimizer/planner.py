@@ -134,7 +134,7 @@ def _plan(problem: Problem, compare_static: bool, clock: Callable[[], float]) ->
     h_deadline = start + options.time_budget_ms * (HEURISTIC_SHARE if solver_follows else 0.9) / 1000.0
     rescued: SolverStats | None = None
     try:
-        hint = heuristic_plan(tables, deadline=h_deadline)
+        hint = heuristic_plan(tables, deadline=h_deadline, bound=bound)
     except InfeasibleError as exc:
         # The heuristic found no packing; on a small problem the whole exact model may still find one.
         with collector_running():
