@@ -103,7 +103,7 @@ def _existing_only(tables: CostTables) -> Assignment | None:
     """The heuristic's plan restricted to the existing groups (None when they cannot hold the batch)."""
     import time
 
-    from optimizer.heuristic import heuristic_plan
+    from optimizer.strategies import heuristic_plan
 
     restricted = tables.problem.with_options(group_reuse="only")
     try:

@@ -112,9 +112,10 @@ class CostTables:
             group_constant=profile.group_constant,
         )
 
-    def subset(self, rows: np.ndarray) -> CostTables:
+    def subset(self, rows: np.ndarray, **options: object) -> CostTables:
         """The tables of the samples ``rows`` alone (same cluster, sizes and options): rows of the
-        matrices already built are reused. Sample ``k`` of the subset is sample ``rows[k]`` here."""
+        matrices already built are reused. Sample ``k`` of the subset is sample ``rows[k]`` here.
+        ``options`` replace planner options of the subset's problem (e.g. ``max_micro_batches``)."""
         from dataclasses import replace
 
         from optimizer.batch import Batch
@@ -122,7 +123,10 @@ class CostTables:
         samples = self.problem.batch.samples
         sub = Batch.__new__(Batch)
         object.__setattr__(sub, "samples", tuple(samples[i] for i in rows.tolist()))
-        out = replace(self, problem=replace(self.problem, batch=sub), lengths=self.lengths[rows], vision=self.vision[rows])
+        problem = replace(self.problem, batch=sub)
+        if options:
+            problem = replace(problem, options=replace(problem.options, **options))
+        out = replace(self, problem=problem, lengths=self.lengths[rows], vision=self.vision[rows])
         out._matrices.update({key: m[rows] for key, m in self._matrices.items()})
         return out
 

@@ -32,18 +32,16 @@ from optimizer.best_fit import best_fit_long
 from optimizer.costs import CostTables
 from optimizer.degree_choice import choose_degrees, fastest_sizes, fluid_work
 from optimizer.errors import InfeasibleError
-from optimizer.evaluate import assignment_step_time
 from optimizer.group_classes import GroupClasses, class_times, classify
 from optimizer.local_search import LocalSearch, Packing
 from optimizer.lpt import lpt_place
 from optimizer.placement import place_groups, spread_over_layers
 from optimizer.plan import Assignment
-from optimizer.segments import segmented
 
 EXTRA_MICRO_BATCHES = 2
 """Micro-batch counts always tried beyond the least that memory allows; further counts are tried
 while their fluid estimate still beats the best plan found (a count is a decision, not a minimum)."""
-BEST_FIT_PROBES = 8
+BEST_FIT_PROBES = 64
 """Groups a long sample tries (fullest first) before it opens a new one."""
 FAST_ROUNDS = 12
 """Local-search rounds of the fast heuristic; :func:`polish` continues with a deadline."""
@@ -77,7 +75,10 @@ class _Group:
 class HeuristicPlanner:
     """Plans one batch; build once per problem, call :meth:`plan`."""
 
-    def __init__(self, tables: CostTables) -> None:
+    def __init__(self, tables: CostTables, floor: int = 1) -> None:
+        """``floor``: the least group size given to any sample (1: sizes follow memory and time alone).
+        A larger floor pools the memory of several ranks in every group, so that memory-tight
+        micro-batches pack with less waste (at the price of some communication)."""
         self.t = tables
         self.b = tables.group_constant
         self.capacity = float(tables.rank_capacity.min())
@@ -91,6 +92,8 @@ class HeuristicPlanner:
         self.cost = np.concatenate([intra[:, :in_node], inter[:, in_node:]], axis=1)
         self.lengths = tables.lengths.astype(np.float64)
         self.min_j = self._min_degree_index()
+        if floor > 1:
+            self.min_j = np.maximum(self.min_j, min(int(np.searchsorted(tables.degrees, floor, side="left")), len(self.degrees) - 1))
         self.total_tokens = float(self.lengths.sum())
         self._columns: dict[tuple[int, bool, float], np.ndarray] = {}
 
@@ -391,28 +394,6 @@ class HeuristicPlanner:
             )
         best.run(deadline)
         return best.assignment()
-
-
-def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: float | None = None) -> Assignment:
-    """The heuristic's plan: the whole batch at once, then cut into segments of similar length
-    when that is faster (:mod:`optimizer.segments`); not tried when the whole batch's plan is
-    within GOOD_ENOUGH of ``bound`` (the problem's lower bound, computed here when not given)."""
-    whole = HeuristicPlanner(tables).plan(deadline)
-    if tables.n_samples < 2:
-        return whole
-    whole_time = assignment_step_time(tables, whole)
-    if bound is None:
-        from optimizer.bounds import lower_bound
-
-        bound = lower_bound(tables)
-    if whole_time <= bound * (1 + GOOD_ENOUGH):
-        return whole
-    best, _ = segmented(tables, _plan_segment, whole, whole_time, deadline)
-    return best
-
-
-def _plan_segment(tables: CostTables, deadline: float | None) -> Assignment:
-    return HeuristicPlanner(tables).plan(deadline)
 
 
 def polish(tables: CostTables, assignment: Assignment, deadline: float, max_rounds: int = 100_000) -> Assignment:

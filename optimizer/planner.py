@@ -26,9 +26,9 @@ from optimizer.costs import CostTables
 from optimizer.errors import InfeasibleError, PlannerError
 from optimizer.evaluate import assignment_step_time, build_plan
 from optimizer.gc_pause import collector_paused, collector_running
-from optimizer.heuristic import heuristic_plan
 from optimizer.plan import Assignment, Plan, SolverStats, TracePoint
 from optimizer.problem import Problem
+from optimizer.strategies import heuristic_plan
 from optimizer.verify import check_assignment, verify
 from optimizer.warm import warm_up
 

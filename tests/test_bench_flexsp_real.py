@@ -88,8 +88,8 @@ def test_missing_source_or_solver_is_a_clear_error(tmp_path, capsys):
 
 @needs_flexsp
 def test_quick_suite_runs_flexsp_and_dhp_scored_by_the_verifier(tmp_path, capsys):
-    out = tmp_path / "r"
-    assert main(["bench", "--suite", "flexsp", "--quick", "--out", str(out)]) == 0
+    out, cache = tmp_path / "r", tmp_path / "cache"
+    assert main(["bench", "--suite", "flexsp", "--quick", "--out", str(out), "--flexsp-cache", str(cache)]) == 0
     printed = capsys.readouterr().out
     assert "| flexsp-gpt7b | video | 16 |" in printed and "at most FlexSP's step time" in printed
     doc = json.loads((out / "results.json").read_text())
@@ -109,3 +109,14 @@ def test_quick_suite_runs_flexsp_and_dhp_scored_by_the_verifier(tmp_path, capsys
     assert doc["summary"]["cases_with_flexsp"] == 1
     assert (out / "report.md").is_file() and (out / "versus_flexsp-gpt7b.png").stat().st_size > 0
     assert Path(doc["spec"]["flexsp"]["src"]).is_dir()
+    # The answer was kept by its inputs: the same batch again is read back, not solved again.
+    assert len(list(cache.glob("flexsp-*.json"))) == 1
+    spec = doc["spec"]
+    tables = CostTables.build(make_problem(WORKLOADS["video"], 16, 32, 0, 200.0, resolve_profile("flexsp-gpt7b"), max_micro_batches=spec["max_micro_batches"],
+                                           whole_domain_groups=True))
+    from bench.flexsp_real import solve
+
+    again = solve(tables, FlexSPSettings(time_limit_s=1.0, cache=str(cache)))
+    assert again.details.get("cached") and again.assignment is not None
+    other = solve(tables, FlexSPSettings(time_limit_s=2.0, cache=str(tmp_path / "empty")))  # other inputs: not in that cache
+    assert not other.details.get("cached")

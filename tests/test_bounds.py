@@ -11,7 +11,7 @@ from optimizer.bounds import area_bound, lower_bound, micro_batch_bound, single_
 from optimizer.costs import CostTables
 from optimizer.documents import problem_from_json
 from optimizer.evaluate import assignment_step_time
-from optimizer.heuristic import heuristic_plan
+from optimizer.strategies import heuristic_plan
 
 
 def reference_single(tables: CostTables) -> float:

@@ -21,9 +21,9 @@ from oracle_instances import instance
 from optimizer.costs import CostTables
 from optimizer.documents import problem_from_json
 from optimizer.errors import InfeasibleError, PlannerError
-from optimizer.heuristic import heuristic_plan
 from optimizer.plan import SolverStats
 from optimizer.planner import OPTIMAL_GAP, honest_status, plan
+from optimizer.strategies import heuristic_plan
 from solver_models import available_backends
 from solver_models.formulation import full_model
 
@@ -97,7 +97,7 @@ sys.path.insert(0, "tests")
 from dataclasses import replace
 from test_solvers import tiny_problem
 from optimizer.costs import CostTables
-from optimizer.heuristic import heuristic_plan
+from optimizer.strategies import heuristic_plan
 from solver_models.pulp_milp import PulpBackend
 p = tiny_problem(1, 2, 3, 5, 3)
 t = CostTables.build(p)

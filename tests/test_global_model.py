@@ -12,8 +12,8 @@ import pytest
 from optimizer.costs import CostTables
 from optimizer.documents import problem_from_json
 from optimizer.evaluate import assignment_step_time
-from optimizer.heuristic import heuristic_plan
 from optimizer.options import PlanOptions
+from optimizer.strategies import heuristic_plan
 from optimizer.verify import check_assignment
 from optimizer.workloads import long_tail_video, mixed
 from solver_models.global_model import UNIT, bucket_samples, build, decode

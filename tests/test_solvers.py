@@ -13,8 +13,8 @@ from oracle import brute_force_optimum
 from optimizer.costs import CostTables
 from optimizer.documents import problem_from_json
 from optimizer.errors import InfeasibleError
-from optimizer.heuristic import heuristic_plan
 from optimizer.planner import choose_backend, plan
+from optimizer.strategies import heuristic_plan
 from optimizer.verify import verify
 from solver_models import available_backends, get_backend
 from solver_models.base import SolveResult
@@ -274,7 +274,7 @@ def test_whole_model_plans_when_the_heuristic_finds_no_packing(case, have, monke
     """Should the heuristic find no packing of a small batch, the whole model plans it (rescue)."""
     import optimizer.planner as planner
 
-    def no_packing(tables, deadline=None):
+    def no_packing(tables, deadline=None, bound=None):
         raise InfeasibleError("no packing of the batch fits the domain's memory", field="batch.samples", hint="-")
 
     monkeypatch.setattr(planner, "heuristic_plan", no_packing)

@@ -1,0 +1,119 @@
+"""The heuristic's strategies (optimizer.strategies) and their parts: degrees, chunks, few samples, segments."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from optimizer.bounds import lower_bound
+from optimizer.chunks import token_chunks
+from optimizer.costs import CostTables
+from optimizer.degrees import DENSE_SIZES, LADDER_STEP, allowed_degrees, size_problem
+from optimizer.documents import problem_from_json
+from optimizer.evaluate import assignment_step_time
+from optimizer.few_samples import few_samples_plan
+from optimizer.heuristic import HeuristicPlanner
+from optimizer.strategies import heuristic_plan
+from optimizer.verify import check_assignment
+from optimizer.workloads import WORKLOADS
+
+FLEXSP_7B = json.loads((Path(__file__).resolve().parents[1] / "optimizer" / "presets" / "profiles" / "flexsp-gpt7b.json").read_text())
+MODEL_64_HEADS = {"llm": {"layers": 32, "hidden": 4096, "heads": 64, "kv_heads": 64, "ffn_hidden": 11008, "vocab": 32000, "parameters": 7.0e9},
+                  "training": {"zero_stage": 3, "recompute": "full"}}
+
+
+def _problem(workload: str, n: int, seed: int, nodes: int = 8, options: dict | None = None, profile: dict | None = FLEXSP_7B):
+    doc = {"batch": WORKLOADS[workload](n, seed=seed), "cluster": {"nodes": nodes, "gpus_per_node": 8}, "model": MODEL_64_HEADS, "options": options or {}}
+    if profile is not None:
+        doc["profile"] = profile
+    return problem_from_json(doc)
+
+
+def test_sizes_are_every_integer_up_to_the_dense_limit_then_a_ladder_of_whole_nodes_to_the_domain():
+    problem = problem_from_json({"batch": WORKLOADS["video"](8, seed=0), "cluster": {"nodes": 128, "gpus_per_node": 8}, "model_preset": "llama3-8b"})
+    sizes = allowed_degrees(problem)
+    assert sizes[:DENSE_SIZES] == list(range(1, DENSE_SIZES + 1)) and sizes[-1] == 1024
+    above = sizes[DENSE_SIZES:]
+    assert all(d % 8 == 0 for d in above)
+    assert all(b / a <= LADDER_STEP + 1e-9 or b - a == 8 for a, b in zip([DENSE_SIZES, *above], above, strict=False))
+    # The verifier accepts exactly these sizes.
+    assert all(size_problem(problem, d) is None for d in sizes)
+    assert [d for d in range(1, 1025) if size_problem(problem, d) is None] == sizes
+    # The caller's cap is the top of the ladder.
+    capped = problem.with_options(max_degree=300)
+    assert allowed_degrees(capped)[-1] == 300 and size_problem(capped, 300) is None and size_problem(capped, 304) is not None
+
+
+def test_no_cap_on_micro_batches_by_default():
+    problem = _problem("video", 512, 3)
+    assert problem.options.max_micro_batches is None
+    plan = heuristic_plan(CostTables.build(problem))
+    assert len(plan.micro_batches) > 8  # the former default cap
+    assert check_assignment(problem, plan).ok
+
+
+def test_token_chunks_minimise_the_largest_chunk():
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        tokens = np.sort(rng.integers(1, 1000, size=int(rng.integers(2, 9))).astype(np.float64))[::-1].copy()
+        count = int(rng.integers(1, len(tokens) + 1))
+        starts = token_chunks(tokens, count)
+        got = max(tokens[a:b].sum() for a, b in zip(starts[:-1], starts[1:], strict=False))
+        assert starts[0] == 0 and starts[-1] == len(tokens) and len(starts) - 1 <= count
+        best = min(max(tokens[a:b].sum() for a, b in zip((0, *cut), (*cut, len(tokens)), strict=False))
+                   for k in range(count) for cut in itertools.combinations(range(1, len(tokens)), k))
+        assert got <= best * (1 + 1e-6) + 1.0
+
+
+def test_few_samples_plan_is_the_best_split_into_runs():
+    """Against enumeration: every split of the length order into runs, every size per run (one micro-batch)."""
+    for seed in range(4):
+        problem = _problem("video", 5, seed, nodes=2)
+        tables = CostTables.build(problem)
+        plan = few_samples_plan(tables)
+        assert plan is not None and check_assignment(problem, plan).ok
+        order = list(np.lexsort((np.arange(5), -tables.lengths)))
+        cap = float(tables.rank_capacity.min())
+        best = np.inf
+        for k in range(5):
+            for cut in itertools.combinations(range(1, 5), k):
+                runs = [order[a:b] for a, b in zip((0, *cut), (*cut, 5), strict=False)]
+                options = [[d for d in tables.degrees.tolist() if tables.lengths[r].sum() <= cap * d] for r in runs]
+                for sizes in itertools.product(*options):
+                    if sum(sizes) > tables.n_ranks:
+                        continue
+                    t = max(tables.group_constant + float(tables.time_matrix(d <= tables.node_size, 1.0)[r, tables.degree_index[d]].sum())
+                            for r, d in zip(runs, sizes, strict=True))
+                    best = min(best, t)
+        assert assignment_step_time(tables, plan) <= best * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("workload,seed", [("video", 3), ("mixed", 3), ("long-text", 2), ("anyres", 0)])
+def test_strategies_beat_the_whole_batch_heuristic_under_flexsp_profile(workload, seed):
+    problem = _problem(workload, 512, seed)
+    tables = CostTables.build(problem)
+    whole = assignment_step_time(tables, HeuristicPlanner(tables).plan())
+    plan = heuristic_plan(tables)
+    step = assignment_step_time(tables, plan)
+    assert check_assignment(problem, plan).ok
+    assert lower_bound(tables) <= step < whole * 0.97
+
+
+def test_strategies_stay_out_of_the_way_under_the_analytical_profile():
+    """Where the whole-batch plan is within 3% of the bound, it is the plan (planning stays in milliseconds)."""
+    problem = _problem("video", 512, 0, profile=None)
+    tables = CostTables.build(problem)
+    whole = HeuristicPlanner(tables).plan()
+    assert assignment_step_time(tables, whole) <= lower_bound(tables) * 1.03
+    assert heuristic_plan(tables) == whole
+
+
+def test_micro_batch_cap_holds_in_every_strategy():
+    problem = _problem("mixed", 256, 1, options={"max_micro_batches": 6})
+    tables = CostTables.build(problem)
+    plan = heuristic_plan(tables)
+    assert len(plan.micro_batches) <= 6 and check_assignment(problem, plan).ok
