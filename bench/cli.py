@@ -58,6 +58,7 @@ def register(subparsers: Any) -> None:
     b.add_argument("--flexsp-src", help="folder holding FlexSP's galvatron/flexsp_solver (default ../shared/peers/flexsp beside the repository)")
     b.add_argument("--flexsp-time-limit", type=float, help="SCIP time limit per FlexSP MILP in seconds (default 10, as its scripts; 1 with --quick in the flexsp suite)")
     b.add_argument("--flexsp-workers", type=int, help="most processes FlexSP's pools start (default 2)")
+    b.add_argument("--flexsp-cache", help="folder keeping FlexSP's answers by their inputs: a re-run reuses them (FlexSP does not depend on dhp's planner)")
     b.add_argument("--planners", type=_csv, help="comma-separated planners (default: all; dhp-auto only with an exact backend)")
     b.add_argument("--no-memory", action="store_true", help="skip the tracemalloc peak-memory call")
     b.add_argument("--scaling", action="store_true", help="also measure heuristic planning cost up to 8192 ranks x 65536 samples")
@@ -104,7 +105,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     limit = args.flexsp_time_limit
     if limit is None:
         limit = versus.QUICK_TIME_LIMIT_S if suite == "flexsp" and args.quick else 10.0
-    kwargs["flexsp"] = FlexSPSettings(src=args.flexsp_src, time_limit_s=limit, workers=2 if args.flexsp_workers is None else args.flexsp_workers)
+    kwargs["flexsp"] = FlexSPSettings(src=args.flexsp_src, time_limit_s=limit, workers=2 if args.flexsp_workers is None else args.flexsp_workers,
+                                      cache=args.flexsp_cache)
     if "flexsp" in kwargs.get("planners", ()) and not args.scaling_only:
         require(kwargs["flexsp"])
     out.mkdir(parents=True, exist_ok=True)

@@ -80,6 +80,10 @@ class FlexSPSettings:
     bucket_num: int = 16
     timeout_s: float = 7200.0
     """Wall-clock limit of one whole solve; the child processes are ended past it."""
+    cache: str | None = None
+    """Folder of finished solves, keyed by everything FlexSP is given (``--flexsp-cache``): a solve
+    found there is not run again. FlexSP's answers do not depend on this project's planner, so a
+    benchmark re-run after a planner change reuses them."""
 
     def __post_init__(self) -> None:
         if not 0 < self.time_limit_s <= 3600:
@@ -93,7 +97,7 @@ class FlexSPSettings:
 
     def to_json(self) -> dict[str, Any]:
         return {"src": str(self.source), "time_limit_s": self.time_limit_s, "workers": self.workers, "mb_option_num": self.mb_option_num,
-                "bucket_num": self.bucket_num, "timeout_s": self.timeout_s}
+                "bucket_num": self.bucket_num, "timeout_s": self.timeout_s, "cache": self.cache}
 
 
 def missing(settings: FlexSPSettings) -> str | None:
@@ -220,6 +224,10 @@ def solve(tables: CostTables, settings: FlexSPSettings, seed: int = 0) -> FlexSP
         return FlexSPRun(None, f"skipped: {why}", {"skipped": True})
     job = {"src": str(settings.source), "params": params, "lengths": [int(x) for x in tables.lengths.tolist()], "time_limit_s": settings.time_limit_s,
            "workers": settings.workers, "mb_option_num": settings.mb_option_num, "bucket_num": settings.bucket_num, "seed": seed}
+    cached = _cache_path(settings, job)
+    if cached is not None and cached.is_file():
+        result = json.loads(cached.read_text())
+        return _run_of(result, tables, settings, {"cached": str(cached)})
     with tempfile.TemporaryDirectory(prefix="dhp-flexsp-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job_path.write_text(json.dumps(job))  # an infinite bandwidth (no communication) travels as Infinity
@@ -238,8 +246,29 @@ def solve(tables: CostTables, settings: FlexSPSettings, seed: int = 0) -> FlexSP
             tail = (err or "").strip().splitlines()[-3:]
             return FlexSPRun(None, f"FlexSP's process failed (exit {proc.returncode}): {' / '.join(tail)}", {"process_wall_s": process_wall})
         result = json.loads(out_path.read_text())
-    details = {"solve_wall_s": result["solve_wall_s"], "process_wall_s": process_wall, "micro_batches": len(result["micro_batches"]),
-               "flexsp_predicted_step_time_s": result["flexsp_step_ms"] / 1e3, "settings": settings.to_json()}
+    result["process_wall_s"] = process_wall
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp_path = cached.with_suffix(".tmp")
+        tmp_path.write_text(json.dumps(result))
+        tmp_path.replace(cached)
+    return _run_of(result, tables, settings, {})
+
+
+def _cache_path(settings: FlexSPSettings, job: dict[str, Any]) -> Path | None:
+    """Where the answer to ``job`` is kept (None without a cache folder): a hash of the job, FlexSP's source folder left out."""
+    if not settings.cache:
+        return None
+    import hashlib
+
+    key = {k: v for k, v in job.items() if k not in ("src", "workers")}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    return Path(settings.cache).expanduser() / f"flexsp-{digest}.json"
+
+
+def _run_of(result: dict[str, Any], tables: CostTables, settings: FlexSPSettings, extra: dict[str, Any]) -> FlexSPRun:
+    details = {"solve_wall_s": result["solve_wall_s"], "process_wall_s": result.get("process_wall_s"), "micro_batches": len(result["micro_batches"]),
+               "flexsp_predicted_step_time_s": result["flexsp_step_ms"] / 1e3, "settings": settings.to_json(), **extra}
     if not result["micro_batches"]:
         return FlexSPRun(None, "FlexSP found no feasible plan for any micro-batch count it tried", details)
     return FlexSPRun(layout(result["micro_batches"], tables.n_ranks), None, details)
