@@ -100,7 +100,7 @@ def lp_check(args: argparse.Namespace) -> None:
     """Print the level LP of :mod:`solver_models.lp_bound` against the area bound, per instance."""
     from optimizer.bounds import lower_bound
     from optimizer.evaluate import assignment_step_time
-    from optimizer.heuristic import heuristic_plan
+    from optimizer.strategies import heuristic_plan
     from solver_models.lp_bound import level_bound
 
     print(f"{'ranks':>5} {'workload':<10} {'seed':>4} {'LP / area':>10} {'LP ms':>7}  LP size")
@@ -128,7 +128,7 @@ def excess_check(args: argparse.Namespace) -> None:
 
     from optimizer.bounds import lower_bound
     from optimizer.evaluate import assignment_step_time
-    from optimizer.heuristic import heuristic_plan
+    from optimizer.strategies import heuristic_plan
 
     for size, workload, seed, tables in instances(args):
         plan_ = heuristic_plan(tables)
