@@ -21,7 +21,7 @@ import numpy as np
 
 from optimizer import communicators
 from optimizer.baselines import best_static
-from optimizer.bounds import lower_bound
+from optimizer.bounds import bound_parts
 from optimizer.costs import CostTables
 from optimizer.errors import InfeasibleError, PlannerError
 from optimizer.evaluate import assignment_step_time, build_plan
@@ -33,7 +33,7 @@ from optimizer.verify import check_assignment, verify
 from optimizer.warm import warm_up
 
 # Share of the budget the heuristic may use when an exact backend follows.
-HEURISTIC_SHARE = 0.5
+HEURISTIC_SHARE = 0.75
 # Below this many milliseconds left, no exact backend is started.
 MIN_SOLVER_MS = 20.0
 # Milliseconds kept back from the solver for checking its answer, building and verifying the plan:
@@ -127,7 +127,9 @@ def _plan(problem: Problem, compare_static: bool, clock: Callable[[], float]) ->
 
     tables = CostTables.build(problem)
     lap("tables_ms")
-    bound = lower_bound(tables)
+    parts = bound_parts(tables)
+    binding = max(parts, key=parts.__getitem__)
+    bound = parts[binding]
     lap("bound_ms")
     expected_ms = HEURISTIC_MS_PER_SAMPLE * tables.n_samples + reserve_ms(tables) + MIN_SOLVER_MS
     solver_follows = options.backend != "heuristic" and options.time_budget_ms >= expected_ms
@@ -189,7 +191,9 @@ def _plan(problem: Problem, compare_static: bool, clock: Callable[[], float]) ->
         report = verify(result, problem)
     report.raise_if_failed()
     wall_ms = (clock() - start) * 1000.0
-    final = SolverStats(**{**result.solver.__dict__, "wall_ms": wall_ms, "details": {**result.solver.details, "phases": phases}})
+    if result.lower_bound_s > bound * (1 + 1e-12):
+        binding = f"{result.solver.backend} (proven by the solver)"
+    final = SolverStats(**{**result.solver.__dict__, "wall_ms": wall_ms, "details": {**result.solver.details, "phases": phases, "bound": binding}})
     return replace(result, solver=final)
 
 

@@ -22,7 +22,7 @@ def summary_text(plan: Plan, problem: Problem, max_groups: int = 12) -> str:
     tokens = sum(problem.batch.lengths)
     lines.append(f"batch: {n} samples, {tokens:,} tokens (longest {max(problem.batch.lengths):,}) | {problem.cluster.describe()} | {plan.scheme} CP")
     lines.append(
-        f"predicted step {plan.predicted_step_time_s:.4f} s | lower bound {plan.lower_bound_s:.4f} s | "
+        f"predicted step {plan.predicted_step_time_s:.4f} s | lower bound {plan.lower_bound_s:.4f} s{_which(plan)} | "
         f"ratio {plan.ratio_to_bound:.4f} (gap {plan.gap * 100:.2f}%)"
     )
     if plan.static_baseline is not None:
@@ -42,3 +42,9 @@ def summary_text(plan: Plan, problem: Problem, max_groups: int = 12) -> str:
         if len(mb.groups) > max_groups:
             lines.append(f"  ... {len(mb.groups) - max_groups} more groups")
     return "\n".join(lines)
+
+
+def _which(plan: Plan) -> str:
+    """The bound that was binding, as the planner recorded it (empty when it did not)."""
+    name = plan.solver.details.get("bound")
+    return f" ({name} bound)" if name else ""
