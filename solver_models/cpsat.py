@@ -127,7 +127,7 @@ class CpSatBackend:
             return False
 
     def solve(self, tables: CostTables, options: PlanOptions, hint: Assignment | None, deadline: float, on_improvement: ImprovementCallback | None = None) -> SolveResult:
-        return improve(tables, options, hint, deadline, solve_model, on_improvement, self.name, clock=time.perf_counter)
+        return improve(tables, options, hint, deadline, solve_model, on_improvement, clock=time.perf_counter)
 
 
 register("cpsat", CpSatBackend)

@@ -6,11 +6,7 @@ A backend supplies ``solve_model(model, seconds, options, on_solution)`` for one
 - *whole problem* (small instances, estimated model size below ``FULL_MODEL_PAIRS``): the full
   model of :func:`~solver_models.formulation.full_model`, hinted with the heuristic's plan; its
   proven bound is a bound of the problem on homogeneous clusters (less the rounding slack);
-- *global model* first on larger problems, for CP-SAT and HiGHS, when the starting plan is far from
-  the lower bound (:mod:`solver_models.global_search`): length buckets x group sizes x
-  micro-batch time levels, free in the micro-batch count and the group sizes, for part of the
-  time; its plan, when faster, is where the neighbourhood search starts;
-- *large-neighbourhood search* otherwise and for the rest of the time: starting from the heuristic's plan, each round frees the
+- *large-neighbourhood search* otherwise: starting from the heuristic's plan, each round frees the
   slowest group of one micro-batch together with the groups sharing its nodes and a few of the
   lightest groups (sometimes of a second micro-batch), and re-solves their samples and, on two
   rounds out of three, their group sizes (idle ranks included), with everything else fixed. A round is kept when the
@@ -34,7 +30,6 @@ from optimizer.options import PlanOptions
 from optimizer.plan import Assignment, TracePoint
 from solver_models.base import ImprovementCallback, SolveResult
 from solver_models.formulation import UNIT, Group, SlotModel, full_model, neighbourhood_model, rounding_slack
-from solver_models.global_search import global_step
 
 FULL_MODEL_PAIRS = 6000
 """Largest estimated (item, slot) pair count solved as one model."""
@@ -77,7 +72,7 @@ def full_model_pairs(tables: CostTables) -> int:
 
 
 def improve(tables: CostTables, options: PlanOptions, hint: Assignment | None, deadline: float, solve_model: ModelSolver,
-            on_improvement: ImprovementCallback | None, name: str, clock: Callable[[], float] = time.perf_counter,
+            on_improvement: ImprovementCallback | None, clock: Callable[[], float] = time.perf_counter,
             round_s: float = ROUND_S, min_round_s: float = MIN_ROUND_S, lateness_s: float = 0.002) -> SolveResult:
     """Improve ``hint`` with ``solve_model`` until ``deadline`` (see the module docstring).
 
@@ -90,22 +85,7 @@ def improve(tables: CostTables, options: PlanOptions, hint: Assignment | None, d
         return _whole(tables, options, hint, deadline - lateness_s, solve_model, on_improvement, clock)
     if hint is None:
         return SolveResult(None, "error", message="no starting plan, and the problem is too large for one whole model")
-    start = clock()
-    h_time = assignment_step_time(tables, hint)
-    found, found_time, global_details = global_step(tables, options, hint, h_time, deadline - lateness_s, name, clock)
-    trace: list[TracePoint] = []
-    if found is not None:
-        hint = found
-        elapsed = (clock() - start) * 1000.0
-        trace.append(TracePoint(elapsed, found_time, None))
-        if on_improvement is not None:
-            on_improvement(elapsed, found_time, None)
-    res = _lns(tables, options, hint, deadline, solve_model, on_improvement, clock, round_s, min_round_s, lateness_s)
-    if global_details:
-        res.details["global"] = global_details
-        res.trace = trace + res.trace
-        res.wall_ms = (clock() - start) * 1000.0
-    return res
+    return _lns(tables, options, hint, deadline, solve_model, on_improvement, clock, round_s, min_round_s, lateness_s)
 
 
 def _whole(tables: CostTables, options: PlanOptions, hint: Assignment | None, deadline: float, solve_model: ModelSolver,

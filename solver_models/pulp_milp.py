@@ -308,9 +308,9 @@ class PulpBackend:
 
     def solve(self, tables: CostTables, options: PlanOptions, hint: Assignment | None, deadline: float, on_improvement: ImprovementCallback | None = None) -> SolveResult:
         if self.name == "cbc":
-            return improve(tables, options, hint, deadline, _model_solver(self.name), on_improvement, self.name,
+            return improve(tables, options, hint, deadline, _model_solver(self.name), on_improvement,
                            round_s=0.3 + CBC_OVERHEAD_S, min_round_s=2 * CBC_OVERHEAD_S, lateness_s=0.02)
-        return improve(tables, options, hint, deadline, _model_solver(self.name), on_improvement, self.name, lateness_s=HIGHS_LATENESS_S)
+        return improve(tables, options, hint, deadline, _model_solver(self.name), on_improvement, lateness_s=HIGHS_LATENESS_S)
 
 
 register("highs", lambda: PulpBackend("highs"))
