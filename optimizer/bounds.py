@@ -45,10 +45,12 @@ def single_sample_bound(tables: CostTables, fastest: np.ndarray | None = None) -
     return float(tables.group_constant + fastest.max())
 
 
-def _area_search(tables: CostTables, memory: float, floor: float, rel_tol: float) -> float:
-    """Smallest S >= floor with sum_i e_i(S) + ``memory`` <= N S, by bisection to ``rel_tol``."""
+def _area_search(tables: CostTables, memory: float, floor: float, rel_tol: float,
+                 extremes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> float:
+    """Smallest S >= floor with sum_i e_i(S) + ``memory`` <= N S, by bisection to ``rel_tol``
+    (``extremes``: :func:`_extremes` of the tables when already computed)."""
     b = tables.group_constant
-    fastest, best_area, best_area_time = _extremes(tables)
+    fastest, best_area, best_area_time = _extremes(tables) if extremes is None else extremes
     lo = float(max(floor, single_sample_bound(tables, fastest)))
     # Samples whose cheapest-area size already finishes within lo never change: fold them in once.
     fixed = b + best_area_time <= lo
@@ -62,10 +64,10 @@ def _area_search(tables: CostTables, memory: float, floor: float, rel_tol: float
     return float(area_search(lo, base, memory, start, finish, area, float(tables.n_ranks), rel_tol))
 
 
-def area_bound(tables: CostTables, floor: float = 0.0, rel_tol: float = 1e-5) -> float:
+def area_bound(tables: CostTables, floor: float = 0.0, rel_tol: float = 1e-5, extremes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> float:
     """Smallest S with sum_i e_i(S) + b sum L / C <= N S (bound 2 of the module docstring)."""
     memory_ranks = float(tables.lengths.sum()) / float(tables.rank_capacity.max())
-    return _area_search(tables, tables.group_constant * memory_ranks, floor, rel_tol)
+    return _area_search(tables, tables.group_constant * memory_ranks, floor, rel_tol, extremes)
 
 
 def fewest_micro_batches(tables: CostTables) -> int:
@@ -74,16 +76,20 @@ def fewest_micro_batches(tables: CostTables) -> int:
     return max(1, math.ceil(float(tables.lengths.sum()) / per_mb * (1 - 1e-12)))
 
 
-def micro_batch_bound(tables: CostTables, rel_tol: float = 1e-5) -> float:
+def micro_batch_bound(tables: CostTables, rel_tol: float = 1e-5, extremes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> float:
     """Bound 3 of the module docstring: (M - 1) b + S', S' the smallest with sum_i e_i(S') + N b <= N S'."""
     m = fewest_micro_batches(tables)
     b = tables.group_constant
-    return (m - 1) * b + _area_search(tables, tables.n_ranks * b, 0.0, rel_tol)
+    return (m - 1) * b + _area_search(tables, tables.n_ranks * b, 0.0, rel_tol, extremes)
 
 
 def bound_parts(tables: CostTables) -> dict[str, float]:
     """Every lower bound of the module docstring by name (the largest is the problem's bound)."""
-    return {"area": area_bound(tables), "micro_batches": micro_batch_bound(tables)}
+    extremes = _extremes(tables)
+    parts = {"area": area_bound(tables, extremes=extremes)}
+    if tables.group_constant > 0:  # without a per-micro-batch constant bound 3 is bound 2 without its memory term
+        parts["micro_batches"] = micro_batch_bound(tables, extremes=extremes)
+    return parts
 
 
 def lower_bound(tables: CostTables) -> float:
