@@ -133,6 +133,12 @@ def _plan(problem: Problem, compare_static: bool, clock: Callable[[], float]) ->
     lap("bound_ms")
     expected_ms = HEURISTIC_MS_PER_SAMPLE * tables.n_samples + reserve_ms(tables) + MIN_SOLVER_MS
     solver_follows = options.backend != "heuristic" and options.time_budget_ms >= expected_ms
+    if solver_follows and options.backend == "auto":
+        # auto starts no neighbourhood search with under MIN_SEARCH_MS left: then the heuristic may use that time.
+        from solver_models.lns import FULL_MODEL_PAIRS, full_model_pairs
+
+        after_ms = options.time_budget_ms * (1 - HEURISTIC_SHARE) - reserve_ms(tables)
+        solver_follows = after_ms >= MIN_SEARCH_MS or full_model_pairs(tables) <= FULL_MODEL_PAIRS
     h_deadline = start + options.time_budget_ms * (HEURISTIC_SHARE if solver_follows else 0.9) / 1000.0
     rescued: SolverStats | None = None
     try:
