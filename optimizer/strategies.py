@@ -36,6 +36,8 @@ CHUNK_FLOORS = (8, 1)
 """Floors a chunk is planned with (each chunk keeps its best); floor 1 only for chunks of short
 samples (longest at most SHORT_SHARE of one rank's memory), where narrow groups pay no communication."""
 SHORT_SHARE = 0.5
+POLISH_ROUNDS = 200
+"""Local-search rounds over the whole batch on the best plan, within the deadline."""
 
 
 def floors(tables: CostTables) -> tuple[int, ...]:
@@ -113,4 +115,9 @@ def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: flo
     if not expired():
         tried = (1,) if floor_of_best == 1 else (1, floor_of_best)
         keep(*segmented(tables, lambda sub, d: plan_piece(sub, d, tried), best, best_time, deadline))
+    if not expired():
+        # The pieces were polished one by one; moves and swaps across micro-batches may still pay.
+        search = LocalSearch(tables, best, max_rounds=POLISH_ROUNDS)
+        search.run(deadline)
+        keep(search.assignment(), search.step_time())
     return best
