@@ -11,6 +11,9 @@
 4. *Segments* (:mod:`optimizer.segments`): the longest samples split off, with micro-batches of
    their own, and the rest planned again.
 
+The best plan so far is polished by the local search over the whole batch (moves and swaps across
+micro-batches) after the chunks, and again after the segments when they won.
+
 A chunk or segment is planned by the best of: the split of its samples into runs of the length
 order (:mod:`optimizer.few_samples`, for a handful of samples), polished by the local search,
 and the whole-batch heuristic at the floors that paid off.
@@ -112,12 +115,18 @@ def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: flo
         chunked = best_chunked(tables, lambda sub, d: plan_piece(sub, d, CHUNK_FLOORS), fewest_micro_batches(tables), deadline)
         if chunked is not None:
             keep(*chunked)
+    def polish() -> None:
+        # Pieces are polished one by one; moves and swaps across micro-batches may still pay.
+        if not expired():
+            search = LocalSearch(tables, best, max_rounds=POLISH_ROUNDS)
+            search.run(deadline)
+            keep(search.assignment(), search.step_time())
+
+    polish()
     if not expired():
         tried = (1,) if floor_of_best == 1 else (1, floor_of_best)
+        before = best_time
         keep(*segmented(tables, lambda sub, d: plan_piece(sub, d, tried), best, best_time, deadline))
-    if not expired():
-        # The pieces were polished one by one; moves and swaps across micro-batches may still pay.
-        search = LocalSearch(tables, best, max_rounds=POLISH_ROUNDS)
-        search.run(deadline)
-        keep(search.assignment(), search.step_time())
+        if best_time < before:
+            polish()
     return best
