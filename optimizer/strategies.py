@@ -62,8 +62,10 @@ def plan_piece(tables: CostTables, deadline: float | None, tried: tuple[int, ...
     allowed = set(floors(tables))
     short = float(tables.lengths.max()) <= SHORT_SHARE * float(tables.rank_capacity.min())
     for floor in tried:
-        if floor not in allowed or (floor == 1 and len(tried) > 1 and tried[0] != 1 and not short and best is not None):
+        if floor not in allowed:
             continue
+        if floor == 1 and tried[0] != 1 and best is not None and not short:
+            continue  # narrow groups only pay off for short samples once a plan exists
         try:
             candidate = HeuristicPlanner(tables, floor).plan(deadline)
         except InfeasibleError as exc:
@@ -108,13 +110,17 @@ def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: flo
         if expired():
             break
         before = best_time
-        keep(HeuristicPlanner(tables, floor).plan(deadline))
+        try:
+            keep(HeuristicPlanner(tables, floor).plan(deadline))
+        except InfeasibleError:
+            continue  # this floor leaves no packing; the plan in hand stands
         if best_time < before:
             floor_of_best = floor
     if not expired():
         chunked = best_chunked(tables, lambda sub, d: plan_piece(sub, d, CHUNK_FLOORS), fewest_micro_batches(tables), deadline)
         if chunked is not None:
             keep(*chunked)
+
     def polish() -> None:
         # Pieces are polished one by one; moves and swaps across micro-batches may still pay.
         if not expired():
