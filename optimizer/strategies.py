@@ -15,8 +15,10 @@ The best plan so far is polished by the local search over the whole batch (moves
 micro-batches) after the chunks, and again after the segments when they won.
 
 A chunk or segment is planned by the best of: the split of its samples into runs of the length
-order (:mod:`optimizer.few_samples`, for a handful of samples), polished by the local search,
-and the whole-batch heuristic at the floors that paid off.
+order (:mod:`optimizer.few_samples`, for a handful of samples), polished by the local search;
+the best layout of one group size (:func:`optimizer.baselines.best_static`; for long samples under
+all-to-all communication that can be a single group of the whole domain); and the whole-batch
+heuristic at the floors that paid off.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import math
 import time
 
+from optimizer.baselines import best_static
 from optimizer.bounds import fewest_micro_batches, lower_bound
 from optimizer.chunks import best_chunked
 from optimizer.costs import CostTables
@@ -58,6 +61,9 @@ def plan_piece(tables: CostTables, deadline: float | None, tried: tuple[int, ...
         search = LocalSearch(tables, few, max_rounds=FAST_ROUNDS)
         search.run(deadline)
         best, best_time = search.assignment(), search.step_time()
+    static = best_static(tables)  # one size for every group: as wide as the domain when that is best
+    if static is not None and static[0].predicted_step_time_s < best_time:
+        best, best_time = static[1], static[0].predicted_step_time_s
     error: InfeasibleError | None = None
     allowed = set(floors(tables))
     short = float(tables.lengths.max()) <= SHORT_SHARE * float(tables.rank_capacity.min())
