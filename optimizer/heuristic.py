@@ -42,7 +42,11 @@ EXTRA_MICRO_BATCHES = 2
 """Micro-batch counts always tried beyond the least that memory allows; further counts are tried
 while their fluid estimate still beats the best plan found (a count is a decision, not a minimum)."""
 BEST_FIT_PROBES = 64
-"""Groups a long sample tries (fullest first) before it opens a new one."""
+"""Groups a long sample tries (fullest first) before it opens a new one; many, because groups full of
+tokens crowd the front when memory binds (with few probes every sample then opens a group)."""
+LARGE_BATCH = 16384
+LARGE_BATCH_PROBES = 8
+"""Probes on batches above LARGE_BATCH samples, where the probing itself would cost more than it saves."""
 FAST_ROUNDS = 12
 """Local-search rounds of the fast heuristic; :func:`polish` continues with a deadline."""
 GOOD_ENOUGH = 0.03
@@ -95,6 +99,7 @@ class HeuristicPlanner:
         if floor > 1:
             self.min_j = np.maximum(self.min_j, min(int(np.searchsorted(tables.degrees, floor, side="left")), len(self.degrees) - 1))
         self.total_tokens = float(self.lengths.sum())
+        self.probes = BEST_FIT_PROBES if self.lengths.shape[0] <= LARGE_BATCH else LARGE_BATCH_PROBES
         self._columns: dict[tuple[int, bool, float], np.ndarray] = {}
 
     def _min_degree_index(self) -> np.ndarray:
@@ -198,7 +203,7 @@ class HeuristicPlanner:
         g_size = np.empty(n_long, dtype=np.int64)
         g_load = np.empty(n_long, dtype=np.float64)
         g_tokens = np.empty(n_long, dtype=np.float64)
-        n_groups = best_fit_long(long_idx, j_of, t_of, self.lengths, degs, self.capacity, slack, BEST_FIT_PROBES, long_group, g_size, g_load, g_tokens)
+        n_groups = best_fit_long(long_idx, j_of, t_of, self.lengths, degs, self.capacity, slack, self.probes, long_group, g_size, g_load, g_tokens)
         g_size, g_load, g_tokens = g_size[:n_groups], g_load[:n_groups], g_tokens[:n_groups]
         placed = self._place(g_size, g_load, layers)
         if placed is None:
