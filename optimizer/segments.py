@@ -23,11 +23,11 @@ Search (greedy, within the heuristic's deadline):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import numpy as np
 
 from optimizer.bounds import lower_bound
+from optimizer.chunks import SubPlanner
 from optimizer.costs import CostTables
 from optimizer.errors import InfeasibleError
 from optimizer.evaluate import assignment_step_time
@@ -37,8 +37,6 @@ CUT_SHARES = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 """Cut where the head's tokens reach these multiples of one micro-batch's memory."""
 MAX_SEGMENTS = 4
 """Most segments a plan is cut into."""
-
-SubPlanner = Callable[[CostTables, float | None], Assignment]
 
 
 def _cuts(tables: CostTables, order: np.ndarray, node_size: int) -> list[int]:
