@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain
 from operator import attrgetter
+from typing import Any
 
 import numpy as np
 
@@ -112,7 +113,7 @@ class CostTables:
             group_constant=profile.group_constant,
         )
 
-    def subset(self, rows: np.ndarray, **options: object) -> CostTables:
+    def subset(self, rows: np.ndarray, **options: Any) -> CostTables:
         """The tables of the samples ``rows`` alone (same cluster, sizes and options): rows of the
         matrices already built are reused. Sample ``k`` of the subset is sample ``rows[k]`` here.
         ``options`` replace planner options of the subset's problem (e.g. ``max_micro_batches``)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 _lock = threading.Lock()
 _done = False
@@ -36,7 +37,7 @@ def warm_up_requests() -> list[dict]:
     small = [{"id": f"s{i}", "text_tokens": 50 + 37 * i} for i in range(30)]
     tight = [{"id": f"t{i}", "text_tokens": n} for i, n in enumerate([5200, 5000, 3000, 2500, 1200, 900, 400, 300])]
     heuristic = {"backend": "heuristic", "time_budget_ms": 60_000}
-    profile = {
+    profile: dict[str, Any] = {
         "time": {"quadratic": 5e-9, "linear": 1.8e-4, "sample_constant": 0.0, "group_constant": 0.05},
         "comm": {"scheme": "ulysses", "bytes_per_token": 2e6,
                  "bandwidth_bytes_per_s": {"intra": {"2": 1.2e11, "4": 1.0e11, "8": 9.6e10}, "inter": {"16": 1.0e10, "32": 6e9}}},
