@@ -39,8 +39,8 @@ def _problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget-ms", type=float, help="planning time budget in milliseconds")
     p.add_argument("--backend", choices=["auto", "heuristic", "cpsat", "highs", "cbc"], help="planner after the heuristic")
     p.add_argument("--degree-policy", choices=["any", "pow2"], help="group sizes: any integer or powers of two")
-    p.add_argument("--max-degree", type=int, help="largest group size")
-    p.add_argument("--max-micro-batches", type=int, help="most micro-batches per step")
+    p.add_argument("--max-degree", type=int, help="largest group size (default: the whole domain)")
+    p.add_argument("--max-micro-batches", type=int, help="most micro-batches per step (default: as many as pay off)")
     p.add_argument("--cp-scheme", choices=["ring", "ulysses"], help="context-parallel scheme")
 
 
