@@ -59,7 +59,7 @@ def chunked_plan(tables: CostTables, plan_one: SubPlanner, order: np.ndarray, co
     """The plan of ``count`` token-balanced chunks of ``order`` (longest first), or None when a chunk
     cannot be planned in time or the chunks planned so far already take ``give_up_above`` seconds."""
     starts = token_chunks(tables.lengths[order].astype(np.float64), count)
-    mbs = []
+    parts: list[tuple[np.ndarray, Assignment]] = []
     spent = 0.0
     for a, b in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True):
         if deadline is not None and time.perf_counter() > deadline:
@@ -78,10 +78,18 @@ def chunked_plan(tables: CostTables, plan_one: SubPlanner, order: np.ndarray, co
         spent += assignment_step_time(sub, part)
         if spent >= give_up_above:
             return None
+        parts.append((rows, part))
+    joined = join_parts(parts)
+    return joined if len(joined.micro_batches) <= tables.problem.options.micro_batch_limit else None
+
+
+def join_parts(parts: list[tuple[np.ndarray, Assignment]]) -> Assignment:
+    """One assignment from parts planned on their own: (sample rows of the batch, the part's
+    assignment over those rows), micro-batches in order, sample indices mapped back to the batch."""
+    mbs = []
+    for rows, part in parts:
         for mb in part.micro_batches:
             mbs.append(tuple((ranks, tuple(int(rows[s]) for s in samples)) for ranks, samples in mb))
-    if len(mbs) > tables.problem.options.micro_batch_limit:
-        return None
     return Assignment(tuple(mbs))
 
 

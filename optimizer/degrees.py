@@ -34,6 +34,10 @@ def largest_size(problem: Problem) -> int:
     return n if cap is None else min(n, cap)
 
 
+def _node_size(problem: Problem) -> int:
+    return max(b - a for a, b in problem.cluster.node_rank_ranges)
+
+
 @cache
 def _ladder(top: int, node: int) -> tuple[int, ...]:
     sizes: list[int] = []
@@ -58,8 +62,7 @@ def allowed_degrees(problem: Problem) -> list[int]:
     elif top <= DENSE_SIZES:
         sizes = list(range(1, top + 1))
     else:
-        node = max(b - a for a, b in problem.cluster.node_rank_ranges)
-        sizes = list(range(1, DENSE_SIZES + 1)) + list(_ladder(top, node))
+        sizes = list(range(1, DENSE_SIZES + 1)) + list(_ladder(top, _node_size(problem)))
     if problem.scheme == "ulysses":
         heads = problem.model.llm.heads // problem.cluster.tensor_parallel
         sizes = [d for d in sizes if heads % d == 0]
@@ -83,6 +86,6 @@ def size_problem(problem: Problem, d: int) -> str | None:
         heads = problem.model.llm.heads // problem.cluster.tensor_parallel
         if heads % d:
             return f"size {d} does not divide the {heads} attention heads per rank (Ulysses)"
-    if opts.degree_policy != "pow2" and d > DENSE_SIZES and d != largest_size(problem) and d not in _ladder(largest_size(problem), max(b - a for a, b in problem.cluster.node_rank_ranges)):
+    if opts.degree_policy != "pow2" and d > DENSE_SIZES and d not in _ladder(largest_size(problem), _node_size(problem)):
         return f"size {d} is not one of the sizes planned above {DENSE_SIZES} ranks (multiples of the node size, see optimizer.degrees)"
     return None

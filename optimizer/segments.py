@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from optimizer.bounds import lower_bound
-from optimizer.chunks import SubPlanner
+from optimizer.chunks import SubPlanner, join_parts
 from optimizer.costs import CostTables
 from optimizer.errors import InfeasibleError
 from optimizer.evaluate import assignment_step_time
@@ -52,21 +52,11 @@ def _cuts(tables: CostTables, order: np.ndarray, node_size: int) -> list[int]:
     return sorted(k for k in cuts if 1 <= k < n)
 
 
-def _merge(parts: list[tuple[np.ndarray, Assignment]]) -> Assignment:
-    """One assignment from the segments' (sample rows, assignment) pairs, micro-batches in order."""
-    mbs = []
-    for rows, a in parts:
-        for mb in a.micro_batches:
-            mbs.append(tuple((ranks, tuple(int(rows[s]) for s in samples)) for ranks, samples in mb))
-    return Assignment(tuple(mbs))
-
-
 def segmented(tables: CostTables, plan_one: SubPlanner, first: Assignment, first_time: float, deadline: float | None) -> tuple[Assignment, float]:
     """The best plan found by cutting the batch into segments (see the module docstring), or
     ``first`` when no cut beats it. ``plan_one(tables, deadline)`` plans one segment."""
     order = np.lexsort((np.arange(tables.n_samples), -tables.lengths))
     fixed: list[tuple[np.ndarray, Assignment]] = []
-    fixed_time = 0.0
     rest = order
     fixed_mbs = 0
     limit = tables.problem.options.micro_batch_limit
@@ -96,10 +86,9 @@ def segmented(tables: CostTables, plan_one: SubPlanner, first: Assignment, first
             break
         total, head, head_a, tail, tail_a, head_time = best
         fixed.append((head, head_a))
-        fixed_time += head_time
         fixed_mbs += len(head_a.micro_batches)
         rest, rest_plan, rest_time = tail, tail_a, total - head_time
     if not fixed:
         return first, first_time
-    merged = _merge([*fixed, (rest, rest_plan)])
+    merged = join_parts([*fixed, (rest, rest_plan)])
     return merged, assignment_step_time(tables, merged)
