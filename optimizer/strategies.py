@@ -91,13 +91,20 @@ def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: flo
     """The fastest plan of the strategies of the module docstring; past the first only when the
     whole-batch plan is more than GOOD_ENOUGH above ``bound`` (the problem's lower bound, computed
     here when not given)."""
-    best = HeuristicPlanner(tables).plan(deadline)
-    if tables.n_samples < 2:
+    try:
+        best: Assignment | None = HeuristicPlanner(tables).plan(deadline)
+    except InfeasibleError as exc:
+        if tables.n_samples < 2:
+            raise
+        # Memory-tight batches the whole-batch packing cannot place may still pack with pooled
+        # memory (floors) or chunk by chunk: the strategies below get their turn before giving up.
+        best, first_error = None, exc
+    if best is not None and tables.n_samples < 2:
         return best
-    best_time = assignment_step_time(tables, best)
+    best_time = math.inf if best is None else assignment_step_time(tables, best)
     if bound is None:
         bound = lower_bound(tables)
-    if best_time <= bound * (1 + GOOD_ENOUGH):
+    if best is not None and best_time <= bound * (1 + GOOD_ENOUGH):
         return best
 
     def keep(candidate: Assignment | None, step: float | None = None) -> None:
@@ -105,7 +112,7 @@ def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: flo
         if candidate is None:
             return
         step = assignment_step_time(tables, candidate) if step is None else step
-        if step < best_time * (1 - 1e-9):
+        if step < best_time * (1 - 1e-9) or best is None:
             best, best_time = candidate, step
 
     def expired() -> bool:
@@ -126,6 +133,9 @@ def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: flo
         chunked = best_chunked(tables, lambda sub, d: plan_piece(sub, d, CHUNK_FLOORS), fewest_micro_batches(tables), deadline)
         if chunked is not None:
             keep(*chunked)
+
+    if best is None:
+        raise first_error
 
     def polish() -> None:
         # Pieces are polished one by one; moves and swaps across micro-batches may still pay.

@@ -14,6 +14,7 @@ from optimizer.chunks import token_chunks
 from optimizer.costs import CostTables
 from optimizer.degrees import DENSE_SIZES, LADDER_STEP, allowed_degrees, size_problem
 from optimizer.documents import problem_from_json
+from optimizer.errors import InfeasibleError
 from optimizer.evaluate import assignment_step_time
 from optimizer.few_samples import few_samples_plan
 from optimizer.heuristic import HeuristicPlanner
@@ -117,3 +118,17 @@ def test_micro_batch_cap_holds_in_every_strategy():
     tables = CostTables.build(problem)
     plan = heuristic_plan(tables)
     assert len(plan.micro_batches) <= 6 and check_assignment(problem, plan).ok
+
+
+# A memory-tight batch (found by tests/test_properties.py): 38 samples, 3 micro-batches allowed on 12 ranks.
+TIGHT_SAMPLES = [{"id": "s0", "text_tokens": 7132}, {"id": "s1", "text_tokens": 1, "images": [{"tokens": 1426, "frames": 5}]}, {"id": "s2", "text_tokens": 13252, "images": [{"tokens": 1, "frames": 8}]}, {"id": "s3", "text_tokens": 29, "images": [{"tokens": 1776, "frames": 4}]}, {"id": "s4", "text_tokens": 1718, "images": [{"tokens": 1191, "frames": 7}]}, {"id": "s5", "text_tokens": 4000}, {"id": "s6", "text_tokens": 14947, "images": [{"tokens": 1221, "frames": 8}]}, {"id": "s7", "text_tokens": 20048, "images": [{"tokens": 1, "frames": 1}]}, {"id": "s8", "text_tokens": 23551}, {"id": "s9", "text_tokens": 39115, "images": [{"tokens": 1878, "frames": 7}]}, {"id": "s10", "text_tokens": 2684, "images": [{"tokens": 556, "frames": 8}]}, {"id": "s11", "text_tokens": 3871, "images": [{"tokens": 1300, "frames": 2}]}, {"id": "s12", "text_tokens": 1}, {"id": "s13", "text_tokens": 1}, {"id": "s14", "text_tokens": 1}, {"id": "s15", "text_tokens": 1}, {"id": "s16", "text_tokens": 1}, {"id": "s17", "text_tokens": 1}, {"id": "s18", "text_tokens": 6789}, {"id": "s19", "text_tokens": 39435}, {"id": "s20", "text_tokens": 471, "images": [{"tokens": 1665, "frames": 4}]}, {"id": "s21", "text_tokens": 3869, "images": [{"tokens": 365, "frames": 8}]}, {"id": "s22", "text_tokens": 7131, "images": [{"tokens": 1, "frames": 1}]}, {"id": "s23", "text_tokens": 7132}, {"id": "s24", "text_tokens": 39435}, {"id": "s25", "text_tokens": 1, "images": [{"tokens": 1, "frames": 1}]}, {"id": "s26", "text_tokens": 5795, "images": [{"tokens": 191, "frames": 7}]}, {"id": "s27", "text_tokens": 1, "images": [{"tokens": 1, "frames": 1}]}, {"id": "s28", "text_tokens": 1}, {"id": "s29", "text_tokens": 1}, {"id": "s30", "text_tokens": 1}, {"id": "s31", "text_tokens": 1}, {"id": "s32", "text_tokens": 6470, "images": [{"tokens": 1, "frames": 1}]}, {"id": "s33", "text_tokens": 6471}, {"id": "s34", "text_tokens": 6789}, {"id": "s35", "text_tokens": 7132}, {"id": "s36", "text_tokens": 30885}, {"id": "s37", "text_tokens": 33307}]
+
+
+def test_memory_tight_batch_the_whole_batch_packing_misses_is_planned_by_the_strategies():
+    problem = problem_from_json({"batch": {"samples": TIGHT_SAMPLES}, "cluster": {"nodes": 3, "gpus_per_node": 4}, "model_preset": "internvl2-8b",
+                                 "options": {"backend": "heuristic", "max_micro_batches": 3}})
+    tables = CostTables.build(problem)
+    with pytest.raises(InfeasibleError):
+        HeuristicPlanner(tables).plan()
+    plan = heuristic_plan(tables)
+    assert check_assignment(problem, plan).ok and len(plan.micro_batches) <= 3
