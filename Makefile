@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= solver,service,bench,flexsp,trainer,dev
+EXTRAS ?= solver,service,bench,flexsp,trainer,jobs,ray,dev
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
