@@ -11,7 +11,7 @@ COPY api ./api
 # The planner's kernels are compiled once here, into a cache the service user may read and refresh.
 ENV NUMBA_CACHE_DIR=/opt/numba-cache
 RUN pip install -c constraints.txt '.[solver,service]' \
-    && python -c "from optimizer.warm import warm_up; print(f'kernels compiled in {warm_up():.0f} ms')" \
+    && python -c "from planning.planner import warm_up; print(f'kernels compiled in {warm_up():.0f} ms')" \
     && useradd --system --uid 10001 --home-dir /data dhp \
     && mkdir -p /data && chown dhp /data && chown -R dhp /opt/numba-cache
 

@@ -116,8 +116,8 @@ class PlannerClient:
     # -- planning ---------------------------------------------------------------------------
 
     def _local_plan(self, doc: dict[str, Any]) -> dict[str, Any]:
-        from optimizer.documents import problem_from_json
-        from optimizer.planner import plan
+        from optimizer.problem.documents import problem_from_json
+        from planning.planner import plan
 
         problem = problem_from_json({k: v for k, v in doc.items() if k not in ("wait", "cache")}, overrides={"backend": "heuristic"})
         out = {"id": f"local-{uuid.uuid4().hex}", "status": "local", "created_at": None, **plan(problem).to_json()}

@@ -4,7 +4,10 @@ Body members: ``type``, ``title``, ``status``, ``detail``, and where known ``fie
 the request field at fault, e.g. ``batch.samples[3].text_tokens``) and ``hint`` (how to fix it).
 Domain errors map as follows: ``ProblemError`` -> 422; ``InfeasibleError`` -> 422 too (the request
 is well-formed and understood but cannot be satisfied; 409 would suggest a conflict with the
-server's state, which it is not), with type ``.../infeasible``.
+server's state, which it is not), with type ``.../infeasible``; any other planning failure (no plan
+found within the budget, infeasibility not proven) -> 422 ``.../no-plan-found``; a plan that fails
+its own verification -> 500 (:func:`planner_error_document`, used for answers and stored
+plan-ahead failures alike).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
-from optimizer.errors import InfeasibleError, PlannerError, ProblemError
+from optimizer.errors import InfeasibleError, PlannerError, ProblemError, VerificationError
 
 PROBLEM_JSON = "application/problem+json"
 TYPE_BASE = "https://dhp-planner.dev/problems/"
@@ -42,8 +45,8 @@ class Overloaded(ServiceError):
                          headers={"Retry-After": str(retry_after_s)})
 
 
-def problem_response(status: int, title: str, detail: str, *, kind: str, field: str | None = None, hint: str | None = None,
-                     headers: Mapping[str, str] | None = None, instance: str | None = None) -> JSONResponse:
+def problem_document(status: int, title: str, detail: str, *, kind: str, field: str | None = None, hint: str | None = None,
+                     instance: str | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"type": TYPE_BASE + kind, "title": title, "status": status, "detail": detail}
     if field:
         body["field"] = field
@@ -51,15 +54,33 @@ def problem_response(status: int, title: str, detail: str, *, kind: str, field: 
         body["hint"] = hint
     if instance:
         body["instance"] = instance
+    return body
+
+
+def problem_response(status: int, title: str, detail: str, *, kind: str, field: str | None = None, hint: str | None = None,
+                     headers: Mapping[str, str] | None = None, instance: str | None = None) -> JSONResponse:
+    body = problem_document(status, title, detail, kind=kind, field=field, hint=hint, instance=instance)
     return JSONResponse(body, status_code=status, headers=dict(headers or {}), media_type=PROBLEM_JSON)
 
 
-def planner_error_response(exc: PlannerError, instance: str | None = None) -> JSONResponse:
+def planner_error_document(exc: PlannerError, instance: str | None = None) -> dict[str, Any]:
+    """The problem document of a planning failure, the same whether the plan was asked for now or
+    ahead of time: bad input and an unsatisfiable or unplannable request are the caller's to fix
+    (422); a plan that fails its own verification is the service's fault (500)."""
     if isinstance(exc, InfeasibleError):
-        return problem_response(422, "No plan satisfies the request", exc.message, kind="infeasible", field=exc.field, hint=exc.hint, instance=instance)
-    if isinstance(exc, ProblemError):
-        return problem_response(422, "Invalid planning request", exc.message, kind="invalid-request", field=exc.field, hint=exc.hint, instance=instance)
-    return problem_response(500, "Planner error", exc.message, kind="planner-error", field=exc.field, hint=exc.hint, instance=instance)
+        status, title, kind = 422, "No plan satisfies the request", "infeasible"
+    elif isinstance(exc, ProblemError):
+        status, title, kind = 422, "Invalid planning request", "invalid-request"
+    elif isinstance(exc, VerificationError):
+        status, title, kind = 500, "Plan failed verification", "verification-failed"
+    else:
+        status, title, kind = 422, "No plan found", "no-plan-found"
+    return problem_document(status, title, exc.message, kind=kind, field=exc.field, hint=exc.hint, instance=instance)
+
+
+def planner_error_response(exc: PlannerError, instance: str | None = None) -> JSONResponse:
+    body = planner_error_document(exc, instance)
+    return JSONResponse(body, status_code=body["status"], media_type=PROBLEM_JSON)
 
 
 def _loc_to_field(loc: tuple[Any, ...] | list[Any]) -> str:

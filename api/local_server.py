@@ -39,7 +39,7 @@ class LocalServer:
         full_env.update(env or {})
         self.log = data_dir / f"server-{self.port}.log"
         self._log_file = open(self.log, "w")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen([sys.executable, "-m", "optimizer.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+        self.proc = subprocess.Popen([sys.executable, "-m", "api.commands", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                                       "--workers", str(workers), "--data-dir", str(data_dir), "--log-level", "warning"],
                                      cwd=ROOT, env=full_env, stdout=self._log_file, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + ready_timeout_s

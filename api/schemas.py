@@ -11,26 +11,25 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from optimizer.options import MICRO_BATCH_CEILING
+from optimizer.problem.options import OPTION_SPECS, OptionSpec
 
 
-class OptionsIn(BaseModel):
-    """Planner options (the ``options`` document of ``dhp plan --options``)."""
+def _option_field(spec: OptionSpec) -> tuple[Any, Any]:
+    """The pydantic type and field of one planner option, from its one definition."""
+    kinds: dict[str, Any] = {"int": int, "number": float, "bool": bool}
+    kind: Any = Literal[spec.choices] if spec.choices else kinds.get(spec.kind, str)  # type: ignore[valid-type]
+    limits = {k: v for k, v in (("ge", spec.low), ("le", spec.high)) if v is not None}
+    return kind | None, Field(None, description=spec.help, **limits)
 
-    model_config = ConfigDict(extra="forbid", strict=True)
 
-    degree_policy: Literal["any", "pow2"] | None = Field(None, description="group sizes: any integer or powers of two")
-    max_degree: int | None = Field(None, ge=1, description="largest group size")
-    max_micro_batches: int | None = Field(None, ge=1, le=MICRO_BATCH_CEILING, description="most micro-batches per step; leave out to let the planner decide")
-    cp_scheme: Literal["ring", "ulysses"] | None = Field(None, description="context-parallel scheme")
-    time_budget_ms: float | None = Field(None, ge=1, le=600_000, description="planning budget in ms, counted from the request's arrival")
-    backend: Literal["auto", "heuristic", "cpsat", "highs", "cbc"] | None = Field(None, description="planner after the heuristic")
-    solver_workers: int | None = Field(None, ge=1, le=64, description="threads an exact solver may use (capped by the service)")
-    deterministic: bool | None = None
-    group_reuse: Literal["prefer", "only", "ignore"] | None = Field(None, description="how to treat existing_groups: prefer them, use only them, or ignore them")
-    new_group_cost_s: float | None = Field(None, ge=0, description="seconds charged for each communicator the job does not have yet")
+OptionsIn = create_model(  # type: ignore[call-overload]
+    "OptionsIn",
+    __config__=ConfigDict(extra="forbid", strict=True),
+    __doc__="Planner options (the ``options`` document of ``dhp plan --options``); leave any out for its default.",
+    **{spec.name: _option_field(spec) for spec in OPTION_SPECS},
+)
 
 
 _IMAGE_SCHEMA: dict[str, Any] = {"type": "object", "properties": {"tokens": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000}, "frames": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000},

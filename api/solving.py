@@ -23,12 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from api import translate
-from api.errors import Overloaded
+from api.errors import Overloaded, planner_error_document
 from api.metrics import Metrics
 from api.settings import Settings
 from api.store.repository import PlanRecord, Store, utcnow
-from optimizer.errors import InfeasibleError, PlannerError
-from optimizer.planner import plan as run_planner
+from optimizer.errors import PlannerError
+from planning.deadline import Deadline
+from planning.planner import plan as run_planner
 
 T = TypeVar("T")
 log = logging.getLogger("api.solving")
@@ -167,7 +168,7 @@ def warm_up() -> list[str]:
     returns the solver modules now loaded."""
     import importlib
 
-    from optimizer.warm import warm_up as load_kernels
+    from planning.planner import warm_up as load_kernels
 
     load_kernels()
     loaded = []
@@ -188,16 +189,6 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: A
         loop.call_soon_threadsafe(fn, *args)
     except RuntimeError:  # the loop has closed (shutdown); nobody is waiting any more
         pass
-
-
-def error_document(exc: PlannerError) -> dict[str, Any]:
-    kind = "infeasible" if isinstance(exc, InfeasibleError) else "invalid-request"
-    doc: dict[str, Any] = {"type": "https://dhp-planner.dev/problems/" + kind, "title": "Plan failed", "status": 422, "detail": exc.message}
-    if exc.field:
-        doc["field"] = exc.field
-    if exc.hint:
-        doc["hint"] = exc.hint
-    return doc
 
 
 class PlanningService:
@@ -238,9 +229,10 @@ class PlanningService:
         return problem, key, hit, raw
 
     def _solve(self, problem: Any, arrival: float) -> tuple[Any, str]:
-        elapsed_ms = (time.perf_counter() - arrival) * 1000.0
+        # The budget counts from the request's arrival: queueing and validation are part of it.
+        deadline = Deadline.after_ms(problem.options.time_budget_ms, start=arrival)
         try:
-            result = run_planner(translate.with_budget_left(problem, elapsed_ms))
+            result = run_planner(problem, deadline=deadline)
         except PlannerError as exc:
             self.metrics.failures.labels(kind=type(exc).__name__).inc()
             raise
@@ -312,7 +304,7 @@ class PlanningService:
                               solve_ms=result.solver.wall_ms)
             self.cache.put(key, self.store.get(plan_id) or pending, raw)
         except PlannerError as exc:
-            self.store.fail(plan_id, error_document(exc))
+            self.store.fail(plan_id, planner_error_document(exc))
         except Exception as exc:
             log.exception("plan-ahead solve %s failed", plan_id)
             self.store.fail(plan_id, {"type": "https://dhp-planner.dev/problems/internal", "title": "Internal error", "status": 500,

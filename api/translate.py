@@ -1,7 +1,7 @@
 """The one place where API documents become domain objects and plans become API documents.
 
 A request body is turned into the ``dhp plan`` request document and validated by
-:func:`optimizer.documents.problem_from_json`, the same code the command line uses, so an input
+:func:`optimizer.problem.documents.problem_from_json`, the same code the command line uses, so an input
 file that works with ``dhp plan`` works over HTTP unchanged. The deployment's limits (samples,
 ranks, budget, solver threads) are applied here too.
 """
@@ -19,10 +19,10 @@ import orjson
 from api.schemas import PlanRequest, PlanSummary
 from api.settings import Settings
 from api.store.repository import PlanRecord
-from optimizer.documents import problem_from_json
 from optimizer.errors import ProblemError
-from optimizer.plan import Plan
-from optimizer.problem import Problem
+from optimizer.plan.plan import Plan
+from optimizer.problem.documents import problem_from_json
+from optimizer.problem.problem import Problem
 
 _PARTS = ("batch", "cluster", "cluster_preset", "model", "model_preset", "profile", "existing_groups")
 
@@ -74,12 +74,6 @@ def raw_hash(doc: dict[str, Any]) -> str:
     except (orjson.JSONEncodeError, TypeError):
         text = json.dumps(doc, sort_keys=True, default=str).encode()
     return hashlib.sha256(text).hexdigest()
-
-
-def with_budget_left(problem: Problem, elapsed_ms: float) -> Problem:
-    """The problem with the budget that is left after ``elapsed_ms`` since the request arrived (at least 1 ms)."""
-    left = max(1.0, problem.options.time_budget_ms - elapsed_ms)
-    return problem.with_options(time_budget_ms=left)
 
 
 def plan_text(plan: Plan) -> str:

@@ -5,7 +5,7 @@ FlexSP's code is not part of this project: it is imported at run time from a fol
 run in a child process (:mod:`bench.flexsp_worker`), so its process pools and its SCIP solves
 never share the benchmark's process. It needs ``pyscipopt`` (``pip install 'dhp-planner[flexsp]'``).
 
-Same cost model. FlexSP's ``flexSPCostModel`` is built from our :class:`~optimizer.profile.CostProfile`
+Same cost model. FlexSP's ``flexSPCostModel`` is built from our :class:`~optimizer.costs.profile.CostProfile`
 so that its group time equals ours for every group it may form (:func:`translation`):
 
 - ``cpt_alpha1 = quadratic * 1e3``, ``cpt_alpha2 = linear * 1e3``, ``cpt_beta1 = group_constant * 1e3``
@@ -35,7 +35,7 @@ search within the same limit than on a large one.)
 Its answer is a list of groups per micro-batch, each with a size and its sequences. The groups are
 laid out on ranks here, largest first on contiguous ranges (so every power-of-two group is aligned
 to its size and one of size <= the node size stays inside a node), its sequence ids are our sample
-indices, and the resulting :class:`~optimizer.plan.Assignment` is verified and scored by the
+indices, and the resulting :class:`~optimizer.plan.plan.Assignment` is verified and scored by the
 benchmark runner like every other planner's. FlexSP places no limit on its group sizes from the
 attention heads; the benchmark's model has as many heads as the domain has ranks, so every size
 FlexSP may choose is a valid Ulysses size for us too.
@@ -57,9 +57,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optimizer.costs import CostTables
+from optimizer.costs.tables import CostTables
 from optimizer.errors import ProblemError
-from optimizer.plan import Assignment
+from optimizer.plan.plan import Assignment
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SRC = REPO_ROOT.parent / "shared" / "peers" / "flexsp"

@@ -1,6 +1,6 @@
 """The planners a benchmark compares, behind one call: problem in, assignment out.
 
-Every planner starts from the same :class:`~optimizer.problem.Problem` and builds its own cost
+Every planner starts from the same :class:`~optimizer.problem.problem.Problem` and builds its own cost
 tables, so its planning time covers the same work. The answers are evaluated and verified by the
 runner with the engine's code, never by the planner.
 """
@@ -14,11 +14,11 @@ from typing import Any
 from bench.baselines import bucket_milp, megatron_dcp, static_deployed
 from bench.flexsp_real import FlexSPSettings
 from bench.workloads import Workload
-from optimizer.baselines import best_static
-from optimizer.costs import CostTables
-from optimizer.options import PlanOptions
-from optimizer.plan import Assignment, Plan
-from optimizer.problem import Problem
+from optimizer.costs.tables import CostTables
+from optimizer.heuristic.static_layout import best_static
+from optimizer.plan.plan import Assignment, Plan
+from optimizer.problem.options import PlanOptions
+from optimizer.problem.problem import Problem
 
 
 @dataclass
@@ -83,7 +83,7 @@ def dhp_default(budget_ms: float, backend: str = "auto") -> Planner:
     of at least :data:`DEFAULT_OPTIONS_MICRO_BATCHES` where the defaults still cap it): dhp as users call it."""
 
     def run(problem: Problem, workload: Workload) -> Outcome:
-        from optimizer.planner import plan
+        from planning.planner import plan
 
         base = PlanOptions()
         cap = None if base.max_micro_batches is None else max(base.max_micro_batches, DEFAULT_OPTIONS_MICRO_BATCHES)
@@ -99,7 +99,7 @@ def dhp_default(budget_ms: float, backend: str = "auto") -> Planner:
 
 def _dhp(backend: str) -> Planner:
     def run(problem: Problem, workload: Workload) -> Outcome:
-        from optimizer.planner import plan
+        from planning.planner import plan
 
         p = plan(replace(problem, options=replace(problem.options, backend=backend)))  # as users call it: static layout as a floor
         s = p.solver

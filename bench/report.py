@@ -115,7 +115,7 @@ def markdown(doc: dict[str, Any], summary: dict[str, Any], command: str, plots: 
              f"budget {spec['budget_ms']:.0f} ms for the exact backend and the bucket MILP; exact backends: {', '.join(doc['backends']) or 'none'}. "
              f"Model {doc.get('model', 'qwen2-vl-7b')} (as many heads as ranks under a Ulysses profile), H100 nodes of 8 GPUs; "
              f"cost profiles: {', '.join(spec.get('profiles') or ['analytical'])}. Ran {doc['elapsed_s']:.0f} s.", "",
-             "All step times are the cost model's predictions; every plan was verified by `optimizer.verify.check_assignment`.", "",
+             "All step times are the cost model's predictions; every plan was verified by `optimizer.verify.verifier.check_assignment`.", "",
              "## Median speedup over static at its best (per batch, then median)", "",
              "| workload | " + " | ".join(LABELS[p] for p in planners) + " |", "|---|" + "---|" * len(planners)]
     pw = summary["per_workload"]

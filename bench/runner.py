@@ -1,11 +1,11 @@
 """The benchmark grid: workloads x cluster sizes x batch sizes, every planner on every batch.
 
 For each cell (workload, ranks, samples) and each seeded batch, every planner plans the batch
-from the same :class:`~optimizer.problem.Problem`. Its answer is evaluated with
-:func:`optimizer.evaluate.assignment_step_time` and verified with
-:func:`optimizer.verify.check_assignment` (an answer that fails verification is recorded as
+from the same :class:`~optimizer.problem.problem.Problem`. Its answer is evaluated with
+:func:`optimizer.plan.evaluate.assignment_step_time` and verified with
+:func:`optimizer.verify.verifier.check_assignment` (an answer that fails verification is recorded as
 invalid and never counted). Recorded per planner and batch: predicted step time, speedup over
-static at its best, ratio to :func:`optimizer.bounds.lower_bound`, planning wall times (one
+static at its best, ratio to :func:`optimizer.bounds.lower_bounds.lower_bound`, planning wall times (one
 warm-up call on the cell's first batch, then ``repeats`` timed calls per batch) and peak Python
 memory of one extra call under :mod:`tracemalloc` (kept apart so tracing does not slow the timed
 calls). The real FlexSP solver (planner ``flexsp``) is called once per batch, without warm-up or
@@ -33,13 +33,13 @@ from typing import Any
 from bench.flexsp_real import FlexSPSettings
 from bench.planners import PLANNERS, Outcome, default_planners, planner_for
 from bench.workloads import Workload, get_workload
-from optimizer.bounds import lower_bound
-from optimizer.costs import CostTables
-from optimizer.documents import problem_from_json
+from optimizer.bounds.lower_bounds import lower_bound
+from optimizer.costs.tables import CostTables
 from optimizer.errors import PlannerError, ProblemError
-from optimizer.evaluate import assignment_step_time
-from optimizer.problem import Problem
-from optimizer.verify import check_assignment
+from optimizer.plan.evaluate import assignment_step_time
+from optimizer.problem.documents import problem_from_json
+from optimizer.problem.problem import Problem
+from optimizer.verify.verifier import check_assignment
 
 GPUS_PER_NODE = 8
 MODEL_PRESET = "qwen2-vl-7b"
@@ -102,12 +102,12 @@ def resolve_profile(name: str) -> dict[str, Any] | None:
     if name == ANALYTICAL:
         return None
     if name.endswith(".json"):
-        from optimizer.documents import profile_from_json, read_json_file
+        from optimizer.problem.documents import profile_from_json, read_json_file
 
         doc = read_json_file(name, "--profiles")
         profile_from_json(doc)  # names the bad field now rather than in the middle of a run
         return dict(doc)
-    from optimizer.presets import load_profile
+    from optimizer.costs.zoo import load_profile
 
     return load_profile(name, "--profiles")
 

@@ -5,7 +5,7 @@ point that runs out of memory or time is recorded as such (with the error, the t
 a cProfile summary of where the time went) instead of ending the run. Measured per point: the
 first call in the fresh process (another batch of the same size; it pays the first touch of the
 process's memory at that size and loads the compiled kernels), then, after it, the median and p99
-wall time of ``optimizer.planner.plan``
+wall time of ``planning.planner.plan``
 with the heuristic backend, as users call it (tables, bound, heuristic, the best static layout as
 a floor, verification), the heuristic phase alone,
 the ratio to the lower bound and the peak resident memory of the process.
@@ -45,7 +45,7 @@ def _problem(ranks: int, samples: int, workload: str, seed: int) -> Any:
 def _plan(problem: Any) -> Any:
     from dataclasses import replace
 
-    from optimizer.planner import plan
+    from planning.planner import plan
 
     return plan(replace(problem, options=replace(problem.options, backend="heuristic")))
 

@@ -203,7 +203,7 @@ def write(doc: dict[str, Any], out: Path, command: str, plots: bool = True) -> t
           f"Workloads {', '.join(spec['workloads'])}; ranks {', '.join(map(str, spec['ranks']))}; samples {', '.join(map(str, spec['samples']))}; "
           f"{spec['seeds']} seeds; profiles {', '.join(spec['profiles'])}. FlexSP: SCIP limit {spec['flexsp']['time_limit_s']:g} s per MILP, "
           f"at most {spec['flexsp']['workers']} processes, source {spec['flexsp']['src']}. Ran {doc['elapsed_s']:.0f} s.", "",
-          "Every step time is the verifier's (`optimizer.verify.check_assignment`) under the case's profile. dhp plans with the engine's default "
+          "Every step time is the verifier's (`optimizer.verify.verifier.check_assignment`) under the case's profile. dhp plans with the engine's default "
           "options (micro-batches as the defaults allow, largest group as the default max_degree); the bound and the verification allow groups "
           "up to the whole domain, as FlexSP's plans use. Wall times: dhp's whole plan() call; FlexSP's solve call (its own process pools).", "",
           *text, ""]

@@ -1,6 +1,6 @@
 """Benchmark workloads: seeded batch generators with the longest sample each one allows, and replay files.
 
-The generators are those of :mod:`optimizer.workloads`; this module adds what a benchmark needs
+The generators are those of :mod:`optimizer.problem.workloads`; this module adds what a benchmark needs
 on top: the model each workload trains, and the longest sample the workload allows (a training
 configuration's maximum sequence length, not the longest sample of one batch). A static mesh as
 deployed must fit that longest allowed sample, so it is a workload parameter here.
@@ -129,7 +129,7 @@ def _entries_from_json(doc: Any, where: str) -> tuple[list[dict[str, Any]], int 
             entries.append({"text_tokens": n})
         return entries, limit
     if "samples" in doc:
-        from optimizer.documents import batch_from_json
+        from optimizer.problem.documents import batch_from_json
 
         batch_from_json(doc, where=where)  # validates every sample, names the bad field
         return [{k: v for k, v in s.items() if k != "id"} for s in doc["samples"]], limit

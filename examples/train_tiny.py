@@ -46,8 +46,8 @@ def get_plan(request: dict[str, Any], service: str | None) -> tuple[dict[str, An
             doc = client.plan(request)
             log(f"plan {doc.get('id')} from {service} (status {doc.get('status')})")
             return doc, client
-    from optimizer.documents import problem_from_json
-    from optimizer.planner import plan
+    from optimizer.problem.documents import problem_from_json
+    from planning.planner import plan
 
     return plan(problem_from_json(request)).to_json(), None
 
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"batch: {len(samples)} samples, lengths {lengths}")
 
     if args.profile:
-        from optimizer.documents import read_json_file
+        from optimizer.problem.documents import read_json_file
 
         profile = read_json_file(args.profile, "--profile")
     else:

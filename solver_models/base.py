@@ -1,6 +1,8 @@
 """The backend interface every exact formulation implements.
 
-``solve(tables, options, hint, deadline, on_improvement)``:
+``available()`` says whether the library is installed, ``load_ms()`` what loading it would still cost
+in this process (the planning layer chooses a backend from both, never from ``sys.modules``), and
+``solve(tables, options, hint, deadline, on_improvement)`` solves:
 
 - ``tables``: the cost tables of the problem (the only view of the problem a formulation gets);
 - ``options``: the planner options (workers, determinism);
@@ -20,9 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from optimizer.costs import CostTables
-from optimizer.options import PlanOptions
-from optimizer.plan import Assignment, TracePoint
+from optimizer.costs.tables import CostTables
+from optimizer.plan.plan import Assignment, TracePoint
+from optimizer.problem.options import PlanOptions
 
 ImprovementCallback = Callable[[float, float, float | None], None]
 
@@ -43,7 +45,11 @@ class Backend(Protocol):
     name: str
 
     def available(self) -> bool:
-        """True when the solver library can be imported."""
+        """True when the solver library can be imported (found without loading it)."""
+        ...
+
+    def load_ms(self) -> float:
+        """Milliseconds loading the solver library would still cost in this process (0 once loaded)."""
         ...
 
     def solve(
@@ -61,6 +67,12 @@ _REGISTRY: dict[str, Callable[[], Backend]] = {}
 
 def register(name: str, factory: Callable[[], Backend]) -> None:
     _REGISTRY[name] = factory
+
+
+def builtin_backends() -> dict[str, Backend]:
+    """One instance of every registered backend by name (installed or not)."""
+    _load_builtin()
+    return {name: factory() for name, factory in _REGISTRY.items()}
 
 
 def get_backend(name: str) -> Backend | None:

@@ -2,8 +2,9 @@
 
 A *slot* is a group that may be opened: a size d, a micro-batch m and a place (one node, or
 "spanning": ranks of several nodes, charged with the inter-node bandwidth and the slowest speed). Identical slots form a *class*; samples with the same
-cost row form an *item* (a bucket) with a count. Backends turn :class:`SlotModel` into variables
-and constraints; :meth:`SlotModel.decode` turns the values back into an :class:`Assignment`.
+cost row form an *item* (a bucket) with a count. The model emits its variables, objective and rows
+once (:meth:`SlotModel.variables`, :meth:`SlotModel.objective`, :meth:`SlotModel.rows`); each backend
+translates them into its library; :meth:`SlotModel.decode` turns the values back into an :class:`Assignment`.
 
 Notation (all times are integers of ``UNIT`` seconds, rounded up, so a model time is never below
 the true time):
@@ -45,8 +46,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from optimizer.costs import CostTables
-from optimizer.plan import Assignment
+from optimizer.costs.tables import CostTables
+from optimizer.plan.plan import Assignment
 
 UNIT = 1e-7
 """Seconds per integer time unit of the models."""
@@ -80,6 +81,19 @@ class Pool:
     m: int
     node: int
     ranks: list[int]
+
+
+Var = tuple  # ("y", s), ("x", q, s), ("T", m) or ("U", m)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One linear constraint: sum of coefficient x variable, ``sense`` (``<=``, ``>=``, ``==``), ``rhs``."""
+
+    terms: tuple[tuple[Var, int], ...]
+    sense: str
+    rhs: int
+    kind: str  # count, time, memory, ranks or order
 
 
 @dataclass
@@ -146,6 +160,53 @@ class SlotModel:
     def identical_pairs(self) -> list[tuple[int, int]]:
         """Consecutive slots of one class (constraint 5: the first opens first and carries more)."""
         return [(a, b) for cls in self.classes for a, b in zip(cls.slots, cls.slots[1:], strict=False)]
+
+    def variables(self) -> list[tuple[Var, int, int]]:
+        """Every variable as (key, lower, upper) in model units: ``("y", s)`` binary, ``("x", q, s)``
+        integer up to c_q, ``("T", m)`` and, with a tie-break, ``("U", m)``."""
+        top = model_ceiling(self)
+        out: list[tuple[Var, int, int]] = [(("y", s), 0, 1) for s in range(self.n_slots)]
+        out += [(("x", q, s), 0, self.item_count(q)) for q, s, _ in self.arcs]
+        out += [(("T", m), self.floor[m], top) for m in range(self.n_mb)]
+        if self.tiebreak:
+            out += [(("U", m), 0, top) for m in range(self.n_mb)]
+        return out
+
+    def objective(self) -> list[tuple[Var, int]]:
+        """The objective's terms (minimised): sum_m T_m, or K sum_m T_m + sum_m U_m with a tie-break."""
+        if self.tiebreak:
+            return [(("T", m), self.tiebreak) for m in range(self.n_mb)] + [(("U", m), 1) for m in range(self.n_mb)]
+        return [(("T", m), 1) for m in range(self.n_mb)]
+
+    def rows(self) -> list[Row]:
+        """Constraints 1-5 of the module docstring, in the order every backend adds them; coefficients
+        are integers of model units. ``kind`` says what a row measures, so a backend can rescale it
+        (``time`` rows in UNIT seconds, ``memory`` rows in tokens)."""
+        out: list[Row] = []
+        ceiling = "U" if self.tiebreak else "T"
+        if self.tiebreak:
+            out += [Row(((("U", m), 1), (("T", m), -1)), "<=", 0, "time") for m in range(self.n_mb)]
+        # 1. every sample in exactly one group
+        for q, pairs in enumerate(self.pairs_by_item()):
+            out.append(Row(tuple((("x", q, s), 1) for s, _ in pairs), "==", self.item_count(q), "count"))
+        loads: list[tuple[tuple[Var, int], ...]] = []
+        for s, pairs in enumerate(self.pairs_by_slot()):
+            load = ((("y", s), self.b), *((("x", q, s), t) for q, t in pairs))
+            loads.append(load)
+            # 2. slot time within its micro-batch (through U_m in a neighbourhood model)
+            out.append(Row((*load, ((ceiling, self.slot_m[s]), -1)), "<=", 0, "time"))
+            # 3. memory per rank; x only on open slots
+            out.append(Row((*((("x", q, s), self.item_tokens[q]) for q, _ in pairs), (("y", s), -self.slot_cap[s])), "<=", 0, "memory"))
+        # 4. node and micro-batch capacity
+        for slots, ranks in self.capacity_rows():
+            out.append(Row(tuple((("y", s), self.slot_d[s]) for s in slots), "<=", ranks, "ranks"))
+        # 5. symmetry: identical slots open in order with falling loads; interchangeable micro-batches by time
+        for a, b in self.identical_pairs():
+            out.append(Row(((("y", a), 1), (("y", b), -1)), ">=", 0, "order"))
+            out.append(Row((*loads[a], *((v, -c) for v, c in loads[b])), ">=", 0, "time"))
+        if self.symmetric_mbs:
+            out += [Row(((("T", m), 1), (("T", m + 1), -1)), ">=", 0, "time") for m in range(self.n_mb - 1)]
+        return out
 
     def size(self) -> dict[str, int]:
         return {"slots": self.n_slots, "items": len(self.items), "samples": sum(len(m) for m in self.items), "pairs": len(self.arcs), "micro_batches": self.n_mb}

@@ -12,8 +12,9 @@ A backend supplies ``solve_model(model, seconds, options, on_solution)`` for one
   rounds out of three, their group sizes (idle ranks included), with everything else fixed. A round is kept when the
   re-computed step time falls, so the incumbent never gets worse than the hint. The neighbourhood
   grows after rounds solved to optimality and shrinks after time-outs. No global bound comes out of
-  a restricted model. With ``deterministic`` the number of rounds is fixed by the budget and every
-  round runs under CP-SAT's deterministic limit, so a plan repeats whenever its rounds fit.
+  a restricted model. With ``deterministic`` the number of rounds is fixed by the budget option and
+  every round runs under the solver's deterministic limit; the clock decides nothing, so the same
+  input gives the same plan on any machine (a loaded one may take longer than the budget).
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from optimizer.costs import CostTables
-from optimizer.evaluate import assignment_step_time
-from optimizer.options import PlanOptions
-from optimizer.plan import Assignment, TracePoint
+from optimizer.costs.tables import CostTables
+from optimizer.plan.evaluate import assignment_step_time
+from optimizer.plan.plan import Assignment, TracePoint
+from optimizer.problem.options import PlanOptions
 from solver_models.base import ImprovementCallback, SolveResult
 from solver_models.formulation import UNIT, Group, SlotModel, full_model, neighbourhood_model, rounding_slack
 
@@ -43,6 +44,8 @@ DETERMINISTIC_ROUND_S = 0.06
 """Wall-clock cap of a round in deterministic mode (CP-SAT stops at a tenth of it in deterministic time)."""
 DETERMINISTIC_ROUND_SHARE = 1.5
 """Deterministic mode runs one round per this many round caps of the budget (options.time_budget_ms)."""
+DETERMINISTIC_WHOLE_SHARE = 0.5
+"""Deterministic mode: the whole-problem model's time limit as a share of the budget option."""
 SAMPLES_PER_EXTRA = 8
 """Most samples a neighbourhood frees, per light group it frees (the size adapts)."""
 
@@ -99,7 +102,10 @@ def _whole(tables: CostTables, options: PlanOptions, hint: Assignment | None, de
     model = full_model(tables, hint, h_time)
     build_ms = (clock() - start) * 1000.0
     details = {"mode": "full", "build_ms": round(build_ms, 3), **model.size()}
-    left = deadline - clock() - MARGIN_S
+    if options.deterministic:
+        left = DETERMINISTIC_WHOLE_SHARE * options.time_budget_ms / 1000.0  # from the input, never from the clock
+    else:
+        left = deadline - clock() - MARGIN_S
     if left <= 0.001:
         return SolveResult(None, "timeout", wall_ms=(clock() - start) * 1000.0, message="no time left after building the model", details=details)
     slack = rounding_slack(model)
@@ -190,11 +196,12 @@ def _lns(tables: CostTables, options: PlanOptions, hint: Assignment, deadline: f
     overrun = lateness_s
     # Deterministic mode: a round count fixed by the budget (each round under a deterministic limit),
     # so that the same input gives the same plan whenever the rounds fit the budget.
+    # The clock is then never read to decide anything (a loaded machine may take longer than the budget).
     max_rounds = None
     if options.deterministic:
         round_s = DETERMINISTIC_ROUND_S
         max_rounds = int(options.time_budget_ms / 1000.0 / (DETERMINISTIC_ROUND_SHARE * round_s))
-    while deadline - clock() > min_round_s and (max_rounds is None or rounds < max_rounds):
+    while (rounds < max_rounds) if max_rounds is not None else (deadline - clock() > min_round_s):
         mb_time = np.array([max(t) for t in times])
         m = int(rng.choice(len(current), p=mb_time / mb_time.sum())) if rounds % 2 else int(np.argmax(mb_time))
         free = _neighbourhood(tables, current, times, rng, extra, m)
@@ -205,12 +212,13 @@ def _lns(tables: CostTables, options: PlanOptions, hint: Assignment, deadline: f
         size = model.size()
         if size["pairs"] > largest.get("pairs", -1):
             largest = size
-        left = deadline - clock() - MARGIN_S - overrun
-        if left < 0.002:
-            break
-        limit = min(left, round_s)
-        if options.deterministic and limit < round_s:
-            break  # a shortened round would make the answer depend on the clock
+        if max_rounds is None:
+            left = deadline - clock() - MARGIN_S - overrun
+            if left < 0.002:
+                break
+            limit = min(left, round_s)
+        else:
+            limit = round_s  # every round the same: the answer depends on the input alone
         res = solve_model(model, limit, options, None)
         spent = clock() - t1
         solve_ms += spent * 1000.0

@@ -1,6 +1,6 @@
 """A linear-programming lower bound on the step time that sees micro-batches (levels).
 
-The area bound of :mod:`optimizer.bounds` pools all micro-batches: a long sample may take the
+The area bound of :mod:`optimizer.bounds.lower_bounds` pools all micro-batches: a long sample may take the
 cheapest group size that finishes within the whole step S. In a real plan it must finish within its
 own micro-batch, and the micro-batch times add up to S. This LP keeps that coupling.
 
@@ -29,7 +29,7 @@ e_i(th_k) <= e_i(T)); buckets join samples whose finishing time, area and tokens
 ``BUCKET_STEP`` and use the smallest of each over their members, which only relaxes the LP. The
 bound is therefore at most S*; it is at least the area bound up to the level width.
 
-Measured (``benchmarks/solver_bench.py --lp-check``): on the long-tail video and image-SFT batches
+Measured (``bench/solver_bench.py --lp-check``): on the long-tail video and image-SFT batches
 of 64 and 256 ranks this LP gives 0.996-0.998 of the area bound at the default level and bucket
 widths, and exactly the area bound with 1-2% levels and per-sample buckets (3-15 s): the
 micro-batch coupling does not bind there, the remaining gap of plans to the bound is integrality
@@ -43,7 +43,7 @@ import math
 
 import numpy as np
 
-from optimizer.costs import CostTables
+from optimizer.costs.tables import CostTables
 
 LEVEL_RATIO = 1.08
 """Consecutive levels differ by this factor."""

@@ -21,11 +21,11 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from optimizer.costs import CostTables
-from optimizer.options import PlanOptions
-from optimizer.plan import Assignment
+from optimizer.costs.tables import CostTables
+from optimizer.plan.plan import Assignment
+from optimizer.problem.options import PlanOptions
 from solver_models.base import ImprovementCallback, SolveResult, register
-from solver_models.formulation import SlotModel, model_ceiling
+from solver_models.formulation import SlotModel
 from solver_models.lns import ModelResult, improve
 
 CBC_OVERHEAD_S = 0.06
@@ -61,43 +61,32 @@ def build_problem(model: SlotModel) -> tuple[Any, list[Any], dict[tuple[int, int
 
     scale = time_scale(model)
     prob = pulp.LpProblem("dhp_slots", pulp.LpMinimize)
-    top = model_ceiling(model) / scale
-    var = prob.add_variable
-    y = [var(f"y{s}", 0, 1, cat="Binary") for s in range(model.n_slots)]
-    x: dict[tuple[int, int], Any] = {}
-    for q, s, _ in model.arcs:
-        c = model.item_count(q)
-        x[(q, s)] = var(f"x{q}_{s}", 0, 1, cat="Binary") if c == 1 else var(f"x{q}_{s}", 0, c, cat="Integer")
-    t_mb = [var(f"T{m}", model.floor[m] / scale, top) for m in range(model.n_mb)]
-    u_mb = [var(f"U{m}", 0, top) for m in range(model.n_mb)] if model.tiebreak else []
-    if model.tiebreak:
-        prob += pulp.lpSum(t_mb) * model.tiebreak + pulp.lpSum(u_mb)
-        for u, t in zip(u_mb, t_mb, strict=False):
-            prob += u <= t
-    else:
-        prob += pulp.lpSum(t_mb)
-    # 1. every sample in exactly one group
-    for q, pairs in enumerate(model.pairs_by_item()):
-        prob += pulp.lpSum(x[(q, s)] for s, _ in pairs) == model.item_count(q)
-    load = []
-    for s, pairs in enumerate(model.pairs_by_slot()):
-        expr = (model.b / scale) * y[s] + pulp.lpSum((t / scale) * x[(q, s)] for q, t in pairs)
-        load.append(expr)
-        # 2. slot time within its micro-batch (through U_m in a neighbourhood model)
-        prob += expr <= (u_mb if model.tiebreak else t_mb)[model.slot_m[s]]
-        # 3. memory per rank (as a share of the slot's capacity); x only on open slots
-        cap = max(1, model.slot_cap[s])
-        prob += pulp.lpSum((model.item_tokens[q] / cap) * x[(q, s)] for q, _ in pairs) <= model.slot_cap[s] / cap * y[s]
-    # 4. node and micro-batch capacity
-    for slots, ranks in model.capacity_rows():
-        prob += pulp.lpSum(model.slot_d[s] * y[s] for s in slots) <= ranks
-    # 5. symmetry: identical slots open in order with falling loads; interchangeable micro-batches by time
-    for a, b in model.identical_pairs():
-        prob += y[a] >= y[b]
-        prob += load[a] >= load[b]
-    if model.symmetric_mbs:
-        for m in range(model.n_mb - 1):
-            prob += t_mb[m] >= t_mb[m + 1]
+    v: dict[Any, Any] = {}
+    for key, low, high in model.variables():
+        name = key[0] + "_".join(str(k) for k in key[1:])
+        if key[0] in ("T", "U"):  # times in seconds / scale: coefficients near 1
+            v[key] = prob.add_variable(name, low / scale, high / scale)
+        else:
+            v[key] = prob.add_variable(name, low, high, cat="Binary" if (low, high) == (0, 1) else "Integer")
+    prob += pulp.lpSum(c * v[key] for key, c in model.objective())
+    for row in model.rows():
+        # Rows rescaled: time rows to scaled seconds (the T and U variables are scaled already), memory rows to a
+        # share of the slot's capacity.
+        if row.kind == "time":
+            terms = [(c if key[0] in ("T", "U") else c / scale, key) for key, c in row.terms]
+            rhs = row.rhs / scale
+        elif row.kind == "memory":
+            cap = max(1, max(abs(c) for key, c in row.terms if key[0] == "y"))
+            terms = [(c / cap, key) for key, c in row.terms]
+            rhs = row.rhs / cap
+        else:
+            terms = [(c, key) for key, c in row.terms]
+            rhs = row.rhs
+        expr = pulp.lpSum(c * v[key] for c, key in terms)
+        prob += expr == rhs if row.sense == "==" else expr <= rhs if row.sense == "<=" else expr >= rhs
+    y = [v[("y", s)] for s in range(model.n_slots)]
+    x: dict[tuple[int, int], Any] = {(q, s): v[("x", q, s)] for q, s, _ in model.arcs}
+    t_mb = [v[("T", m)] for m in range(model.n_mb)]
     return prob, y, x, t_mb
 
 
@@ -287,6 +276,11 @@ def _installed(solver_name: str) -> bool:
     return any(os.path.isdir(p) for p in bundled) or shutil.which("cbc") is not None
 
 
+IMPORT_MS = 100.0
+"""Milliseconds loading PuLP with highspy costs in a fresh process: measured 26 to 62 ms on the 2-core
+development machine; this leaves room for a busy machine."""
+
+
 class PulpBackend:
     def __init__(self, solver_name: str) -> None:
         self.name = solver_name
@@ -305,6 +299,9 @@ class PulpBackend:
                 return bool(pulp.PULP_CBC_CMD(msg=False).available())
         except Exception:  # noqa: BLE001 - a broken installation counts as missing
             return False
+
+    def load_ms(self) -> float:
+        return 0.0 if "pulp" in sys.modules else IMPORT_MS
 
     def solve(self, tables: CostTables, options: PlanOptions, hint: Assignment | None, deadline: float, on_improvement: ImprovementCallback | None = None) -> SolveResult:
         if self.name == "cbc":

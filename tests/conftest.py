@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from optimizer.documents import problem_from_json
-from optimizer.workloads import long_tail_video
+from optimizer.problem.documents import problem_from_json
+from optimizer.problem.workloads import long_tail_video
 
 
 @pytest.fixture

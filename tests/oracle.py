@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from functools import cache
 
-from optimizer.costs import sample_time, vision_work
-from optimizer.problem import Problem
+from optimizer.costs.tables import sample_time, vision_work
+from optimizer.problem.problem import Problem
 
 
 def _set_partitions(items: list[int]):

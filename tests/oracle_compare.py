@@ -5,7 +5,7 @@ answer makes that the oracle can refute:
 
 - ``bound_above``: the reported lower bound exceeds the optimum (a bound must hold for every plan);
 - ``false_optimal``: status ``optimal`` but the step time is above the optimum by more than
-  :data:`optimizer.planner.OPTIMAL_GAP` (the tolerance the status promises);
+  :data:`planning.planner.OPTIMAL_GAP` (the tolerance the status promises);
 - ``false_optimal_strict``: the same with no tolerance beyond float noise (1e-9), for information;
 - ``false_infeasible``: an InfeasibleError although a plan exists;
 - ``below_optimum``: a plan faster than the optimum, or any plan for an infeasible instance (the
@@ -21,10 +21,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from optimizer.documents import problem_from_json
 from optimizer.errors import InfeasibleError, PlannerError
-from optimizer.planner import OPTIMAL_GAP, plan
-from optimizer.verify import verify
+from optimizer.problem.documents import problem_from_json
+from optimizer.verify.verifier import verify
+from planning.planner import OPTIMAL_GAP, plan
 
 REACHED = 1e-6
 """Relative tolerance for counting a step time as the optimum."""

@@ -23,7 +23,7 @@ import json
 import random
 from pathlib import Path
 
-from optimizer.documents import problem_from_json
+from optimizer.problem.documents import problem_from_json
 
 PROFILES = ("analytical", "flexsp-gpt7b", "flexsp-gpt30b", "big-group", "slow-inter", "quadratic")
 SHAPES = ((1, 3), (1, 4), (1, 5), (1, 6), (2, 2), (2, 3), (3, 2))

@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.settings import Settings
-from optimizer.documents import problem_from_json
-from optimizer.planner import plan as run_planner
+from optimizer.problem.documents import problem_from_json
+from planning.planner import plan as run_planner
 
 
 @pytest.fixture
@@ -242,21 +242,25 @@ def test_beyond_capacity_answers_503_with_retry_after(make_client):
 
 
 def test_budget_counts_from_arrival(client, monkeypatch):
+    """One deadline per request, from its arrival; the request's own options are not rewritten."""
+    import time
+
+    import api.solving as solving
+
     seen = []
-    import api.translate as translate
+    original = solving.run_planner
 
-    original = translate.with_budget_left
+    def spy(problem, deadline):
+        seen.append((problem.options.time_budget_ms, deadline, time.perf_counter()))
+        return original(problem, deadline=deadline)
 
-    def spy(problem, elapsed_ms):
-        seen.append(elapsed_ms)
-        out = original(problem, elapsed_ms)
-        seen.append(out.options.time_budget_ms)
-        return out
-
-    monkeypatch.setattr(translate, "with_budget_left", spy)
+    monkeypatch.setattr(solving, "run_planner", spy)
+    before = time.perf_counter()
     client.post("/v1/plans", json=small_request(n=4, time_budget_ms=1000))
-    elapsed, left = seen
-    assert elapsed > 0 and left == pytest.approx(1000 - elapsed)
+    (budget, deadline, called), = seen
+    assert budget == 1000
+    assert before <= deadline.start < called
+    assert deadline.budget_ms == pytest.approx(1000)
 
 
 def test_restart_keeps_every_plan(tmp_path):
@@ -294,7 +298,7 @@ def test_presets_health_metrics_docs(client):
 
 
 def test_dhp_serve_refuses_unsafe_production_settings(monkeypatch, capsys):
-    from optimizer.cli import main
+    from api.commands import main
 
     monkeypatch.setenv("DHP_ENVIRONMENT", "production")
     monkeypatch.delenv("DHP_TOKENS", raising=False)

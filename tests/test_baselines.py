@@ -10,11 +10,11 @@ import pytest
 
 from bench.runner import make_problem
 from bench.workloads import WORKLOADS
-from optimizer.baselines import best_static, static_assignment
-from optimizer.costs import CostTables
-from optimizer.documents import problem_from_json
-from optimizer.evaluate import assignment_step_time
-from optimizer.plan import Assignment, StaticBaseline
+from optimizer.costs.tables import CostTables
+from optimizer.heuristic.static_layout import best_static, static_assignment
+from optimizer.plan.evaluate import assignment_step_time
+from optimizer.plan.plan import Assignment, StaticBaseline
+from optimizer.problem.documents import problem_from_json
 
 
 def reference_assignment(tables: CostTables, c: int, micro_batches: int) -> Assignment | None:

@@ -10,11 +10,11 @@ from bench.baselines import bucket_milp, deployed_degree, megatron_dcp, static_d
 from bench.planners import PLANNERS, plan_assignment
 from bench.runner import make_problem
 from bench.workloads import WORKLOADS
-from optimizer.baselines import best_static
-from optimizer.bounds import lower_bound
-from optimizer.costs import CostTables
-from optimizer.evaluate import assignment_step_time
-from optimizer.verify import check_assignment
+from optimizer.bounds.lower_bounds import lower_bound
+from optimizer.costs.tables import CostTables
+from optimizer.heuristic.static_layout import best_static
+from optimizer.plan.evaluate import assignment_step_time
+from optimizer.verify.verifier import check_assignment
 
 CASES = [("video", 16, 64), ("image-sft", 8, 32), ("anyres", 16, 48), ("dynamic-res", 8, 32), ("long-text", 32, 64), ("mixed", 16, 64)]
 
@@ -97,7 +97,7 @@ def test_bucket_milp_is_valid_with_groups_of_size_two_or_more(workload, ranks, n
 
 
 def test_bucket_milp_explains_a_domain_too_small():
-    from optimizer.documents import problem_from_json, read_json_file
+    from optimizer.problem.documents import problem_from_json, read_json_file
 
     profile = read_json_file(Path(__file__).resolve().parents[1] / "examples" / "profile.json", "profile")
     doc = {"batch": WORKLOADS["image-sft"].batch(4, 0), "cluster": {"nodes": 1, "gpus_per_node": 1}, "profile": profile}
@@ -120,7 +120,7 @@ def test_every_planner_answers_with_a_verified_plan():
 
 
 def test_plan_assignment_round_trips_a_plan():
-    from optimizer.planner import plan
+    from planning.planner import plan
 
     problem = make_problem(WORKLOADS["video"], 16, 32, 1, 200.0)
     p = plan(problem, compare_static=False)

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from api.commands import main
 from bench.flexsp_real import FlexSPSettings, build_optimizer, import_flexsp, layout, missing, translation
 from bench.runner import make_problem, resolve_profile
 from bench.workloads import WORKLOADS
-from optimizer.cli import main
-from optimizer.costs import CostTables
+from optimizer.costs.tables import CostTables
 from optimizer.errors import ProblemError
 
 WHY = missing(FlexSPSettings())

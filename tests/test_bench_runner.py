@@ -6,13 +6,13 @@ import json
 
 import pytest
 
+from api.commands import main
 from bench.report import summarize
 from bench.runner import GridSpec, make_problem, percentile, resolve_profile, run_grid, total_steps
 from bench.scaling import fit_exponent
 from bench.workloads import WORKLOADS, get_workload, load_replay, save_replay
-from optimizer.cli import main
-from optimizer.documents import batch_from_json
 from optimizer.errors import ProblemError
+from optimizer.problem.documents import batch_from_json
 
 TINY = dict(workloads=("video", "image-sft"), ranks=(8, 16), samples_per_rank=(2,), seeds=1, repeats=1, budget_ms=100.0,
             planners=("static-deployed", "static-best", "megatron-dcp", "bucket-milp", "dhp-heuristic"))

@@ -7,11 +7,11 @@ import pytest
 
 from bench.runner import make_problem
 from bench.workloads import WORKLOADS
-from optimizer.bounds import area_bound, lower_bound, micro_batch_bound, single_sample_bound
-from optimizer.costs import CostTables
-from optimizer.documents import problem_from_json
-from optimizer.evaluate import assignment_step_time
-from optimizer.strategies import heuristic_plan
+from optimizer.bounds.lower_bounds import area_bound, lower_bound, micro_batch_bound, single_sample_bound
+from optimizer.costs.tables import CostTables
+from optimizer.heuristic.strategies import heuristic_plan
+from optimizer.plan.evaluate import assignment_step_time
+from optimizer.problem.documents import problem_from_json
 
 
 def reference_single(tables: CostTables) -> float:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.cli import main
+from api.commands import main
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -73,7 +73,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, content, needle):
     batch = tmp_path / "batch.json"
     if content is not None:
         batch.write_text(content)
-    proc = subprocess.run([sys.executable, "-m", "optimizer.cli", "plan", "--batch", str(batch)], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "api.commands", "plan", "--batch", str(batch)], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in proc.stderr

@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from optimizer.documents import problem_from_json
 from optimizer.errors import ProblemError
-from optimizer.planner import plan
-from optimizer.verify import verify
-from optimizer.workloads import WORKLOADS
+from optimizer.problem.documents import problem_from_json
+from optimizer.problem.workloads import WORKLOADS
+from optimizer.verify.verifier import verify
+from planning.planner import plan
 
 BLOCKS = [list(range(a, a + d)) for d in (2, 4, 8) for a in range(0, 64, d)]
 

@@ -7,11 +7,11 @@ import math
 import numpy as np
 import pytest
 
-from optimizer.analytical import activation_bytes_per_token, analytical_profile, model_state_bytes_per_rank
-from optimizer.costs import CostTables, sample_time
-from optimizer.documents import cluster_from_json, model_from_json, problem_from_json, profile_from_json
+from optimizer.costs.analytical import activation_bytes_per_token, analytical_profile, model_state_bytes_per_rank
+from optimizer.costs.profile import Bandwidth
+from optimizer.costs.tables import CostTables, sample_time
 from optimizer.presets import load_preset
-from optimizer.profile import Bandwidth
+from optimizer.problem.documents import cluster_from_json, model_from_json, problem_from_json, profile_from_json
 
 PROFILE = {
     "time": {"quadratic": 1e-9, "linear": 1e-5, "sample_constant": 1e-3, "group_constant": 2e-3},
@@ -114,7 +114,7 @@ def _numpy_matrix(tables: CostTables, intra: bool, speed: float) -> np.ndarray:
 
 
 def _table_cases():
-    from optimizer.workloads import WORKLOADS
+    from optimizer.problem.workloads import WORKLOADS
 
     overlap_off = dict(PROFILE, comm={**PROFILE["comm"], "latency_s": {"intra": 3e-6, "inter": 2e-5}, "messages_per_step": 7})
     overlap_on = dict(PROFILE, comm={**PROFILE["comm"], "overlap_with_attention": True},
@@ -147,7 +147,7 @@ def test_compiled_matrices_equal_numpy_to_the_bit(case):
     assert "best_time" not in tables.__dict__
     assert np.array_equal(tables.best_time, expected)
     assert np.array_equal(tables.best_time_columns(some), expected[:, some].T)
-    from optimizer.costs import vision_work
+    from optimizer.costs.tables import vision_work
 
     assert np.array_equal(tables.vision, [vision_work(tables.profile, s) for s in tables.problem.batch.samples])
     assert tables.rank_speed.tolist() == [tables.profile.speed_for(tables.problem.cluster.rank_gpu(r).name) for r in range(tables.n_ranks)]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from optimizer.documents import problem_from_json
 from optimizer.errors import InfeasibleError, ProblemError
+from optimizer.problem.documents import problem_from_json
 
 BATCH = {"samples": [{"id": "a", "text_tokens": 100}]}
 
@@ -55,7 +55,7 @@ def test_profile_bandwidth_table_errors():
 
 
 def test_sample_too_long_is_infeasible_with_a_hint():
-    from optimizer.planner import plan
+    from planning.planner import plan
 
     doc = {"batch": {"samples": [{"id": "huge", "text_tokens": 10_000_000}]}, "cluster": {"nodes": 1, "gpus_per_node": 8}, "model_preset": "qwen2-vl-7b"}
     with pytest.raises(InfeasibleError) as info:
@@ -64,7 +64,7 @@ def test_sample_too_long_is_infeasible_with_a_hint():
 
 
 def test_model_that_does_not_fit_is_infeasible_with_a_hint():
-    from optimizer.planner import plan
+    from planning.planner import plan
 
     doc = {"batch": BATCH, "cluster": {"nodes": 1, "gpus_per_node": 2}, "model_preset": "llama3-8b"}
     with pytest.raises(InfeasibleError) as info:
@@ -83,8 +83,8 @@ def test_shorthand_cluster_and_mixed_cluster():
 
 
 def test_fast_and_general_sample_paths_agree(monkeypatch):
-    import optimizer.documents as documents
-    from optimizer.workloads import WORKLOADS
+    import optimizer.problem.documents as documents
+    from optimizer.problem.workloads import WORKLOADS
 
     extra = {"samples": [
         {"id": "v", "videos": [{"frames": 8, "tokens": 1000}]},

@@ -31,9 +31,9 @@ def test_pause_keeps_a_disabled_collector_disabled() -> None:
 
 
 def test_plan_leaves_the_collector_enabled() -> None:
-    from optimizer.documents import problem_from_json
-    from optimizer.planner import plan
-    from optimizer.workloads import long_tail_video
+    from optimizer.problem.documents import problem_from_json
+    from optimizer.problem.workloads import long_tail_video
+    from planning.planner import plan
 
     plan(problem_from_json({"batch": long_tail_video(16, seed=1), "cluster_preset": "h100-1x8", "model_preset": "qwen2-vl-7b",
                             "options": {"backend": "heuristic"}}))

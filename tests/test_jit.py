@@ -14,9 +14,9 @@ from optimizer import jit
 
 SCRIPT = """
 import json, sys
-from optimizer.documents import problem_from_json
-from optimizer.planner import plan
-from optimizer.workloads import image_sft, long_tail_video
+from optimizer.problem.documents import problem_from_json
+from planning.planner import plan
+from optimizer.problem.workloads import image_sft, long_tail_video
 docs = [
     {"batch": long_tail_video(48, seed=5), "cluster_preset": "h100-8x8", "model_preset": "qwen2-vl-7b"},
     {"batch": image_sft(40, seed=2), "cluster_preset": "mixed-h100-a100", "model_preset": "internvl2-8b"},
@@ -47,7 +47,7 @@ def test_compiled_and_plain_python_plans_agree() -> None:
 
 
 def test_warm_up_runs_once_and_plans_cleanly() -> None:
-    script = ("import json; from optimizer import warm; first = warm.warm_up(); second = warm.warm_up(); "
+    script = ("import json; import planning.warm as warm; from planning.planner import warm_up; first = warm_up(); second = warm_up(); "
               "print(json.dumps([first, second, warm.last_error]))")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -8,15 +8,15 @@ import random
 import pytest
 from oracle import brute_force_optimum
 
-from optimizer.documents import problem_from_json
 from optimizer.errors import InfeasibleError
-from optimizer.planner import plan
-from optimizer.verify import verify
+from optimizer.problem.documents import problem_from_json
+from optimizer.verify.verifier import verify
+from planning.planner import plan
 
 # The heuristic's worst ratio to the optimum on these 200 instances is about 1.45 (memory-bound
 # cases with power-of-two sizes on 3-GPU nodes, where a size-4 group must span nodes); the exact
 # backends close such gaps within the budget. The bound leaves a little room; the mean is checked
-# tighter (about 1.01 to 1.015 measured, benchmarks/oracle_gap.py).
+# tighter (about 1.01 to 1.015 measured, bench/oracle_gap.py).
 WORST = 1.5
 MEAN = 1.03
 SEEDS = 200

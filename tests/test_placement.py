@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from optimizer.placement import place_groups
+from optimizer.heuristic.placement import place_groups
 
 
 def reference_place(sizes: list[int], node_ranges: list[tuple[int, int]]) -> tuple[list[tuple[int, ...]] | None, list[int]]:

@@ -6,15 +6,16 @@ import json
 
 import pytest
 
+from api.commands import main
 from bench.planners import plan_assignment
-from optimizer.analytical import analytical_profile
-from optimizer.cli import main
-from optimizer.documents import cluster_from_json, model_from_json, problem_from_json, profile_from_json
+from optimizer.costs.analytical import analytical_profile
+from optimizer.costs.zoo import describe_presets, load_profile, profile_names
 from optimizer.errors import ProblemError
-from optimizer.planner import plan
-from optimizer.presets import describe_presets, load_preset, load_profile, preset_names, profile_names
-from optimizer.verify import check_assignment
-from optimizer.workloads import image_sft
+from optimizer.presets import load_preset, preset_names
+from optimizer.problem.documents import cluster_from_json, model_from_json, problem_from_json, profile_from_json
+from optimizer.problem.workloads import image_sft
+from optimizer.verify.verifier import check_assignment
+from planning.planner import plan
 
 TEXT_MODEL = {"name": "gpt-7b-64h", "llm": {"layers": 32, "hidden": 4096, "heads": 64, "kv_heads": 64, "ffn_hidden": 11008, "vocab": 32000,
                                             "parameters": 7.0e9}, "training": {"zero_stage": 3, "recompute": "full"}}
@@ -76,7 +77,7 @@ def test_every_zoo_profile_plans_a_small_batch_validly(name):
 
 def test_mixed_gpu_profile_slows_groups_on_a100_nodes():
     problem = problem_from_json(_problem_for("stress-mixed-gpu", image_sft(8, seed=0)))
-    from optimizer.costs import CostTables
+    from optimizer.costs.tables import CostTables
 
     t = CostTables.build(problem)
     h100, a100 = (0, 1), (16, 17)  # the preset lists 2 H100 nodes, then 2 A100 nodes

@@ -5,10 +5,10 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from optimizer.documents import problem_from_json
 from optimizer.errors import InfeasibleError
-from optimizer.planner import plan
-from optimizer.verify import verify
+from optimizer.problem.documents import problem_from_json
+from optimizer.verify.verifier import verify
+from planning.planner import plan
 
 lengths = st.one_of(st.integers(1, 4000), st.integers(1, 4000), st.integers(4000, 40_000))
 
@@ -57,7 +57,7 @@ def test_valid_problem_gives_verified_plan_or_infeasible(doc):
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 10_000))
 def test_deterministic(seed):
-    from optimizer.workloads import mixed
+    from optimizer.problem.workloads import mixed
 
     doc = {"batch": mixed(48, seed=seed), "cluster": {"nodes": 2, "gpus_per_node": 8}, "model_preset": "qwen2-vl-7b",
            "options": {"backend": "heuristic", "max_micro_batches": 16}}

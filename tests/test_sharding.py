@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from optimizer.sharding import padded_length, token_ranges, tokens_held
+from optimizer.plan.sharding import padded_length, token_ranges, tokens_held
 
 
 @given(st.integers(1, 50_000), st.integers(1, 16), st.sampled_from(["ring", "ulysses"]))

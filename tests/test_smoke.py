@@ -1,5 +1,5 @@
-from optimizer.planner import plan
-from optimizer.verify import verify
+from optimizer.verify.verifier import verify
+from planning.planner import plan
 
 
 def test_plan_video_batch_is_verified(make_problem):

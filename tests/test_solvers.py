@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 from oracle import brute_force_optimum
 
-from optimizer.costs import CostTables
-from optimizer.documents import problem_from_json
+from optimizer.costs.tables import CostTables
 from optimizer.errors import InfeasibleError
-from optimizer.planner import choose_backend, plan
-from optimizer.strategies import heuristic_plan
-from optimizer.verify import verify
-from solver_models import available_backends, get_backend
+from optimizer.heuristic.strategies import heuristic_plan
+from optimizer.problem.documents import problem_from_json
+from optimizer.verify.verifier import verify
+from planning.backends import choose_backend
+from planning.planner import plan
+from solver_models import available_backends, builtin_backends, get_backend
 from solver_models.base import SolveResult
 from solver_models.formulation import full_model
 from solver_models.lns import FULL_MODEL_PAIRS, full_model_pairs
@@ -99,8 +100,8 @@ def test_lns_improves_a_weak_start(have):
                                  "options": {"max_micro_batches": 8}})
     tables = CostTables.build(problem)
     assert full_model_pairs(tables) > FULL_MODEL_PAIRS  # the neighbourhood search runs
-    from optimizer.evaluate import assignment_step_time
-    from optimizer.plan import Assignment
+    from optimizer.plan.evaluate import assignment_step_time
+    from optimizer.plan.plan import Assignment
 
     groups = [[(r,), []] for r in range(8)]
     for i in range(40):
@@ -114,7 +115,7 @@ def test_lns_improves_a_weak_start(have):
 
 
 def test_budget_is_respected(have, make_problem):
-    from optimizer.workloads import long_tail_video
+    from optimizer.problem.workloads import long_tail_video
 
     problem = make_problem(batch=long_tail_video(256, seed=3))
     for name, budget in (("cpsat", 150.0), ("highs", 150.0), ("cbc", 400.0)):
@@ -128,9 +129,12 @@ def test_budget_is_respected(have, make_problem):
         assert result.solver.wall_ms <= 2 * budget + 100.0
 
 
-def test_a_failing_backend_falls_back_with_its_reason(monkeypatch, make_problem):
+def test_a_failing_backend_falls_back_with_its_reason(make_problem):
     class Broken:
         name = "cpsat"
+
+        def load_ms(self):
+            return 0.0
 
         def available(self):
             return True
@@ -138,33 +142,33 @@ def test_a_failing_backend_falls_back_with_its_reason(monkeypatch, make_problem)
         def solve(self, *args, **kwargs):
             raise RuntimeError("solver crashed")
 
-    import solver_models
-
-    monkeypatch.setattr(solver_models, "get_backend", lambda name: Broken())
-    result = plan(make_problem(backend="cpsat", time_budget_ms=100.0))
+    result = plan(make_problem(backend="cpsat", time_budget_ms=100.0), backends={"cpsat": Broken()})
     assert result.solver.status == "fallback"
     assert "solver crashed" in result.solver.fallback_reason
     assert result.solver.backend == "cpsat"
 
 
-def test_a_missing_backend_falls_back_with_its_reason(monkeypatch, make_problem):
+def test_a_missing_backend_falls_back_with_its_reason(make_problem):
     class Missing:
         name = "highs"
+
+        def load_ms(self):
+            return 0.0
 
         def available(self):
             return False
 
-    import solver_models
-
-    monkeypatch.setattr(solver_models, "get_backend", lambda name: Missing())
-    result = plan(make_problem(backend="highs", time_budget_ms=100.0))
+    result = plan(make_problem(backend="highs", time_budget_ms=100.0), backends={"highs": Missing()})
     assert result.solver.status == "fallback"
     assert "not installed" in result.solver.fallback_reason
 
 
-def test_a_backend_without_an_answer_keeps_the_heuristic(monkeypatch, make_problem):
+def test_a_backend_without_an_answer_keeps_the_heuristic(make_problem):
     class Empty:
         name = "cbc"
+
+        def load_ms(self):
+            return 0.0
 
         def available(self):
             return True
@@ -172,10 +176,7 @@ def test_a_backend_without_an_answer_keeps_the_heuristic(monkeypatch, make_probl
         def solve(self, *args, **kwargs):
             return SolveResult(None, "timeout", message="no solution within the time limit")
 
-    import solver_models
-
-    monkeypatch.setattr(solver_models, "get_backend", lambda name: Empty())
-    result = plan(make_problem(backend="cbc", time_budget_ms=100.0))
+    result = plan(make_problem(backend="cbc", time_budget_ms=100.0), backends={"cbc": Empty()})
     assert result.solver.status == "fallback"
     assert result.solver.fallback_reason == "no solution within the time limit"
     assert result.predicted_step_time_s == pytest.approx(result.solver.trace[0].objective_s)
@@ -184,13 +185,14 @@ def test_a_backend_without_an_answer_keeps_the_heuristic(monkeypatch, make_probl
 def test_auto_chooses_by_time_left(have, make_problem):
     import ortools.sat.python.cp_model  # noqa: F401 - loaded, as in a running service
 
+    backends = builtin_backends()
     tables = CostTables.build(make_problem())  # 64 samples on 64 ranks: a neighbourhood search
-    assert choose_backend(tables, "auto", 5.0, reserve=2.0) == "heuristic"
-    assert choose_backend(tables, "auto", 50.0, reserve=2.0) == "heuristic"  # too short for a search
-    assert choose_backend(tables, "auto", 500.0, reserve=2.0) == "cpsat"
-    assert choose_backend(tables, "highs", 5.0) == "highs"
+    assert choose_backend(tables, "auto", 5.0, backends, reserve=2.0) == "heuristic"
+    assert choose_backend(tables, "auto", 50.0, backends, reserve=2.0) == "heuristic"  # too short for a search
+    assert choose_backend(tables, "auto", 500.0, backends, reserve=2.0) == "cpsat"
+    assert choose_backend(tables, "highs", 5.0, backends) == "highs"
     tiny = CostTables.build(tiny_problem(0, 2, 3, 6, 2))  # one whole model: worth it even when short
-    assert choose_backend(tiny, "auto", 30.0, reserve=2.0) == "cpsat"
+    assert choose_backend(tiny, "auto", 30.0, backends, reserve=2.0) == "cpsat"
 
 
 def test_deterministic_mode_repeats(have):
@@ -217,7 +219,7 @@ def test_highs_prints_nothing_on_stdout(have):
     import sys
 
     code = ("import sys\nsys.path.insert(0, 'tests')\nfrom test_solvers import tiny_problem, _with\n"
-            "from optimizer.planner import plan\n"
+            "from planning.planner import plan\n"
             "plan(_with(tiny_problem(0, 2, 3, 6, 2), backend='highs', time_budget_ms=2000.0))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True, cwd=Path(__file__).resolve().parents[1])
     assert out.stdout == ""
@@ -241,15 +243,27 @@ def test_cbc_failure_in_a_round_is_recorded_not_raised(monkeypatch, have, make_p
     assert result.assignment == hint  # nothing accepted from failed rounds
 
 
-def test_cold_or_tools_with_a_short_budget_falls_back(monkeypatch, have, make_problem):
+def test_cold_or_tools_with_a_short_budget_falls_back(have, make_problem):
     """Loading OR-Tools takes longer than a short budget: the planner says so instead of overrunning."""
-    import sys
+    backends = builtin_backends()
 
-    monkeypatch.delitem(sys.modules, "ortools.sat.python.cp_model", raising=False)
-    result = plan(make_problem(backend="cpsat", time_budget_ms=120.0))
+    class Cold:  # CP-SAT as in a process that has not loaded OR-Tools yet
+        name = "cpsat"
+
+        def available(self):
+            return True
+
+        def load_ms(self):
+            return 400.0
+
+        def solve(self, *args, **kwargs):
+            raise AssertionError("a backend that cannot load in the budget must not be started")
+
+    backends["cpsat"] = Cold()
+    result = plan(make_problem(backend="cpsat", time_budget_ms=120.0), backends=backends)
     assert result.solver.status == "fallback"
     assert "OR-Tools is not loaded" in result.solver.fallback_reason
-    assert choose_backend(CostTables.build(make_problem()), "auto", 150.0, reserve=2.0) == "highs"
+    assert choose_backend(CostTables.build(make_problem()), "auto", 150.0, backends, reserve=2.0) == "highs"
 
 
 @pytest.mark.parametrize("case", [(4, 2, 2, 5, 3), (7, 2, 3, 6, 2)], ids=["seed4-2x2-mb3", "seed7-2x3-mb2"])
@@ -258,7 +272,7 @@ def test_memory_tight_tiny_batches_reach_the_optimum(case, have):
     exact backend improves it to the optimum."""
     problem = tiny_problem(*case)
     tables = CostTables.build(problem)
-    from optimizer.verify import check_assignment
+    from optimizer.verify.verifier import check_assignment
 
     assert check_assignment(problem, heuristic_plan(tables)).ok
     optimum = brute_force_optimum(problem)
@@ -272,7 +286,7 @@ def test_memory_tight_tiny_batches_reach_the_optimum(case, have):
 @pytest.mark.parametrize("case", [(4, 2, 2, 5, 3), (7, 2, 3, 6, 2)], ids=["seed4-2x2-mb3", "seed7-2x3-mb2"])
 def test_whole_model_plans_when_the_heuristic_finds_no_packing(case, have, monkeypatch):
     """Should the heuristic find no packing of a small batch, the whole model plans it (rescue)."""
-    import optimizer.planner as planner
+    import planning.planner as planner
 
     def no_packing(tables, deadline=None, bound=None):
         raise InfeasibleError("no packing of the batch fits the domain's memory", field="batch.samples", hint="-")

@@ -1,4 +1,4 @@
-"""The heuristic's strategies (optimizer.strategies) and their parts: degrees, chunks, few samples, segments."""
+"""The heuristic's strategies (optimizer.heuristic.strategies) and their parts: degrees, chunks, few samples, segments."""
 
 from __future__ import annotations
 
@@ -9,18 +9,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from optimizer.bounds import lower_bound
-from optimizer.chunks import token_chunks
-from optimizer.costs import CostTables
-from optimizer.degrees import DENSE_SIZES, LADDER_STEP, allowed_degrees, size_problem
-from optimizer.documents import problem_from_json
+from optimizer.bounds.lower_bounds import lower_bound
+from optimizer.costs.tables import CostTables
 from optimizer.errors import InfeasibleError
-from optimizer.evaluate import assignment_step_time
-from optimizer.few_samples import few_samples_plan
-from optimizer.heuristic import HeuristicPlanner
-from optimizer.strategies import heuristic_plan
-from optimizer.verify import check_assignment
-from optimizer.workloads import WORKLOADS
+from optimizer.heuristic.chunks import token_chunks
+from optimizer.heuristic.few_samples import few_samples_plan
+from optimizer.heuristic.packing import HeuristicPlanner
+from optimizer.heuristic.strategies import heuristic_plan
+from optimizer.plan.evaluate import assignment_step_time
+from optimizer.problem.degrees import DENSE_SIZES, LADDER_STEP, allowed_degrees, size_problem
+from optimizer.problem.documents import problem_from_json
+from optimizer.problem.workloads import WORKLOADS
+from optimizer.verify.verifier import check_assignment
 
 FLEXSP_7B = json.loads((Path(__file__).resolve().parents[1] / "optimizer" / "presets" / "profiles" / "flexsp-gpt7b.json").read_text())
 MODEL_64_HEADS = {"llm": {"layers": 32, "hidden": 4096, "heads": 64, "kv_heads": 64, "ffn_hidden": 11008, "vocab": 32000, "parameters": 7.0e9},

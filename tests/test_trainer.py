@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from optimizer.errors import ProblemError  # noqa: E402
-from optimizer.sharding import token_ranges  # noqa: E402
+from optimizer.plan.sharding import token_ranges  # noqa: E402
 from trainer._testing import attention_worker, pool_worker  # noqa: E402
 from trainer.apply import apply_plan  # noqa: E402
 from trainer.group_pool import _partitions, aligned_blocks, canonical  # noqa: E402
@@ -67,7 +67,7 @@ def test_apply_plan_covers_every_token_once():
 
 
 def test_apply_plan_reads_a_planner_plan(make_problem):
-    from optimizer.planner import plan
+    from planning.planner import plan
 
     problem = make_problem(cluster_preset="h100-1x8", backend="heuristic")
     p = plan(problem)

@@ -8,11 +8,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from optimizer.costs import CostTables  # noqa: E402
-from optimizer.documents import problem_from_json  # noqa: E402
-from optimizer.evaluate import build_plan  # noqa: E402
-from optimizer.plan import Assignment, SolverStats  # noqa: E402
-from optimizer.verify import verify  # noqa: E402
+from optimizer.costs.tables import CostTables  # noqa: E402
+from optimizer.plan.evaluate import build_plan  # noqa: E402
+from optimizer.plan.plan import Assignment, SolverStats  # noqa: E402
+from optimizer.problem.documents import problem_from_json  # noqa: E402
+from optimizer.verify.verifier import verify  # noqa: E402
 from trainer.checks import reference, step_worker  # noqa: E402
 from trainer.launch import spawn  # noqa: E402
 from trainer.tiny_model import TinyConfig  # noqa: E402

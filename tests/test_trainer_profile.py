@@ -10,8 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from optimizer.cli import main  # noqa: E402
-from optimizer.documents import problem_from_json, read_json_file  # noqa: E402
+from api.commands import main  # noqa: E402
+from optimizer.problem.documents import problem_from_json, read_json_file  # noqa: E402
 from trainer.profiler import Point, _nnls, fit, fit_ring_transfers  # noqa: E402
 
 A2, A1, A0, B = 3e-9, 2e-6, 4e-4, 1e-3

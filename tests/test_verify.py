@@ -10,12 +10,12 @@ import pytest
 
 from optimizer import verify as verify_module
 from optimizer import verify_kernels
-from optimizer.costs import sample_time, vision_work
-from optimizer.documents import problem_from_json
-from optimizer.plan import Assignment
-from optimizer.planner import plan
-from optimizer.verify import _Facts, _ints, _violations, check_assignment, group_time, verify
-from optimizer.workloads import WORKLOADS
+from optimizer.costs.tables import sample_time, vision_work
+from optimizer.plan.plan import Assignment
+from optimizer.problem.documents import problem_from_json
+from optimizer.problem.workloads import WORKLOADS
+from optimizer.verify.verifier import _Facts, _ints, _violations, check_assignment, group_time, verify
+from planning.planner import plan
 
 PROFILE = {
     "time": {"quadratic": 1e-9, "linear": 1e-5, "sample_constant": 1e-3, "group_constant": 2e-3},

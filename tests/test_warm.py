@@ -15,15 +15,15 @@ import importlib, json, pkgutil, sys
 sys.path.insert(0, "tests")
 import optimizer
 from numba.core.registry import CPUDispatcher
-from optimizer.warm import warm_up
-import optimizer.warm as warm
-from optimizer.documents import problem_from_json
+from planning.planner import warm_up
+import planning.warm as warm
+from optimizer.problem.documents import problem_from_json
 from optimizer.errors import PlannerError
-from optimizer.planner import plan
-from optimizer.workloads import long_tail_video
+from planning.planner import plan
+from optimizer.problem.workloads import long_tail_video
 from oracle_instances import instance, with_options
 
-mods = [importlib.import_module(f"optimizer.{m.name}") for m in pkgutil.iter_modules(optimizer.__path__) if m.name != "cli"]
+mods = [importlib.import_module(m.name) for m in pkgutil.walk_packages(optimizer.__path__, "optimizer.")]
 kernels = {f"{m.__name__}.{k}": v for m in mods for k, v in vars(m).items() if isinstance(v, CPUDispatcher) and v.py_func.__module__ == m.__name__}
 warm_up()
 before = {k: len(v.signatures) for k, v in kernels.items()}

@@ -1,9 +1,9 @@
 """What one rank does in each micro-batch of a plan.
 
-:func:`apply_plan` reads a plan (a :class:`optimizer.plan.Plan` or its JSON form) and returns, for
+:func:`apply_plan` reads a plan (a :class:`optimizer.plan.plan.Plan` or its JSON form) and returns, for
 every micro-batch, the rank's group, its position in the group and, for each of the group's samples,
 the token ranges it holds (zig-zag for ring attention, contiguous for Ulysses, with the padded
-length the split assumes; :mod:`optimizer.sharding` is the single definition of the split). A rank
+length the split assumes; :mod:`optimizer.plan.sharding` is the single definition of the split). A rank
 that no group of a micro-batch uses gets ``group=None`` there and waits for the next one.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from optimizer.errors import ProblemError
-from optimizer.sharding import padded_length, token_ranges
+from optimizer.plan.sharding import padded_length, token_ranges
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def _plan_doc(plan: Any) -> Mapping[str, Any]:
         return plan
     to_json = getattr(plan, "to_json", None)
     if to_json is None:
-        raise ProblemError(f"is a {type(plan).__name__}, not a plan", field="plan", hint="pass an optimizer.plan.Plan or the JSON printed by 'dhp plan'.")
+        raise ProblemError(f"is a {type(plan).__name__}, not a plan", field="plan", hint="pass an optimizer.plan.plan.Plan or the JSON printed by 'dhp plan'.")
     return to_json(shards=True)
 
 

@@ -81,7 +81,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         profile, report = measure_profile(cfg, settings, progress, bandwidth=args.bandwidth)
     except ValueError as exc:
         raise ProblemError(str(exc), field="--device" if "cuda" in str(exc) else "profile", hint="see dhp profile --help.") from None
-    from optimizer.documents import profile_from_json
+    from optimizer.problem.documents import profile_from_json
 
     profile_from_json(profile)  # the file must be one `dhp plan --profile` accepts
     progress(f"fit: R^2 {report['r2']:.4f}, largest relative error {report['max_rel_error']:.3f} over {len(report['points'])} points")

@@ -10,7 +10,7 @@ then run real rings over the job's backend (gloo on CPU, NCCL on GPUs) for the g
 ``procs``; their excess over the compute gives the transfer terms. With one process a ping-pong
 between two processes, fitted to ``latency + bytes / bandwidth``, gives them instead.
 
-What is fitted. The profile's formula (:mod:`optimizer.profile`) for one group of size d holding
+What is fitted. The profile's formula (:mod:`optimizer.costs.profile`) for one group of size d holding
 samples of lengths L_i is ``b + sum_i ((a2 L_i^2 + a1 L_i) / d + a0)`` plus the ring transfer; the
 coefficients (a2, a1, a0, b) >= 0 come from non-negative least squares over the measurements
 (weighted for relative error). The fit's quality is reported as R^2 and the largest relative error

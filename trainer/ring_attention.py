@@ -1,7 +1,7 @@
 """Context-parallel causal attention over a group of any size: ring (point-to-point) and Ulysses.
 
 Layout. A group of d ranks holds the samples of one micro-batch. Each sample is padded (at its end)
-and split as :mod:`optimizer.sharding` says: zig-zag for ring (2d chunks, position i holds chunks i
+and split as :mod:`optimizer.plan.sharding` says: zig-zag for ring (2d chunks, position i holds chunks i
 and 2d-1-i), contiguous for Ulysses. Every rank concatenates its pieces of all the group's samples;
 a token is described by its position in its sample and its sample's index in the micro-batch
 (``segment``). A query may attend to a key of the same segment at the same or an earlier position,
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from optimizer.sharding import padded_length, token_ranges
+from optimizer.plan.sharding import padded_length, token_ranges
 
 _NEG = -1e30
 

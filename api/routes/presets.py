@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 
 from api.deps import require_token
-from optimizer.presets import describe_presets
+from optimizer.costs.zoo import describe_presets
 
 router = APIRouter(prefix="/v1", tags=["presets"], dependencies=[Depends(require_token)])
 

@@ -1,6 +1,6 @@
 """Baseline planners, implemented from their published descriptions under the project's cost model.
 
-Static at its best is :func:`optimizer.baselines.best_static` (reused, not duplicated here).
+Static at its best is :func:`optimizer.heuristic.static_layout.best_static` (reused, not duplicated here).
 """
 
 from bench.baselines.bucket_milp import bucket_milp

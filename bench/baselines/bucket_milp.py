@@ -48,8 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.costs import CostTables
-from optimizer.plan import Assignment
+from optimizer.costs.tables import CostTables
+from optimizer.plan.plan import Assignment
 
 BUCKETS = 16
 CANDIDATES_PER_SIZE = 64
@@ -230,7 +230,7 @@ def bucket_milp(tables: CostTables, budget_s: float, workers: int = 1, counts_tr
     best: BucketMILPResult = BucketMILPResult(None, message="no micro-batch count gave a solution within the budget")
     best_time = math.inf
     share = budget_s / sum(tries[:counts_tried])
-    from optimizer.evaluate import assignment_step_time
+    from optimizer.plan.evaluate import assignment_step_time
 
     solved = 0
     for m_count in tries:

@@ -21,8 +21,8 @@ from __future__ import annotations
 import heapq
 import math
 
-from optimizer.costs import CostTables
-from optimizer.plan import Assignment
+from optimizer.costs.tables import CostTables
+from optimizer.plan.plan import Assignment
 
 
 def _next_pow2(x: int) -> int:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 
-from optimizer.costs import CostTables
-from optimizer.plan import Assignment
+from optimizer.costs.tables import CostTables
+from optimizer.plan.plan import Assignment
 
 
 def deployed_degree(tables: CostTables, max_length: int) -> int | None:

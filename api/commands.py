@@ -1,0 +1,198 @@
+"""The ``dhp`` command line.
+
+Exit codes: 0 success; 1 a plan failed validation (``dhp validate``); 2 bad input (the message
+names the field and says how to fix it); 3 the input is valid but no plan can satisfy it.
+Subcommands of other parts (``serve``, ``bench``, ``profile``) are added when those parts are
+installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from optimizer.errors import InfeasibleError, PlannerError
+from optimizer.problem.options import OPTION_SPECS
+
+EXTENSIONS = ("api.cli", "bench.cli", "trainer.cli")
+"""Modules that may add subcommands through a function ``register(subparsers)``."""
+
+
+def _problem_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batch", required=True, help="batch file: {\"samples\": [{\"id\", \"text_tokens\", \"images\": [{\"tokens\"}]}]}")
+    cl = p.add_mutually_exclusive_group()
+    cl.add_argument("--cluster", help="cluster file (see examples/cluster.json)")
+    cl.add_argument("--cluster-preset", help="a preset cluster name (dhp presets)")
+    cl.add_argument("--nodes", type=int, help="shorthand: K nodes (with --gpus-per-node)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node for --nodes (default 8)")
+    p.add_argument("--gpu", default="H100-SXM", help="GPU type for --nodes (default H100-SXM)")
+    md = p.add_mutually_exclusive_group()
+    md.add_argument("--model", help="model file (see examples/model.json)")
+    md.add_argument("--model-preset", help="a preset model name (dhp presets)")
+    pf = p.add_mutually_exclusive_group()
+    pf.add_argument("--profile", help="measured cost profile (see examples/profile.json); replaces the analytical cost model")
+    pf.add_argument("--profile-preset", help="a profile of the zoo by name (dhp presets), e.g. flexsp-gpt7b")
+    p.add_argument("--options", help="options file (the 'options' document of a request)")
+    for spec in OPTION_SPECS:  # the planner options that have a flag, from their one definition
+        if spec.flag is None:
+            continue
+        if spec.kind == "bool":
+            p.add_argument(spec.flag, dest=spec.name, action="store_const", const=True, help=spec.help)
+        else:
+            kind = {"int": int, "number": float}.get(spec.kind, str)
+            p.add_argument(spec.flag, dest=spec.name, type=kind, choices=spec.choices, help=spec.help)
+
+
+def build_request(args: argparse.Namespace) -> dict[str, Any]:
+    """The request document the flags describe (the same shape as a POST /v1/plans body)."""
+    from optimizer.problem.documents import read_json_file
+
+    doc: dict[str, Any] = {"batch": read_json_file(args.batch, "--batch")}
+    if args.cluster:
+        doc["cluster"] = read_json_file(args.cluster, "--cluster")
+    elif args.nodes is not None:
+        doc["cluster"] = {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "gpu": args.gpu}
+    elif args.cluster_preset:
+        doc["cluster_preset"] = args.cluster_preset
+    if args.model:
+        doc["model"] = read_json_file(args.model, "--model")
+    elif args.model_preset:
+        doc["model_preset"] = args.model_preset
+    if args.profile:
+        doc["profile"] = read_json_file(args.profile, "--profile")
+    elif args.profile_preset:
+        from optimizer.costs.zoo import load_profile
+
+        doc["profile"] = load_profile(args.profile_preset, "--profile-preset")
+    options = dict(read_json_file(args.options, "--options")) if args.options else {}
+    for spec in OPTION_SPECS:
+        value = getattr(args, spec.name, None)
+        if value is not None:
+            options[spec.name] = value
+    if options:
+        doc["options"] = options
+    return doc
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from optimizer.plan.summary import summary_text
+    from optimizer.problem.documents import problem_from_json
+    from planning.planner import plan
+
+    problem = problem_from_json(build_request(args))
+    if args.show_profile:
+        print(json.dumps(problem.cost_profile.to_json(), indent=2))
+        return 0
+    result = plan(problem)
+    text = summary_text(result, problem) if args.summary else json.dumps(result.to_json(shards=not args.no_shards), indent=None if args.compact else 2)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from optimizer.plan.plan import assignment_from_json
+    from optimizer.problem.documents import problem_from_json, read_json_file
+    from optimizer.verify.verifier import check_assignment
+
+    problem = problem_from_json(build_request(args))
+    doc = read_json_file(args.plan, "--plan")
+    assignment = assignment_from_json(doc, problem.batch.index)
+    report = check_assignment(problem, assignment)
+    claimed = doc.get("predicted_step_time_s") if isinstance(doc, dict) else None
+    if isinstance(claimed, (int, float)) and abs(claimed - report.step_time_s) > 1e-6 * max(1.0, report.step_time_s):
+        report.violations.append(f"predicted_step_time_s {claimed:.6g} s, recomputed {report.step_time_s:.6g} s")
+    if report.ok:
+        print(f"valid: {len(assignment.micro_batches)} micro-batches, step time {report.step_time_s:.6g} s")
+        return 0
+    for v in report.violations:
+        print(f"invalid: {v}")
+    return 1
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from optimizer.costs.zoo import describe_presets
+
+    presets = describe_presets()
+    if args.json:
+        print(json.dumps(presets, indent=2))
+        return 0
+    for kind in ("clusters", "models", "gpus", "profiles"):
+        print(f"{kind}: {', '.join(sorted(presets[kind]))}")
+    return 0
+
+
+def cmd_example(args: argparse.Namespace) -> int:
+    from optimizer.problem.workloads import WORKLOADS
+
+    print(json.dumps(WORKLOADS[args.workload](args.samples, seed=args.seed)))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="dhp", description="Plan dynamic hybrid (data x context) parallelism for a training batch.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plan", help="plan a batch and print the plan as JSON (or a summary)")
+    _problem_args(p)
+    p.add_argument("--summary", action="store_true", help="print a readable summary instead of JSON")
+    p.add_argument("--no-shards", action="store_true", help="leave out each sample's token ranges per rank")
+    p.add_argument("--compact", action="store_true", help="JSON on one line")
+    p.add_argument("--show-profile", action="store_true", help="print the cost profile in force and exit")
+    p.add_argument("--out", help="write to this file instead of stdout")
+    p.set_defaults(func=cmd_plan)
+
+    v = sub.add_parser("validate", help="verify a plan file against its batch and cluster")
+    v.add_argument("--plan", required=True, help="a plan printed by 'dhp plan'")
+    _problem_args(v)
+    v.set_defaults(func=cmd_validate)
+
+    pr = sub.add_parser("presets", help="list the preset clusters, models and GPU types")
+    pr.add_argument("--json", action="store_true", help="print every preset document")
+    pr.set_defaults(func=cmd_presets)
+
+    from optimizer.problem.workloads import WORKLOADS
+
+    ex = sub.add_parser("example", help="print a generated batch file")
+    ex.add_argument("--workload", choices=sorted(WORKLOADS), default="video")
+    ex.add_argument("--samples", type=int, default=512)
+    ex.add_argument("--seed", type=int, default=0)
+    ex.set_defaults(func=cmd_example)
+
+    for name in EXTENSIONS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and name.startswith(exc.name):
+                continue
+            raise
+        module.register(sub)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except InfeasibleError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    except PlannerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # the reader (e.g. `head`) went away; nothing is lost
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Lower bounds on the step time, valid for every plan of the problem.
+
+Notation: N ranks, b the group constant, t_i(d) the best time of sample i on a group of size d
+(intra-node where d fits a node, fastest GPU), m_i the smallest size on which i fits in memory,
+C the largest per-rank capacity, S the step time.
+
+1. Single sample: S >= b + min_{d >= m_i} t_i(d) for every i.
+2. Rank-time (area): a group of size d busy for T_m in micro-batch m occupies d T_m rank-seconds,
+   at least d (b + sum of its samples' t_i(d)). Summing over groups and micro-batches, and using
+   T_m <= S:  N S >= sum_i e_i(S) + b * (sum_i L_i) / C, where
+   e_i(S) = min { d t_i(d) : d >= m_i, b + t_i(d) <= S } (the sample must finish within S), and
+   sum_i L_i / C is the least total group size all micro-batches together need for memory.
+   The left side grows with S and the right side shrinks, so the smallest S that satisfies the
+   inequality is found by bisection; every S below it is impossible.
+3. Micro-batches: every micro-batch lasts at least b plus its slowest group's work, and there are at
+   least M = ceil(sum_i L_i / (capacity of all ranks)) of them. In micro-batch m the slowest group
+   works at least (sum of the areas of m's samples) / N, and a sample of m finishes within
+   T_m <= S - (M - 1) b. So S >= (M - 1) b + S' with N S' >= N b + sum_i e_i(S') (e_i as in 2,
+   evaluated at S'). It is the stronger bound when the per-micro-batch constant b is large.
+The solver backends add LP-relaxation bounds on top of these.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from optimizer.bounds.bound_kernels import area_frontiers, area_search, sample_extremes
+from optimizer.costs.tables import CostTables
+
+
+def _extremes(tables: CostTables) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per sample over its allowed sizes: the least time, the least area d t_i(d), and the time on that size."""
+    n = tables.n_samples
+    fastest, best_area, best_area_time = np.empty(n), np.empty(n), np.empty(n)
+    sample_extremes(*tables.best_placements(), tables.degrees.astype(np.float64), tables.min_degree_index, fastest, best_area, best_area_time)
+    return fastest, best_area, best_area_time
+
+
+def single_sample_bound(tables: CostTables, fastest: np.ndarray | None = None) -> float:
+    """Bound 1 (see the module docstring); ``fastest`` is each sample's least time where known."""
+    if fastest is None:
+        fastest = _extremes(tables)[0]
+    return float(tables.group_constant + fastest.max())
+
+
+def _area_search(tables: CostTables, memory: float, floor: float, rel_tol: float,
+                 extremes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> float:
+    """Smallest S >= floor with sum_i e_i(S) + ``memory`` <= N S, by bisection to ``rel_tol``
+    (``extremes``: :func:`_extremes` of the tables when already computed)."""
+    b = tables.group_constant
+    fastest, best_area, best_area_time = _extremes(tables) if extremes is None else extremes
+    lo = float(max(floor, single_sample_bound(tables, fastest)))
+    # Samples whose cheapest-area size already finishes within lo never change: fold them in once.
+    fixed = b + best_area_time <= lo
+    base = float(best_area[fixed].sum())
+    rows = np.flatnonzero(~fixed)
+    min_j = tables.min_degree_index
+    room = int((len(tables.degrees) - min_j[rows]).sum()) + len(rows)
+    start = np.empty(len(rows) + 1, dtype=np.int64)
+    finish, area = np.empty(room), np.empty(room)
+    area_frontiers(*tables.best_placements(), tables.degrees.astype(np.float64), min_j, rows, b, lo, start, finish, area)
+    return float(area_search(lo, base, memory, start, finish, area, float(tables.n_ranks), rel_tol))
+
+
+def area_bound(tables: CostTables, floor: float = 0.0, rel_tol: float = 1e-5, extremes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> float:
+    """Smallest S with sum_i e_i(S) + b sum L / C <= N S (bound 2 of the module docstring)."""
+    memory_ranks = float(tables.lengths.sum()) / float(tables.rank_capacity.max())
+    return _area_search(tables, tables.group_constant * memory_ranks, floor, rel_tol, extremes)
+
+
+def fewest_micro_batches(tables: CostTables) -> int:
+    """The least micro-batch count memory allows: the batch's tokens over what all ranks hold at once."""
+    per_mb = float(tables.rank_capacity.sum())
+    return max(1, math.ceil(float(tables.lengths.sum()) / per_mb * (1 - 1e-12)))
+
+
+def micro_batch_bound(tables: CostTables, rel_tol: float = 1e-5, extremes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> float:
+    """Bound 3 of the module docstring: (M - 1) b + S', S' the smallest with sum_i e_i(S') + N b <= N S'."""
+    m = fewest_micro_batches(tables)
+    b = tables.group_constant
+    return (m - 1) * b + _area_search(tables, tables.n_ranks * b, 0.0, rel_tol, extremes)
+
+
+def bound_parts(tables: CostTables) -> dict[str, float]:
+    """Every lower bound of the module docstring by name (the largest is the problem's bound)."""
+    extremes = _extremes(tables)
+    parts = {"area": area_bound(tables, extremes=extremes)}
+    if tables.group_constant > 0:  # without a per-micro-batch constant bound 3 is bound 2 without its memory term
+        parts["micro_batches"] = micro_batch_bound(tables, extremes=extremes)
+    return parts
+
+
+def lower_bound(tables: CostTables) -> float:
+    return max(bound_parts(tables).values())
+
+
+def memory_proof(tables: CostTables) -> bool:
+    """Whether the batch provably cannot fit: more tokens than every rank of every allowed micro-batch
+    holds, or a sample longer than the largest group of the roomiest ranks holds."""
+    limit = min(tables.problem.options.micro_batch_limit, tables.n_samples)
+    capacity = tables.rank_capacity
+    largest = float(np.sort(capacity)[::-1][: int(tables.degrees.max())].sum())
+    return bool(tables.lengths.sum() > limit * capacity.sum() * (1 + 1e-9) or tables.lengths.max() > largest * (1 + 1e-9))

@@ -1,0 +1,80 @@
+"""Classes of rank groups: groups of one class give every sample the same time.
+
+A class is (size index, intra-node?, slowest speed). Planners keep one time column per class (a
+sample's time on any group of that class) instead of one per group. :func:`classify` finds the class
+of many groups at once, from their ranks, with reductions over the flattened ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
+
+from optimizer.costs.tables import CostTables
+
+ClassKey = tuple[int, bool, float]
+
+
+@dataclass(frozen=True)
+class GroupClasses:
+    keys: list[ClassKey]
+    """Distinct classes, in order of first appearance."""
+    group_class: np.ndarray
+    """[G] class index of each group."""
+    capacity: np.ndarray
+    """[G] smallest per-rank capacity among each group's ranks."""
+
+
+def group_spans(tables: CostTables, flat: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(size index, intra-node?, slowest speed, smallest capacity) of groups whose ranks lie one
+    group after the other in ``flat`` (group g from ``starts[g]``, ``sizes[g]`` ranks, none empty).
+
+    Raises KeyError for a group whose size is not an allowed degree."""
+    node = tables.rank_node[flat]
+    intra = np.minimum.reduceat(node, starts) == np.maximum.reduceat(node, starts)
+    speed = np.minimum.reduceat(tables.rank_speed[flat], starts)
+    capacity = np.minimum.reduceat(tables.rank_capacity[flat], starts)
+    lut = np.full(tables.n_ranks + 1, -1, dtype=np.int64)
+    lut[tables.degrees] = np.arange(tables.degrees.shape[0])
+    j = lut[np.minimum(sizes, tables.n_ranks)]
+    if (j < 0).any():
+        raise KeyError(f"group size {int(sizes[int(np.argmax(j < 0))])} is not an allowed degree")
+    return j, intra, speed, capacity
+
+
+def classify(tables: CostTables, ranks: list[tuple[int, ...]]) -> GroupClasses:
+    """Class of each group of ``ranks`` (every size must be an allowed degree)."""
+    n = len(ranks)
+    if n == 0:
+        return GroupClasses([], np.zeros(0, dtype=np.int64), np.zeros(0))
+    sizes = np.fromiter(map(len, ranks), dtype=np.int64, count=n)
+    flat = np.fromiter(chain.from_iterable(ranks), dtype=np.int64, count=int(sizes.sum()))
+    starts = np.zeros(n, dtype=np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    j, intra, speed, capacity = group_spans(tables, flat, starts, sizes)
+    rows = np.stack([j.astype(np.float64), intra.astype(np.float64), speed], axis=1)
+    uniq, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+    number = np.empty(uniq.shape[0], dtype=np.int64)
+    number[np.argsort(first, kind="stable")] = np.arange(uniq.shape[0])
+    keys: list[ClassKey] = [(0, True, 0.0)] * uniq.shape[0]
+    for u, (jj, ii, sp) in enumerate(uniq.tolist()):
+        keys[number[u]] = (int(jj), bool(ii), float(sp))
+    return GroupClasses(keys, number[inverse.reshape(-1)], capacity)
+
+
+def class_times(tables: CostTables, keys: list[ClassKey], columns: dict[ClassKey, np.ndarray] | None = None) -> np.ndarray:
+    """[n_samples, classes]: each sample's time on a group of each class.
+
+    ``columns``, when given, caches each class's column (contiguous) across calls."""
+    times = np.empty((tables.n_samples, len(keys)))
+    for c, key in enumerate(keys):
+        column = columns.get(key) if columns is not None else None
+        if column is None:
+            j, intra, speed = key
+            column = np.ascontiguousarray(tables.time_matrix(intra, speed)[:, j])
+            if columns is not None:
+                columns[key] = column
+        times[:, c] = column
+    return times

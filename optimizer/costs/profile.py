@@ -1,0 +1,161 @@
+"""The cost profile: the coefficients every planner and the verifier read.
+
+A profile is the documented exchange format between a trainer that measured its job and the
+planner (SI units: seconds, bytes, bytes per second)::
+
+    {"time": {"quadratic": a2, "linear": a1, "sample_constant": a0, "group_constant": b},
+     "comm": {"scheme": "ring" | "ulysses", "bytes_per_token": k,
+              "bandwidth_bytes_per_s": {"intra": X, "inter": Y}},
+     "capacity_tokens_per_rank": C}
+
+X and Y are each one number or a table by group size (``{"2": 1.2e11, "8": 1.0e11}``), read at the
+smallest listed size >= d, or the largest listed size when d is above them all.
+
+A group of size d in one micro-batch takes ``b + sum over its samples of t(L, d)`` with
+``t(L, d) = (a2 L^2 + a1 L + V) / d + a0 + comm(L, d)``; ``comm = 0`` for d = 1,
+``k L (d-1)/d / bw`` for ring and ``k L / d / bw`` for ulysses, bw for the group's span (intra when
+all its ranks share a node, else inter). The tokens of a micro-batch's samples on a group, divided by
+d, must not exceed C on every rank of the group.
+
+Optional extensions (absent means zero / off, so a profile in the base form means exactly the
+formula above):
+
+- ``time.vision_linear`` v1 and ``time.vision_quadratic`` v2: V = sum over the sample's images of
+  v1 P + v2 P^2, P the image's visual tokens (the vision encoder's work, spread over the group).
+- ``comm.latency_s`` ``{"intra": s, "inter": s}`` and ``comm.messages_per_step`` m: adds
+  ``m (d-1) latency`` (alpha-beta model: d-1 ring steps, each m messages).
+- ``comm.overlap_with_attention``: when true the ring transfer hides behind the attention it feeds,
+  so only ``max(0, comm - a2 L^2 / d)`` is exposed.
+- ``speed_by_gpu`` ``{"A100": 0.32}``: relative speed of other GPU types in a mixed cluster (the
+  profile's own GPU is 1.0); compute terms are divided by the slowest speed in the group.
+- ``capacity_tokens_per_rank`` may be a table by GPU type name for mixed clusters.
+- ``source``: free text saying where the numbers come from.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from optimizer.errors import ProblemError
+from optimizer.problem.options import CP_SCHEMES
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """Bandwidth in bytes/s, constant or tabulated by group size."""
+
+    sizes: tuple[int, ...]
+    values: tuple[float, ...]
+
+    @classmethod
+    def constant(cls, value: float) -> Bandwidth:
+        return cls((1,), (float(value),))
+
+    def at(self, d: int) -> float:
+        i = bisect.bisect_left(self.sizes, d)
+        return self.values[min(i, len(self.values) - 1)]
+
+    def to_json(self) -> float | dict[str, float]:
+        if len(self.sizes) == 1 and self.sizes[0] == 1:
+            return self.values[0]
+        return {str(s): v for s, v in zip(self.sizes, self.values, strict=True)}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> Bandwidth:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not value > 0 or not math.isfinite(value):
+                raise ProblemError(f"must be a positive number, got {value!r}", field=where, hint="give bytes per second, e.g. 1.0e11.")
+            return cls.constant(value)
+        if isinstance(value, Mapping) and value:
+            items = []
+            for k, v in value.items():
+                try:
+                    size = int(k)
+                except (TypeError, ValueError):
+                    raise ProblemError(f"key {k!r} is not a group size", field=where, hint='key the table by group size, e.g. {"2": 1.2e11, "8": 1.0e11}.') from None
+                if size < 1 or isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or not math.isfinite(v):
+                    raise ProblemError(f"entry {k!r}: {v!r} is not a positive bandwidth for a group size >= 1", field=where, hint="give bytes per second per group size.")
+                items.append((size, float(v)))
+            items.sort()
+            return cls(tuple(s for s, _ in items), tuple(v for _, v in items))
+        raise ProblemError(f"must be a number or a table by group size, got {value!r}", field=where, hint='e.g. 1.0e11 or {"2": 1.2e11, "8": 1.0e11}.')
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """Coefficients of the cost model (see the module docstring for their meaning)."""
+
+    quadratic: float
+    linear: float
+    sample_constant: float
+    group_constant: float
+    scheme: str
+    bytes_per_token: float
+    intra_bandwidth: Bandwidth
+    inter_bandwidth: Bandwidth
+    capacity_tokens_per_rank: float
+    capacity_by_gpu: Mapping[str, float] = field(default_factory=dict)
+    vision_linear: float = 0.0
+    vision_quadratic: float = 0.0
+    intra_latency: float = 0.0
+    inter_latency: float = 0.0
+    messages_per_step: float = 0.0
+    overlap_with_attention: bool = False
+    speed_by_gpu: Mapping[str, float] = field(default_factory=dict)
+    source: str = "given"
+
+    def __post_init__(self) -> None:
+        for name in ("quadratic", "linear", "sample_constant", "group_constant", "bytes_per_token", "vision_linear", "vision_quadratic", "intra_latency", "inter_latency", "messages_per_step"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or not math.isfinite(v):
+                raise ProblemError(f"must be a finite number >= 0, got {v!r}", field=f"profile.{name}", hint="use SI units (seconds, bytes).")
+        if self.scheme not in CP_SCHEMES:
+            raise ProblemError(f"must be one of {CP_SCHEMES}, got {self.scheme!r}", field="profile.comm.scheme", hint="use 'ring' or 'ulysses'.")
+        if isinstance(self.capacity_tokens_per_rank, bool) or not isinstance(self.capacity_tokens_per_rank, (int, float)) or not self.capacity_tokens_per_rank > 0:
+            raise ProblemError(f"must be a positive number, got {self.capacity_tokens_per_rank!r}", field="profile.capacity_tokens_per_rank", hint="give the tokens one rank holds in a micro-batch, e.g. 16384.")
+        if self.quadratic + self.linear + self.sample_constant <= 0:
+            raise ProblemError("quadratic, linear and sample_constant are all zero", field="profile.time", hint="give at least one positive time coefficient.")
+        for name, table in (("capacity_by_gpu", self.capacity_by_gpu), ("speed_by_gpu", self.speed_by_gpu)):
+            for k, v in table.items():
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                    raise ProblemError(f"entry {k!r} must be a positive number, got {v!r}", field=f"profile.{name}", hint="key by GPU type name.")
+
+    def bandwidth(self, d: int, intra: bool) -> float:
+        return (self.intra_bandwidth if intra else self.inter_bandwidth).at(d)
+
+    def latency(self, intra: bool) -> float:
+        return self.intra_latency if intra else self.inter_latency
+
+    def capacity_for(self, gpu_name: str) -> float:
+        return float(self.capacity_by_gpu.get(gpu_name, self.capacity_tokens_per_rank))
+
+    def speed_for(self, gpu_name: str) -> float:
+        return float(self.speed_by_gpu.get(gpu_name, 1.0))
+
+    # -- the documented JSON form -------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        time: dict[str, Any] = {"quadratic": self.quadratic, "linear": self.linear, "sample_constant": self.sample_constant, "group_constant": self.group_constant}
+        if self.vision_linear or self.vision_quadratic:
+            time.update(vision_linear=self.vision_linear, vision_quadratic=self.vision_quadratic)
+        comm: dict[str, Any] = {
+            "scheme": self.scheme,
+            "bytes_per_token": self.bytes_per_token,
+            "bandwidth_bytes_per_s": {"intra": self.intra_bandwidth.to_json(), "inter": self.inter_bandwidth.to_json()},
+        }
+        if self.intra_latency or self.inter_latency or self.messages_per_step:
+            comm.update(latency_s={"intra": self.intra_latency, "inter": self.inter_latency}, messages_per_step=self.messages_per_step)
+        if self.overlap_with_attention:
+            comm["overlap_with_attention"] = True
+        out: dict[str, Any] = {"time": time, "comm": comm}
+        if self.capacity_by_gpu:
+            out["capacity_tokens_per_rank"] = {"default": self.capacity_tokens_per_rank, **dict(self.capacity_by_gpu)}
+        else:
+            out["capacity_tokens_per_rank"] = self.capacity_tokens_per_rank
+        if self.speed_by_gpu:
+            out["speed_by_gpu"] = dict(self.speed_by_gpu)
+        out["source"] = self.source
+        return out

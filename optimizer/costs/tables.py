@@ -1,0 +1,240 @@
+"""Cost tables: per-sample times for every allowed group size, and the rules they come from.
+
+Planners and formulations read :class:`CostTables`; they never see the model or the hardware.
+:func:`sample_time` is the scalar form of the formula (documented in :mod:`optimizer.costs.profile`),
+used by the verifier; the tables fill whole matrices with the same formula in compiled loops
+(:mod:`optimizer.costs.time_kernels`), so the two paths check each other.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from itertools import chain
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+
+from optimizer.costs.profile import CostProfile
+from optimizer.costs.time_kernels import fill_best_columns, fill_best_time, fill_time_matrix
+from optimizer.errors import InfeasibleError
+from optimizer.problem.batch import Sample
+from optimizer.problem.degrees import allowed_degrees
+from optimizer.problem.problem import Problem
+
+
+def vision_work(profile: CostProfile, sample: Sample) -> float:
+    """Vision-encoder seconds of one sample on one rank (before splitting over the group)."""
+    return sum(im.frames * (profile.vision_linear * im.tokens + profile.vision_quadratic * im.tokens * im.tokens) for im in sample.images)
+
+
+def sample_time(profile: CostProfile, length: int, vision: float, d: int, intra: bool, speed: float = 1.0) -> float:
+    """Seconds one sample of ``length`` tokens adds to a group of size ``d``."""
+    attention = profile.quadratic * length * length / d / speed
+    compute = (profile.quadratic * length * length + profile.linear * length + vision) / d / speed + profile.sample_constant / speed
+    if d == 1:
+        return compute
+    bw = profile.bandwidth(d, intra)
+    share = (d - 1) / d if profile.scheme == "ring" else 1.0 / d
+    comm = profile.bytes_per_token * length * share / bw + profile.messages_per_step * (d - 1) * profile.latency(intra)
+    if profile.overlap_with_attention:
+        comm = max(0.0, comm - attention)
+    return compute + comm
+
+
+def vision_work_array(profile: CostProfile, samples: Sequence[Sample]) -> np.ndarray:
+    """:func:`vision_work` of every sample, as an array (the same sums, image by image in order)."""
+    n = len(samples)
+    if not (profile.vision_linear or profile.vision_quadratic):
+        return np.zeros(n)
+    images = list(map(attrgetter("images"), samples))
+    counts = np.fromiter(map(len, images), dtype=np.int64, count=n)
+    flat = list(chain.from_iterable(images))
+    tokens = np.fromiter(map(attrgetter("tokens"), flat), dtype=np.float64, count=len(flat))
+    frames = np.fromiter(map(attrgetter("frames"), flat), dtype=np.float64, count=len(flat))
+    work = frames * (profile.vision_linear * tokens + profile.vision_quadratic * tokens * tokens)
+    if len(flat) == n and n and counts.min() == 1:
+        return work
+    # bincount adds each sample's images in order, starting from zero, as the scalar sum does.
+    return np.bincount(np.repeat(np.arange(n), counts), weights=work, minlength=n)
+
+
+@dataclass(frozen=True)
+class CostTables:
+    """Everything planners need, as arrays. Built once per problem by :meth:`build`."""
+
+    problem: Problem
+    profile: CostProfile
+    lengths: np.ndarray  # int64 [n]
+    vision: np.ndarray  # float64 [n], vision seconds on one rank
+    degrees: np.ndarray  # int64 [D], ascending, allowed group sizes
+    rank_node: np.ndarray  # int64 [N]
+    rank_speed: np.ndarray  # float64 [N]
+    rank_capacity: np.ndarray  # float64 [N], tokens per rank per micro-batch
+    node_ranges: tuple[tuple[int, int], ...]
+    group_constant: float
+
+    @classmethod
+    def build(cls, problem: Problem) -> CostTables:
+        profile = problem.cost_profile
+        cluster = problem.cluster
+        samples = problem.batch.samples
+        lengths = np.fromiter(problem.batch.lengths, dtype=np.int64, count=len(samples))
+        vision = vision_work_array(profile, samples)
+        rank_node = np.asarray(cluster.rank_node, dtype=np.int64)
+        gpu_names = [n.gpu.name for n in cluster.nodes]
+        rank_speed = np.array([profile.speed_for(g) for g in gpu_names], dtype=np.float64)[rank_node]
+        rank_capacity = np.array([profile.capacity_for(g) for g in gpu_names], dtype=np.float64)[rank_node]
+        best_capacity = float(rank_capacity.max())
+        need = int(math.ceil(int(lengths.max()) / best_capacity))
+        degrees = allowed_degrees(problem)
+        # The longest sample must fit on some allowed group size.
+        if not any(int(lengths.max()) / d <= best_capacity for d in degrees):
+            worst = problem.batch.samples[int(lengths.argmax())]
+            raise InfeasibleError(
+                f"sample {worst.id!r} has {worst.length} tokens and needs a group of at least {need} ranks "
+                f"({best_capacity:.0f} tokens per rank), but the largest allowed group size is {max(degrees)}",
+                field="batch.samples",
+                hint=f"raise options.max_degree to >= {need}, use more ranks, enable recomputation, or shorten the sample.",
+            )
+        return cls(
+            problem=problem,
+            profile=profile,
+            lengths=lengths,
+            vision=vision,
+            degrees=np.asarray(degrees, dtype=np.int64),
+            rank_node=rank_node,
+            rank_speed=rank_speed,
+            rank_capacity=rank_capacity,
+            node_ranges=cluster.node_rank_ranges,
+            group_constant=profile.group_constant,
+        )
+
+    def subset(self, rows: np.ndarray, **options: Any) -> CostTables:
+        """The tables of the samples ``rows`` alone (same cluster, sizes and options): rows of the
+        matrices already built are reused. Sample ``k`` of the subset is sample ``rows[k]`` here.
+        ``options`` replace planner options of the subset's problem (e.g. ``max_micro_batches``)."""
+        from dataclasses import replace
+
+        from optimizer.problem.batch import Batch
+
+        samples = self.problem.batch.samples
+        sub = Batch.__new__(Batch)
+        object.__setattr__(sub, "samples", tuple(samples[i] for i in rows.tolist()))
+        problem = replace(self.problem, batch=sub)
+        if options:
+            problem = replace(problem, options=replace(problem.options, **options))
+        out = replace(self, problem=problem, lengths=self.lengths[rows], vision=self.vision[rows])
+        out._matrices.update({key: m[rows] for key, m in self._matrices.items()})
+        return out
+
+    # -- sizes --------------------------------------------------------------------------------
+    @property
+    def n_samples(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def n_ranks(self) -> int:
+        return int(self.rank_node.shape[0])
+
+    @cached_property
+    def node_size(self) -> int:
+        """Ranks of the largest node (groups up to this size can stay inside one node)."""
+        return max(b - a for a, b in self.node_ranges)
+
+    @cached_property
+    def homogeneous(self) -> bool:
+        return bool(np.all(self.rank_speed == self.rank_speed[0]) and np.all(self.rank_capacity == self.rank_capacity[0]))
+
+    @cached_property
+    def degree_index(self) -> dict[int, int]:
+        return {int(d): j for j, d in enumerate(self.degrees)}
+
+    # -- times --------------------------------------------------------------------------------
+    def time_matrix(self, intra: bool, speed: float = 1.0) -> np.ndarray:
+        """[n, D] seconds each sample adds to a group of each allowed size (spanning or not)."""
+        key = (bool(intra), float(speed))
+        cache = self._matrices
+        if key not in cache:
+            cache[key] = self._compute_matrix(*key)
+        return cache[key]
+
+    @cached_property
+    def _matrices(self) -> dict[tuple[bool, float], np.ndarray]:
+        return {}
+
+    def _compute_matrix(self, intra: bool, speed: float) -> np.ndarray:
+        p = self.profile
+        d = self.degrees.astype(np.float64)
+        share = (d - 1) / d if p.scheme == "ring" else 1.0 / d
+        bw = np.array([p.bandwidth(int(x), intra) for x in self.degrees], dtype=np.float64)
+        latency = p.messages_per_step * (d - 1) * p.latency(intra)
+        out = np.empty((self.n_samples, d.shape[0]))
+        fill_time_matrix(self.lengths, self.vision, d, share, bw, latency, float(p.quadratic), float(p.linear), float(p.sample_constant),
+                         float(p.bytes_per_token), float(speed), bool(p.overlap_with_attention), out)
+        return out
+
+    def best_placements(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What :attr:`best_time` picks from: the intra- and inter-node matrices on the fastest GPU and,
+        per size, whether it fits a node (see :func:`optimizer.costs.time_kernels.best_placement`)."""
+        fast = float(self.rank_speed.max())
+        return self.time_matrix(True, fast), self.time_matrix(False, fast), self.degrees <= self.node_size
+
+    @cached_property
+    def best_time(self) -> np.ndarray:
+        """[n, D] the cheapest placement of each size: intra-node where the size fits a node, on the fastest GPU."""
+        intra, inter, fits = self.best_placements()
+        out = np.empty_like(inter)
+        fill_best_time(intra, inter, fits, out)
+        return out
+
+    def best_time_columns(self, columns: Sequence[int]) -> np.ndarray:
+        """[len(columns), n] the columns ``columns`` of :attr:`best_time`, without building the whole
+        table when it is not built yet."""
+        if "best_time" in self.__dict__:
+            return np.ascontiguousarray(self.best_time[:, list(columns)].T)
+        out = np.empty((len(columns), self.n_samples))
+        fill_best_columns(*self.best_placements(), np.asarray(columns, dtype=np.int64), out)
+        return out
+
+    @cached_property
+    def min_degree_index(self) -> np.ndarray:
+        """[n] index into ``degrees`` of the smallest size on which each sample fits in memory."""
+        cap = float(self.rank_capacity.max())
+        # The first size with lengths <= cap * size; 0 where none fits (build refuses such batches).
+        first = np.searchsorted(cap * self.degrees, self.lengths, side="left")
+        return np.where(first < len(self.degrees), first, 0)
+
+    @cached_property
+    def _rank_lists(self) -> tuple[list[int], list[float], list[float]]:
+        return self.rank_node.tolist(), self.rank_speed.tolist(), self.rank_capacity.tolist()
+
+    @cached_property
+    def _span_cache(self) -> dict[tuple[int, ...], tuple[bool, float, float]]:
+        return {}
+
+    def group_span(self, ranks: tuple[int, ...]) -> tuple[bool, float, float]:
+        """(intra-node?, slowest speed, smallest capacity) of a rank group."""
+        cache = self._span_cache
+        hit = cache.get(ranks)
+        if hit is None:
+            nodes, speeds, caps = self._rank_lists
+            first = nodes[ranks[0]]
+            intra = all(nodes[r] == first for r in ranks)
+            if self.homogeneous:
+                hit = (intra, speeds[0], caps[0])
+            else:
+                hit = (intra, min(speeds[r] for r in ranks), min(caps[r] for r in ranks))
+            cache[ranks] = hit
+        return hit
+
+    def group_time(self, samples: list[int] | np.ndarray | tuple[int, ...], ranks: tuple[int, ...]) -> float:
+        """Predicted seconds of a group holding ``samples`` on ``ranks`` in one micro-batch."""
+        if len(samples) == 0:
+            return 0.0
+        intra, speed, _ = self.group_span(ranks)
+        j = self.degree_index[len(ranks)]
+        return self.group_constant + float(self.time_matrix(intra, speed)[np.asarray(samples), j].sum())

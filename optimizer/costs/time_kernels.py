@@ -1,0 +1,83 @@
+"""The cost tables' time matrices, compiled (see :mod:`optimizer.jit`).
+
+:func:`fill_time_matrix` evaluates the per-sample cost formula of :mod:`optimizer.costs.profile` for
+every sample and allowed group size, with the same floating-point operations in the same order as
+:func:`optimizer.costs.tables.sample_time` (so the matrices agree with it to the last bit). Divisions are
+written ``np.true_divide``: every divisor here is positive, and compiled code then needs no
+division-by-zero test per element, which lets the compiler vectorise the loop over group sizes.
+
+:func:`best_placement` is the rule that combines the intra- and inter-node matrices into the best
+placement of each size (intra-node where the size fits a node); :func:`fill_best_time` applies it
+to a whole table, :func:`fill_best_columns` to a few sizes, and the lower bound's loops apply it
+on the fly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from optimizer.jit import compiled
+
+
+@compiled
+def fill_time_matrix(lengths: np.ndarray, vision: np.ndarray, degrees: np.ndarray, share: np.ndarray, bandwidth: np.ndarray,
+                     latency: np.ndarray, quadratic: float, linear: float, sample_constant: float, bytes_per_token: float,
+                     speed: float, overlap: bool, out: np.ndarray) -> None:
+    """``out[i, j]``: seconds sample i adds to a group of ``degrees[j]`` ranks.
+
+    Per size j: ``share[j]`` is the fraction of a sample's tokens each rank exchanges,
+    ``bandwidth[j]`` the link's bytes/s and ``latency[j]`` the messages' total latency.
+    """
+    n = lengths.shape[0]
+    n_degrees = degrees.shape[0]
+    per_sample = np.true_divide(sample_constant, speed)
+    slow = speed != 1.0
+    for i in range(n):
+        length = float(lengths[i])
+        square = quadratic * length * length
+        work = square + linear * length + vision[i]
+        volume = bytes_per_token * length
+        for j in range(n_degrees):
+            d = degrees[j]
+            compute = np.true_divide(work, d)
+            if slow:
+                compute = np.true_divide(compute, speed)
+            compute += per_sample
+            if d == 1.0:
+                out[i, j] = compute
+                continue
+            comm = np.true_divide(volume * share[j], bandwidth[j]) + latency[j]
+            if overlap:
+                attention = np.true_divide(square, d)
+                if slow:
+                    attention = np.true_divide(attention, speed)
+                comm -= attention
+                if comm < 0.0:
+                    comm = 0.0
+            out[i, j] = compute + comm
+
+
+@compiled
+def best_placement(intra: float, inter: float, fits_node: bool) -> float:
+    """A sample's time on the better placement of a size: the smaller of its ``intra`` and ``inter``
+    node times where the size fits a node, else ``inter``."""
+    if fits_node and intra < inter:
+        return intra
+    return inter
+
+
+@compiled
+def fill_best_time(intra: np.ndarray, inter: np.ndarray, fits_node: np.ndarray, out: np.ndarray) -> None:
+    """``out[i, j]``: :func:`best_placement` of every sample and size."""
+    for i in range(out.shape[0]):
+        for j in range(out.shape[1]):
+            out[i, j] = best_placement(intra[i, j], inter[i, j], fits_node[j])
+
+
+@compiled
+def fill_best_columns(intra: np.ndarray, inter: np.ndarray, fits_node: np.ndarray, columns: np.ndarray, out: np.ndarray) -> None:
+    """``out[k, i]``: :func:`best_placement` of sample i and size ``columns[k]`` (one pass over the rows)."""
+    for i in range(intra.shape[0]):
+        for k in range(columns.shape[0]):
+            j = columns[k]
+            out[k, i] = best_placement(intra[i, j], inter[i, j], fits_node[j])

@@ -1,0 +1,145 @@
+"""Static layouts, planned under the same cost model, for comparison.
+
+*Static at its best*: one power-of-two context-parallel size c for the whole batch, the domain cut
+into floor(N / c) contiguous groups of c ranks, the samples balanced over the groups longest first
+(each to the least-loaded group with memory room) and spread over as many micro-batches as memory
+requires; the best c and micro-batch count for this batch are kept. This is what a well-tuned
+static Megatron or DeepSpeed mesh achieves on the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from optimizer.costs.tables import CostTables
+from optimizer.heuristic.static_kernels import balance_static, members_by_bin, sort_ties_by_index
+from optimizer.plan.plan import Assignment, StaticBaseline
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The static groups of size c and what the balancing reads about them."""
+
+    c: int
+    n_groups: int
+    order: np.ndarray  # samples longest first (by their time on group 0), ties in index order
+    times: np.ndarray  # [classes, n] each sample's time on a group of each class
+    group_class: np.ndarray  # [G] class of each group: its (intra-node?, slowest speed)
+    limit: np.ndarray  # [G] tokens each group holds per micro-batch
+
+
+@dataclass(frozen=True)
+class _Balanced:
+    micro_batches: int
+    step_time: float
+    used_micro_batches: int  # the non-empty ones
+    sample_bin: np.ndarray  # [n] bin m * G + k of every sample
+
+
+def _layout(tables: CostTables, c: int) -> _Layout | None:
+    """floor(N/c) contiguous groups of c ranks, or None if c is not an allowed size."""
+    j = tables.degree_index.get(c)
+    if j is None:
+        return None
+    n_groups = tables.n_ranks // c
+    used = n_groups * c
+    nodes = tables.rank_node[:used].reshape(n_groups, c)
+    intra = np.all(nodes == nodes[:, :1], axis=1)
+    speed = tables.rank_speed[:used].reshape(n_groups, c).min(axis=1)
+    capacity = tables.rank_capacity[:used].reshape(n_groups, c).min(axis=1)
+    spans, group_class = np.unique(np.stack([intra.astype(np.float64), speed]), axis=1, return_inverse=True)
+    times = np.empty((spans.shape[1], tables.n_samples))
+    for k in range(spans.shape[1]):
+        times[k] = tables.time_matrix(bool(spans[0, k]), float(spans[1, k]))[:, j]
+    keys = -times[group_class[0]]
+    order = np.argsort(keys)
+    sort_ties_by_index(keys, order)  # as np.argsort(keys, kind="stable"), faster
+    return _Layout(c, n_groups, order, times, group_class.reshape(-1).astype(np.int64), capacity * c)
+
+
+def _balance(tables: CostTables, layout: _Layout, micro_batches: int) -> _Balanced | None:
+    """The samples balanced over ``micro_batches`` copies of the layout's groups, or None if memory forbids."""
+    sample_bin = np.empty(tables.n_samples, dtype=np.int64)
+    load = np.empty(micro_batches * layout.n_groups)
+    mb_time = np.empty(micro_batches)
+    if not balance_static(layout.order, tables.lengths, layout.times, layout.group_class, layout.limit, micro_batches,
+                          float(tables.group_constant), sample_bin, load, mb_time):
+        return None
+    used = [t for t in mb_time.tolist() if t > 0.0]
+    # The step time as :func:`optimizer.plan.evaluate.assignment_step_time` adds it up: slowest group per micro-batch, summed in order.
+    return _Balanced(micro_batches, sum(used), len(used), sample_bin)
+
+
+def _assignment(layout: _Layout, balanced: _Balanced) -> Assignment:
+    """The balanced layout as an assignment; each group lists its samples in placement order."""
+    n_bins = balanced.micro_batches * layout.n_groups
+    members = np.empty(len(layout.order), dtype=np.int64)
+    ends = np.empty(n_bins, dtype=np.int64)
+    members_by_bin(layout.order, balanced.sample_bin, n_bins, members, ends)
+    flat = members.tolist()
+    bounds = ends.tolist()
+    c = layout.c
+    ranks = [tuple(range(k * c, (k + 1) * c)) for k in range(layout.n_groups)]
+    mbs = []
+    start = 0
+    for m in range(balanced.micro_batches):
+        groups = []
+        for k in range(layout.n_groups):
+            end = bounds[m * layout.n_groups + k]
+            if end > start:
+                groups.append((ranks[k], tuple(flat[start:end])))
+            start = end
+        if groups:
+            mbs.append(tuple(groups))
+    return Assignment(tuple(mbs))
+
+
+def static_assignment(tables: CostTables, c: int, micro_batches: int) -> Assignment | None:
+    """Balance the batch over ``micro_batches`` x floor(N/c) static groups of size c, or None if memory forbids."""
+    layout = _layout(tables, c)
+    if layout is None:
+        return None
+    balanced = _balance(tables, layout, micro_batches)
+    return None if balanced is None else _assignment(layout, balanced)
+
+
+def best_static(tables: CostTables) -> tuple[StaticBaseline, Assignment] | None:
+    """The best static power-of-two layout for this batch (see the module docstring).
+
+    Sizes are tried in order of their fluid estimate (rank-seconds over N plus the per-micro-batch
+    constant); a size whose estimate is already above the best layout found cannot win and is skipped.
+    Every layout tried is scored from its groups' loads; only the best becomes an assignment.
+    """
+    n = tables.n_ranks
+    cap = float(tables.rank_capacity.min())
+    total = float(tables.lengths.sum())
+    longest = int(tables.lengths.max())
+    most = tables.problem.options.micro_batch_limit
+    sizes = []
+    c = 1
+    while c <= n:
+        if longest <= cap * c and c in tables.degree_index:
+            n_groups = n // c
+            least = max(1, math.ceil(total / (cap * c * n_groups) - 1e-12))
+            if least <= most:
+                sizes.append((c, n_groups, least))
+        c *= 2
+    works = tables.best_time_columns([tables.degree_index[c] for c, _, _ in sizes]).sum(axis=1).tolist()
+    candidates = sorted((work / n_groups + least * tables.group_constant, c, least) for work, (c, n_groups, least) in zip(works, sizes, strict=True))
+    best: tuple[_Layout, _Balanced] | None = None
+    for estimate, c, least in candidates:
+        if best is not None and estimate >= best[1].step_time:
+            break
+        layout = _layout(tables, c)
+        assert layout is not None  # c is an allowed size
+        for mb in range(least, min(most, least + 1) + 1):
+            balanced = _balance(tables, layout, mb)
+            if balanced is not None and (best is None or balanced.step_time < best[1].step_time):
+                best = (layout, balanced)
+    if best is None:
+        return None
+    layout, balanced = best
+    return StaticBaseline(degree=layout.c, micro_batches=balanced.used_micro_batches, predicted_step_time_s=balanced.step_time), _assignment(layout, balanced)

@@ -1,0 +1,154 @@
+"""The heuristic's strategies, tried in turn within its deadline; the fastest plan wins.
+
+1. *Whole batch* (:class:`optimizer.heuristic.packing.HeuristicPlanner`): one target time for every
+   micro-batch. Under most cost models this is within a few per cent of the lower bound, and then
+   nothing else runs (that keeps planning in milliseconds).
+2. *Group-size floors*: the whole batch again with every group at least 2, 4 or 8 ranks wide
+   (within a node), which pools memory when micro-batches are memory-tight (cheap: tried first).
+3. *Sorted chunks* (:mod:`optimizer.heuristic.chunks`): the batch, longest first, cut into micro-batches of
+   balanced tokens, each planned on its own; for cost models with a large per-micro-batch constant
+   and slow links across nodes, where the longest samples should share micro-batches of their own.
+4. *Segments* (:mod:`optimizer.heuristic.segments`): the longest samples split off, with micro-batches of
+   their own, and the rest planned again.
+
+The best plan so far is polished by the local search over the whole batch (moves and swaps across
+micro-batches) after the chunks, and again after the segments when they won.
+
+A chunk or segment is planned by the best of: the split of its samples into runs of the length
+order (:mod:`optimizer.heuristic.few_samples`, for a handful of samples), polished by the local search;
+the best layout of one group size (:func:`optimizer.heuristic.static_layout.best_static`; for long samples under
+all-to-all communication that can be a single group of the whole domain); and the whole-batch
+heuristic at the floors that paid off.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from optimizer.bounds.lower_bounds import fewest_micro_batches, lower_bound
+from optimizer.costs.tables import CostTables
+from optimizer.errors import InfeasibleError
+from optimizer.heuristic.chunks import best_chunked
+from optimizer.heuristic.few_samples import few_samples_plan
+from optimizer.heuristic.local_search import LocalSearch
+from optimizer.heuristic.packing import FAST_ROUNDS, GOOD_ENOUGH, HeuristicPlanner
+from optimizer.heuristic.segments import segmented
+from optimizer.heuristic.static_layout import best_static
+from optimizer.plan.evaluate import assignment_step_time
+from optimizer.plan.plan import Assignment
+
+CHUNK_FLOORS = (8, 1)
+"""Floors a chunk is planned with (each chunk keeps its best); floor 1 only for chunks of short
+samples (longest at most SHORT_SHARE of one rank's memory), where narrow groups pay no communication."""
+SHORT_SHARE = 0.5
+POLISH_ROUNDS = 200
+"""Local-search rounds over the whole batch on the best plan, within the deadline."""
+
+
+def floors(tables: CostTables) -> tuple[int, ...]:
+    """Group-size floors tried on the whole batch: 1, then the allowed powers of two up to a node."""
+    allowed = set(tables.degrees.tolist())
+    return (1, *(d for d in (2, 4, 8, 16) if d <= tables.node_size and d in allowed))
+
+
+def plan_piece(tables: CostTables, deadline: float | None, tried: tuple[int, ...]) -> Assignment:
+    """The best plan of a chunk or segment (see the module docstring); raises InfeasibleError when none is found."""
+    best: Assignment | None = None
+    best_time = math.inf
+    few = few_samples_plan(tables)
+    if few is not None:
+        search = LocalSearch(tables, few, max_rounds=FAST_ROUNDS)
+        search.run(deadline)
+        best, best_time = search.assignment(), search.step_time()
+    static = best_static(tables)  # one size for every group: as wide as the domain when that is best
+    if static is not None and static[0].predicted_step_time_s < best_time:
+        best, best_time = static[1], static[0].predicted_step_time_s
+    error: InfeasibleError | None = None
+    allowed = set(floors(tables))
+    short = float(tables.lengths.max()) <= SHORT_SHARE * float(tables.rank_capacity.min())
+    for floor in tried:
+        if floor not in allowed:
+            continue
+        if floor == 1 and tried[0] != 1 and best is not None and not short:
+            continue  # narrow groups only pay off for short samples once a plan exists
+        try:
+            candidate = HeuristicPlanner(tables, floor).plan(deadline)
+        except InfeasibleError as exc:
+            error = exc
+            continue
+        step = assignment_step_time(tables, candidate)
+        if step < best_time:
+            best, best_time = candidate, step
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+    if best is None:
+        raise error or InfeasibleError("no plan found for a part of the batch", field="batch.samples", hint="allow more micro-batches or add ranks.")
+    return best
+
+
+def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: float | None = None) -> Assignment:
+    """The fastest plan of the strategies of the module docstring; past the first only when the
+    whole-batch plan is more than GOOD_ENOUGH above ``bound`` (the problem's lower bound, computed
+    here when not given)."""
+    try:
+        best: Assignment | None = HeuristicPlanner(tables).plan(deadline)
+    except InfeasibleError as exc:
+        if tables.n_samples < 2:
+            raise
+        # Memory-tight batches the whole-batch packing cannot place may still pack with pooled
+        # memory (floors) or chunk by chunk: the strategies below get their turn before giving up.
+        best, first_error = None, exc
+    if best is not None and tables.n_samples < 2:
+        return best
+    best_time = math.inf if best is None else assignment_step_time(tables, best)
+    if bound is None:
+        bound = lower_bound(tables)
+    if best is not None and best_time <= bound * (1 + GOOD_ENOUGH):
+        return best
+
+    def keep(candidate: Assignment | None, step: float | None = None) -> None:
+        nonlocal best, best_time
+        if candidate is None:
+            return
+        step = assignment_step_time(tables, candidate) if step is None else step
+        if step < best_time * (1 - 1e-9) or best is None:
+            best, best_time = candidate, step
+
+    def expired() -> bool:
+        return deadline is not None and time.perf_counter() > deadline
+
+    floor_of_best = 1
+    for floor in floors(tables)[1:]:
+        if expired():
+            break
+        before = best_time
+        try:
+            keep(HeuristicPlanner(tables, floor).plan(deadline))
+        except InfeasibleError:
+            continue  # this floor leaves no packing; the plan in hand stands
+        if best_time < before:
+            floor_of_best = floor
+    if not expired():
+        chunked = best_chunked(tables, lambda sub, d: plan_piece(sub, d, CHUNK_FLOORS), fewest_micro_batches(tables), deadline)
+        if chunked is not None:
+            keep(*chunked)
+
+    if best is None:
+        raise first_error
+
+    def polish() -> None:
+        # Pieces are polished one by one; moves and swaps across micro-batches may still pay.
+        if not expired():
+            search = LocalSearch(tables, best, max_rounds=POLISH_ROUNDS)
+            search.run(deadline)
+            keep(search.assignment(), search.step_time())
+
+    polish()
+    if not expired():
+        tried = (1,) if floor_of_best == 1 else (1, floor_of_best)
+        before = best_time
+        keep(*segmented(tables, lambda sub, d: plan_piece(sub, d, tried), best, best_time, deadline))
+        if best_time < before:
+            polish()
+    return best

@@ -1,0 +1,105 @@
+"""Turn an assignment into a plan, with times from the cost tables.
+
+Group times are computed for all groups at once from the assignment's flat arrays
+(:attr:`optimizer.plan.plan.Assignment.flat`): each group's span (intra-node, slowest GPU) by a
+reduction over its ranks, then one gather and one sum per time matrix.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from optimizer.costs.group_classes import group_spans
+from optimizer.costs.tables import CostTables
+from optimizer.plan.group_sets import new_communicators, reporting
+from optimizer.plan.plan import Assignment, FlatGroups, GroupPlan, MicroBatchPlan, Plan, SolverStats, StaticBaseline
+
+
+def flat_group_times(tables: CostTables, flat: FlatGroups) -> tuple[np.ndarray, np.ndarray]:
+    """(predicted seconds, intra-node?) of every group; 0 s for a group without samples.
+
+    Raises KeyError for a group whose size is not an allowed degree (as the tables would).
+    """
+    n_groups = flat.size.shape[0]
+    if n_groups == 0:
+        return np.zeros(0), np.zeros(0, dtype=bool)
+    j, intra, speed, _ = group_spans(tables, flat.ranks, flat.rank_start, flat.size)
+    gid = np.repeat(np.arange(n_groups), flat.count)
+    total = np.zeros(n_groups)
+    keys = np.stack([intra.astype(np.float64), speed], axis=1)
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    for u in range(uniq.shape[0]):
+        matrix = tables.time_matrix(bool(uniq[u, 0]), float(uniq[u, 1]))
+        if uniq.shape[0] == 1:
+            total += np.bincount(gid, weights=matrix[flat.samples, j[gid]], minlength=n_groups)
+        else:
+            sel = inverse[gid] == u
+            total += np.bincount(gid[sel], weights=matrix[flat.samples[sel], j[gid[sel]]], minlength=n_groups)
+    return np.where(flat.count > 0, total + tables.group_constant, 0.0), intra
+
+
+def assignment_step_time(tables: CostTables, assignment: Assignment) -> float:
+    """Sum over micro-batches of the slowest group's predicted time."""
+    flat = assignment.flat
+    times, _ = flat_group_times(tables, flat)
+    slowest = np.zeros(len(assignment.micro_batches))
+    np.maximum.at(slowest, flat.micro_batch, times)
+    return sum(slowest.tolist())
+
+
+def build_plan(
+    tables: CostTables,
+    assignment: Assignment,
+    solver: SolverStats,
+    lower_bound_s: float,
+    static: StaticBaseline | None = None,
+) -> Plan:
+    flat = assignment.flat
+    times, intra = flat_group_times(tables, flat)
+    batch = tables.problem.batch
+    ids = [s.id for s in batch.samples]
+    sample_list = flat.samples.tolist()
+    flat_ids = list(map(ids.__getitem__, sample_list))
+    flat_lengths = list(map(batch.lengths.__getitem__, sample_list))
+    starts = np.zeros(flat.count.shape[0] + 1, dtype=np.int64)
+    np.cumsum(flat.count, out=starts[1:])
+    bounds = starts.tolist()
+    groups = [g for mb in assignment.micro_batches for g in mb]
+    time_list, intra_list = times.tolist(), intra.tolist()
+    mbs = []
+    step = 0.0
+    for order in _by_first_rank(flat, len(assignment.micro_batches)):
+        plan_mb = MicroBatchPlan(tuple(
+            GroupPlan(ranks=groups[g][0], samples=tuple(flat_ids[bounds[g]:bounds[g + 1]]), lengths=tuple(flat_lengths[bounds[g]:bounds[g + 1]]),
+                      predicted_time_s=time_list[g], intra_node=intra_list[g])
+            for g in order))
+        step += plan_mb.predicted_time_s
+        mbs.append(plan_mb)
+    problem = tables.problem
+    new = None
+    if reporting(problem):
+        new = tuple(new_communicators(problem, (g.ranks for mb in mbs for g in mb.groups)))
+    return Plan(
+        new_communicators=new,
+        group_setup_s=problem.options.new_group_cost_s * len(new) if new else 0.0,
+        micro_batches=tuple(mbs),
+        predicted_step_time_s=step,
+        lower_bound_s=lower_bound_s,
+        scheme=tables.profile.scheme,
+        domain_size=tables.n_ranks,
+        solver=solver,
+        static_baseline=static,
+    )
+
+
+def _by_first_rank(flat: FlatGroups, n_micro_batches: int) -> list[list[int]]:
+    """Group indices of each micro-batch, ordered by their first rank."""
+    order = np.lexsort((flat.first_rank, flat.micro_batch))
+    per_micro_batch = np.bincount(flat.micro_batch, minlength=n_micro_batches)
+    out, start = [], 0
+    ordered = order.tolist()
+    for count in per_micro_batch.tolist():
+        out.append(ordered[start:start + count])
+        start += count
+    return out

@@ -1,0 +1,251 @@
+"""The plan: micro-batches of rank groups with their samples, predicted times, bound and solver facts.
+
+``Assignment`` is what planners produce (rank groups and sample indices per micro-batch);
+:func:`optimizer.plan.evaluate.build_plan` turns one into a :class:`Plan` with times recomputed from the
+cost tables. ``Plan.to_json`` is the wire form printed by ``dhp plan`` and returned by the service.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from optimizer.errors import ProblemError
+from optimizer.plan.sharding import padded_length, token_ranges
+
+# -- planner output ---------------------------------------------------------------------------
+
+GroupAssignment = tuple[tuple[int, ...], tuple[int, ...]]
+"""(ranks, sample indices) of one group in one micro-batch."""
+
+
+@dataclass(frozen=True)
+class FlatGroups:
+    """The groups of an assignment as arrays, in order (micro-batch by micro-batch)."""
+
+    micro_batch: np.ndarray  # [G] micro-batch of each group
+    size: np.ndarray  # [G] ranks per group
+    ranks: np.ndarray  # all groups' ranks, one group after the other
+    rank_start: np.ndarray  # [G] where each group's ranks begin in ``ranks``
+    samples: np.ndarray  # all groups' sample indices, one group after the other
+    count: np.ndarray  # [G] samples per group
+    first_rank: np.ndarray  # [G]
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """A candidate plan: for every micro-batch, its groups as (ranks, sample indices)."""
+
+    micro_batches: tuple[tuple[GroupAssignment, ...], ...]
+
+    @classmethod
+    def of(cls, micro_batches: list[list[tuple[list[int] | tuple[int, ...], list[int] | tuple[int, ...]]]]) -> Assignment:
+        return cls(tuple(tuple((tuple(map(int, ranks)), tuple(map(int, samples))) for ranks, samples in mb if len(samples)) for mb in micro_batches if any(len(s) for _, s in mb)))
+
+    @cached_property
+    def flat(self) -> FlatGroups:
+        groups = [g for mb in self.micro_batches for g in mb]
+        n = len(groups)
+        size = np.fromiter(map(len, (r for r, _ in groups)), dtype=np.int64, count=n)
+        count = np.fromiter(map(len, (s for _, s in groups)), dtype=np.int64, count=n)
+        ranks = np.fromiter(chain.from_iterable(r for r, _ in groups), dtype=np.int64, count=int(size.sum()))
+        samples = np.fromiter(chain.from_iterable(s for _, s in groups), dtype=np.int64, count=int(count.sum()))
+        rank_start = np.zeros(n, dtype=np.int64)
+        np.cumsum(size[:-1], out=rank_start[1:])
+        micro_batch = np.repeat(np.arange(len(self.micro_batches)), [len(mb) for mb in self.micro_batches])
+        first_rank = ranks[rank_start] if n and size.min() > 0 else np.array([r[0] if r else -1 for r, _ in groups], dtype=np.int64)
+        return FlatGroups(micro_batch=micro_batch, size=size, ranks=ranks, rank_start=rank_start, samples=samples, count=count, first_rank=first_rank)
+
+
+# -- the plan ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TracePoint:
+    """One improving solution found by an anytime solver."""
+
+    elapsed_ms: float
+    objective_s: float
+    bound_s: float | None = None
+
+
+@dataclass(frozen=True)
+class SolverStats:
+    """How the plan was found. Status and bound are reported as they are, never asserted."""
+
+    backend: str
+    status: str
+    """``heuristic``, ``optimal``, ``feasible``, ``fallback`` (solver gave nothing better) ..."""
+    wall_ms: float
+    objective_s: float | None = None
+    bound_s: float | None = None
+    trace: tuple[TracePoint, ...] = ()
+    fallback_reason: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"backend": self.backend, "status": self.status, "wall_ms": round(self.wall_ms, 3)}
+        if self.objective_s is not None:
+            out["objective_s"] = self.objective_s
+        if self.bound_s is not None:
+            out["bound_s"] = self.bound_s
+        if self.trace:
+            out["trace"] = [{"elapsed_ms": round(t.elapsed_ms, 3), "objective_s": t.objective_s, "bound_s": t.bound_s} for t in self.trace]
+        if self.fallback_reason:
+            out["fallback_reason"] = self.fallback_reason
+        if self.details:
+            out["details"] = self.details
+        return out
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    ranks: tuple[int, ...]
+    samples: tuple[str, ...]
+    lengths: tuple[int, ...]
+    predicted_time_s: float
+    intra_node: bool
+
+    @property
+    def degree(self) -> int:
+        return len(self.ranks)
+
+
+@dataclass(frozen=True)
+class MicroBatchPlan:
+    groups: tuple[GroupPlan, ...]
+
+    @property
+    def predicted_time_s(self) -> float:
+        return max((g.predicted_time_s for g in self.groups), default=0.0)
+
+
+@dataclass(frozen=True)
+class StaticBaseline:
+    """The best static power-of-two layout for the same batch under the same cost model."""
+
+    degree: int
+    micro_batches: int
+    predicted_step_time_s: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    micro_batches: tuple[MicroBatchPlan, ...]
+    predicted_step_time_s: float
+    lower_bound_s: float
+    scheme: str
+    domain_size: int
+    solver: SolverStats
+    static_baseline: StaticBaseline | None = None
+    new_communicators: tuple[tuple[int, ...], ...] | None = None
+    """Groups the plan needs that the request did not list as existing (None: not asked about)."""
+    group_setup_s: float = 0.0
+    """``options.new_group_cost_s`` times the number of new communicators (paid once, not per step)."""
+
+    @property
+    def gap(self) -> float:
+        """Relative distance to the lower bound: (step - bound) / step."""
+        if self.predicted_step_time_s <= 0:
+            return 0.0
+        return max(0.0, (self.predicted_step_time_s - self.lower_bound_s) / self.predicted_step_time_s)
+
+    @property
+    def ratio_to_bound(self) -> float:
+        return self.predicted_step_time_s / self.lower_bound_s if self.lower_bound_s > 0 else 1.0
+
+    @property
+    def communicators(self) -> list[tuple[int, ...]]:
+        """Distinct rank groups (size >= 2) the plan needs, in first-use order."""
+        seen: dict[tuple[int, ...], None] = {}
+        for mb in self.micro_batches:
+            for g in mb.groups:
+                if len(g.ranks) > 1:
+                    seen.setdefault(g.ranks, None)
+        return list(seen)
+
+    @property
+    def speedup_over_static(self) -> float | None:
+        if self.static_baseline is None or self.predicted_step_time_s <= 0:
+            return None
+        return self.static_baseline.predicted_step_time_s / self.predicted_step_time_s
+
+    def to_json(self, shards: bool = True) -> dict[str, Any]:
+        mbs = []
+        for mb in self.micro_batches:
+            groups = []
+            for g in mb.groups:
+                gj: dict[str, Any] = {
+                    "ranks": list(g.ranks),
+                    "degree": g.degree,
+                    "samples": list(g.samples),
+                    "predicted_time_s": g.predicted_time_s,
+                    "intra_node": g.intra_node,
+                }
+                if shards:
+                    gj["shards"] = [
+                        {"sample": sid, "length": length, "padded_length": padded_length(length, g.degree, self.scheme),
+                         "ranges": _ranges_json(length, g.degree, self.scheme)}
+                        for sid, length in zip(g.samples, g.lengths, strict=True)
+                    ]
+                groups.append(gj)
+            mbs.append({"predicted_time_s": mb.predicted_time_s, "groups": groups})
+        out: dict[str, Any] = {
+            "predicted_step_time_s": self.predicted_step_time_s,
+            "lower_bound_s": self.lower_bound_s,
+            "gap": self.gap,
+            "ratio_to_bound": self.ratio_to_bound,
+            "scheme": self.scheme,
+            "domain_size": self.domain_size,
+            "micro_batches": mbs,
+            "communicators": [list(c) for c in self.communicators],
+            "solver": self.solver.to_json(),
+        }
+        if self.new_communicators is not None:
+            out["new_communicators"] = [list(c) for c in self.new_communicators]
+            out["group_setup_s"] = self.group_setup_s
+        if self.static_baseline is not None:
+            out["static_baseline"] = {
+                "degree": self.static_baseline.degree,
+                "micro_batches": self.static_baseline.micro_batches,
+                "predicted_step_time_s": self.static_baseline.predicted_step_time_s,
+                "speedup": self.speedup_over_static,
+            }
+        return out
+
+
+def _ranges_json(length: int, d: int, scheme: str) -> list[list[list[int]]]:
+    """Token ranges per rank position as JSON arrays (most groups have size 1: one range)."""
+    if d == 1:
+        return [[[0, length]]]
+    return [[[a, b] for a, b in rs] for rs in token_ranges(length, d, scheme)]
+
+
+def assignment_from_json(doc: Any, sample_index: dict[str, int]) -> Assignment:
+    """Read the groups of a plan document (``micro_batches[].groups[].ranks/.samples``)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("micro_batches"), list):
+        raise ProblemError("has no list 'micro_batches'", field="plan", hint="pass a plan printed by 'dhp plan'.")
+    mbs = []
+    for m, mb in enumerate(doc["micro_batches"]):
+        if not isinstance(mb, dict) or not isinstance(mb.get("groups"), list):
+            raise ProblemError("has no list 'groups'", field=f"plan.micro_batches[{m}]", hint="pass a plan printed by 'dhp plan'.")
+        groups = []
+        for k, g in enumerate(mb["groups"]):
+            where = f"plan.micro_batches[{m}].groups[{k}]"
+            if not isinstance(g, dict):
+                raise ProblemError("is not an object", field=where, hint="each group needs 'ranks' and 'samples'.")
+            ranks, samples = g.get("ranks"), g.get("samples")
+            if not isinstance(ranks, list) or not ranks or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+                raise ProblemError("must be a non-empty list of integers", field=f"{where}.ranks", hint="list the group's global ranks.")
+            if not isinstance(samples, list) or not all(isinstance(s, str) for s in samples):
+                raise ProblemError("must be a list of sample ids", field=f"{where}.samples", hint="list the ids of the group's samples.")
+            unknown = [s for s in samples if s not in sample_index]
+            if unknown:
+                raise ProblemError(f"names samples not in the batch: {unknown[:5]}", field=f"{where}.samples", hint="validate the plan against the batch it was made for.")
+            groups.append((tuple(ranks), tuple(sample_index[s] for s in samples)))
+        mbs.append(tuple(groups))
+    return Assignment(tuple(mbs))

@@ -1,0 +1,50 @@
+"""A readable summary of a plan (``dhp plan --summary``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from optimizer.plan.plan import Plan
+from optimizer.problem.problem import Problem
+
+
+def _ranks(ranks: tuple[int, ...]) -> str:
+    if len(ranks) == 1:
+        return str(ranks[0])
+    if ranks[-1] - ranks[0] + 1 == len(ranks):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks))
+
+
+def summary_text(plan: Plan, problem: Problem, max_groups: int = 12) -> str:
+    lines = []
+    n = len(problem.batch)
+    tokens = sum(problem.batch.lengths)
+    lines.append(f"batch: {n} samples, {tokens:,} tokens (longest {max(problem.batch.lengths):,}) | {problem.cluster.describe()} | {plan.scheme} CP")
+    lines.append(
+        f"predicted step {plan.predicted_step_time_s:.4f} s | lower bound {plan.lower_bound_s:.4f} s{_which(plan)} | "
+        f"ratio {plan.ratio_to_bound:.4f} (gap {plan.gap * 100:.2f}%)"
+    )
+    if plan.static_baseline is not None:
+        sb = plan.static_baseline
+        lines.append(f"best static power-of-two layout: CP {sb.degree} x {sb.micro_batches} micro-batches, {sb.predicted_step_time_s:.4f} s -> speedup {plan.speedup_over_static:.3f}x")
+    s = plan.solver
+    extra = f", fallback: {s.fallback_reason}" if s.fallback_reason else ""
+    lines.append(f"planner: {s.backend} ({s.status}) in {s.wall_ms:.1f} ms{extra}")
+    lines.append(f"communicators needed: {len(plan.communicators)}")
+    for m, mb in enumerate(plan.micro_batches):
+        sizes = Counter(g.degree for g in mb.groups)
+        shape = " ".join(f"{d}x{c}" for d, c in sorted(sizes.items(), reverse=True))
+        lines.append(f"micro-batch {m}: {mb.predicted_time_s:.4f} s, {len(mb.groups)} groups (size x count: {shape})")
+        for g in sorted(mb.groups, key=lambda g: -g.predicted_time_s)[:max_groups]:
+            span = "" if g.intra_node else " spans nodes"
+            lines.append(f"  ranks {_ranks(g.ranks):>9} (size {g.degree}{span}): {len(g.samples)} samples, {sum(g.lengths):,} tokens, {g.predicted_time_s:.4f} s")
+        if len(mb.groups) > max_groups:
+            lines.append(f"  ... {len(mb.groups) - max_groups} more groups")
+    return "\n".join(lines)
+
+
+def _which(plan: Plan) -> str:
+    """The bound that was binding, as the planner recorded it (empty when it did not)."""
+    name = plan.solver.details.get("bound")
+    return f" ({name} bound)" if name else ""

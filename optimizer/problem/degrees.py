@@ -1,0 +1,91 @@
+"""Which group sizes a plan may use: the one rule the tables, the planners and the verifier share.
+
+A size d is allowed when it is at most the domain (and at most ``options.max_degree`` when the
+caller sets one), a power of two under ``degree_policy = "pow2"``, a divisor of the attention heads
+per rank under Ulysses, and, with ``group_reuse = "only"``, the size of an existing group (or 1).
+
+On large domains every size would make the cost tables (samples x sizes) too big to plan in
+milliseconds, so the sizes are all integers up to :data:`DENSE_SIZES` and, above it, a ladder: whole
+multiples of the node size growing by at most :data:`LADDER_STEP` from one to the next, and always
+the largest size itself (the whole domain, or ``max_degree``). On the domains most jobs plan (up to
+``DENSE_SIZES`` ranks) that is every integer size. Lower bounds and the verifier use the same sizes,
+so a bound holds for every plan the verifier accepts.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from optimizer.problem.problem import Problem
+
+DENSE_SIZES = 64
+"""Every integer size up to this one is allowed (when the other rules allow it)."""
+LADDER_STEP = 1.125
+"""Above DENSE_SIZES, consecutive allowed sizes differ by at most this factor (and at least one node)."""
+
+
+def largest_size(problem: Problem) -> int:
+    """The largest group size: the domain, or the caller's ``max_degree`` when smaller."""
+    n = problem.cluster.domain_size
+    cap = problem.options.max_degree
+    return n if cap is None else min(n, cap)
+
+
+def _node_size(problem: Problem) -> int:
+    return max(b - a for a, b in problem.cluster.node_rank_ranges)
+
+
+@cache
+def _ladder(top: int, node: int) -> tuple[int, ...]:
+    sizes: list[int] = []
+    d = DENSE_SIZES
+    while True:
+        nxt = max(d + 1, math.floor(d * LADDER_STEP))
+        nxt = max(node, (nxt // node) * node) if node > 1 else nxt  # whole nodes
+        if nxt <= d:
+            nxt = d + node
+        if nxt >= top:
+            break
+        sizes.append(nxt)
+        d = nxt
+    return (*sizes, top)
+
+
+def allowed_degrees(problem: Problem) -> list[int]:
+    """Every allowed group size, ascending (see the module docstring)."""
+    top = largest_size(problem)
+    if problem.options.degree_policy == "pow2":
+        sizes = [1 << k for k in range(top.bit_length()) if (1 << k) <= top]
+    elif top <= DENSE_SIZES:
+        sizes = list(range(1, top + 1))
+    else:
+        sizes = list(range(1, DENSE_SIZES + 1)) + list(_ladder(top, _node_size(problem)))
+    if problem.scheme == "ulysses":
+        heads = problem.model.llm.heads // problem.cluster.tensor_parallel
+        sizes = [d for d in sizes if heads % d == 0]
+    if problem.options.group_reuse == "only":
+        have = {len(g) for g in problem.existing_groups}
+        sizes = [d for d in sizes if d == 1 or d in have]
+    return sizes
+
+
+def size_problem(problem: Problem, d: int) -> str | None:
+    """Why size ``d`` is not allowed, or None when it is."""
+    n = problem.cluster.domain_size
+    if d > n:
+        return f"size {d} exceeds the domain of {n} ranks"
+    opts = problem.options
+    if opts.max_degree is not None and d > opts.max_degree:
+        return f"size {d} exceeds options.max_degree {opts.max_degree}"
+    if opts.degree_policy == "pow2" and d & (d - 1):
+        return f"size {d} is not a power of two"
+    if problem.scheme == "ulysses":
+        heads = problem.model.llm.heads // problem.cluster.tensor_parallel
+        if heads % d:
+            return f"size {d} does not divide the {heads} attention heads per rank (Ulysses)"
+    if opts.degree_policy != "pow2" and d > DENSE_SIZES and d not in _ladder(largest_size(problem), _node_size(problem)):
+        return f"size {d} is not one of the sizes planned above {DENSE_SIZES} ranks (multiples of the node size, see optimizer.problem.degrees)"
+    return None

@@ -1,0 +1,112 @@
+"""Planner options: what the caller may choose about the plan and the planning."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from optimizer.errors import ProblemError
+
+DEGREE_POLICIES = ("any", "pow2")
+CP_SCHEMES = ("ring", "ulysses")
+BACKENDS = ("auto", "heuristic", "cpsat", "highs", "cbc")
+GROUP_REUSE = ("prefer", "only", "ignore")
+MICRO_BATCH_CEILING = 1 << 20
+"""Largest cap a caller may set on the micro-batch count (a plan never needs more than one micro-batch per sample)."""
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """What the caller may give for one option; read by the validation below, the request schema of
+    the service and the command-line flags, so an option is described in this module only."""
+
+    name: str
+    kind: str  # str, int, number or bool
+    help: str
+    hint: str
+    choices: tuple[str, ...] | None = None
+    low: float | None = None
+    high: float | None = None
+    unit: str | None = None
+    flag: str | None = None  # the ``dhp plan`` flag that sets it, if any
+
+    def check(self, value: Any) -> None:
+        """Raise a ProblemError naming ``options.<name>`` when ``value`` is not allowed (None always is)."""
+        if value is None:
+            return
+        where = f"options.{self.name}"
+        if self.kind == "bool":
+            if not isinstance(value, bool):
+                raise ProblemError(f"must be true or false, got {value!r}", field=where, hint=self.hint)
+            return
+        if self.kind == "str":
+            if value not in (self.choices or ()):
+                raise ProblemError(f"must be one of {self.choices}, got {value!r}", field=where, hint=self.hint)
+            return
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and (self.kind == "number" or isinstance(value, int))
+        ok = number and math.isfinite(value) and (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
+        if not ok:
+            what = "an integer" if self.kind == "int" else f"a finite number of {self.unit}" if self.unit else "a finite number"
+            span = f"from {_plain(self.low)} to {_plain(self.high)}" if self.high is not None else f">= {_plain(self.low)}"
+            raise ProblemError(f"must be {what} {span}, got {value!r}", field=where, hint=self.hint)
+
+
+def _plain(x: float | None) -> str:
+    return str(int(x)) if x is not None and float(x).is_integer() else str(x)
+
+
+def _option(default: Any, **spec: Any) -> Any:
+    return field(default=default, metadata={"spec": spec})
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """Validated planner options; each field's metadata is its :class:`OptionSpec`."""
+
+    degree_policy: str = _option("any", kind="str", choices=DEGREE_POLICIES, flag="--degree-policy",
+                                 help="group sizes: any integer or powers of two", hint="use 'any' for any group size or 'pow2' for powers of two.")
+    max_degree: int | None = _option(None, kind="int", low=1, flag="--max-degree",
+                                     help="largest group size (default: the whole domain)", hint="give the largest group size, or leave it out.")
+    max_micro_batches: int | None = _option(None, kind="int", low=1, high=MICRO_BATCH_CEILING, flag="--max-micro-batches",
+                                            help="most micro-batches per step (default: as many as pay off; the planner decides)",
+                                            hint="give the most micro-batches a step may use, e.g. 16, or leave it out to let the planner decide.")
+    cp_scheme: str | None = _option(None, kind="str", choices=CP_SCHEMES, flag="--cp-scheme",
+                                    help="context-parallel scheme: ring (point-to-point, zig-zag split) or ulysses (all-to-all); default the profile's, else ring",
+                                    hint="use 'ring' or 'ulysses'.")
+    time_budget_ms: float = _option(200.0, kind="number", low=1, high=600_000, unit="milliseconds", flag="--budget-ms",
+                                    help="wall-clock budget of the whole planning call in milliseconds (the service counts it from the request's arrival)",
+                                    hint="give the planning budget in milliseconds, e.g. 200.")
+    backend: str = _option("auto", kind="str", choices=BACKENDS, flag="--backend",
+                           help="planner after the heuristic: auto, heuristic (none), cpsat, highs or cbc", hint="use 'auto' to let the planner choose.")
+    solver_workers: int = _option(1, kind="int", low=1, high=64, help="threads an exact solver may use (capped by the service)",
+                                  hint="give the solver's thread count, e.g. 1.")
+    deterministic: bool = _option(False, kind="bool", flag="--deterministic",
+                                  help="the plan depends on the input alone: no planning step reads the clock (the heuristic runs all its "
+                                       "strategies, CP-SAT works to deterministic limits derived from the budget), so every rank planning the "
+                                       "same batch gets the same plan; a loaded machine may take longer than the budget. HiGHS and CBC have "
+                                       "no deterministic limits: their rounds still stop on the clock",
+                                  hint="use a JSON boolean.")
+    group_reuse: str = _option("prefer", kind="str", choices=GROUP_REUSE,
+                               help="how to treat existing_groups: prefer them, use only them (and single ranks), or ignore them",
+                               hint="use 'prefer' to favour the job's existing groups, 'only' to use nothing else.")
+    new_group_cost_s: float = _option(0.0, kind="number", low=0, unit="seconds",
+                                      help="seconds charged for each communicator the job does not have yet",
+                                      hint="give the time to create one communicator, e.g. 2.0.")
+
+    def __post_init__(self) -> None:
+        for spec in OPTION_SPECS:
+            spec.check(getattr(self, spec.name))
+        for spec in OPTION_SPECS:  # None is allowed only where it is the default
+            if getattr(self, spec.name) is None and _DEFAULTS[spec.name] is not None:
+                raise ProblemError("must be given", field=f"options.{spec.name}", hint=spec.hint)
+
+    @property
+    def micro_batch_limit(self) -> int:
+        """The cap on micro-batches as a number: the caller's, else :data:`MICRO_BATCH_CEILING` (no cap in practice)."""
+        return MICRO_BATCH_CEILING if self.max_micro_batches is None else self.max_micro_batches
+
+
+OPTION_SPECS: tuple[OptionSpec, ...] = tuple(OptionSpec(name=f.name, **f.metadata["spec"]) for f in fields(PlanOptions))
+"""Every option, in field order (the one definition the schema, the documents and the flags read)."""
+_DEFAULTS = {f.name: f.default for f in fields(PlanOptions)}

@@ -1,0 +1,1 @@
+"""Independent verification of a plan against its problem."""

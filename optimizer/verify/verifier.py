@@ -1,0 +1,337 @@
+"""Independent verification of a plan against its problem.
+
+This module recomputes every time from the profile with the scalar formula
+(:func:`optimizer.costs.tables.sample_time`, evaluated by the compiled loops of
+:mod:`optimizer.verify.verify_kernels`), not from the planners' tables, and checks each invariant:
+
+1. every sample of the batch appears exactly once, and no unknown sample appears;
+2. ranks are in range, distinct within a group and disjoint between the groups of a micro-batch;
+3. group sizes obey the degree rules (policy, maximum, Ulysses head divisibility);
+4. memory: a group's tokens divided by its size fit the smallest capacity among its ranks;
+5. at most ``max_micro_batches`` micro-batches;
+6. predicted group, micro-batch and step times match the recomputed ones;
+7. the lower bound does not exceed the predicted step time;
+8. with ``options.group_reuse`` ``only``, every group of two or more ranks is one of the request's
+   ``existing_groups``; the plan's new communicators and their cost match the recomputed ones.
+
+A plan's groups are checked as flat arrays (all ranks, all sample indices, with offsets), in time
+linear in their size: one compiled pass recomputes every group, and invariants 1-5 are tested
+with array operations. Only when one of those tests fails does a per-group pass in Python name
+each violation, with its micro-batch and group.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence, Sized
+from dataclasses import dataclass, field
+from itertools import chain
+from operator import attrgetter
+
+import numpy as np
+
+from optimizer.errors import VerificationError
+from optimizer.plan.plan import Assignment, Plan
+from optimizer.problem.degrees import size_problem
+from optimizer.problem.problem import Problem
+from optimizer.verify.verify_kernels import recompute_groups, vision_seconds
+
+REL_TOL = 1e-6
+
+Groups = Sequence[Sequence[tuple[Sequence[int], Sequence[int]]]]
+"""Groups as (ranks, sample indices), per micro-batch."""
+
+
+@dataclass
+class Report:
+    """What verification found; ``ok`` when nothing was violated."""
+
+    violations: list[str] = field(default_factory=list)
+    step_time_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def raise_if_failed(self) -> None:
+        if self.violations:
+            shown = "; ".join(self.violations[:5])
+            more = f" (and {len(self.violations) - 5} more)" if len(self.violations) > 5 else ""
+            raise VerificationError(f"plan is invalid: {shown}{more}", field="plan", hint="this is a planner bug if the plan came from dhp-planner; report it with the request.")
+
+
+def _offsets(seqs: Sequence[Sized]) -> np.ndarray:
+    """Where each of ``seqs`` starts once they are concatenated, and (last) their total length."""
+    out = np.zeros(len(seqs) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs)), out=out[1:])
+    return out
+
+
+def _ints(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """The integers of ``seqs`` concatenated, and their offsets (see :func:`_offsets`)."""
+    start = _offsets(seqs)
+    try:
+        return np.fromiter(chain.from_iterable(seqs), dtype=np.int64, count=int(start[-1])), start
+    except OverflowError:  # a value beyond 64 bits is out of range anyway: keep it out of range
+        return np.array([v if -(2**63) <= v < 2**63 else -1 for v in chain.from_iterable(seqs)], dtype=np.int64), start
+
+
+@dataclass(frozen=True)
+class _Flat:
+    """Groups as flat arrays: group g holds ``ranks[rank_start[g]:rank_start[g + 1]]`` and likewise samples;
+    micro-batch m holds groups ``mb_start[m]:mb_start[m + 1]``."""
+
+    ranks: np.ndarray
+    rank_start: np.ndarray
+    samples: np.ndarray
+    sample_start: np.ndarray
+    mb_start: np.ndarray
+
+    @classmethod
+    def build(cls, micro_batches: Sequence[Sized], rank_seqs: Sequence[Sequence[int]], samples: np.ndarray, sample_start: np.ndarray) -> _Flat:
+        ranks, rank_start = _ints(rank_seqs)
+        return cls(ranks, rank_start, samples, sample_start, _offsets(micro_batches))
+
+    @property
+    def n_groups(self) -> int:
+        return len(self.rank_start) - 1
+
+    def where(self, g: int) -> str:
+        m = int(np.searchsorted(self.mb_start, g, side="right")) - 1
+        return f"micro-batch {m} group {g - int(self.mb_start[m])}"
+
+    def nested(self, rank_seqs: Sequence[Sequence[int]]) -> list[list[tuple[Sequence[int], tuple[int, ...]]]]:
+        """The groups as (ranks, sample indices) per micro-batch, as :func:`check_assignment` reads them."""
+        samples, bounds = self.samples.tolist(), self.sample_start.tolist()
+        groups = [(rank_seqs[g], tuple(samples[bounds[g]:bounds[g + 1]])) for g in range(self.n_groups)]
+        return [groups[a:b] for a, b in zip(self.mb_start[:-1].tolist(), self.mb_start[1:].tolist(), strict=True)]
+
+
+@dataclass(frozen=True)
+class _Recomputed:
+    """Per group: seconds, tokens per rank, smallest capacity, intra-node (NaN / False where its ranks are invalid)."""
+
+    step: float
+    repeats: int
+    seconds: np.ndarray
+    per_rank: np.ndarray
+    capacity: np.ndarray
+    intra: np.ndarray
+
+
+class _Facts:
+    """Per-call arrays of what the checks read (sample lengths and vision work, rank nodes, speeds and capacities)."""
+
+    def __init__(self, problem: Problem) -> None:
+        profile = problem.cost_profile
+        cluster = problem.cluster
+        samples = problem.batch.samples
+        self.profile = profile
+        self.lengths = np.fromiter(problem.batch.lengths, dtype=np.int64, count=len(samples))
+        self.vision = np.zeros(len(samples))
+        if profile.vision_linear or profile.vision_quadratic:
+            images = [s.images for s in samples]
+            flat = list(chain.from_iterable(images))
+            tokens = np.fromiter(map(attrgetter("tokens"), flat), dtype=np.int64, count=len(flat))
+            frames = np.fromiter(map(attrgetter("frames"), flat), dtype=np.int64, count=len(flat))
+            vision_seconds(tokens, frames, _offsets(images), profile.vision_linear, profile.vision_quadratic, self.vision)
+        self.rank_node = np.asarray(cluster.rank_node, dtype=np.int64)
+        names = [node.gpu.name for node in cluster.nodes]
+        self.rank_speed = np.array([profile.speed_for(nm) for nm in names], dtype=np.float64)[self.rank_node]
+        self.rank_capacity = np.array([profile.capacity_for(nm) for nm in names], dtype=np.float64)[self.rank_node]
+        self.coef = np.array([profile.quadratic, profile.linear, profile.sample_constant, profile.group_constant, profile.bytes_per_token,
+                              profile.messages_per_step, profile.latency(False), profile.latency(True)], dtype=np.float64)
+
+    def recompute(self, flat: _Flat) -> _Recomputed:
+        """Every group of ``flat`` recomputed from the profile (see :func:`optimizer.verify.verify_kernels.recompute_groups`)."""
+        sizes = np.diff(flat.rank_start)
+        bandwidth = np.ones((2, int(sizes.max(initial=1)) + 1))
+        for d in np.unique(sizes[sizes > 1]).tolist():
+            bandwidth[0, d] = self.profile.bandwidth(d, False)
+            bandwidth[1, d] = self.profile.bandwidth(d, True)
+        n = flat.n_groups
+        seconds, per_rank, capacity, intra = np.empty(n), np.empty(n), np.empty(n), np.empty(n, dtype=np.bool_)
+        step, repeats = recompute_groups(flat.ranks, flat.rank_start, flat.samples, flat.sample_start, flat.mb_start,
+                                         self.rank_node, self.rank_speed, self.rank_capacity, self.lengths, self.vision,
+                                         self.coef, self.profile.scheme == "ring", bool(self.profile.overlap_with_attention), bandwidth,
+                                         seconds, per_rank, capacity, intra)
+        return _Recomputed(float(step), int(repeats), seconds, per_rank, capacity, intra)
+
+
+def group_time(problem: Problem, ranks: tuple[int, ...], sample_indices: tuple[int, ...]) -> tuple[float, float, bool]:
+    """(seconds, tokens per rank, intra-node) of one group, recomputed from the profile."""
+    samples, sample_start = _ints([sample_indices])
+    rec = _Facts(problem).recompute(_Flat.build([(ranks,)], [ranks], samples, sample_start))
+    return float(rec.seconds[0]), float(rec.per_rank[0]), bool(rec.intra[0])
+
+
+def _clean(problem: Problem, flat: _Flat, rec: _Recomputed) -> bool:
+    """Whether invariants 1-5 hold, tested on the arrays."""
+    n_ranks = problem.cluster.domain_size
+    n_samples = len(problem.batch.samples)
+    if len(flat.mb_start) - 1 > problem.options.micro_batch_limit or rec.repeats:
+        return False
+    sizes = np.diff(flat.rank_start)
+    if len(sizes) and sizes.min() == 0:
+        return False
+    if len(flat.ranks) and (flat.ranks.min() < 0 or flat.ranks.max() >= n_ranks):
+        return False
+    if any(size_problem(problem, d) for d in np.unique(sizes).tolist()):
+        return False
+    s = flat.samples
+    if len(s) != n_samples or s.min() < 0 or s.max() >= n_samples or np.bincount(s, minlength=n_samples).min() != 1:
+        return False
+    return not np.any(rec.per_rank > rec.capacity * (1 + REL_TOL))
+
+
+def _violations(problem: Problem, groups: Groups, rec: _Recomputed) -> list[str]:
+    """Invariants 1-5, group by group, each violation named."""
+    out: list[str] = []
+    n_ranks = problem.cluster.domain_size
+    n_samples = len(problem.batch.samples)
+    seen = [0] * n_samples
+    if len(groups) > problem.options.micro_batch_limit:
+        out.append(f"{len(groups)} micro-batches exceed options.max_micro_batches {problem.options.max_micro_batches}")
+    g = -1
+    for m, mb in enumerate(groups):
+        used: set[int] = set()
+        for k, (ranks, sample_indices) in enumerate(mb):
+            g += 1
+            where = f"micro-batch {m} group {k}"
+            if not ranks:
+                out.append(f"{where}: has no ranks")
+                continue
+            bad = [r for r in ranks if not 0 <= r < n_ranks]
+            if bad:
+                out.append(f"{where}: ranks {bad[:5]} outside 0..{n_ranks - 1}")
+                continue
+            if len(set(ranks)) != len(ranks):
+                out.append(f"{where}: repeats a rank")
+            overlap = used.intersection(ranks)
+            if overlap:
+                out.append(f"{where}: ranks {sorted(overlap)[:5]} already used in this micro-batch")
+            used.update(ranks)
+            why = size_problem(problem, len(ranks))
+            if why:
+                out.append(f"{where}: {why}")
+            for i in sample_indices:
+                if 0 <= i < n_samples:
+                    seen[i] += 1
+                else:
+                    out.append(f"{where}: unknown sample index {i}")
+            per_rank, capacity = float(rec.per_rank[g]), float(rec.capacity[g])
+            if per_rank > capacity * (1 + REL_TOL):
+                out.append(f"{where}: {per_rank:.0f} tokens per rank exceed the capacity of {capacity:.0f}")
+    ids = problem.batch.samples
+    missing = [ids[i].id for i, c in enumerate(seen) if c == 0]
+    twice = [ids[i].id for i, c in enumerate(seen) if c > 1]
+    if missing:
+        out.append(f"samples not planned: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    if twice:
+        out.append(f"samples planned more than once: {twice[:5]}")
+    return out
+
+
+def _check(problem: Problem, facts: _Facts, flat: _Flat, groups: Callable[[], Groups]) -> tuple[Report, _Recomputed]:
+    """Invariants 1-5 and the recomputed step; ``groups`` gives the nested groups when violations must be named."""
+    rec = facts.recompute(flat)
+    report = Report(step_time_s=rec.step)
+    if not _clean(problem, flat, rec):
+        report.violations = _violations(problem, groups(), rec)
+    return report, rec
+
+
+def check_assignment(problem: Problem, assignment: Assignment, facts: _Facts | None = None, times: list[list[float]] | None = None) -> Report:
+    """Check invariants 1-5 and compute the step time of a bare assignment (group times go to ``times``)."""
+    mbs = assignment.micro_batches
+    pairs = [pair for mb in mbs for pair in mb]
+    samples, sample_start = _ints([s for _, s in pairs])
+    flat = _Flat.build(mbs, [r for r, _ in pairs], samples, sample_start)
+    report, rec = _check(problem, facts or _Facts(problem), flat, lambda: mbs)
+    if times is not None:
+        seconds = rec.seconds.tolist()
+        times.extend(seconds[a:b] for a, b in zip(flat.mb_start[:-1].tolist(), flat.mb_start[1:].tolist(), strict=True))
+    return report
+
+
+def _close(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """:func:`math.isclose` with this module's tolerances, element by element."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(b - a)
+        near = (diff <= np.abs(REL_TOL * b)) | (diff <= np.abs(REL_TOL * a)) | (diff <= 1e-12)
+        return (a == b) | (np.isfinite(a) & np.isfinite(b) & near)
+
+
+def _sample_indices(plan: Plan, problem: Problem, report: Report) -> tuple[np.ndarray, np.ndarray]:
+    """The batch indices of every group's samples, concatenated, and their offsets; unknown ids are reported and left out."""
+    index = problem.batch.index
+    ids = [g.samples for mb in plan.micro_batches for g in mb.groups]
+    try:
+        # One pass of dictionary look-ups; a KeyError sends the plan to the per-group pass that names unknown ids.
+        return np.array(list(map(index.__getitem__, chain.from_iterable(ids))), dtype=np.int64), _offsets(ids)
+    except KeyError:
+        pass
+    known: list[list[int]] = []
+    for m, mb in enumerate(plan.micro_batches):
+        for k, g in enumerate(mb.groups):
+            unknown = [s for s in g.samples if s not in index]
+            if unknown:
+                report.violations.append(f"micro-batch {m} group {k}: unknown samples {unknown[:5]}")
+            known.append([index[s] for s in g.samples if s in index])
+    return _ints(known)
+
+
+def verify(plan: Plan, problem: Problem) -> Report:
+    """Check every invariant of ``plan`` (see the module docstring)."""
+    report = Report()
+    groups = [g for mb in plan.micro_batches for g in mb.groups]
+    samples, sample_start = _sample_indices(plan, problem, report)
+    rank_seqs = [g.ranks for g in groups]
+    flat = _Flat.build([mb.groups for mb in plan.micro_batches], rank_seqs, samples, sample_start)
+    base, rec = _check(problem, _Facts(problem), flat, lambda: flat.nested(rank_seqs))
+    report.violations.extend(base.violations)
+    report.step_time_s = base.step_time_s
+
+    n = len(groups)
+    predicted = np.fromiter((g.predicted_time_s for g in groups), dtype=np.float64, count=n)
+    claimed = np.fromiter((g.intra_node for g in groups), dtype=np.bool_, count=n)
+    valid = ~np.isnan(rec.seconds)
+    off = valid & ~_close(rec.seconds, predicted)
+    span = valid & (rec.intra != claimed)
+    for i in np.flatnonzero(off | span).tolist():
+        g, t, where = groups[i], float(rec.seconds[i]), flat.where(i)
+        if off[i]:
+            report.violations.append(f"{where}: predicted {g.predicted_time_s:.6g} s, recomputed {t:.6g} s")
+        if span[i]:
+            report.violations.append(f"{where}: intra_node says {g.intra_node}, ranks say {bool(rec.intra[i])}")
+    if not math.isclose(plan.predicted_step_time_s, base.step_time_s, rel_tol=REL_TOL, abs_tol=1e-12):
+        report.violations.append(f"predicted step time {plan.predicted_step_time_s:.6g} s, recomputed {base.step_time_s:.6g} s")
+    report.violations.extend(communicator_violations(problem, plan))
+    if plan.lower_bound_s > plan.predicted_step_time_s * (1 + REL_TOL):
+        report.violations.append(f"lower bound {plan.lower_bound_s:.6g} s exceeds the step time {plan.predicted_step_time_s:.6g} s")
+    return report
+
+
+def communicator_violations(problem: Problem, plan: Plan) -> list[str]:
+    """Invariant 8: the ``only`` rule, and the new communicators and their cost as reported."""
+    only = problem.options.group_reuse == "only"
+    if plan.new_communicators is None and not only:
+        return []
+    out: list[str] = []
+    existing = {tuple(sorted(g)) for g in problem.existing_groups}
+    needed: dict[tuple[int, ...], None] = {}
+    for m, mb in enumerate(plan.micro_batches):
+        for k, g in enumerate(mb.groups):
+            key = tuple(sorted(g.ranks))
+            if len(key) < 2 or key in existing:
+                continue
+            needed.setdefault(key, None)
+            if only:
+                out.append(f"micro-batch {m} group {k}: ranks {list(g.ranks)} are not an existing group (options.group_reuse 'only')")
+    if plan.new_communicators is not None:
+        if set(map(tuple, plan.new_communicators)) != set(needed):
+            out.append(f"new_communicators lists {len(plan.new_communicators)} groups, the plan needs {len(needed)} not in existing_groups")
+        cost = problem.options.new_group_cost_s * len(needed)
+        if not math.isclose(plan.group_setup_s, cost, rel_tol=REL_TOL, abs_tol=1e-12):
+            out.append(f"group_setup_s {plan.group_setup_s:.6g} s, recomputed {cost:.6g} s")
+    return out

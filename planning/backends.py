@@ -1,0 +1,169 @@
+"""Choosing and running an exact backend after the heuristic, and rescuing a batch the heuristic could not pack.
+
+Backends come in as a mapping from name to :class:`solver_models.Backend` (the built-in ones by
+default; tests and embedders pass their own). A backend is chosen from what it says of itself:
+``available()`` (installed) and ``load_ms()`` (what loading its library would still cost here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from optimizer.bounds.lower_bounds import memory_proof
+from optimizer.costs.tables import CostTables
+from optimizer.errors import InfeasibleError, PlannerError
+from optimizer.plan.evaluate import assignment_step_time
+from optimizer.plan.plan import Assignment, SolverStats, TracePoint
+from optimizer.verify.verifier import check_assignment
+from solver_models.base import Backend
+from solver_models.lns import FULL_MODEL_PAIRS, full_model_pairs
+
+Backends = Mapping[str, Backend]
+
+MIN_SOLVER_MS = 20.0
+"""Below this many milliseconds left, no exact backend is started."""
+RESERVE_MS = 3.0
+RESERVE_EVALS = 8.0
+RESERVE_MS_PER_SAMPLE = 0.005
+"""Milliseconds kept back from the solver for checking its answer, building and verifying the plan:
+a constant plus RESERVE_EVALS times what one evaluation of the heuristic's plan took (the work after
+the solver is about five such passes: measured 0.6 ms of building and verifying after a 0.15 ms
+evaluation at 512 samples, 105 ms after 15 ms at 65,536; eight leave room for a busy machine)."""
+MIN_SEARCH_MS = 60.0
+"""Least solver milliseconds for which ``auto`` starts a neighbourhood search on a large problem."""
+AUTO_ORDER = ("cpsat", "highs", "cbc")
+"""``auto``'s preference among installed backends: CP-SAT is the strongest here on both the
+whole-problem model and the neighbourhoods; CBC's process start makes it the slowest to answer."""
+
+
+def reserve_ms(tables: CostTables, eval_ms: float | None = None) -> float:
+    """Time the planner needs after the solver returns (from one evaluation's time when known)."""
+    if eval_ms is None:
+        return RESERVE_MS + RESERVE_MS_PER_SAMPLE * tables.n_samples
+    return RESERVE_MS + RESERVE_EVALS * eval_ms
+
+
+def _load_ms(backends: Backends, name: str) -> float:
+    backend = backends.get(name)
+    return backend.load_ms() if backend is not None else 0.0
+
+
+def choose_backend(tables: CostTables, requested: str, remaining_ms: float, backends: Backends, reserve: float | None = None) -> str:
+    """The backend for ``requested``; ``auto`` picks by size and time left.
+
+    ``auto``: the heuristic alone when less than MIN_SOLVER_MS would be left to a solver, or, for
+    problems too large for one whole model, less than MIN_SEARCH_MS (a neighbourhood search needs a
+    few rounds to pay off); else the first of AUTO_ORDER that is installed and whose loading leaves
+    MIN_SOLVER_MS of solving.
+    """
+    if requested != "auto":
+        return requested
+    solver_ms = remaining_ms - (reserve_ms(tables) if reserve is None else reserve)
+    if solver_ms < MIN_SOLVER_MS:
+        return "heuristic"
+    if solver_ms < MIN_SEARCH_MS and full_model_pairs(tables) > FULL_MODEL_PAIRS:
+        return "heuristic"
+    for name in AUTO_ORDER:
+        backend = backends.get(name)
+        if backend is not None and backend.available() and solver_ms - backend.load_ms() >= MIN_SOLVER_MS:
+            return name
+    return "heuristic"
+
+
+def solver_may_follow(tables: CostTables, backend: str, budget_ms: float, heuristic_share: float, heuristic_ms_per_sample: float) -> bool:
+    """Whether a budget of ``budget_ms`` leaves an exact backend time after the heuristic (then the
+    heuristic gets ``heuristic_share`` of it, else nearly all)."""
+    expected_ms = heuristic_ms_per_sample * tables.n_samples + reserve_ms(tables) + MIN_SOLVER_MS
+    if backend == "heuristic" or budget_ms < expected_ms:
+        return False
+    if backend != "auto":
+        return True
+    # auto starts no neighbourhood search with under MIN_SEARCH_MS left: then the heuristic may use that time.
+    after_ms = budget_ms * (1 - heuristic_share) - reserve_ms(tables)
+    return after_ms >= MIN_SEARCH_MS or full_model_pairs(tables) <= FULL_MODEL_PAIRS
+
+
+def no_time_for(name: str, solver_ms: float, backends: Backends) -> str | None:
+    """Why ``name`` cannot run in ``solver_ms`` milliseconds, or None when it can."""
+    if solver_ms < MIN_SOLVER_MS:
+        return f"no time left for {name} after the heuristic ({solver_ms:.0f} ms for the solver)"
+    cost = _load_ms(backends, name)
+    if cost and solver_ms - cost < MIN_SOLVER_MS:
+        library = "OR-Tools" if name == "cpsat" else "PuLP"
+        return (f"{library} is not loaded in this process yet (about {cost:.0f} ms, once) and only {solver_ms:.0f} ms "
+                "are left for the solver: give a larger budget, use --backend highs, or plan from a running service")
+    return None
+
+
+def run_backend(tables: CostTables, name: str, backends: Backends, hint: Assignment, h_time: float, bound: float, deadline: float,
+                stats: SolverStats, start: float, clock: Callable[[], float]) -> tuple[Assignment, SolverStats]:
+    """Backend ``name`` started from ``hint`` until ``deadline``; its answer only when checked valid and better."""
+    trace = list(stats.trace)
+
+    def on_improvement(elapsed_ms: float, objective: float, solver_bound: float | None) -> None:
+        trace.append(TracePoint((clock() - start) * 1000.0, objective, solver_bound))
+
+    backend = backends.get(name)
+    if backend is None or not backend.available():
+        return hint, SolverStats(**{**stats.__dict__, "backend": name, "status": "fallback", "fallback_reason": f"backend {name!r} is not installed (pip install 'dhp-planner[solver]')"})
+    try:
+        result = backend.solve(tables, tables.problem.options, hint, deadline, on_improvement)
+    except Exception as exc:  # a solver crash must never lose the heuristic plan
+        return hint, SolverStats(**{**stats.__dict__, "backend": name, "status": "fallback", "fallback_reason": f"{type(exc).__name__}: {exc}"})
+    best_bound = max(bound, result.bound_s or 0.0)
+    base = dict(backend=name, status=result.status, objective_s=h_time, bound_s=best_bound, trace=tuple(trace), details=dict(result.details))
+    if result.assignment is None:
+        return hint, SolverStats(**{**stats.__dict__, **base, "status": "fallback", "fallback_reason": result.message or f"{name} returned no solution ({result.status})"})
+    check = check_assignment(tables.problem, result.assignment)
+    if not check.ok:
+        return hint, SolverStats(**{**stats.__dict__, **base, "status": "fallback", "fallback_reason": f"{name} answer invalid: {check.violations[0]}"})
+    if check.step_time_s >= h_time * (1 - 1e-9):
+        return hint, SolverStats(**{**stats.__dict__, **base, "fallback_reason": f"{name} found nothing better than its starting plan"})
+    return result.assignment, SolverStats(**{**stats.__dict__, **base, "objective_s": check.step_time_s})
+
+
+def rescue(tables: CostTables, error: InfeasibleError, backends: Backends, deadline: float, start: float,
+           clock: Callable[[], float]) -> tuple[Assignment, SolverStats]:
+    """A plan from the whole exact model when the heuristic found none.
+
+    The heuristic's InfeasibleError stands only when infeasibility is proven: by counting memory
+    (:func:`optimizer.bounds.lower_bounds.memory_proof`) or by the whole exact model answering
+    ``infeasible`` on a homogeneous cluster (there it holds every plan). Otherwise the model's plan is
+    returned, or, when it finds none in time, a PlannerError says that no plan was found and that
+    infeasibility is not proven.
+    """
+    if memory_proof(tables):
+        raise error
+    options = tables.problem.options
+    left_ms = (deadline - clock()) * 1000.0
+    name = choose_backend(tables, "auto" if options.backend == "heuristic" else options.backend, left_ms, backends, 0.0)
+    backend = backends.get(name) if name != "heuristic" else None
+    why: str | None = None
+    if full_model_pairs(tables) > FULL_MODEL_PAIRS:
+        why = "the batch is too large for the whole exact model"
+    elif backend is None or not backend.available():
+        why = f"no exact backend could run in the {left_ms:.0f} ms left" if name in ("heuristic", "auto") else f"backend {name!r} is not installed"
+    else:
+        why = no_time_for(name, left_ms, backends)
+    result = None
+    if why is None and backend is not None:
+        try:
+            result = backend.solve(tables, options, None, deadline, None)  # type: ignore[arg-type]
+        except Exception as exc:  # a solver crash must not hide the heuristic's explanation
+            why = f"{name} failed: {type(exc).__name__}: {exc}"
+    if result is not None and result.assignment is not None and check_assignment(tables.problem, result.assignment).ok:
+        objective = assignment_step_time(tables, result.assignment)
+        elapsed = (clock() - start) * 1000.0
+        return result.assignment, SolverStats(backend=name, status=result.status, wall_ms=elapsed, objective_s=objective, bound_s=result.bound_s,
+                                              trace=(TracePoint(elapsed, objective, result.bound_s),),
+                                              details={**result.details, "rescue": f"the heuristic found no plan ({error.message}); the whole model did"})
+    if result is not None and result.status == "infeasible" and tables.homogeneous:
+        raise InfeasibleError(f"{error.message}; the whole exact model ({name}) proves that no plan exists", field=error.field, hint=error.hint)
+    if why is None and result is not None:
+        why = f"the whole exact model ({name}) found no plan in time ({result.status})"
+    raise PlannerError(
+        f"no plan found within the budget: the heuristic found none ({error.message}) and {why}; infeasibility is not proven",
+        field="options.time_budget_ms",
+        hint="give a larger budget (options.time_budget_ms) with an exact backend installed (pip install 'dhp-planner[solver]'), "
+             "or allow more micro-batches (options.max_micro_batches).",
+    )

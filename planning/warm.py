@@ -1,0 +1,86 @@
+"""Loading the compiled kernels before the first plan's clock starts.
+
+The kernels (:mod:`optimizer.jit`) are compiled once per installation and loaded from numba's
+on-disk cache once per process; that load takes some 100 to 300 ms the first time each kernel runs.
+:func:`warm_up` plans a few small built-in requests (:func:`warm_up_requests`: ring and Ulysses,
+one GPU type and mixed, memory to spare and memory-bound, so that every kernel runs) and is called
+by :func:`planning.planner.plan` (through :func:`planning.planner.warm_up`, which hands it the planning function) before its first timed call, so the caller's time budget is spent
+on planning, not on loading code. The service calls it at start-up.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+_lock = threading.Lock()
+_done = False
+last_error: str | None = None
+"""Why the warm-up plan failed, if it did (planning goes on: each kernel then loads on first use)."""
+
+
+def warm_up_requests() -> list[dict]:
+    """Small, varied requests that together take the planner down each of its paths.
+
+    Ring and Ulysses, one GPU type and two, any size and powers of two, a batch with room and one
+    whose memory binds (a single micro-batch allowed, so packing falls back to memory first), samples
+    from one needing a multi-node group to many single-rank ones, and a measured profile with
+    bandwidth tables. They go through the public ``plan()``, so code paths added to the planner are
+    loaded here as long as one of these problems reaches them.
+    """
+    lengths = [90_000, 40_000, 20_000, 9_000, 6_000, 3_000, 2_000, 1_500, 1_000, 800, 600, 400, 300, 200, 100, 50]
+    samples = [{"id": f"w{i}", "text_tokens": n} for i, n in enumerate(lengths)]
+    samples += [{"id": "img", "text_tokens": 100, "images": [{"tokens": 576}, {"tokens": 576}]},
+                {"id": "vid", "text_tokens": 50, "videos": [{"frames": 16, "tokens_per_frame": 196}]}]
+    many = [{"id": f"m{i}", "text_tokens": 64 + (i * 7919) % 6000} for i in range(160)]
+    small = [{"id": f"s{i}", "text_tokens": 50 + 37 * i} for i in range(30)]
+    tight = [{"id": f"t{i}", "text_tokens": n} for i, n in enumerate([5200, 5000, 3000, 2500, 1200, 900, 400, 300])]
+    heuristic = {"backend": "heuristic", "time_budget_ms": 60_000}
+    profile: dict[str, Any] = {
+        "time": {"quadratic": 5e-9, "linear": 1.8e-4, "sample_constant": 0.0, "group_constant": 0.05},
+        "comm": {"scheme": "ulysses", "bytes_per_token": 2e6,
+                 "bandwidth_bytes_per_s": {"intra": {"2": 1.2e11, "4": 1.0e11, "8": 9.6e10}, "inter": {"16": 1.0e10, "32": 6e9}}},
+        "capacity_tokens_per_rank": 2600,
+    }
+    return [
+        {"cluster_preset": "mixed-h100-a100", "model_preset": "qwen2-vl-7b", "batch": {"samples": samples}, "options": heuristic},
+        {"cluster_preset": "h100-8x8", "model_preset": "llama3-8b", "batch": {"samples": samples + many},
+         "options": {**heuristic, "cp_scheme": "ulysses", "degree_policy": "pow2"}},
+        {"cluster": {"nodes": 2, "gpus_per_node": 4}, "model_preset": "llama3-8b", "profile": profile, "batch": {"samples": tight},
+         "options": {**heuristic, "max_micro_batches": 1}},
+        {"cluster": {"nodes": [{"count": 1, "gpus": 4, "gpu": "H100-SXM"}, {"count": 1, "gpus": 4, "gpu": "A100-80GB"}]}, "model_preset": "llama3-8b",
+         "profile": {**profile, "comm": {**profile["comm"], "scheme": "ring"}, "speed_by_gpu": {"A100-80GB": 0.6}},
+         "batch": {"samples": tight + small}, "options": {**heuristic, "max_micro_batches": 3}},
+    ]
+
+
+def warm_up_with(plan: Callable[[Any], Any]) -> float:
+    """Run every kernel once in this process by planning the warm-up requests with ``plan`` (no-op
+    after the first call); returns the milliseconds spent."""
+    global _done, last_error
+    if _done:
+        return 0.0
+    with _lock:
+        if _done:
+            return 0.0
+        start = time.perf_counter()
+        _done = True  # set first: the warm-up plan itself must not recurse into warming up
+        from optimizer.problem.documents import problem_from_json
+
+        errors = []
+        for doc in warm_up_requests():
+            try:
+                problem = problem_from_json(doc)
+                plan(problem)
+            except Exception as exc:  # never let the warm-up stop a real plan
+                errors.append(f"{type(exc).__name__}: {exc}")
+        try:  # the best-placement table, read by the exact backends' bounds
+            from optimizer.costs.tables import CostTables
+
+            _ = CostTables.build(problem).best_time
+        except Exception as exc:  # noqa: BLE001 - as above
+            errors.append(f"{type(exc).__name__}: {exc}")
+        last_error = "; ".join(errors) or None
+        return (time.perf_counter() - start) * 1000.0
