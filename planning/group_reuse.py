@@ -11,7 +11,7 @@ from __future__ import annotations
 from optimizer.costs.tables import CostTables
 from optimizer.errors import InfeasibleError
 from optimizer.heuristic.strategies import heuristic_plan
-from optimizer.plan import group_reuse
+from optimizer.plan.group_reuse import adapt, objective
 from optimizer.plan.group_sets import active, new_communicators
 from optimizer.plan.plan import Assignment
 
@@ -21,13 +21,13 @@ def reuse_groups(tables: CostTables, assignment: Assignment, deadline: float | N
     problem = tables.problem
     if not active(problem):
         return assignment
-    result = group_reuse.adapt(tables, assignment)
+    result = adapt(tables, assignment)
     if problem.options.group_reuse == "only" or problem.options.new_group_cost_s <= 0:
         return result
     if not new_communicators(problem, (r for mb in result.micro_batches for r, _ in mb)):
         return result
     alternative = existing_only(tables, deadline)
-    if alternative is not None and group_reuse.objective(tables, alternative) < group_reuse.objective(tables, result):
+    if alternative is not None and objective(tables, alternative) < objective(tables, result):
         return alternative
     return result
 
@@ -37,6 +37,6 @@ def existing_only(tables: CostTables, deadline: float | None) -> Assignment | No
     restricted = tables.problem.with_options(group_reuse="only")
     try:
         sub = CostTables.build(restricted)
-        return group_reuse.adapt(sub, heuristic_plan(sub, deadline=deadline))
+        return adapt(sub, heuristic_plan(sub, deadline=deadline))
     except InfeasibleError:
         return None
