@@ -17,7 +17,7 @@ from typing import Any
 
 from optimizer.errors import InfeasibleError, PlannerError
 
-EXTENSIONS = ("api.cli", "bench.cli", "trainer.cli")
+EXTENSIONS = ("api.cli", "bench.cli", "trainer.cli", "jobs.cli")
 """Modules that may add subcommands through a function ``register(subparsers)``."""
 
 
