@@ -5,6 +5,9 @@ every micro-batch, the rank's group, its position in the group and, for each of 
 the token ranges it holds (zig-zag for ring attention, contiguous for Ulysses, with the padded
 length the split assumes; :mod:`optimizer.sharding` is the single definition of the split). A rank
 that no group of a micro-batch uses gets ``group=None`` there and waits for the next one.
+
+With tensor or pipeline parallelism the plan's ranks are planner ranks; ``rank`` is the process's
+global rank and groups are returned in global ranks (:mod:`trainer.ranks`, Megatron's order).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 from optimizer.errors import ProblemError
 from optimizer.sharding import padded_length, token_ranges
+from trainer.ranks import RankLayout
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,7 @@ class MicroBatchWork:
 
     index: int
     group: tuple[int, ...] | None
-    """Ranks of the rank's group (sorted as in the plan), or None when the rank is idle."""
+    """Global ranks of the rank's group (in the plan's order), or None when the rank is idle."""
     position: int
     """The rank's index in ``group`` (ring order); -1 when idle."""
     shards: tuple[Shard, ...]
@@ -57,8 +61,26 @@ class RankWork:
     scheme: str
     micro_batches: tuple[MicroBatchWork, ...]
     communicators: tuple[tuple[int, ...], ...]
-    """Every group of size >= 2 the plan uses, in the plan's order (create them in this order)."""
+    """Every group of size >= 2 the plan uses, in global ranks, at every tensor rank and stage, in the
+    plan's order (every rank creates them in this order)."""
     predicted_step_time_s: float
+    layout: RankLayout | None = None
+    """How global ranks map to planner ranks (None: they are the same)."""
+
+    @property
+    def reduce_ranks(self) -> tuple[int, ...] | None:
+        """The ranks the data-parallel gradient reduction runs over (None: the whole job)."""
+        if self.layout is None or self.layout.world_size == self.layout.domain_size:
+            return None
+        _, tp_rank, stage = self.layout.coordinates(self.rank)
+        return self.layout.domain_ranks(tp_rank, stage)
+
+    @property
+    def reduce_groups(self) -> tuple[tuple[int, ...], ...]:
+        """Every gradient-reduction group of the job (one per tensor rank and stage), the same list on every rank."""
+        if self.reduce_ranks is None or self.layout is None:
+            return ()
+        return tuple(self.layout.domain_ranks(t, s) for s in range(self.layout.pipeline_parallel) for t in range(self.layout.tensor_parallel))
 
 
 def _plan_doc(plan: Any) -> Mapping[str, Any]:
@@ -70,8 +92,8 @@ def _plan_doc(plan: Any) -> Mapping[str, Any]:
     return to_json(shards=True)
 
 
-def apply_plan(plan: Any, rank: int) -> RankWork:
-    """The work of ``rank`` in every micro-batch of ``plan`` (see the module docstring)."""
+def apply_plan(plan: Any, rank: int, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> RankWork:
+    """The work of global ``rank`` in every micro-batch of ``plan`` (see the module docstring)."""
     doc = _plan_doc(plan)
     scheme = doc.get("scheme", "ring")
     if scheme not in ("ring", "ulysses"):
@@ -80,8 +102,16 @@ def apply_plan(plan: Any, rank: int) -> RankWork:
     if not isinstance(mbs, list):
         raise ProblemError("has no list 'micro_batches'", field="plan", hint="pass a plan printed by 'dhp plan'.")
     domain = doc.get("domain_size")
-    if isinstance(domain, int) and not 0 <= rank < domain:
-        raise ProblemError(f"rank {rank} is outside the plan's domain of {domain} ranks", field="rank", hint=f"use a rank from 0 to {domain - 1}.")
+    layout = None
+    global_rank = rank
+    if tensor_parallel != 1 or pipeline_parallel != 1:
+        if not isinstance(domain, int):
+            raise ProblemError("has no 'domain_size'", field="plan.domain_size", hint="pass the plan as 'dhp plan' printed it: mapping ranks under TP/PP needs it.")
+        layout = RankLayout(domain, tensor_parallel, pipeline_parallel)
+        rank, tp_rank, stage = layout.coordinates(rank)
+    elif isinstance(domain, int) and not 0 <= rank < domain:
+        raise ProblemError(f"rank {rank} is outside the plan's domain of {domain} ranks", field="rank",
+                           hint=f"use a rank from 0 to {domain - 1}, or pass tensor_parallel / pipeline_parallel when the job has them.")
     out = []
     comms: dict[tuple[int, ...], None] = {}
     for m, mb in enumerate(mbs):
@@ -120,5 +150,7 @@ def apply_plan(plan: Any, rank: int) -> RankWork:
             real = token_ranges(length, d, scheme)[pos]
             full = token_ranges(padded, d, scheme)[pos]
             shards.append(Shard(sid, length, padded, tuple(real), tuple(full)))
-        out.append(MicroBatchWork(m, ranks, pos, tuple(shards), float(g.get("predicted_time_s", 0.0))))
-    return RankWork(rank, scheme, tuple(out), tuple(comms), float(doc.get("predicted_step_time_s", 0.0)))
+        mapped = ranks if layout is None else layout.to_global(ranks, tp_rank, stage)
+        out.append(MicroBatchWork(m, mapped, pos, tuple(shards), float(g.get("predicted_time_s", 0.0))))
+    communicators = tuple(comms) if layout is None else tuple(layout.every_copy(comms))
+    return RankWork(global_rank, scheme, tuple(out), communicators, float(doc.get("predicted_step_time_s", 0.0)), layout)

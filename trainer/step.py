@@ -67,6 +67,7 @@ def train_step(model: TinyTransformer, work: RankWork, pool: GroupPool, samples:
     (``pool.ensure(work.communicators)``, collective) or they are created here in the same order.
     """
     pool.ensure(work.communicators)
+    pool.ensure(work.reduce_groups)
     total = label_count(samples)
     device = next(model.parameters()).device
     start = time.perf_counter()
@@ -78,8 +79,9 @@ def train_step(model: TinyTransformer, work: RankWork, pool: GroupPool, samples:
             loss_sum += run_micro_batch(model, mb, pool.get(mb.group), work.scheme, samples, total)
         mb_seconds.append(time.perf_counter() - t0)
     if reduce:
-        reduce_gradients(model)
-        dist.all_reduce(loss_sum)
+        group = pool.get(work.reduce_ranks) if work.reduce_ranks is not None else None
+        reduce_gradients(model, group)
+        dist.all_reduce(loss_sum, group=group)
     if optimizer is not None:
         optimizer.step()
     return StepResult(float(loss_sum), time.perf_counter() - start, mb_seconds)
