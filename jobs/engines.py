@@ -68,15 +68,17 @@ def _pool_task(chunk: Chunk) -> list[dict[str, Any]]:
 
 
 class LocalEngine(Engine):
-    """``workers`` processes on this machine (1: planned in this process, no pool)."""
+    """``workers`` processes on this machine; with one worker the steps are planned in this
+    process, unless ``in_process`` is False (the service keeps planning off its own process)."""
 
     name = "local"
 
-    def __init__(self, workers: int | None = None) -> None:
+    def __init__(self, workers: int | None = None, in_process: bool | None = None) -> None:
         self.workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
+        self.in_process = self.workers == 1 if in_process is None else in_process
 
     def map(self, template: dict[str, Any], chunks: Sequence[Chunk], should_stop: StopCheck = _never) -> Iterator[list[dict[str, Any]]]:
-        if self.workers == 1:
+        if self.in_process:
             for chunk in chunks:
                 if should_stop():
                     return
