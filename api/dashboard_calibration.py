@@ -6,6 +6,7 @@ median error of at least 3 steps is above 10%, ``watch`` above 5%, else ``ok``.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 from typing import Any
 
@@ -40,7 +41,7 @@ def histogram(ratios: list[float]) -> dict[str, Any]:
     """Counts of measured / predicted - 1 in 5% bins from -50% to +50%; the outer bins hold what lies beyond."""
     counts = [0] * (len(EDGES) - 1)
     for r in ratios:
-        k = int((r - 1.0 - EDGES[0]) // 0.05)
+        k = bisect_right(EDGES, r - 1.0) - 1  # bins closed on the left
         counts[min(max(k, 0), len(counts) - 1)] += 1
     return {"edges": EDGES, "counts": counts}
 
