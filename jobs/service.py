@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -155,6 +154,11 @@ class JobManager:
         self._stop: dict[str, threading.Event] = {}
         self._closing = threading.Event()
 
+    @property
+    def running(self) -> int:
+        """Jobs running in this process."""
+        return len(self._threads)
+
     def directory(self, job_id: str) -> Path:
         return self.data_dir / "jobs" / job_id
 
@@ -238,7 +242,7 @@ class JobManager:
         def progress(done: int, total: int, failed: int) -> None:
             self.jobs.set(job_id, done=done, failed=failed)
 
-        engine = LocalEngine(workers, in_process=False)
+        engine = LocalEngine(workers)  # one worker: this thread plans, as the service's solve threads do
         try:
             result = run_job(epoch, self.directory(job_id), engine, progress=progress, should_stop=should_stop, on_records=store_records)
             if result.status == "done":
@@ -263,5 +267,3 @@ class JobManager:
             thread.join(timeout_s)
 
 
-def default_workers() -> int:
-    return max(1, min(2, os.cpu_count() or 1))
