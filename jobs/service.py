@@ -134,7 +134,8 @@ def _step_record(job_id: str, record: dict[str, Any], template: dict[str, Any], 
     base: dict[str, Any] = dict(id=plan_id(job_id, record["step"]), created_at=now, finished_at=now, request_hash=hashlib.sha256(text.encode()).hexdigest(),
                                 request_json=text, n_samples=len(samples), n_ranks=n_ranks, cluster=names[0], model=names[1])
     if record["status"] == "ok":
-        return PlanRecord(status="done", plan_json=record["plan"], backend=json.loads(record["plan"])["solver"]["backend"], solver_status="heuristic",
+        solver = json.loads(record["plan"])["solver"]
+        return PlanRecord(status="done", plan_json=record["plan"], backend=solver["backend"], solver_status=solver["status"],
                           predicted_step_time_s=record["predicted_step_time_s"], lower_bound_s=record["lower_bound_s"], gap=record["gap"],
                           solve_ms=record.get("wall_ms"), **base)
     err = record["error"]

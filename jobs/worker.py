@@ -23,17 +23,20 @@ _SAMPLE_IN_FIELD = re.compile(r"^batch\.samples\[(\d+)\]")
 
 
 def plan_doc(plan: Plan) -> dict[str, Any]:
-    """The plan as the plan file keeps it: groups with their samples' lengths (what
-    :func:`trainer.apply.apply_plan` needs), no shards, no timings."""
+    """The plan as the plan file keeps it: the shape ``dhp plan`` prints, with each group's sample
+    lengths (what :func:`trainer.apply.apply_plan` needs) instead of shards, and no timings."""
     doc: dict[str, Any] = {
         "predicted_step_time_s": plan.predicted_step_time_s,
         "lower_bound_s": plan.lower_bound_s,
+        "gap": plan.gap,
+        "ratio_to_bound": plan.ratio_to_bound,
         "scheme": plan.scheme,
         "domain_size": plan.domain_size,
         "micro_batches": [{"predicted_time_s": mb.predicted_time_s,
                            "groups": [{"ranks": list(g.ranks), "samples": list(g.samples), "lengths": list(g.lengths),
                                        "predicted_time_s": g.predicted_time_s, "intra_node": g.intra_node} for g in mb.groups]}
                           for mb in plan.micro_batches],
+        "communicators": [list(c) for c in plan.communicators],
         "solver": {"backend": plan.solver.backend, "status": plan.solver.status},
     }
     if plan.static_baseline is not None:
@@ -73,7 +76,7 @@ def static_by_degree(problem: Any) -> dict[int, float]:
     return out
 
 
-def _failure(step: int, ids: Sequence[str], exc: PlannerError, row_ids: Sequence[str] | None = None) -> dict[str, Any]:
+def _failure(step: int, ids: Sequence[str], exc: PlannerError) -> dict[str, Any]:
     sample = None
     m = _SAMPLE_IN_FIELD.match(exc.field or "")
     if m and int(m.group(1)) < len(ids):
