@@ -200,6 +200,7 @@
     box.replaceChildren(...items.flatMap(([label, val, colour]) => [el("span", { text: label }),
       el("div", { class: "bar", role: "img", "aria-label": `${label}: ${secs(val)} s`, style: `width:${(100 * val) / max}%;background:${colour}` }),
       el("span", { class: "num", text: secs(val) + " s" })]));
+    if (!sb.predicted_step_time_s) box.append(el("span", { class: "muted", style: "grid-column: 1 / -1", text: "This plan carries no static baseline." }));
   }
 
   function renderComms(v) {

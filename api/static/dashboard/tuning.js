@@ -97,8 +97,9 @@
   function drawSweep(budgets, backends, results) {
     const box = document.getElementById("sweep-chart");
     const data = [budgets, ...backends.map((b) => budgets.map((x) => (results[b][x] ? results[b][x].ratio_to_bound : null)))];
-    const series = [{ label: "budget ms" }, ...backends.map((b, i) => ({ label: b, stroke: COLOURS[i % COLOURS.length], width: 2,
-      points: { show: true, size: 8, fill: COLOURS[i % COLOURS.length] }, value: (u, y) => (y === null ? "\u2013" : num(y, 4)) }))];
+    // Backends often reach the same plan: earlier series are drawn wider, so a later one on top leaves them visible.
+    const series = [{ label: "budget ms" }, ...backends.map((b, i) => ({ label: b, stroke: COLOURS[i % COLOURS.length], width: Math.max(1.5, 5 - 1.5 * i),
+      points: { show: true, size: Math.max(5, 13 - 3 * i), fill: COLOURS[i % COLOURS.length] }, value: (u, y) => (y === null ? "\u2013" : num(y, 4)) }))];
     const opts = { width: chartWidth(box, 900), height: 280, scales: { x: { time: false, distr: 3, range: [budgets[0] / 1.25, budgets[budgets.length - 1] * 1.25] } },
                    axes: [{ label: "budget (ms, log scale)" }, { label: "predicted / lower bound", size: 70, values: (u, vals) => vals.map((y) => num(y, 4)) }], series };
     if (sweepPlot) sweepPlot.destroy();
