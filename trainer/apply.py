@@ -66,6 +66,11 @@ class RankWork:
     predicted_step_time_s: float
     layout: RankLayout | None = None
     """How global ranks map to planner ranks (None: they are the same)."""
+    total_labels: int | None = None
+    """Label tokens of the whole batch (each sample's length minus one, summed over the plan): the
+    loss's denominator, known to every rank without the other ranks' samples."""
+    samples: tuple[str, ...] = ()
+    """The samples this rank's groups hold, in the order it uses them (what its data loader loads)."""
 
     @property
     def reduce_ranks(self) -> tuple[int, ...] | None:
@@ -114,6 +119,7 @@ def apply_plan(plan: Any, rank: int, tensor_parallel: int = 1, pipeline_parallel
                            hint=f"use a rank from 0 to {domain - 1}, or pass tensor_parallel / pipeline_parallel when the job has them.")
     out = []
     comms: dict[tuple[int, ...], None] = {}
+    total_labels = 0
     for m, mb in enumerate(mbs):
         groups = mb.get("groups") if isinstance(mb, Mapping) else None
         if not isinstance(groups, list):
@@ -121,6 +127,7 @@ def apply_plan(plan: Any, rank: int, tensor_parallel: int = 1, pipeline_parallel
         mine = None
         for k, g in enumerate(groups):
             ranks = tuple(g.get("ranks", ())) if isinstance(g, Mapping) else ()
+            total_labels += _labels(g, f"plan.micro_batches[{m}].groups[{k}]")
             if not ranks:
                 raise ProblemError("has no ranks", field=f"plan.micro_batches[{m}].groups[{k}].ranks", hint="each group lists its global ranks.")
             if len(ranks) > 1:
@@ -153,4 +160,18 @@ def apply_plan(plan: Any, rank: int, tensor_parallel: int = 1, pipeline_parallel
         mapped = ranks if layout is None else layout.to_global(ranks, tp_rank, stage)
         out.append(MicroBatchWork(m, mapped, pos, tuple(shards), float(g.get("predicted_time_s", 0.0))))
     communicators = tuple(comms) if layout is None else tuple(layout.every_copy(comms))
-    return RankWork(global_rank, scheme, tuple(out), communicators, float(doc.get("predicted_step_time_s", 0.0)), layout)
+    mine_ids = tuple(dict.fromkeys(sh.sample for w in out for sh in w.shards))
+    return RankWork(global_rank, scheme, tuple(out), communicators, float(doc.get("predicted_step_time_s", 0.0)), layout, total_labels, mine_ids)
+
+
+def _labels(group: Any, where: str) -> int:
+    """Label tokens of one group's samples (0 when the group gives no lengths; the caller reports that)."""
+    if not isinstance(group, Mapping):
+        return 0
+    lengths = group.get("lengths")
+    if lengths is None and isinstance(group.get("shards"), list):
+        lengths = [s.get("length", 0) for s in group["shards"] if isinstance(s, Mapping)]
+    try:
+        return sum(max(0, int(x) - 1) for x in lengths or ())
+    except (TypeError, ValueError):
+        raise ProblemError(f"has a length that is not an integer: {lengths!r}", field=where, hint="pass the plan unchanged as 'dhp plan' printed it.") from None
