@@ -59,14 +59,15 @@ def build_epoch(spec: JobSpec) -> Epoch:
                 raise ProblemError("must be a batch document with a non-empty 'samples' list", field=f"batches[{k}]", hint='e.g. {"samples": [{"id": "a", "text_tokens": 100}]}.')
             bounds.append((len(rows), len(rows) + len(samples)))
             rows.extend(samples)
-        data = ds.load(rows, model, ds.inline_fingerprint(spec.batches), "batches")
+        data = ds.load(rows, model, ds.inline_fingerprint(spec.batches), "batches", lengths=False)
         steps = [np.arange(a, b, dtype=np.int64) for a, b in bounds]
     else:
+        measure = spec.sampler.kind == "length-grouped"
         if spec.dataset_path is not None:
             rows, digest = ds.read_rows(spec.dataset_path)
-            data = ds.load(rows, model, digest, spec.dataset_path)
+            data = ds.load(rows, model, digest, spec.dataset_path, lengths=measure)
         else:
-            data = ds.load(list(spec.samples or []), model, ds.inline_fingerprint(spec.samples), "dataset.samples")
+            data = ds.load(list(spec.samples or []), model, ds.inline_fingerprint(spec.samples), "dataset.samples", lengths=measure)
         assert spec.global_batch_size is not None
         steps = epoch_steps(data.lengths, spec.global_batch_size, spec.sampler, spec.drop_last)
         if not steps:

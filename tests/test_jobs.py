@@ -122,6 +122,7 @@ def test_bad_samples_fail_their_step_only(tmp_path, capsys):
     rows = synthetic_samples(["long-text"], 48, seed=2)
     rows[5] = {"text_tokens": 100}  # no id
     rows[30]["text_tokens"] = 50_000_000  # too long for 8 ranks
+    rows[45] = {"id": "bad-image", "text_tokens": 10, "images": [{"width": 0, "height": 10}]}  # found when its step is planned
     data = tmp_path / "bad.jsonl"
     write_jsonl(data, rows)
     code = dhp(["plan-epoch", "--dataset", str(data), "--global-batch-size", "8", "--nodes", "2", "--gpus-per-node", "4", "--model-preset", "llama3-8b",
@@ -130,13 +131,15 @@ def test_bad_samples_fail_their_step_only(tmp_path, capsys):
     assert code == 2
     assert "step 0" in err and "dataset[5].id" in err and "is required" in err
     assert f"step 3 sample {rows[30]['id']!r}" in err and "largest allowed group" in err
+    assert "step 5 sample 'bad-image': batch.samples[5].images[0]: 0x10 is not a valid size" in err
     plan = EpochPlan(tmp_path / "out")
-    assert plan.failed_steps == [0, 3] and len(plan) == 6
+    assert plan.failed_steps == [0, 3, 5] and len(plan) == 6
     plan.work(1, 0)  # the other steps have plans
     with pytest.raises(ProblemError, match=f"step 3 has no plan \\(sample '{rows[30]['id']}'\\)"):
         plan.work(3, 0)
     # only the too-long sample: exit 3 (valid input, no plan satisfies that step)
     rows[5] = {"id": "fixed", "text_tokens": 100}
+    rows[45] = {"id": "fixed-too", "text_tokens": 100}
     write_jsonl(data, rows)
     assert dhp(["plan-epoch", "--dataset", str(data), "--global-batch-size", "8", "--nodes", "2", "--gpus-per-node", "4", "--model-preset", "llama3-8b",
                 "--no-progress", "--out", str(tmp_path / "out2")]) == 3
