@@ -21,7 +21,7 @@ from fastapi.staticfiles import StaticFiles
 from api import errors
 from api.metrics import Metrics, multiprocess_dir
 from api.middleware import ArrivalAndMetrics, BodyLimit
-from api.routes import health, plans, presets
+from api.routes import dashboard, health, jobs, plans, presets
 from api.settings import Settings
 from api.solving import PlanningService, warm_up
 from api.store import Store
@@ -67,6 +67,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(plans.router)
     app.include_router(presets.router)
     app.include_router(health.router)
+    app.include_router(dashboard.router)
+    app.include_router(dashboard.pages)
+    app.include_router(jobs.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/docs", include_in_schema=False)

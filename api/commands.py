@@ -18,7 +18,7 @@ from typing import Any
 from optimizer.errors import InfeasibleError, PlannerError
 from optimizer.problem.options import OPTION_SPECS
 
-EXTENSIONS = ("api.cli", "bench.cli", "trainer.cli")
+EXTENSIONS = ("api.cli", "bench.cli", "trainer.cli", "jobs.cli")
 """Modules that may add subcommands through a function ``register(subparsers)``."""
 
 

@@ -97,7 +97,7 @@ def test_context_parallel_attention_matches_full_attention(d, scheme, tile):
     # small tile makes each block run in several tiles.
     diffs = spawn(attention_worker, d, [23, 4, 1, 9], scheme, tile)
     for r, ds in enumerate(diffs):
-        assert max(ds) < 1e-12, f"position {r}: {ds}"
+        assert max(ds["ours"]) < 1e-12, f"position {r}: {ds}"
 
 
 def test_group_pool_creates_once_and_reuses():
@@ -108,3 +108,38 @@ def test_group_pool_creates_once_and_reuses():
         assert x["hits"] == 1 and x["unknown"] == "missing" and x["single"]
         assert x["known"] == [[0, 1], [2, 3], [0, 1, 2], [0, 3]]
         assert x["sum"] == (5.0 if r in (0, 3) else float(r + 1))
+
+
+def test_ranks_follow_megatron_order_under_tp_and_pp():
+    from trainer.ranks import RankLayout
+
+    lay = RankLayout(4, tensor_parallel=2, pipeline_parallel=2)
+    assert lay.world_size == 16
+    seen = {lay.global_rank(r, t, s): (r, t, s) for s in range(2) for r in range(4) for t in range(2)}
+    assert sorted(seen) == list(range(16))
+    assert all(lay.coordinates(g) == c for g, c in seen.items())
+    assert lay.global_rank(1, 0, 0) == 2 and lay.global_rank(0, 1, 0) == 1 and lay.global_rank(0, 0, 1) == 8
+    assert lay.domain_ranks(1, 1) == (9, 11, 13, 15)
+    with pytest.raises(ProblemError) as exc:
+        lay.coordinates(16)
+    assert exc.value.field == "rank"
+
+
+def test_apply_plan_maps_planner_ranks_to_global_ranks():
+    # TP 2 x PP 2 over the 4-rank plan: global rank 8 (stage 1, planner rank 0, tensor rank 0) was refused before.
+    work = apply_plan(PLAN, 8, tensor_parallel=2, pipeline_parallel=2)
+    assert work.rank == 8
+    assert work.micro_batches[0].group == (8, 10, 12) and work.micro_batches[0].position == 0
+    assert work.micro_batches[1].group is None
+    plain = apply_plan(PLAN, 0)
+    assert [s.padded_ranges for s in work.micro_batches[0].shards] == [s.padded_ranges for s in plain.micro_batches[0].shards]
+    # Every copy of every group, in one order on every rank: 2 planner groups x 4 (tensor rank, stage) copies.
+    assert len(work.communicators) == 8 and work.communicators == apply_plan(PLAN, 15, tensor_parallel=2, pipeline_parallel=2).communicators
+    assert (9, 11, 13) in work.communicators and (12, 14) in work.communicators
+    assert work.reduce_ranks == (8, 10, 12, 14) and len(work.reduce_groups) == 4
+    w13 = apply_plan(PLAN, 13, tensor_parallel=2, pipeline_parallel=2)  # planner rank 2, tensor rank 1, stage 1
+    assert w13.micro_batches[0].group == (9, 11, 13) and w13.micro_batches[0].position == 2
+    assert w13.micro_batches[1].group == (13, 15) and w13.micro_batches[1].position == 0
+    with pytest.raises(ProblemError) as exc:
+        apply_plan(PLAN, 16, tensor_parallel=2, pipeline_parallel=2)
+    assert exc.value.field == "rank"

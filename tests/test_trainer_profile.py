@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from api.commands import main  # noqa: E402
 from optimizer.problem.documents import problem_from_json, read_json_file  # noqa: E402
-from trainer.profiler import Point, _nnls, fit, fit_ring_transfers  # noqa: E402
+from trainer.profiler import FitRefused, Point, _nnls, check_fit, fit, fit_ring_transfers  # noqa: E402
 
 A2, A1, A0, B = 3e-9, 2e-6, 4e-4, 1e-3
 
@@ -49,7 +49,7 @@ def test_dhp_profile_writes_a_profile_that_dhp_plan_accepts(tmp_path, capsys):
     out = tmp_path / "profile.json"
     rc = main(["profile", "--lengths", "32,64,96", "--degrees", "1,2", "--mixes", "1,2", "--repeats", "1", "--warmup", "0",
                "--threads", "1", "--device", "cpu", "--no-comm", "--bandwidth", "1e9", "--hidden", "32", "--heads", "4",
-               "--ffn-hidden", "64", "--out", str(out), "--report", str(tmp_path / "report.json")])
+               "--ffn-hidden", "64", "--short-mix", "4", "--min-r2", "0", "--max-error", "100", "--out", str(out), "--report", str(tmp_path / "report.json")])
     assert rc == 0
     err = capsys.readouterr().err
     assert "R^2" in err and "largest relative error" in err
@@ -58,7 +58,7 @@ def test_dhp_profile_writes_a_profile_that_dhp_plan_accepts(tmp_path, capsys):
                                  "model_preset": "llama3-8b", "profile": profile})
     assert problem.cost_profile.quadratic + problem.cost_profile.linear > 0
     report = json.loads((tmp_path / "report.json").read_text())
-    assert len(report["points"]) == 12
+    assert len(report["points"]) == 12 + 2  # and 4 samples of 32 tokens on each group size
 
 
 @pytest.mark.parametrize("argv, field", [
@@ -79,3 +79,51 @@ def test_example_runs_the_whole_path(tmp_path):
     figures = json.loads(res.stdout.strip().splitlines()[-1])
     assert figures["measured_step_time_s"] > 0 and figures["loss"] > 0
     assert "predicted" in res.stderr and "measured" in res.stderr
+
+
+def test_fit_recovers_the_per_sample_ring_step_term():
+    c = 7e-5
+
+    def t(lengths, d):
+        return model_time(lengths, d) + c * len(lengths) * (d - 1)
+
+    points = [Point((L,) * n, d, t((L,) * n, d)) for L in (32, 128, 512, 2048) for d in (1, 2, 4) for n in (1, 2, 8)]
+    f = fit(points)
+    assert (f.quadratic, f.linear, f.sample_constant, f.group_constant, f.sample_step) == pytest.approx((A2, A1, A0, B, c), rel=1e-6)
+    # Without the term, many short samples on wide groups are predicted too short.
+    old = fit(points, sample_step=False)
+    assert old.max_rel_error > 0.1 and f.max_rel_error < 1e-6
+
+
+@pytest.mark.parametrize("report, field", [
+    ({"r2": 0.5, "max_rel_error": 0.1}, "--min-r2"),
+    ({"r2": -0.4, "max_rel_error": 0.1}, "--min-r2"),
+    ({"r2": 0.99, "max_rel_error": 0.9}, "--max-error"),
+    ({"r2": 0.99, "max_rel_error": 0.1, "ring_r2": 0.2, "ring_max_rel_error": 0.1}, "--min-r2"),
+    ({"r2": 0.99, "max_rel_error": 0.1, "comm_measured": True, "bandwidth_bytes_per_s": float("inf")}, "--bandwidth"),
+    ({"r2": 0.99, "max_rel_error": 0.1, "comm_measured": True, "bandwidth_bytes_per_s": 1e12 * 100}, "--bandwidth"),
+])
+def test_check_fit_refuses_poor_or_degenerate_fits(report, field):
+    with pytest.raises(FitRefused) as exc:
+        check_fit(report, 0.9, 0.5)
+    assert exc.value.field == field
+
+
+def test_check_fit_accepts_a_good_fit():
+    check_fit({"r2": 0.99, "max_rel_error": 0.1, "comm_measured": True, "bandwidth_bytes_per_s": 2e9, "latency_s": 1e-5}, 0.9, 0.5)
+
+
+def test_dhp_profile_refuses_a_noisy_fit_with_exit_2(monkeypatch, capsys):
+    import trainer.profiler as profiler
+
+    def noisy(model, settings, device, progress=None):
+        # Times that do not follow the lengths at all: no formula explains them.
+        values = [0.9, 0.1, 0.5, 0.05, 0.7, 0.02, 0.3, 0.8]
+        return [Point((L,) * n, d, values[(i * 5) % 8]) for i, (L, d, n) in enumerate((L, d, n) for L in (32, 64) for d in (1, 2) for n in (1, 2))], []
+
+    monkeypatch.setattr(profiler, "measure_all", noisy)
+    rc = main(["profile", "--lengths", "32,64", "--degrees", "1,2", "--mixes", "1,2", "--device", "cpu", "--no-comm", "--bandwidth", "1e9",
+               "--hidden", "32", "--heads", "4", "--ffn-hidden", "64"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "refused the measured profile" in err and "R^2" in err and "--min-r2" in err

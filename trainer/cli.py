@@ -44,6 +44,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-comm", action="store_true", help="do not measure transfers; take --bandwidth instead")
     p.add_argument("--bandwidth", type=float, help="bytes per second between ranks when --no-comm is given")
     p.add_argument("--capacity-tokens", type=int, help="tokens per rank per micro-batch (default: from free GPU memory, 65536 on CPU)")
+    p.add_argument("--short-mix", type=int, default=16, help="also time this many samples of the shortest length per group size (default 16; 0: not)")
+    p.add_argument("--min-r2", type=float, default=0.9, help="refuse (exit 2) a fit whose R^2 is below this (default 0.9)")
+    p.add_argument("--max-error", type=float, default=0.5, help="refuse (exit 2) a fit that misses a measured point by more than this fraction (default 0.5)")
     p.add_argument("--out", help="write the profile here instead of stdout")
     p.add_argument("--report", help="also write the measurements and the fit as JSON here")
     p.set_defaults(func=cmd_profile)
@@ -70,21 +73,31 @@ def cmd_profile(args: argparse.Namespace) -> int:
                          max_positions=max(4096, max(_ints("--lengths", args.lengths)) + 1))
         settings = ProfileSettings(lengths=_ints("--lengths", args.lengths), degrees=_ints("--degrees", args.degrees), mixes=_ints("--mixes", args.mixes),
                                    repeats=args.repeats, warmup=args.warmup, device=args.device, dtype=args.dtype, comm=not args.no_comm,
-                                   capacity_tokens=args.capacity_tokens, procs=args.procs, threads=args.threads)
+                                   capacity_tokens=args.capacity_tokens, procs=args.procs, threads=args.threads, short_mix=args.short_mix)
     except ValueError as exc:
         raise ProblemError(str(exc), field="profile", hint="see dhp profile --help.") from None
 
     def progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
+    if not 0 < args.max_error or args.min_r2 > 1:
+        raise ProblemError(f"--min-r2 {args.min_r2} / --max-error {args.max_error} cannot be met", field="--min-r2" if args.min_r2 > 1 else "--max-error",
+                           hint="R^2 is at most 1; the error is a positive fraction, e.g. 0.5.")
+    from trainer.profiler import FitRefused
+
     try:
-        profile, report = measure_profile(cfg, settings, progress, bandwidth=args.bandwidth)
+        profile, report = measure_profile(cfg, settings, progress, bandwidth=args.bandwidth, min_r2=args.min_r2, max_error=args.max_error)
+    except FitRefused as exc:
+        if args.report:
+            progress("no profile written: the fit was refused")
+        raise ProblemError(f"refused the measured profile: {exc}", field=exc.field, hint=exc.hint) from None
     except ValueError as exc:
         raise ProblemError(str(exc), field="--device" if "cuda" in str(exc) else "profile", hint="see dhp profile --help.") from None
     from optimizer.problem.documents import profile_from_json
 
     profile_from_json(profile)  # the file must be one `dhp plan --profile` accepts
-    progress(f"fit: R^2 {report['r2']:.4f}, largest relative error {report['max_rel_error']:.3f} over {len(report['points'])} points")
+    progress(f"fit: R^2 {report['r2']:.4f}, largest relative error {report['max_rel_error']:.3f} over {len(report['points'])} points "
+             f"(thresholds: R^2 >= {args.min_r2:g}, error <= {args.max_error:g}); per-sample ring-step work {report['sample_step_s'] * 1e6:.1f} us")
     if report["transfers"]:
         progress(f"transfers: {report['bandwidth_bytes_per_s'] / 1e9:.3f} GB/s, latency {report['latency_s'] * 1e6:.1f} us")
     text = json.dumps(profile, indent=2)

@@ -11,10 +11,17 @@ then run real rings over the job's backend (gloo on CPU, NCCL on GPUs) for the g
 between two processes, fitted to ``latency + bytes / bandwidth``, gives them instead.
 
 What is fitted. The profile's formula (:mod:`optimizer.costs.profile`) for one group of size d holding
-samples of lengths L_i is ``b + sum_i ((a2 L_i^2 + a1 L_i) / d + a0)`` plus the ring transfer; the
-coefficients (a2, a1, a0, b) >= 0 come from non-negative least squares over the measurements
-(weighted for relative error). The fit's quality is reported as R^2 and the largest relative error
-of predicted against measured time. The ring sends each layer's keys and values forward once and,
+samples of lengths L_i is ``b + sum_i ((a2 L_i^2 + a1 L_i) / d + a0 + c (d-1))`` plus the ring
+transfer; the coefficients (a2, a1, a0, b, c) >= 0 come from non-negative least squares over the
+measurements (weighted for relative error). ``c`` is the work each sample adds per extra ring step
+(its chunks are separate tiles in every one of the d blocks a rank computes): many short samples on
+a wide group cost more than on one rank, which the other terms cannot say. The profile carries it
+in its per-sample ring term ``m (d-1) latency`` (with m the exchanges per ring step, the latency is
+the measured per-exchange latency plus c / m). Besides the usual lengths and mixes, each group size
+is measured with many short samples (:attr:`ProfileSettings.short_mix`), the shape that exposes c.
+The fit's quality is reported as R^2 and the largest relative error of predicted against measured
+time; :func:`check_fit` refuses a fit below the stated thresholds or with a transfer rate no
+machine has. The ring sends each layer's keys and values forward once and,
 in the backward pass, the keys and values again with their gradients:
 ``bytes_per_token = 6 x layers x hidden x element size`` and ``messages_per_step = 3 x layers``
 exchanges per ring step.
@@ -69,12 +76,16 @@ class ProfileSettings:
     slowest process, as a step waits for its slowest rank."""
     threads: int | None = None
     """CPU threads per process (None: torch's choice)."""
+    short_mix: int = 16
+    """Also time this many samples of the shortest length on every group size (0: not)."""
 
     def __post_init__(self) -> None:
         for name in ("lengths", "degrees", "mixes", "message_bytes"):
             values = getattr(self, name)
             if not values or any(not isinstance(v, int) or v < 1 for v in values):
                 raise ValueError(f"{name} must be positive integers, got {values!r}")
+        if self.short_mix < 0:
+            raise ValueError(f"short_mix must be >= 0, got {self.short_mix!r}")
         if self.repeats < 1 or self.warmup < 0:
             raise ValueError("repeats must be >= 1 and warmup >= 0")
         if self.device not in ("auto", "cpu", "cuda"):
@@ -101,9 +112,11 @@ class Fit:
     r2: float
     max_rel_error: float
     points: list[dict[str, Any]] = field(default_factory=list)
+    sample_step: float = 0.0
+    """c: seconds each sample adds per extra ring step (times d - 1)."""
 
     def predict(self, lengths: Sequence[int], d: int) -> float:
-        return self.group_constant + sum((self.quadratic * L * L + self.linear * L) / d + self.sample_constant for L in lengths)
+        return self.group_constant + sum((self.quadratic * L * L + self.linear * L) / d + self.sample_constant + self.sample_step * (d - 1) for L in lengths)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -181,7 +194,10 @@ def measure_all(model: TinyTransformer, settings: ProfileSettings, device: torch
 
 
 def _combos(settings: ProfileSettings) -> list[tuple[int, int, int]]:
-    return [(L, d, n) for d in settings.degrees for L in settings.lengths for n in settings.mixes]
+    out = [(L, d, n) for d in settings.degrees for L in settings.lengths for n in settings.mixes]
+    if settings.short_mix:
+        out += [(min(settings.lengths), d, settings.short_mix) for d in settings.degrees if (min(settings.lengths), d, settings.short_mix) not in out]
+    return out
 
 
 def _sweep(combos: list[tuple[int, int, int]], settings: ProfileSettings, run: Callable[[tuple[int, int, int], int], float]) -> list[float]:
@@ -235,9 +251,15 @@ def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         active.pop(int(np.argmin(sol)))
 
 
-def fit(points: Sequence[Point]) -> Fit:
-    """Fit (a2, a1, a0, b) to the measurements, weighting each point by 1/time (relative errors)."""
-    x = np.array([[sum(L * L for L in p.lengths) / p.degree, sum(p.lengths) / p.degree, len(p.lengths), 1.0] for p in points])
+def fit(points: Sequence[Point], sample_step: bool = True) -> Fit:
+    """Fit (a2, a1, a0, b, c) to the measurements, weighting each point by 1/time (relative errors).
+
+    With ``sample_step=False`` c stays 0 (the profile form without the per-sample ring-step term).
+    """
+    x = np.array([[sum(L * L for L in p.lengths) / p.degree, sum(p.lengths) / p.degree, len(p.lengths), 1.0, len(p.lengths) * (p.degree - 1)]
+                  for p in points])
+    if not sample_step:
+        x = x[:, :4]
     y = np.array([p.seconds for p in points])
     w = 1.0 / y
     coef = _nnls(x * w[:, None], y * w)
@@ -246,7 +268,8 @@ def fit(points: Sequence[Point]) -> Fit:
     ss_tot = float(((y - y.mean()) ** 2).sum())
     rel = np.abs(pred - y) / y
     rows = [{"lengths": list(p.lengths), "degree": p.degree, "measured_s": p.seconds, "predicted_s": float(q)} for p, q in zip(points, pred, strict=True)]
-    return Fit(float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3]), 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0, float(rel.max()), rows)
+    return Fit(float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3]), 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0, float(rel.max()), rows,
+               float(coef[4]) if len(coef) > 4 else 0.0)
 
 
 # -- transfers --------------------------------------------------------------------------------
@@ -287,7 +310,7 @@ def probe_transfers(sizes: Sequence[int], repeats: int = 5, use_cuda: bool = Fal
     x = np.array([[1.0, float(n)] for n in sizes])
     coef = _nnls(x, np.array(secs))
     latency, per_byte = float(coef[0]), float(coef[1])
-    bandwidth = 1.0 / per_byte if per_byte > 0 else float(max(sizes)) / max(secs)
+    bandwidth = 1.0 / per_byte if per_byte > 0 else math.inf
     return bandwidth, latency, list(zip(sizes, secs, strict=True))
 
 
@@ -302,7 +325,7 @@ def fit_ring_transfers(compute: Fit, rings: Sequence[Point], bytes_per_token: fl
     y = np.array([p.seconds - compute.predict(p.lengths, p.degree) for p in rings])
     w = 1.0 / np.array([p.seconds for p in rings])
     per_byte, latency = (float(v) for v in _nnls(x * w[:, None], y * w))
-    bandwidth = 1.0 / per_byte if per_byte > 0 else 1e12
+    bandwidth = 1.0 / per_byte if per_byte > 0 else math.inf
     total = np.array([compute.predict(p.lengths, p.degree) for p in rings]) + x @ np.array([per_byte, latency])
     measured = np.array([p.seconds for p in rings])
     ss_tot = float(((measured - measured.mean()) ** 2).sum())
@@ -312,9 +335,52 @@ def fit_ring_transfers(compute: Fit, rings: Sequence[Point], bytes_per_token: fl
 
 
 def comm_terms(cfg: TinyConfig, dtype: torch.dtype) -> tuple[float, float]:
-    """(bytes_per_token, messages_per_step) of this implementation's ring (see the module docstring)."""
+    """(bytes_per_token, messages_per_step) of this implementation's ring.
+
+    Per layer, keys and values travel forward once and again in the backward pass in the model's
+    dtype; their gradients travel in the accumulator dtype (float32, float64 for float64 models).
+    """
+    from trainer.attention_tiles import accumulator_dtype
+
     elem = torch.tensor([], dtype=dtype).element_size()
-    return 6.0 * cfg.layers * cfg.hidden * elem, 3.0 * cfg.layers
+    acc = torch.tensor([], dtype=accumulator_dtype(dtype)).element_size()
+    return cfg.layers * cfg.hidden * (4.0 * elem + 2.0 * acc), 3.0 * cfg.layers
+
+
+class FitRefused(ValueError):
+    """The measured profile is not good enough to plan with; ``field`` names the threshold or measurement at fault."""
+
+    def __init__(self, message: str, field: str, hint: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.hint = hint
+
+
+BANDWIDTH_RANGE = (1e6, 1e13)
+"""Transfer rates (bytes/s) a fit may give: outside them the measured times did not grow with the bytes sent."""
+
+
+def check_fit(report: dict[str, Any], min_r2: float, max_error: float) -> None:
+    """Raise :class:`FitRefused` when the fit is degenerate or below the thresholds (see ``dhp profile --min-r2``)."""
+    checks = [("r2", "max_rel_error", "compute")]
+    if "ring_r2" in report:
+        checks.append(("ring_r2", "ring_max_rel_error", "ring"))
+    for r2_key, err_key, what in checks:
+        r2, err = report[r2_key], report[err_key]
+        if not math.isfinite(r2) or r2 < min_r2:
+            raise FitRefused(f"the {what} fit explains too little of the measured times: R^2 {r2:.3f} < {min_r2:g}", "--min-r2",
+                             "the timings are noisy (other work on the machine?): rerun with more --repeats and fewer --procs, or lower --min-r2 knowingly.")
+        if not math.isfinite(err) or err > max_error:
+            raise FitRefused(f"the {what} fit misses a measured point by {err * 100:.0f}% > {max_error * 100:g}%", "--max-error",
+                             "measure lengths and group sizes like the job's, add --repeats, or raise --max-error knowingly.")
+    bw = report.get("bandwidth_bytes_per_s")
+    if report.get("comm_measured") and (bw is None or not BANDWIDTH_RANGE[0] <= bw <= BANDWIDTH_RANGE[1]):
+        raise FitRefused(f"the transfer fit gives {bw:.3g} bytes/s, outside {BANDWIDTH_RANGE[0]:.0e}..{BANDWIDTH_RANGE[1]:.0e}: "
+                         "the measured times did not grow with the bytes sent", "--bandwidth",
+                         "measure longer samples or larger messages, or pass --no-comm --bandwidth with a known rate.")
+    lat = report.get("latency_s", 0.0)
+    if not math.isfinite(lat) or lat > 1.0:
+        raise FitRefused(f"the fit gives a latency of {lat:.3g} s per exchange", "--bandwidth", "rerun; the ring timings are dominated by noise.")
 
 
 def default_capacity(model: TinyTransformer, device: torch.device) -> int:
@@ -330,8 +396,12 @@ def default_capacity(model: TinyTransformer, device: torch.device) -> int:
 
 
 def measure_profile(cfg: TinyConfig, settings: ProfileSettings, progress: Progress | None = None,
-                    bandwidth: float | None = None, latency: float = 0.0) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Measure and fit; returns (profile document for ``dhp plan --profile``, report)."""
+                    bandwidth: float | None = None, latency: float = 0.0, min_r2: float | None = None,
+                    max_error: float | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Measure and fit; returns (profile document for ``dhp plan --profile``, report).
+
+    With ``min_r2`` / ``max_error`` a fit below them raises :class:`FitRefused` (:func:`check_fit`).
+    """
     device = resolve_device(settings.device)
     dtype = getattr(torch, settings.dtype)
     torch.manual_seed(0)
@@ -356,6 +426,8 @@ def measure_profile(cfg: TinyConfig, settings: ProfileSettings, progress: Progre
         bandwidth, latency, transfers = probe_transfers(settings.message_bytes, use_cuda=use_cuda)
     if bandwidth is None:
         raise ValueError("give a bandwidth when transfers are not measured")
+    exchange_latency = latency
+    latency = latency + f.sample_step / msgs  # the per-sample ring-step work rides on the profile's per-sample ring term
     capacity = settings.capacity_tokens or default_capacity(model, device)
     source = (f"dhp profile on {device} ({settings.procs} x {torch.get_num_threads()} threads, torch {torch.__version__}), tiny model {cfg.layers}x{cfg.hidden}, "
               f"{len(points)} points, R^2 {f.r2:.4f}, largest relative error {f.max_rel_error:.3f}")
@@ -366,8 +438,11 @@ def measure_profile(cfg: TinyConfig, settings: ProfileSettings, progress: Progre
         "capacity_tokens_per_rank": capacity,
         "source": source,
     }
-    report = {"r2": f.r2, "max_rel_error": f.max_rel_error, "points": f.points, "device": str(device),
+    report = {"r2": f.r2, "max_rel_error": f.max_rel_error, "points": f.points, "device": str(device), "sample_step_s": f.sample_step,
+              "exchange_latency_s": exchange_latency, "comm_measured": settings.comm,
               "transfers": [{"bytes": n, "seconds": s} for n, s in transfers], "bandwidth_bytes_per_s": bandwidth, "latency_s": latency, **ring_fit}
-    if not all(math.isfinite(v) for v in (f.quadratic, f.linear, f.sample_constant, f.group_constant)):
+    if not all(math.isfinite(v) for v in (f.quadratic, f.linear, f.sample_constant, f.group_constant, f.sample_step)):
         raise ValueError("the fit produced a non-finite coefficient; measure more points")
+    if min_r2 is not None or max_error is not None:
+        check_fit(report, -math.inf if min_r2 is None else min_r2, math.inf if max_error is None else max_error)
     return profile, report

@@ -19,22 +19,41 @@ Ulysses. An all-to-all turns (local tokens, all heads) into (all tokens, heads /
 ordinary attention on its heads; a second all-to-all turns the result back. It needs d to divide
 the number of heads.
 
-Tensors are ``[tokens, heads, head_dim]``; ``positions`` and ``segments`` are int64 ``[tokens]``.
+Precision and grouped-query attention: :mod:`trainer.attention_tiles` (float32 accumulators, keys
+and values with fewer heads than queries). Keys and values travel in the input dtype; their
+gradients travel in the accumulator dtype, so rounding happens once, at the owner.
+
+Failures. Every wait on a ring message has a time limit (``RingSpec.timeout_s``). A rank whose
+computation fails inside the ring first completes the exchange it has posted (so no peer is left
+with a half-finished transfer), then raises :class:`RingError`; its peers get a :class:`RingError`
+naming the rank they waited for when the limit passes (or at once when that rank's process exits).
+
+Tensors are ``[tokens, heads, head_dim]`` (keys and values may have fewer heads, see above);
+``positions`` and ``segments`` are int64 ``[tokens]``.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from optimizer.plan.sharding import padded_length, token_ranges
+from trainer import attention_tiles
+from trainer.attention_tiles import Tiles, accumulator_dtype, block_backward_into, block_forward_into, grouped, mask_value
 
-_NEG = -1e30
+DEFAULT_TIMEOUT_S = float(os.environ.get("DHP_RING_TIMEOUT_S", "300"))
+"""Longest wait for one ring message before the peer is declared failed (``DHP_RING_TIMEOUT_S``)."""
+
+
+class RingError(RuntimeError):
+    """Context-parallel attention failed on this rank or on a peer it waited for."""
 
 
 # -- layout ---------------------------------------------------------------------------------
@@ -60,81 +79,6 @@ def visible(q_pos: torch.Tensor, q_seg: torch.Tensor, k_pos: torch.Tensor, k_seg
     return (q_seg[:, None] == k_seg[None, :]) & (q_pos[:, None] >= k_pos[None, :])
 
 
-# -- one block --------------------------------------------------------------------------------
-
-def _block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of q [H,Tq,D] over one key block: (out [H,Tq,D], lse [H,Tq]); masked rows get lse ~ -1e30."""
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale
-    s = s.masked_fill(~mask, _NEG)
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse.unsqueeze(-1))
-    return torch.matmul(p, v), lse
-
-
-def _merge(out: torch.Tensor, lse: torch.Tensor, b_out: torch.Tensor, b_lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    new = torch.logaddexp(lse, b_lse)
-    out = out * torch.exp(lse - new).unsqueeze(-1) + b_out * torch.exp(b_lse - new).unsqueeze(-1)
-    return out, new
-
-
-TILE = 128
-"""Query rows per tile: each tile computes only the key columns it can see, so causal work is about halved."""
-
-
-Tiles = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-
-
-def _tiles(q_pos: torch.Tensor, q_seg: torch.Tensor, k_pos: torch.Tensor, k_seg: torch.Tensor) -> Tiles:
-    """(query rows, key columns, their mask) of each row tile of a block that sees at least one key.
-
-    Built sample by sample (a query sees only keys of its own sample), so the cost grows with the
-    sum of squared sample lengths, not the square of the total. Tiles never span two samples or two
-    chunks of one, whose rows see very different keys.
-    """
-    out: Tiles = []
-    for s in torch.unique(q_seg).tolist():
-        qi = (q_seg == s).nonzero().flatten()
-        ki = (k_seg == s).nonzero().flatten()
-        if ki.numel() == 0:
-            continue
-        mask = q_pos[qi][:, None] >= k_pos[ki][None, :]
-        live = mask.any(dim=1).nonzero().flatten()
-        if live.numel() == 0:
-            continue
-        pos = q_pos[qi][live]
-        breaks = (pos[1:] != pos[:-1] + 1).nonzero().flatten() + 1
-        bounds = [0, *breaks.tolist(), int(live.numel())]
-        for a, b in zip(bounds[:-1], bounds[1:], strict=False):
-            for x in range(a, b, TILE):
-                local = live[x:min(x + TILE, b)]
-                sub = mask[local]
-                c = sub.any(dim=0).nonzero().flatten()
-                out.append((qi[local], ki[c], sub[:, c]))
-    return out
-
-
-def _block_into(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tiles: Tiles, scale: float) -> None:
-    """Merge one key block into (out, lse) in place, tile by tile over the visible rows and columns."""
-    for r, c, m in tiles:
-        b_out, b_lse = _block_forward(q[:, r], k[:, c], v[:, c], m, scale)
-        o, s = _merge(out[:, r], lse[:, r], b_out, b_lse)
-        out[:, r] = o
-        lse[:, r] = s
-
-
-def _block_backward(q, k, v, dout, lse, delta, tiles: Tiles, scale, dq, dk, dv) -> None:
-    """Add one block's gradients into dq, dk, dv (in place), recomputing its probabilities tile by tile."""
-    for rows, cols, m in tiles:
-        qr, kc, vc, dr = q[:, rows], k[:, cols], v[:, cols], dout[:, rows]
-        s = torch.matmul(qr, kc.transpose(-1, -2)) * scale
-        p = torch.exp(s - lse[:, rows].unsqueeze(-1)).masked_fill(~m, 0.0)
-        dv[:, cols] += torch.matmul(p.transpose(-1, -2), dr)
-        dp = torch.matmul(dr, vc.transpose(-1, -2))
-        ds = p * (dp - delta[:, rows].unsqueeze(-1))
-        dq[:, rows] += torch.matmul(ds, kc) * scale
-        dk[:, cols] += torch.matmul(ds.transpose(-1, -2), qr) * scale
-
-
 # -- the ring ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -145,12 +89,19 @@ class RingSpec:
     ranks: tuple[int, ...]
     position: int
     layout: tuple[tuple[torch.Tensor, torch.Tensor], ...]
-    _tiles: dict[int, Tiles] = field(default_factory=dict, compare=False, repr=False)
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    """Longest wait for one message of the ring."""
+    _tiles: dict[Any, Tiles] = field(default_factory=dict, compare=False, repr=False)
     """Tiles of each source's block, computed once per micro-batch and shared by all layers."""
+    _gathered: list[RingSpec] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def d(self) -> int:
         return len(self.ranks)
+
+    @property
+    def rank(self) -> int:
+        return self.ranks[self.position]
 
     @property
     def send_to(self) -> int:
@@ -166,12 +117,21 @@ class RingSpec:
         return visible(qp, qs, kp, ks)
 
     def tiles(self, source: int) -> Tiles:
-        hit = self._tiles.get(source)
+        key = (source, attention_tiles.TILE)
+        hit = self._tiles.get(key)
         if hit is None:
             qp, qs = self.layout[self.position]
             kp, ks = self.layout[source]
-            hit = self._tiles[source] = _tiles(qp, qs, kp, ks)
+            hit = self._tiles[key] = attention_tiles.tiles(qp, qs, kp, ks)
         return hit
+
+    def gathered(self) -> RingSpec:
+        """A one-position spec over the whole group's tokens (Ulysses' local attention), built once."""
+        if not self._gathered:
+            pos = torch.cat([p for p, _ in self.layout])
+            seg = torch.cat([s for _, s in self.layout])
+            self._gathered.append(RingSpec(LOOPBACK, (self.rank,), 0, ((pos, seg),), self.timeout_s))
+        return self._gathered[0]
 
 
 LOOPBACK = "loopback"
@@ -184,73 +144,129 @@ def _start_exchange(t: torch.Tensor, spec: RingSpec, tag: int = 0) -> tuple[list
         return [], t
     buf = torch.empty_like(t)
     ops = [dist.P2POp(dist.isend, t, spec.send_to, spec.group, tag), dist.P2POp(dist.irecv, buf, spec.recv_from, spec.group, tag)]
-    return dist.batch_isend_irecv(ops), buf
+    try:
+        return dist.batch_isend_irecv(ops), buf
+    except Exception as exc:
+        raise RingError(f"rank {spec.rank}: could not post the ring exchange with ranks {spec.recv_from} and {spec.send_to}: {exc}") from exc
 
 
-def _finish(reqs: list[Any]) -> None:
+def _finish(reqs: list[Any], spec: RingSpec) -> None:
+    limit = timedelta(seconds=spec.timeout_s)
     for r in reqs:
-        r.wait()
+        try:
+            r.wait(timeout=limit)
+        except Exception as exc:
+            raise RingError(f"rank {spec.rank}: the ring exchange with ranks {spec.recv_from} (receive) and {spec.send_to} (send) of group "
+                            f"{list(spec.ranks)} failed or passed {spec.timeout_s:g} s; a peer failed or stopped: {exc}") from exc
+
+
+def _drain(pending: tuple[list[Any], torch.Tensor] | None, spec: RingSpec) -> None:
+    """After a local failure, complete the posted exchange so no peer waits on a half-done transfer."""
+    if pending is not None:
+        try:
+            _finish(pending[0], spec)
+        except RingError:
+            pass
+
+
+def _fail(exc: BaseException, spec: RingSpec, step: int, phase: str) -> RingError:
+    if isinstance(exc, RingError):
+        return exc
+    return RingError(f"rank {spec.rank} (position {spec.position} of group {list(spec.ranks)}) failed in the {phase} pass at ring step {step}: "
+                     f"{type(exc).__name__}: {exc}")
 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSpec, scale: float) -> torch.Tensor:  # type: ignore[override]
-        qh, kh, vh = (x.transpose(0, 1).contiguous() for x in (q, k, v))  # [H, T, D]
-        H, T, D = qh.shape
-        out = torch.zeros_like(qh)
-        lse = torch.full((H, T), -math.inf, dtype=qh.dtype, device=qh.device)
+        acc = accumulator_dtype(q.dtype)
+        qh = q.transpose(0, 1).to(acc).contiguous()  # [H, T, D]
+        kh, vh = (x.transpose(0, 1).contiguous() for x in (k, v))  # [Hkv, T, D], input dtype
+        hkv = kh.shape[0]
+        qg = grouped(qh, hkv)
+        out = torch.zeros_like(qg)
+        lse = torch.full(qg.shape[:-1], -math.inf, dtype=acc, device=qh.device)
         kv = torch.stack([kh, vh])
         d = spec.d
-        for step in range(d):
-            source = (spec.position - step) % d
-            pending = _start_exchange(kv, spec) if step < d - 1 else None
-            _block_into(out, lse, qh, kv[0], kv[1], spec.tiles(source), scale)
-            if pending is not None:
-                _finish(pending[0])
-                kv = pending[1]
+        pending = None
+        step = 0
+        try:
+            for step in range(d):
+                source = (spec.position - step) % d
+                pending = _start_exchange(kv, spec) if step < d - 1 else None
+                block_forward_into(out, lse, qg, kv[0].to(acc), kv[1].to(acc), spec.tiles(source), scale)
+                if pending is not None:
+                    _finish(pending[0], spec)
+                    kv, pending = pending[1], None
+        except BaseException as exc:
+            _drain(pending, spec)
+            raise _fail(exc, spec, step, "forward") from exc
         ctx.save_for_backward(qh, kh, vh, out, lse)
-        ctx.spec, ctx.scale = spec, scale
-        return out.transpose(0, 1)
+        ctx.spec, ctx.scale, ctx.dtype = spec, scale, q.dtype
+        return out.view(qh.shape).to(q.dtype).transpose(0, 1)
 
     @staticmethod
     def backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         qh, kh, vh, out, lse = ctx.saved_tensors
-        spec, scale = ctx.spec, ctx.scale
+        spec, scale, dtype = ctx.spec, ctx.scale, ctx.dtype
+        acc = qh.dtype
+        hkv = kh.shape[0]
         d = spec.d
-        doh = dout.transpose(0, 1).contiguous()
-        delta = (doh * out).sum(-1)
-        dq = torch.zeros_like(qh)
+        qg = grouped(qh, hkv)
+        dog = grouped(dout.transpose(0, 1).to(acc).contiguous(), hkv)
+        delta = (dog * out).sum(-1)
+        dq = torch.zeros_like(qg)
         kv = torch.stack([kh, vh])
-        dkv = torch.zeros_like(kv)
-        for step in range(d):
-            source = (spec.position - step) % d
-            pending = _start_exchange(kv, spec) if step < d - 1 else None
-            _block_backward(qh, kv[0], kv[1], doh, lse, delta, spec.tiles(source), scale, dq, dkv[0], dkv[1])
-            if pending is not None:
-                _finish(pending[0])
-                kv = pending[1]
-            # The gradient of this block travels on with it; after d moves it is back at its owner.
-            reqs, dkv_next = _start_exchange(dkv, spec, tag=1)
-            _finish(reqs)
-            dkv = dkv_next
-        return dq.transpose(0, 1), dkv[0].transpose(0, 1), dkv[1].transpose(0, 1), None, None
+        dkv = torch.zeros(kv.shape, dtype=acc, device=kv.device)
+        pending = None
+        step = 0
+        try:
+            for step in range(d):
+                source = (spec.position - step) % d
+                pending = _start_exchange(kv, spec) if step < d - 1 else None
+                block_backward_into(qg, kv[0].to(acc), kv[1].to(acc), dog, lse, delta, spec.tiles(source), scale, dq, dkv[0], dkv[1])
+                if pending is not None:
+                    _finish(pending[0], spec)
+                    kv, pending = pending[1], None
+                # The gradient of this block travels on with it; after d moves it is back at its owner.
+                pending = _start_exchange(dkv, spec, tag=1)
+                _finish(pending[0], spec)
+                dkv, pending = pending[1], None
+        except BaseException as exc:
+            _drain(pending, spec)
+            raise _fail(exc, spec, step, "backward") from exc
+        dq_out = dq.view(qh.shape).to(dtype).transpose(0, 1)
+        return dq_out, dkv[0].to(dtype).transpose(0, 1), dkv[1].to(dtype).transpose(0, 1), None, None
+
+
+def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(f"attention takes q [T, H, D] and k, v [T, Hkv, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"the {q.shape[1]} query heads must be a multiple of the {k.shape[1]} key/value heads")
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSpec, scale: float | None = None) -> torch.Tensor:
     """Causal attention of this rank's tokens over the whole group's sequence (ring, zig-zag layout)."""
+    _check_heads(q, k, v)
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     return _RingAttention.apply(q, k, v, spec, scale)
 
 
-# -- plain attention (one rank, and the reference) ---------------------------------------------
+# -- plain attention (the reference) -----------------------------------------------------------
 
 def full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-    """Causal attention within each segment on one rank, with autograd (the reference)."""
+    """Causal attention within each segment on one rank, with autograd, in the accumulator dtype (the reference)."""
+    _check_heads(q, k, v)
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    qh, kh, vh = (x.transpose(0, 1) for x in (q, k, v))
+    acc = accumulator_dtype(q.dtype)
+    rep = q.shape[1] // k.shape[1]
+    qh, kh, vh = (x.to(acc).transpose(0, 1) for x in (q, k, v))
+    if rep > 1:
+        kh, vh = kh.repeat_interleave(rep, dim=0), vh.repeat_interleave(rep, dim=0)
     s = torch.matmul(qh, kh.transpose(-1, -2)) * scale
-    s = s.masked_fill(~visible(positions, segments, positions, segments), _NEG)
-    return torch.matmul(torch.softmax(s, dim=-1), vh).transpose(0, 1)
+    s = s.masked_fill(~visible(positions, segments, positions, segments), mask_value(acc))
+    return torch.matmul(torch.softmax(s, dim=-1), vh).transpose(0, 1).to(q.dtype)
 
 
 # -- Ulysses ----------------------------------------------------------------------------------
@@ -292,19 +308,25 @@ class _AllToAll(torch.autograd.Function):
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSpec, scale: float | None = None) -> torch.Tensor:
-    """Causal attention by all-to-all over heads (layout from ``shard_layout(..., 'ulysses')``)."""
+    """Causal attention by all-to-all over heads (layout from ``shard_layout(..., 'ulysses')``).
+
+    The group size must divide the query heads; when it does not divide the key/value heads, keys
+    and values are repeated to the query heads first (their gradients are summed back by autograd).
+    """
+    _check_heads(q, k, v)
     d = spec.d
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    if d == 1:
-        pos, seg = spec.layout[0]
-        return full_attention(q, k, v, pos, seg, scale)
+    local = spec.gathered()
+    if d == 1 or spec.group is LOOPBACK:
+        return _RingAttention.apply(q, k, v, local, scale)
     if q.shape[1] % d:
         raise ValueError(f"Ulysses needs the group size {d} to divide the {q.shape[1]} heads")
     counts = {int(p.numel()) for p, _ in spec.layout}
     if len(counts) != 1:
         raise ValueError("Ulysses needs every position to hold the same number of tokens (pad to a multiple of d)")
-    pos = torch.cat([p for p, _ in spec.layout])
-    seg = torch.cat([s for _, s in spec.layout])
+    if k.shape[1] % d:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     qa, ka, va = (_AllToAll.apply(x, d, spec.group, True) for x in (q, k, v))
-    o = full_attention(qa, ka, va, pos, seg, scale)
+    o = _RingAttention.apply(qa, ka, va, local, scale)
     return _AllToAll.apply(o, d, spec.group, False)

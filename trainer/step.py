@@ -22,7 +22,6 @@ import torch.distributed as dist
 from trainer.apply import MicroBatchWork, RankWork
 from trainer.group_pool import GroupPool
 from trainer.ring_attention import RingSpec, full_attention, ring_attention, shard_layout, ulysses_attention
-from trainer.tiny_model import TinyTransformer
 
 IGNORE = -100
 
@@ -59,15 +58,20 @@ class StepResult:
     micro_batch_seconds: list[float] = field(default_factory=list)
 
 
-def train_step(model: TinyTransformer, work: RankWork, pool: GroupPool, samples: Mapping[str, torch.Tensor],
+def train_step(model: torch.nn.Module, work: RankWork, pool: GroupPool, samples: Mapping[str, torch.Tensor],
                optimizer: torch.optim.Optimizer | None = None, reduce: bool = True) -> StepResult:
     """Run this rank's part of one step, then reduce gradients (and apply ``optimizer`` if given).
 
     Every rank must call it with the same plan; the pool must already hold the plan's groups
     (``pool.ensure(work.communicators)``, collective) or they are created here in the same order.
+    ``samples`` needs only the samples of this rank's groups (:mod:`trainer.routing`); the loss is
+    normalised by the label count of the whole batch, which the plan's lengths give.
+    ``model`` is any module called as ``model(tokens, positions, attend) -> logits``: the tiny
+    model, or a Hugging Face model wrapped by :class:`trainer.hf_adapter.HFCausalLM`.
     """
     pool.ensure(work.communicators)
-    total = label_count(samples)
+    pool.ensure(work.reduce_groups)
+    total = work.total_labels if work.total_labels is not None else label_count(samples)
     device = next(model.parameters()).device
     start = time.perf_counter()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -78,14 +82,15 @@ def train_step(model: TinyTransformer, work: RankWork, pool: GroupPool, samples:
             loss_sum += run_micro_batch(model, mb, pool.get(mb.group), work.scheme, samples, total)
         mb_seconds.append(time.perf_counter() - t0)
     if reduce:
-        reduce_gradients(model)
-        dist.all_reduce(loss_sum)
+        group = pool.get(work.reduce_ranks) if work.reduce_ranks is not None else None
+        reduce_gradients(model, group)
+        dist.all_reduce(loss_sum, group=group)
     if optimizer is not None:
         optimizer.step()
     return StepResult(float(loss_sum), time.perf_counter() - start, mb_seconds)
 
 
-def run_micro_batch(model: TinyTransformer, mb: MicroBatchWork, group: Any, scheme: str, samples: Mapping[str, torch.Tensor], total_labels: int) -> torch.Tensor:
+def run_micro_batch(model: torch.nn.Module, mb: MicroBatchWork, group: Any, scheme: str, samples: Mapping[str, torch.Tensor], total_labels: int) -> torch.Tensor:
     """Forward and backward of this rank's shards of one micro-batch; returns its loss contribution."""
     device = next(model.parameters()).device
     assert mb.group is not None
@@ -94,8 +99,8 @@ def run_micro_batch(model: TinyTransformer, mb: MicroBatchWork, group: Any, sche
     tokens, positions, labels = (x.to(device) for x in local_tokens(mb, samples))
     attention = ring_attention if scheme == "ring" else ulysses_attention
 
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return attention(q, k, v, spec)
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+        return attention(q, k, v, spec, scale)
 
     logits = model(tokens, positions, attend)
     loss = torch.nn.functional.cross_entropy(logits.double(), labels, ignore_index=IGNORE, reduction="sum") / max(total_labels, 1)
@@ -120,7 +125,7 @@ def reduce_gradients(model: torch.nn.Module, group: Any = None) -> None:
         offset += n
 
 
-def reference_step(model: TinyTransformer, samples: Mapping[str, torch.Tensor]) -> float:
+def reference_step(model: torch.nn.Module, samples: Mapping[str, torch.Tensor]) -> float:
     """The same loss and gradients on one process with plain attention over the whole batch."""
     ids = list(samples)
     tokens = torch.cat([samples[s] for s in ids])

@@ -1,0 +1,125 @@
+"""The one-plan view: a stored plan laid out as micro-batches x ranks (the Gantt chart's blocks), its solver's
+trace and phases, the static baseline, communicators and feedback.
+
+Read from the stored documents only; the cluster is read again from the stored request to know which
+ranks share a node (a request whose cluster cannot be read any more still shows, without node lines).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from api.store.queries import DEFAULT_BUDGET_MS
+from api.store.repository import FeedbackRecord, PlanRecord
+from optimizer.errors import PlannerError
+from optimizer.presets import load_preset
+from optimizer.problem.documents import cluster_from_json
+
+
+def profile_name(request: dict[str, Any]) -> str:
+    """``analytical`` without a profile, else its ``source`` (``given`` when it has none); as in :mod:`api.store.queries`."""
+    profile = request.get("profile")
+    if profile is None:
+        return "analytical"
+    source = profile.get("source") if isinstance(profile, dict) else None
+    return str(source) if source is not None else "given"
+
+
+def node_ranges(request: dict[str, Any]) -> list[list[int]]:
+    """Per node, the half-open range of its domain ranks; empty when the stored cluster cannot be read."""
+    try:
+        doc = request.get("cluster")
+        if doc is None:
+            doc = load_preset("clusters", request.get("cluster_preset") or "h100-8x8", "cluster_preset")
+        return [list(r) for r in cluster_from_json(doc).node_rank_ranges]
+    except (PlannerError, KeyError, TypeError, ValueError, OSError):
+        return []
+
+
+def runs(ranks: list[int]) -> list[list[int]]:
+    """Sorted ranks as half-open runs of consecutive ranks: [0, 1, 2, 5] -> [[0, 3], [5, 6]]."""
+    out: list[list[int]] = []
+    for r in sorted(ranks):
+        if out and out[-1][1] == r:
+            out[-1][1] = r + 1
+        else:
+            out.append([r, r + 1])
+    return out
+
+
+def _node_of(ranges: list[list[int]]) -> dict[int, int]:
+    return {r: k for k, (a, b) in enumerate(ranges) for r in range(a, b)}
+
+
+def gantt(plan: dict[str, Any], ranges: list[list[int]], measured: list[list[float]] | None) -> dict[str, Any]:
+    """Blocks of the Gantt chart: micro-batches one after the other on the time axis, each group a block over its ranks."""
+    domain = int(plan.get("domain_size") or 0)
+    node_of = _node_of(ranges)
+    start = 0.0
+    busy = 0.0
+    mbs = []
+    for m, mb in enumerate(plan.get("micro_batches", [])):
+        t = float(mb["predicted_time_s"])
+        groups = []
+        used: set[int] = set()
+        idle = 0.0
+        for g, grp in enumerate(mb.get("groups", [])):
+            ranks = [int(r) for r in grp["ranks"]]
+            gt = float(grp["predicted_time_s"])
+            used.update(ranks)
+            idle += (t - gt) * len(ranks)
+            busy += gt * len(ranks)
+            measured_t = None
+            if measured is not None and m < len(measured) and g < len(measured[m]):
+                measured_t = float(measured[m][g])
+            groups.append({"index": g, "ranks": ranks, "spans": runs(ranks), "degree": int(grp.get("degree", len(ranks))),
+                           "samples": [str(s) for s in grp.get("samples", [])], "predicted_time_s": gt, "idle_s": max(0.0, t - gt),
+                           "intra_node": bool(grp.get("intra_node", True)), "nodes": sorted({node_of[r] for r in ranks if r in node_of}),
+                           "measured_time_s": measured_t})
+        domain = max(domain, max(used, default=-1) + 1)
+        unused = [r for r in range(domain) if r not in used]
+        idle += t * len(unused)
+        mbs.append({"index": m, "start_s": start, "predicted_time_s": t, "idle_rank_s": idle, "unused_ranks": unused, "groups": groups})
+        start += t
+    return {"domain_size": domain, "step_s": start, "nodes": ranges, "utilisation": busy / (domain * start) if domain and start > 0 else 0.0,
+            "micro_batches": mbs}
+
+
+def _solver(plan: dict[str, Any]) -> dict[str, Any] | None:
+    solver = plan.get("solver")
+    if not isinstance(solver, dict):
+        return None
+    details = solver.get("details") or {}
+    keep = ("backend", "status", "wall_ms", "objective_s", "bound_s", "fallback_reason", "trace")
+    out = {k: solver[k] for k in keep if k in solver}
+    out["phases"] = details.get("phases", {})
+    out["bound"] = details.get("bound")
+    out["rounds"] = details.get("rounds")
+    return out
+
+
+def _feedback(fb: FeedbackRecord) -> dict[str, Any]:
+    doc = fb.document
+    return {"id": fb.id, "created_at": fb.created_at, "measured_step_time_s": fb.measured_step_time_s, "predicted_step_time_s": fb.predicted_step_time_s,
+            "step": doc.get("step"), "group_times_s": doc.get("group_times_s"), "notes": doc.get("notes")}
+
+
+def plan_view(record: PlanRecord, feedback: list[FeedbackRecord]) -> dict[str, Any]:
+    request = json.loads(record.request_json) if record.request_json else {}
+    options = request.get("options") or {}
+    out: dict[str, Any] = {"id": record.id, "status": record.status, "created_at": record.created_at, "cluster": record.cluster, "model": record.model,
+                           "profile": profile_name(request), "n_samples": record.n_samples, "n_ranks": record.n_ranks, "options": options,
+                           "budget_ms": float(options.get("time_budget_ms", DEFAULT_BUDGET_MS)), "feedback": [_feedback(f) for f in feedback],
+                           "error": record.error}
+    if record.status != "done" or not record.plan_json:
+        return out
+    plan = json.loads(record.plan_json)
+    measured = next((f.document["group_times_s"] for f in reversed(feedback) if f.document.get("group_times_s")), None)
+    out.update({k: plan.get(k) for k in ("predicted_step_time_s", "lower_bound_s", "ratio_to_bound", "gap", "scheme", "static_baseline")})
+    out["solver"] = _solver(plan)
+    out["communicators"] = plan.get("communicators") or []
+    if "new_communicators" in plan:
+        out["new_communicators"] = plan["new_communicators"]
+    out["gantt"] = gantt(plan, node_ranges(request), measured)
+    return out

@@ -1,0 +1,100 @@
+// Calibration: measured against predicted step times (scatter with y = x), the error's distribution, and per profile and cluster.
+"use strict";
+
+(() => {
+  const { api, showError, clearError, num, secs, pct, el, COLOURS, chartWidth } = DHP;
+  const form = document.getElementById("filters");
+  const plots = [];
+
+  function groupKey(p) { return p.profile + " \u00b7 " + (p.cluster || "?"); }
+  function shortProfile(s) { return s.length > 40 ? s.slice(0, 38) + "\u2026" : s; }
+
+  function renderCards(c) {
+    const o = c.overall;
+    const items = o ? [["Steps with feedback", `${c.points.length}`, c.total > c.points.length ? `newest of ${c.total}` : null],
+                       ["Median measured / predicted", num(o.median_ratio, 3), null], ["Mean |error|", pct(o.mean_abs_error), `p90 ${pct(o.p90_abs_error)}`],
+                       ["Groups to re-profile", String(c.groups.filter((g) => g.verdict === "re-profile").length), `of ${c.groups.length} profile \u00d7 cluster group(s)`]]
+                    : [["Steps with feedback", "0", "trainers send it with POST /v1/plans/{id}/feedback"]];
+    document.getElementById("cards").replaceChildren(...items.map(([a, b, n]) => el("div", { class: "card" }, el("dt", { text: a }),
+      el("dd", {}, b, n ? el("small", { text: n }) : null))));
+  }
+
+  function renderScatter(c) {
+    const box = document.getElementById("scatter");
+    const pts = [...c.points].sort((a, b) => a.predicted_step_time_s - b.predicted_step_time_s);
+    box.dataset.points = String(pts.length);
+    if (!pts.length) { box.textContent = "No feedback matches these filters."; return; }
+    const keys = [...new Set(pts.map(groupKey))];
+    const xs = pts.map((p) => p.predicted_step_time_s);
+    const lo = Math.min(...xs, ...pts.map((p) => p.measured_step_time_s));
+    const hi = Math.max(...xs, ...pts.map((p) => p.measured_step_time_s));
+    const pad = (hi - lo) * 0.06 || hi * 0.05;
+    // The y = x line runs across the whole plot: two end points with no measurement of their own.
+    const ends = [lo - pad, hi + pad];
+    const data = [[ends[0], ...xs, ends[1]], [ends[0], ...xs, ends[1]],
+                  ...keys.map((k) => [null, ...pts.map((p) => (groupKey(p) === k ? p.measured_step_time_s : null)), null])];
+    const series = [{ label: "predicted s", value: (u, x) => secs(x) },
+      { label: "y = x", stroke: "#57606a", width: 1, dash: [5, 4], points: { show: false }, value: (u, y) => secs(y) },
+      ...keys.map((k, i) => ({ label: shortProfile(k), stroke: COLOURS[i % COLOURS.length], paths: () => null, spanGaps: false,
+                               points: { show: true, size: 7, fill: COLOURS[i % COLOURS.length], stroke: COLOURS[i % COLOURS.length] }, value: (u, y) => secs(y) }))];
+    const opts = { width: chartWidth(box, 760), height: 340, series, legend: { live: true },
+                   scales: { x: { time: false, range: [lo - pad, hi + pad] }, y: { range: [lo - pad, hi + pad] } },
+                   axes: [{ label: "predicted step time (s)" }, { label: "measured step time (s)", size: 60 }] };
+    box.setAttribute("aria-label", `Scatter of ${pts.length} measured against predicted step times in ${keys.length} group(s), with the line y = x`);
+    box.replaceChildren();
+    plots.push(new uPlot(opts, data, box));
+  }
+
+  function renderHistogram(c) {
+    const box = document.getElementById("hist");
+    const { edges, counts } = c.histogram;
+    const centres = counts.map((_, k) => 100 * (edges[k] + edges[k + 1]) / 2);
+    box.dataset.bins = String(counts.filter((n) => n > 0).length);
+    box.setAttribute("aria-label", "Histogram of measured / predicted - 1 in 5% bins: " +
+      counts.map((n, k) => (n ? `${(100 * edges[k]).toFixed(0)} to ${(100 * edges[k + 1]).toFixed(0)}%: ${n}` : null)).filter(Boolean).join("; "));
+    const opts = { width: chartWidth(box, 760), height: 340, scales: { x: { time: false, range: [-52, 52] }, y: { range: (u, a, b) => [0, Math.max(1, b) * 1.1] } },
+                   axes: [{ label: "measured / predicted \u2212 1 (%); the outer bins hold everything beyond \u00b150%" }, { label: "steps", size: 50 }],
+                   series: [{ label: "error %", value: (u, x) => (x === null ? "\u2013" : x.toFixed(1) + "%") },
+                            { label: "steps", stroke: COLOURS[0], fill: COLOURS[0] + "99", paths: uPlot.paths.bars({ size: [0.9, 60] }), points: { show: false } }] };
+    box.replaceChildren();
+    plots.push(new uPlot(opts, [centres, counts], box));
+  }
+
+  function renderGroups(c) {
+    const tbody = document.querySelector("#groups tbody");
+    if (!c.groups.length) { tbody.replaceChildren(el("tr", {}, el("td", { colspan: 7, text: "No feedback yet." }))); return; }
+    tbody.replaceChildren(...c.groups.map((g) => el("tr", {}, el("td", {}, el("span", { class: "ellipsis", title: g.profile, text: g.profile })),
+      el("td", { text: g.cluster || "\u2013" }), el("td", { class: "num", text: g.n }), el("td", { class: "num", text: num(g.median_ratio, 3) }),
+      el("td", { class: "num", text: pct(g.mean_abs_error) }), el("td", { class: "num", text: pct(g.p90_abs_error) }),
+      el("td", { class: "verdict-" + g.verdict, text: g.verdict }))));
+  }
+
+  async function load() {
+    const q = new URLSearchParams();
+    for (const f of ["cluster", "model", "profile"]) if (form.elements[f].value) q.set(f, form.elements[f].value);
+    history.replaceState(null, "", location.pathname + (q.toString() ? "?" + q : ""));
+    const c = await api("/v1/dashboard/calibration?" + q);
+    while (plots.length) plots.pop().destroy();
+    renderCards(c);
+    renderScatter(c);
+    renderHistogram(c);
+    renderGroups(c);
+    clearError();
+  }
+
+  form.addEventListener("submit", (ev) => { ev.preventDefault(); load().catch(showError); });
+  form.addEventListener("change", () => form.requestSubmit());
+
+  document.addEventListener("DOMContentLoaded", async () => {
+    const q = new URLSearchParams(location.search);
+    try {
+      const facets = await api("/v1/dashboard/facets");
+      for (const name of ["cluster", "model", "profile"]) {
+        for (const v of facets[name]) form.elements[name].append(el("option", { value: v, text: name === "profile" ? shortProfile(v) : v, title: v }));
+        form.elements[name].value = q.get(name) || "";
+      }
+      await load();
+      document.body.dataset.ready = "1";
+    } catch (err) { showError(err); document.body.dataset.ready = "error"; }
+  });
+})();

@@ -1,0 +1,146 @@
+// The plans table: filters, server-side sorting and pages, live refresh while trainers post.
+"use strict";
+
+(() => {
+  const { api, showError, clearError, num, secs, ms, pct, when, shortWhen, el } = DHP;
+  const form = document.getElementById("filters");
+  const tbody = document.querySelector("#plans tbody");
+  const FILTERS = ["status", "backend", "cluster", "model", "created_after", "created_before", "id_prefix"];
+  const state = { sort: "created_at", order: "desc", offset: 0, limit: 50, filters: {} };
+  let stamp = null;
+  let shownIds = new Set();
+
+  function readUrl() {
+    const q = new URLSearchParams(location.search);
+    state.sort = q.get("sort") || "created_at";
+    state.order = q.get("order") === "asc" ? "asc" : "desc";
+    state.offset = Math.max(0, parseInt(q.get("offset") || "0", 10) || 0);
+    state.limit = parseInt(q.get("limit") || "50", 10) || 50;
+    for (const f of FILTERS) state.filters[f] = q.get(f) || "";
+  }
+
+  function writeUrl() {
+    const q = new URLSearchParams();
+    for (const f of FILTERS) if (state.filters[f]) q.set(f, state.filters[f]);
+    if (state.sort !== "created_at") q.set("sort", state.sort);
+    if (state.order !== "desc") q.set("order", state.order);
+    if (state.offset) q.set("offset", state.offset);
+    if (state.limit !== 50) q.set("limit", state.limit);
+    const s = q.toString();
+    history.replaceState(null, "", location.pathname + (s ? "?" + s : ""));
+  }
+
+  function toIso(local) { return local ? new Date(local).toISOString() : ""; }
+
+  function query() {
+    const q = new URLSearchParams({ sort: state.sort, order: state.order, offset: state.offset, limit: state.limit });
+    for (const f of FILTERS) {
+      const v = state.filters[f];
+      if (v) q.set(f, f.startsWith("created_") ? toIso(v) : v);
+    }
+    return q;
+  }
+
+  function fillForm() {
+    for (const f of FILTERS) form.elements[f].value = state.filters[f];
+    form.elements.limit.value = String(state.limit);
+  }
+
+  async function loadFacets() {
+    const facets = await api("/v1/dashboard/facets");
+    for (const name of ["status", "backend", "cluster", "model"]) {
+      const select = form.elements[name];
+      for (const v of facets[name]) select.append(el("option", { value: v, text: v }));
+      select.value = state.filters[name];
+    }
+  }
+
+  function markSort() {
+    for (const th of document.querySelectorAll("#plans th[data-sort]")) {
+      if (th.dataset.sort === state.sort) th.setAttribute("aria-sort", state.order === "asc" ? "ascending" : "descending");
+      else th.removeAttribute("aria-sort");
+    }
+  }
+
+  function row(p, fresh) {
+    const link = el("a", { href: "/dashboard/plans/" + encodeURIComponent(p.id), text: p.id.slice(0, 8), title: p.id,
+                           "aria-label": "Plan " + p.id.slice(0, 8) + " of " + p.n_samples + " samples on " + p.n_ranks + " ranks" });
+    const measured = p.measured_step_time_s === null ? "\u2013" : secs(p.measured_step_time_s) + (p.feedback_count > 1 ? " (" + p.feedback_count + ")" : "");
+    const cells = [
+      el("td", { text: shortWhen(p.created_at), title: when(p.created_at) }), el("td", {}, link),
+      el("td", { class: "num", text: p.n_samples }), el("td", { class: "num", text: p.n_ranks }),
+      el("td", { text: p.cluster || "\u2013" }), el("td", { text: p.model || "\u2013" }), el("td", { text: p.backend || "\u2013" }),
+      el("td", { class: "num", text: ms(p.budget_ms) }), el("td", { class: "num", text: ms(p.solve_ms) }),
+      el("td", { class: "num", text: secs(p.predicted_step_time_s) }), el("td", { class: "num", text: secs(p.lower_bound_s) }),
+      el("td", { class: "num", text: pct(p.gap) }), el("td", { class: "num", text: p.speedup === null ? "\u2013" : num(p.speedup, 2) + "\u00d7" }),
+      el("td", { class: "num", text: measured }), el("td", { class: "status-" + p.status, text: p.status }),
+    ];
+    return el("tr", { "data-id": p.id, class: fresh ? "fresh" : null }, ...cells);
+  }
+
+  async function loadTable(live = false) {
+    const page = await api("/v1/dashboard/plans?" + query());
+    const previous = shownIds;
+    shownIds = new Set(page.items.map((p) => p.id));
+    tbody.replaceChildren(...page.items.map((p) => row(p, live && !previous.has(p.id))));
+    if (!page.items.length) tbody.append(el("tr", {}, el("td", { colspan: 15, text: "No plans match these filters." })));
+    const first = page.total ? page.offset + 1 : 0;
+    const last = page.offset + page.items.length;
+    document.getElementById("page-info").textContent = `Plans ${first}\u2013${last} of ${page.total}`;
+    document.getElementById("plans-caption").textContent = `${page.total} plans, sorted by ${state.sort.replaceAll("_", " ")} (${state.order === "asc" ? "ascending" : "descending"})`;
+    document.getElementById("prev").disabled = page.offset === 0;
+    document.getElementById("next").disabled = page.next_offset === null;
+    markSort();
+    writeUrl();
+    clearError();
+  }
+
+  async function poll() {
+    if (!document.getElementById("live").checked || document.hidden) return;
+    try {
+      const now = await api("/v1/dashboard/changes");
+      const key = JSON.stringify(now);
+      if (stamp !== null && key !== stamp) {
+        await loadTable(true);
+        document.getElementById("updated").textContent = "Updated at " + new Date().toLocaleTimeString() + ": " + now.plans + " plans, " + now.feedback + " feedback.";
+      }
+      stamp = key;
+    } catch (err) { showError(err); }
+  }
+
+  document.querySelector("#plans thead").addEventListener("click", (ev) => {
+    const th = ev.target.closest("th[data-sort]");
+    if (!th || !ev.target.closest("button")) return;
+    const key = th.dataset.sort;
+    if (state.sort === key) state.order = state.order === "asc" ? "desc" : "asc";
+    else { state.sort = key; state.order = key === "created_at" || key === "speedup" || key === "n_samples" ? "desc" : "asc"; }
+    state.offset = 0;
+    loadTable().catch(showError);
+  });
+
+  form.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    if (!form.reportValidity()) return;
+    for (const f of FILTERS) state.filters[f] = form.elements[f].value.trim();
+    state.limit = parseInt(form.elements.limit.value, 10);
+    state.offset = 0;
+    loadTable().catch(showError);
+  });
+  form.addEventListener("change", (ev) => { if (ev.target.tagName === "SELECT") form.requestSubmit(); });
+  form.addEventListener("reset", () => { setTimeout(() => form.requestSubmit(), 0); });
+
+  document.getElementById("prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - state.limit); loadTable().catch(showError); });
+  document.getElementById("next").addEventListener("click", () => { state.offset += state.limit; loadTable().catch(showError); });
+
+  document.addEventListener("DOMContentLoaded", async () => {
+    readUrl();
+    fillForm();
+    try {
+      await loadFacets();
+      await loadTable();
+      stamp = JSON.stringify(await api("/v1/dashboard/changes"));
+      document.body.dataset.ready = "1";
+    } catch (err) { showError(err); document.body.dataset.ready = "error"; }
+    setInterval(poll, 3000);
+  });
+})();

@@ -1,0 +1,261 @@
+"""The dashboard in a real Chromium (Debian's package, driven by Playwright; no browser download) against
+`dhp serve` on loopback, filled through the API with bench-style plans and synthetic feedback.
+
+Each test checks what a person sees: the rows of the table, one Gantt block per group, charts drawn (their
+canvas holds the series' colour), re-plans side by side, the calibration scatter; keyboard use and labels;
+and no console errors. Screenshots at 1280 px go to $DHP_SCREENSHOT_DIR (the README's come from
+``DHP_SCREENSHOT_DIR=docs/dashboard pytest tests/test_dashboard_browser.py``), else to a temporary folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+from dashboard_fill import fill, request
+from playwright.sync_api import sync_playwright
+
+from api.local_server import LocalServer
+
+CHROMIUM = os.environ.get("DHP_CHROMIUM", "/usr/bin/chromium")
+if not Path(CHROMIUM).exists():
+    if os.environ.get("CI"):
+        raise RuntimeError(f"{CHROMIUM} is missing: .ci/run installs Debian's chromium package")
+    pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)", allow_module_level=True)
+
+BLUE, VERMILION = "#0072B2", "#D55E00"  # the first two series colours (common.js)
+WIDTH = 1280
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory):
+    out = Path(os.environ.get("DHP_SCREENSHOT_DIR") or tmp_path_factory.mktemp("screenshots"))
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = LocalServer(tmp_path_factory.mktemp("dashboard"), env={"DHP_QUEUE_LIMIT": "32"})
+    filled = fill(srv.url)
+    yield srv, filled
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, server):
+    context = browser.new_context(viewport={"width": WIDTH, "height": 900}, base_url=server[0].url)
+    pg = context.new_page()
+    pg.problems = []
+    pg.on("console", lambda m: pg.problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None)
+    pg.on("pageerror", lambda e: pg.problems.append(f"page error: {e}"))
+    yield pg
+    context.close()
+    assert pg.problems == [], "the browser reported problems"
+
+
+def open_page(pg, path: str) -> None:
+    pg.goto(path)
+    pg.wait_for_selector("body[data-ready]", timeout=20_000)
+    assert pg.get_attribute("body", "data-ready") == "1", pg.inner_text("#alert")
+    assert pg.is_hidden("#alert")
+
+
+def unlabelled_controls(pg) -> list[str]:
+    """Form controls without an accessible name (a <label>, aria-label or aria-labelledby)."""
+    return pg.evaluate("""() => [...document.querySelectorAll('input, select, textarea, button')]
+        .filter((c) => c.type !== 'hidden' && !(c.labels && c.labels.length) && !c.getAttribute('aria-label') && !c.getAttribute('aria-labelledby')
+                       && !(c.tagName === 'BUTTON' && c.textContent.trim()))
+        .map((c) => c.outerHTML.slice(0, 80))""")
+
+
+def colour_pixels(pg, selector: str, hex_colour: str) -> int:
+    """Pixels of a chart's canvas within a small distance of a colour: non-zero once that series is drawn."""
+    return pg.evaluate("""([sel, hex]) => {
+        const c = document.querySelector(sel + ' canvas');
+        if (!c) return -1;
+        const copy = document.createElement('canvas');  // read a copy: the page's canvas stays as the chart left it
+        copy.width = c.width; copy.height = c.height;
+        const ctx = copy.getContext('2d', { willReadFrequently: true });
+        ctx.drawImage(c, 0, 0);
+        const d = ctx.getImageData(0, 0, c.width, c.height).data;
+        const rgb = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
+        let n = 0;
+        for (let i = 0; i < d.length; i += 4)
+            if (d[i + 3] > 200 && Math.abs(d[i] - rgb[0]) < 12 && Math.abs(d[i + 1] - rgb[1]) < 12 && Math.abs(d[i + 2] - rgb[2]) < 12) n++;
+        return n;
+    }""", [selector, hex_colour])
+
+
+def no_horizontal_scroll(pg) -> bool:
+    return pg.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
+
+
+def test_plans_table(page, server, shots):
+    srv, filled = server
+    open_page(page, "/dashboard")
+    listing = httpx.get(srv.url + "/v1/plans", params={"limit": 500}).json()
+    rows = page.locator("#plans tbody tr")
+    assert rows.count() == listing["total"] == len(filled.plans)
+    assert [rows.nth(k).get_attribute("data-id") for k in range(rows.count())] == [p["id"] for p in listing["items"]]
+    assert f"of {listing['total']}" in page.inner_text("#page-info")
+    assert unlabelled_controls(page) == [] and no_horizontal_scroll(page)
+    page.screenshot(path=str(shots / "plans.png"), full_page=True)
+
+    # Sort by predicted step time with the keyboard: the heading's button, then Enter.
+    page.focus("th[data-sort=predicted_step_time_s] button")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("th[data-sort=predicted_step_time_s][aria-sort=ascending]")
+    predicted = {p["id"]: p["predicted_step_time_s"] for p in filled.plans}
+    shown = [predicted[rows.nth(k).get_attribute("data-id")] for k in range(rows.count())]
+    assert shown == sorted(shown) and "sort=predicted_step_time_s" in page.url
+    page.keyboard.press("Enter")
+    page.wait_for_selector("th[data-sort=predicted_step_time_s][aria-sort=descending]")
+
+    # Filter by backend.
+    page.select_option("#filters select[name=backend]", "highs")
+    page.wait_for_function("() => [...document.querySelectorAll('#plans tbody tr')].every((r) => r.children[6].textContent === 'highs')")
+    assert rows.count() == sum(1 for p in filled.plans if p["solver"]["backend"] == "highs") > 0
+
+
+def test_live_refresh_shows_a_plan_posted_meanwhile(page, server):
+    srv, _ = server
+    open_page(page, "/dashboard")
+    new = httpx.post(srv.url + "/v1/plans", json=request("dynamic-res", 5, 64, "heuristic", 50, None), timeout=30).json()
+    row = page.locator(f"#plans tbody tr[data-id='{new['id']}']")
+    row.wait_for(timeout=10_000)
+    assert "fresh" in row.get_attribute("class")
+    assert page.locator("#plans tbody tr").first.get_attribute("data-id") == new["id"]
+    assert "Updated at" in page.inner_text("#updated")
+
+
+def _showcase(filled) -> dict:
+    """The filled plan with the most to see: groups spanning nodes, several micro-batches."""
+    return max(filled.plans, key=lambda p: (sum(not g["intra_node"] for mb in p["micro_batches"] for g in mb["groups"]), len(p["micro_batches"])))
+
+
+def test_one_plan(page, server, shots):
+    srv, filled = server
+    plan = _showcase(filled)
+    groups = [g for mb in plan["micro_batches"] for g in mb["groups"]]
+    open_page(page, f"/dashboard/plans/{plan['id']}")
+    blocks = page.locator(".gantt g.block")
+    assert blocks.count() == len(groups) and int(page.get_attribute("#gantt", "data-blocks")) == len(groups)
+    assert page.locator(".gantt g.block.inter").count() == sum(not g["intra_node"] for g in groups) > 0
+    for k, g in enumerate(groups):
+        label = blocks.nth(k).get_attribute("aria-label")
+        assert f"size {g['degree']}" in label and f"{len(g['samples'])} sample(s)" in label
+    assert page.locator("#groups tbody tr").count() == len(groups)
+    trace = plan["solver"]["trace"]
+    assert int(page.get_attribute("#trace-chart", "data-points")) == len(trace) > 0
+    assert colour_pixels(page, "#trace-chart", BLUE) > 20
+    assert page.locator("#static-bars .bar").count() == (3 if plan.get("static_baseline") else 2)
+    assert page.locator("#comms tbody tr").count() == len(plan["communicators"])
+    assert unlabelled_controls(page) == [] and no_horizontal_scroll(page)
+    page.screenshot(path=str(shots / "plan.png"), full_page=True)
+
+    # Keyboard: one tab stop in the chart, arrows move between blocks, and the detail line follows.
+    page.focus(".gantt g.block[tabindex='0']")
+    page.keyboard.press("ArrowRight")
+    focused = page.evaluate("() => [document.activeElement.dataset.mb, document.activeElement.dataset.group]")
+    second = (0, 1) if len(plan["micro_batches"][0]["groups"]) > 1 else (1, 0)
+    assert tuple(int(x) for x in focused) == second
+    assert f"group {second[1] + 1}" in page.inner_text("#block-detail")
+    assert page.locator(".gantt g.block[tabindex='0']").count() == 1
+    page.keyboard.press("End")
+    assert page.evaluate("() => document.activeElement.getAttribute('aria-label')") == blocks.nth(len(groups) - 1).get_attribute("aria-label")
+
+
+def test_tuning_side_by_side_and_budget_sweep(page, server, shots):
+    srv, filled = server
+    plan = filled.plans[0]
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    open_page(page, f"/dashboard/plans/{plan['id']}/tuning")
+    page.select_option("#variant select[name=backend]", "highs")
+    page.fill("#variant input[name=time_budget_ms]", "300")
+    page.click("#variant button[type=submit]")
+    page.wait_for_selector("#compare thead th:nth-child(3)", timeout=20_000)
+    heads = page.locator("#compare thead th")
+    assert heads.nth(1).inner_text().startswith("stored: heuristic, 200 ms") and heads.nth(2).inner_text().startswith("highs, 300 ms")
+    predicted_row = page.locator("#compare tbody tr").first.locator("td")
+    assert float(predicted_row.nth(0).inner_text()) == pytest.approx(plan["predicted_step_time_s"], abs=1e-3)
+    assert float(predicted_row.nth(1).inner_text()) > 0
+
+    page.uncheck("#sweep input[value=cpsat]")
+    page.fill("#sweep input[name=budgets]", "40, 120")
+    page.click("#sweep button[type=submit]")
+    page.wait_for_selector("#sweep-status:has-text('Sweep done')", timeout=30_000)
+    assert int(page.get_attribute("#sweep-chart", "data-points")) == 4
+    assert colour_pixels(page, "#sweep-chart", BLUE) > 20 and colour_pixels(page, "#sweep-chart", VERMILION) > 20
+    assert page.locator("#sweep-table tbody tr").count() == 2
+    best = json.loads(page.inner_text("#best-options"))
+    assert set(best) >= {"backend", "time_budget_ms"}
+    page.click("#copy-best")
+    page.wait_for_selector("#copy-status:has-text('Copied')")
+    assert json.loads(page.evaluate("() => navigator.clipboard.readText()")) == best
+    assert unlabelled_controls(page) == [] and no_horizontal_scroll(page)
+    page.screenshot(path=str(shots / "tuning.png"), full_page=True)
+
+
+def test_calibration(page, server, shots):
+    srv, filled = server
+    open_page(page, "/dashboard/calibration")
+    api = httpx.get(srv.url + "/v1/dashboard/calibration").json()
+    assert int(page.get_attribute("#scatter", "data-points")) == api["total"] >= filled.feedback
+    assert colour_pixels(page, "#scatter", BLUE) > 20 and colour_pixels(page, "#scatter", VERMILION) > 20
+    assert colour_pixels(page, "#hist", BLUE) > 20
+    rows = page.locator("#groups tbody tr")
+    assert rows.count() == len(api["groups"]) == 2
+    verdicts = {rows.nth(k).locator("td").nth(0).inner_text()[:8]: rows.nth(k).locator("td").nth(6).inner_text() for k in range(2)}
+    assert verdicts == {"FlexSP's": "re-profile", "analytic": "ok"}
+    assert unlabelled_controls(page) == [] and no_horizontal_scroll(page)
+    page.screenshot(path=str(shots / "calibration.png"), full_page=True)
+
+    page.select_option("#filters select[name=profile]", "analytical")
+    page.wait_for_function("() => document.querySelector('#groups tbody').children.length === 1")
+    analytical = sum(1 for p in filled.plans if filled.profile_of[p["id"]] == "analytical")
+    assert int(page.get_attribute("#scatter", "data-points")) >= 3 * analytical
+
+
+def test_token_needed_then_given(browser, tmp_path):
+    token = "dashboard-token-" + "x" * 12
+    srv = LocalServer(tmp_path, env={"DHP_TOKENS": token})
+    try:
+        context = browser.new_context(viewport={"width": WIDTH, "height": 700}, base_url=srv.url)
+        pg = context.new_page()
+        problems: list[str] = []
+        pg.on("console", lambda m: problems.append(m.text) if m.type == "error" and "401" not in m.text else None)
+        pg.on("pageerror", lambda e: problems.append(str(e)))
+        pg.goto("/dashboard")
+        pg.wait_for_selector("body[data-ready=error]")
+        assert "API token" in pg.inner_text("#alert")
+        assert pg.evaluate("() => document.activeElement.id") == "token"
+        pg.keyboard.type(token)
+        pg.keyboard.press("Enter")
+        pg.wait_for_selector("body[data-ready='1']")
+        assert pg.is_hidden("#alert") and "0 plans" in pg.inner_text("#plans-caption")
+        context.close()
+        assert problems == []
+    finally:
+        srv.stop()
+
+
+def test_screenshots_are_readable_size(shots):
+    """Each page's screenshot exists and is 1280 px wide (the README shows them)."""
+    for name in ("plans", "plan", "tuning", "calibration"):
+        path = shots / f"{name}.png"
+        assert path.exists(), f"{name}.png was not taken"
+        with path.open("rb") as f:
+            head = f.read(24)
+        assert int.from_bytes(head[16:20], "big") == WIDTH

@@ -1,0 +1,106 @@
+"""The arithmetic of context-parallel attention: one key block against this rank's queries, tile by tile.
+
+Precision. Inputs may be float64, float32, bfloat16 or float16; every product and every running
+quantity (scores, the softmax's log-sum-exp, the output and the gradients being accumulated) is
+kept in float32 (float64 for float64 inputs), as flash-attention kernels do, and only the final
+output and gradients are rounded to the input dtype. Masked scores are set to minus infinity in the
+accumulator dtype (never a literal that overflows a half-precision type); a tile holds only query
+rows that see at least one key, so no row's log-sum-exp is ever infinite.
+
+Grouped-query attention. Queries have H heads, keys and values Hkv heads with H a multiple of
+Hkv; query head h reads key/value head h // (H / Hkv) (the order of Hugging Face's ``repeat_kv``).
+Queries are viewed as [Hkv, H / Hkv, T, D] and multiplied against [Hkv, 1, T, D] keys by
+broadcasting, so keys and values are never copied per query head; their gradients are summed over
+the heads that read them.
+
+Tiles. A block is computed over (query rows, key columns, mask) tiles: sample by sample (a query
+sees only keys of its own sample) and in runs of at most :data:`TILE` consecutive query positions,
+each over only the key columns it can see, so causal attention costs about half the square and a
+micro-batch of many short samples costs the sum of their squares.
+"""
+
+from __future__ import annotations
+
+import torch
+
+TILE = 128
+"""Query rows per tile."""
+
+Tiles = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 for float64 inputs, float32 for every other floating type."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def mask_value(dtype: torch.dtype) -> float:
+    """The most negative finite value of ``dtype``: a masked score that no dtype overflows on."""
+    return float(torch.finfo(dtype).min)
+
+
+def tiles(q_pos: torch.Tensor, q_seg: torch.Tensor, k_pos: torch.Tensor, k_seg: torch.Tensor, tile: int | None = None) -> Tiles:
+    """(query rows, key columns, their mask) of each row tile of a block that sees at least one key.
+
+    Built sample by sample, so the cost grows with the sum of squared sample lengths, not the square
+    of the total. Tiles never span two samples or two chunks of one, whose rows see very different keys.
+    """
+    size = tile or TILE
+    out: Tiles = []
+    for s in torch.unique(q_seg).tolist():
+        qi = (q_seg == s).nonzero().flatten()
+        ki = (k_seg == s).nonzero().flatten()
+        if ki.numel() == 0:
+            continue
+        mask = q_pos[qi][:, None] >= k_pos[ki][None, :]
+        live = mask.any(dim=1).nonzero().flatten()
+        if live.numel() == 0:
+            continue
+        pos = q_pos[qi][live]
+        breaks = (pos[1:] != pos[:-1] + 1).nonzero().flatten() + 1
+        bounds = [0, *breaks.tolist(), int(live.numel())]
+        for a, b in zip(bounds[:-1], bounds[1:], strict=False):
+            for x in range(a, b, size):
+                local = live[x:min(x + size, b)]
+                sub = mask[local]
+                c = sub.any(dim=0).nonzero().flatten()
+                out.append((qi[local], ki[c], sub[:, c]))
+    return out
+
+
+def grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """[H, T, D] -> [Hkv, H / Hkv, T, D] (a view)."""
+    h, t, d = x.shape
+    return x.view(kv_heads, h // kv_heads, t, d)
+
+
+def block_forward_into(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_tiles: Tiles, scale: float) -> None:
+    """Merge one key block into the running (out [Hkv,G,T,D], lse [Hkv,G,T]) in place.
+
+    ``q`` is [Hkv, G, T, D] and ``k``, ``v`` [Hkv, Tk, D], all in the accumulator dtype.
+    """
+    for rows, cols, m in block_tiles:
+        kc, vc = k[:, cols].unsqueeze(1), v[:, cols].unsqueeze(1)
+        s = torch.matmul(q[:, :, rows], kc.transpose(-1, -2)) * scale
+        s = s.masked_fill(~m, -torch.inf)
+        b_lse = torch.logsumexp(s, dim=-1)
+        b_out = torch.matmul(torch.exp(s - b_lse.unsqueeze(-1)), vc)
+        old = lse[:, :, rows]
+        new = torch.logaddexp(old, b_lse)
+        out[:, :, rows] = out[:, :, rows] * torch.exp(old - new).unsqueeze(-1) + b_out * torch.exp(b_lse - new).unsqueeze(-1)
+        lse[:, :, rows] = new
+
+
+def block_backward_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
+                        block_tiles: Tiles, scale: float, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
+    """Add one block's gradients into dq [Hkv,G,T,D], dk and dv [Hkv,Tk,D] in place, recomputing its probabilities."""
+    for rows, cols, m in block_tiles:
+        qr, dr = q[:, :, rows], dout[:, :, rows]
+        kc, vc = k[:, cols].unsqueeze(1), v[:, cols].unsqueeze(1)
+        s = torch.matmul(qr, kc.transpose(-1, -2)) * scale
+        p = torch.exp(s - lse[:, :, rows].unsqueeze(-1)).masked_fill(~m, 0.0)
+        dv[:, cols] += torch.matmul(p.transpose(-1, -2), dr).sum(1)
+        dp = torch.matmul(dr, vc.transpose(-1, -2))
+        ds = p * (dp - delta[:, :, rows].unsqueeze(-1))
+        dq[:, :, rows] += torch.matmul(ds, kc) * scale
+        dk[:, cols] += torch.matmul(ds.transpose(-1, -2), qr).sum(1) * scale

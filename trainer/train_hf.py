@@ -1,0 +1,258 @@
+"""Train a Hugging Face causal LM with planned context parallelism, one process per rank (torchrun).
+
+    torchrun --nproc-per-node 4 -m trainer.train_hf --steps 10                        # plan in process
+    torchrun --nproc-per-node 4 -m trainer.train_hf --steps 10 --service http://127.0.0.1:8000
+    torchrun --nproc-per-node 4 -m trainer.train_hf --steps 10 --reference --out run.json
+
+Every step: rank 0 asks the planner for the plan of the next batch ahead (``plan_ahead``, so it is
+made while this step trains) and fetches this step's plan; the plan is broadcast from rank 0 and
+every rank checks its digest (:mod:`trainer.plan_sync`); each rank maps it to its work
+(:func:`trainer.apply.apply_plan`, with ``--tp``/``--pp`` in Megatron's order), loads only the
+samples of its groups through a DataLoader (:mod:`trainer.routing`), creates the plan's new
+groups through the pool, trains the step (:func:`trainer.step.train_step`, ring or Ulysses
+attention in the model of :mod:`trainer.hf_adapter`) and rank 0 posts the measured step time and
+per-group times as feedback. With ``--reference`` rank 0 also trains a second copy of the model on
+the whole batch in one process with the library's own attention and reports both losses.
+
+The model is a small Llama built locally with random weights (``--hidden``, ``--layers``,
+``--heads``, ``--kv-heads``); nothing is downloaded. Batches are seeded synthetic samples of
+log-uniform lengths. Backend gloo (CPU) unless CUDA is available and ``--backend nccl`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+DEFAULT_PROFILE = {
+    "time": {"quadratic": 2e-9, "linear": 2e-5, "sample_constant": 2e-3, "group_constant": 5e-3},
+    "comm": {"scheme": "ring", "bytes_per_token": 3000, "bandwidth_bytes_per_s": {"intra": 5e8, "inter": 5e8}},
+    "source": "train_hf default: a rough CPU profile of the tiny model (measure one with dhp profile)",
+}
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def batch_lengths(step: int, n: int, seed: int, shortest: int, longest: int) -> dict[str, int]:
+    """Sample ids and lengths of one step's batch (log-uniform lengths, seeded by step)."""
+    rng = random.Random(seed * 100_003 + step)
+    return {f"b{step}s{i}": int(round(shortest * (longest / shortest) ** rng.random())) for i in range(n)}
+
+
+def make_request(lengths: dict[str, int], args: argparse.Namespace, model_doc: dict[str, Any], world: int) -> dict[str, Any]:
+    profile = json.loads(open(args.profile).read()) if args.profile else dict(DEFAULT_PROFILE)
+    profile = {**profile, "comm": {**profile["comm"], "scheme": args.scheme}}
+    if args.capacity_tokens:
+        profile["capacity_tokens_per_rank"] = args.capacity_tokens
+    profile.setdefault("capacity_tokens_per_rank", args.capacity_tokens or 1 << 16)
+    domain = world // (args.tp * args.pp)
+    return {"batch": {"samples": [{"id": k, "text_tokens": v} for k, v in lengths.items()]},
+            "cluster": {"nodes": 1, "gpus_per_node": domain * args.tp * args.pp, "tensor_parallel": args.tp, "pipeline_parallel": args.pp},
+            "model": model_doc, "profile": profile, "options": {"time_budget_ms": args.budget_ms}}
+
+
+class Planner:
+    """Rank 0's source of plans: the service through the client (one step ahead), or the planner in process."""
+
+    def __init__(self, service: str | None) -> None:
+        self.client = None
+        self.ahead: dict[int, str] = {}
+        if service:
+            from api.client import PlannerClient
+
+            self.client = PlannerClient(service, local_fallback=False)
+
+    def submit(self, step: int, request: dict[str, Any]) -> None:
+        if self.client is not None:
+            self.ahead[step] = self.client.plan_ahead(request)
+        else:
+            self.ahead[step] = json.dumps(request)
+
+    def get(self, step: int) -> dict[str, Any]:
+        key = self.ahead.pop(step)
+        if self.client is not None:
+            doc = self.client.result(key, wait_ms=60_000)
+            if doc.get("status") in ("pending", "failed", "error"):
+                raise RuntimeError(f"plan {key} of step {step} is {doc.get('status')}: {doc.get('error') or doc}")
+            return doc
+        from optimizer.problem.documents import problem_from_json
+        from planning.planner import plan
+
+        return plan(problem_from_json(json.loads(key))).to_json()
+
+    def feedback(self, doc: dict[str, Any], measured: float, group_times: list[list[float]], step: int, new_groups: int) -> bool:
+        if self.client is None or "id" not in doc:
+            return False
+        answer = self.client.feedback(str(doc["id"]), measured, group_times_s=group_times, step=step,
+                                      metrics={"new_groups": float(new_groups)}, notes="trainer.train_hf")
+        return answer is not None
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--samples", type=int, default=8, help="samples per batch (default 8)")
+    ap.add_argument("--shortest", type=int, default=8)
+    ap.add_argument("--longest", type=int, default=192)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--scheme", choices=["ring", "ulysses"], default="ring")
+    ap.add_argument("--dtype", choices=["float32", "float64", "bfloat16"], default="float32")
+    ap.add_argument("--hidden", type=int, default=48)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=6, help="query heads (default 6: Ulysses works on groups of 1, 2, 3, 6)")
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the job's rank numbering (the model itself is replicated)")
+    ap.add_argument("--pp", type=int, default=1, help="pipeline stages of the job's rank numbering (the model itself is replicated)")
+    ap.add_argument("--profile", help="cost profile file for the planner (default: a rough built-in CPU profile)")
+    ap.add_argument("--capacity-tokens", type=int, default=96, help="tokens per rank per micro-batch the plan may use (default 96: long samples need groups)")
+    ap.add_argument("--budget-ms", type=int, default=300)
+    ap.add_argument("--service", help="planning service URL; default: plan in this process")
+    ap.add_argument("--reference", action="store_true", help="rank 0 also trains a single-process copy on the whole batch and compares")
+    ap.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
+    ap.add_argument("--ring-timeout", type=float, default=120.0, help="seconds a rank waits for a ring message before failing")
+    ap.add_argument("--out", help="rank 0 writes the run's figures here as JSON")
+    args = ap.parse_args(argv)
+    for name in ("steps", "samples", "shortest", "longest", "hidden", "layers", "heads", "kv_heads", "tp", "pp", "budget_ms"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.longest < args.shortest:
+        ap.error("--longest must be >= --shortest")
+    if args.hidden % args.heads or args.heads % args.kv_heads:
+        ap.error("--hidden must be a multiple of --heads, and --heads a multiple of --kv-heads")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader
+
+    from trainer import ring_attention
+    from trainer.apply import apply_plan
+    from trainer.group_pool import GroupPool
+    from trainer.hf_adapter import HFCausalLM, model_document, reference_loss, tiny_llama
+    from trainer.plan_sync import broadcast_plan
+    from trainer.routing import PlanBatchSampler, SyntheticTokens, collate_samples
+    from trainer.step import train_step
+
+    if "RANK" not in os.environ:
+        log("run me under torchrun, e.g. torchrun --nproc-per-node 4 -m trainer.train_hf")
+        return 2
+    torch.set_num_threads(1)
+    dist.init_process_group(args.backend, timeout=timedelta(seconds=max(60.0, args.ring_timeout)))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world % (args.tp * args.pp):
+        if rank == 0:
+            log(f"--tp {args.tp} x --pp {args.pp} must divide the {world} processes")
+        dist.destroy_process_group()
+        return 2
+    ring_attention.DEFAULT_TIMEOUT_S = args.ring_timeout
+    dtype = getattr(torch, args.dtype)
+    build = dict(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+                 intermediate_size=2 * args.hidden)
+    model = HFCausalLM(tiny_llama(args.seed, dtype, **build))
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    ref_model = ref_opt = None
+    if args.reference and rank == 0:
+        ref_model = tiny_llama(args.seed, dtype, **build)
+        ref_opt = torch.optim.SGD(ref_model.parameters(), lr=args.lr)
+    lengths = {s: batch_lengths(s, args.samples, args.seed, args.shortest, args.longest) for s in range(args.steps)}
+    dataset = SyntheticTokens({k: v for batch in lengths.values() for k, v in batch.items()}, vocab=int(model.model.config.vocab_size), seed=args.seed)
+    planner = Planner(args.service) if rank == 0 else None
+    doc_model = model_document(model.model)
+    pool = GroupPool()
+    works: list[Any] = []
+    loader = iter(DataLoader(dataset, batch_sampler=PlanBatchSampler(works_iter(works)), collate_fn=collate_samples))  # type: ignore[arg-type]
+    rows = []
+    if planner is not None:
+        planner.submit(0, make_request(lengths[0], args, doc_model, world))
+    for step in range(args.steps):
+        t_plan = time.perf_counter()
+        doc = None
+        if planner is not None:
+            if step + 1 < args.steps:
+                planner.submit(step + 1, make_request(lengths[step + 1], args, doc_model, world))
+            doc = planner.get(step)
+        doc, digest = broadcast_plan(doc)
+        plan_wait = time.perf_counter() - t_plan
+        work = apply_plan(doc, rank, tensor_parallel=args.tp, pipeline_parallel=args.pp)
+        works.append(work)
+        samples = next(loader)
+        created_before = pool.stats.created
+        pool.ensure(work.communicators)
+        pool.ensure(work.reduce_groups)
+        new_groups = pool.stats.created - created_before
+        opt.zero_grad(set_to_none=True)
+        dist.barrier()
+        result = train_step(model, work, pool, samples, opt)
+        mine = {"seconds": result.seconds, "mb": result.micro_batch_seconds, "digest": digest, "samples": len(samples)}
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, mine)
+        if rank != 0:
+            continue
+        measured = max(g["seconds"] for g in gathered)
+        group_times = [[max(gathered[r]["mb"][m] for r in _globals(g["ranks"], args.tp, args.pp, doc["domain_size"])) for g in mb["groups"]]
+                       for m, mb in enumerate(doc["micro_batches"])]
+        stored = planner.feedback(doc, measured, group_times, step, new_groups) if planner is not None else False
+        row = {"step": step, "plan_id": doc.get("id"), "loss": result.loss, "digest": digest, "digests_equal": len({g["digest"] for g in gathered}) == 1,
+               "predicted_s": doc.get("predicted_step_time_s"), "measured_s": measured, "plan_wait_s": plan_wait, "new_groups": new_groups,
+               "samples_loaded": [g["samples"] for g in gathered], "batch_samples": len(lengths[step]), "feedback_stored": stored,
+               "groups": [[g["ranks"] for g in mb["groups"]] for mb in doc["micro_batches"]]}
+        if ref_model is not None and ref_opt is not None:
+            ref_opt.zero_grad(set_to_none=True)
+            whole = {sid: dataset.tokens(sid) for sid in lengths[step]}
+            row["reference_loss"] = reference_loss(ref_model, whole)
+            ref_opt.step()
+            row["loss_rel_diff"] = abs(row["reference_loss"] - result.loss) / max(abs(row["reference_loss"]), 1e-30)
+        rows.append(row)
+        log(f"step {step}: loss {result.loss:.6f}" + (f" (one process {row['reference_loss']:.6f})" if "reference_loss" in row else "")
+            + f", groups {row['groups']}, predicted {row['predicted_s'] * 1000:.1f} ms, measured {measured * 1000:.1f} ms, new groups {new_groups}, "
+            f"samples loaded per rank {row['samples_loaded']} of {row['batch_samples']}, digest {digest[:12]}")
+    summary: dict[str, Any] = {}
+    if rank == 0:
+        summary = {"world": world, "steps": rows, "dtype": args.dtype, "scheme": args.scheme}
+        if ref_model is not None:
+            with torch.no_grad():
+                diffs = [float((p - q).abs().max()) for p, q in zip(model.model.parameters(), ref_model.parameters(), strict=True)]
+            summary["max_parameter_diff"] = max(diffs)
+            summary["max_loss_rel_diff"] = max(r["loss_rel_diff"] for r in rows)
+            log(f"after {args.steps} steps: largest loss difference {summary['max_loss_rel_diff']:.2e} (relative), "
+                f"largest parameter difference {summary['max_parameter_diff']:.2e}")
+        if args.out:
+            with open(args.out, "w") as fh:
+                json.dump(summary, fh, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0 if all(math.isfinite(r["loss"]) for r in rows) else 1
+
+
+def works_iter(works: list[Any]) -> Any:
+    """Yield each step's work as the loop appends it (the sampler is read one step at a time)."""
+    i = 0
+    while True:
+        if i >= len(works):
+            raise RuntimeError("the data loader was asked for a step whose plan has not arrived")
+        yield works[i]
+        i += 1
+
+
+def _globals(ranks: list[int], tp: int, pp: int, domain: int) -> list[int]:
+    from trainer.ranks import RankLayout
+
+    layout = RankLayout(domain, tp, pp)
+    return [layout.global_rank(r, t, s) for r in ranks for s in range(pp) for t in range(tp)]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
