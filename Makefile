@@ -6,6 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS ?= solver,service,bench,flexsp,trainer,jobs,ray,dev
 comma := ,
+TYPED ?= optimizer planning solver_models api jobs
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: run example test lint bench clean venv
@@ -30,6 +31,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy $(TYPED)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

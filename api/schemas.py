@@ -9,10 +9,11 @@ envelope and carry the limits that do not depend on the deployment.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from api.store.repository import SUMMARY_FIELDS, PlanRecord
 from optimizer.problem.options import OPTION_SPECS, OptionSpec
 
 
@@ -20,8 +21,7 @@ def _option_field(spec: OptionSpec) -> tuple[Any, Any]:
     """The pydantic type and field of one planner option, from its one definition."""
     kinds: dict[str, Any] = {"int": int, "number": float, "bool": bool}
     kind: Any = Literal[spec.choices] if spec.choices else kinds.get(spec.kind, str)  # type: ignore[valid-type]
-    limits = {k: v for k, v in (("ge", spec.low), ("le", spec.high)) if v is not None}
-    return kind | None, Field(None, description=spec.help, **limits)
+    return kind | None, Field(None, description=spec.help, ge=spec.low, le=spec.high)
 
 
 OptionsIn = create_model(  # type: ignore[call-overload]
@@ -54,7 +54,7 @@ class PlanRequest(BaseModel):
     model: dict[str, Any] | None = Field(None, description="a model document")
     model_preset: str | None = Field(None, max_length=128, description="a preset model name (GET /v1/presets)")
     profile: dict[str, Any] | None = Field(None, description="a measured cost profile; replaces the analytical cost model")
-    options: OptionsIn | None = None
+    options: OptionsIn | None = None  # type: ignore[valid-type]  # a model derived from PlanOptions
     existing_groups: list[list[int]] | None = Field(None, description="rank groups (communicators) the training job already has")
     wait: bool = Field(True, description="false: plan ahead; answer 202 with the id at once and solve in the background")
     cache: bool = Field(True, description="false: solve again even if an identical request was planned before")
@@ -90,22 +90,16 @@ class PlanOut(_PlanFigures):
     error: dict[str, Any] | None = None
 
 
-class PlanSummary(_PlanFigures):
-    id: str
-    status: str
-    created_at: datetime
-    finished_at: datetime | None = None
-    cluster: str | None = None
-    model: str | None = None
-    n_samples: int
-    n_ranks: int
-    backend: str | None = None
-    solver_status: str | None = None
-    solve_ms: float | None = None
+PlanSummary = create_model(  # type: ignore[call-overload]
+    "PlanSummary",
+    __doc__="One stored plan in the plan list: the record's fields without its documents.",
+    **{name: (hint, ... if name in ("id", "status", "created_at", "n_samples", "n_ranks") else None)
+       for name, hint in get_type_hints(PlanRecord).items() if name in SUMMARY_FIELDS},
+)
 
 
 class PlanList(BaseModel):
-    items: list[PlanSummary]
+    items: list[PlanSummary]  # type: ignore[valid-type]  # a model derived from PlanRecord
     total: int
     limit: int
     offset: int

@@ -26,7 +26,7 @@ from api import translate
 from api.errors import Overloaded, planner_error_document
 from api.metrics import Metrics
 from api.settings import Settings
-from api.store.repository import PlanRecord, Store, utcnow
+from api.store.repository import PlanRecord, Store, solved_columns, utcnow
 from optimizer.errors import PlannerError
 from planning.deadline import Deadline
 from planning.planner import plan as run_planner
@@ -248,9 +248,7 @@ class PlanningService:
         base = dict(id=plan_id, created_at=utcnow(), status=status, request_hash=key, n_samples=len(problem.batch), n_ranks=problem.cluster.total_gpus,
                     cluster=cluster, model=model, request_json=translate.request_text(doc))
         if result is not None:
-            base.update(finished_at=base["created_at"], plan_json=text, backend=result.solver.backend, solver_status=result.solver.status,
-                        predicted_step_time_s=result.predicted_step_time_s, lower_bound_s=result.lower_bound_s, gap=result.gap,
-                        solve_ms=result.solver.wall_ms)
+            base.update(finished_at=base["created_at"], plan_json=text, **solved_columns(result))
         return PlanRecord(**base)
 
     def plan_now(self, doc: dict[str, Any], arrival: float, use_cache: bool) -> tuple[PlanRecord, bool, dict[str, float]]:
@@ -299,9 +297,7 @@ class PlanningService:
         resolve((pending, False))
         try:
             result, text = self._solve(problem, arrival)
-            self.store.finish(plan_id, plan_json=text, backend=result.solver.backend, solver_status=result.solver.status,
-                              predicted_step_time_s=result.predicted_step_time_s, lower_bound_s=result.lower_bound_s, gap=result.gap,
-                              solve_ms=result.solver.wall_ms)
+            self.store.finish(plan_id, text, result)
             self.cache.put(key, self.store.get(plan_id) or pending, raw)
         except PlannerError as exc:
             self.store.fail(plan_id, planner_error_document(exc))

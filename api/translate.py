@@ -18,7 +18,7 @@ import orjson
 
 from api.schemas import PlanRequest, PlanSummary
 from api.settings import Settings
-from api.store.repository import PlanRecord
+from api.store.repository import SUMMARY_FIELDS, PlanRecord
 from optimizer.errors import ProblemError
 from optimizer.plan.plan import Plan
 from optimizer.problem.documents import problem_from_json
@@ -120,10 +120,7 @@ def plan_body(record: PlanRecord) -> bytes:
 
 
 def summary(record: PlanRecord) -> PlanSummary:
-    return PlanSummary(id=record.id, status=record.status, created_at=record.created_at, finished_at=record.finished_at, cluster=record.cluster,
-                       model=record.model, n_samples=record.n_samples, n_ranks=record.n_ranks, backend=record.backend,
-                       solver_status=record.solver_status, predicted_step_time_s=record.predicted_step_time_s,
-                       lower_bound_s=record.lower_bound_s, gap=record.gap, solve_ms=record.solve_ms)
+    return PlanSummary(**{name: getattr(record, name) for name in SUMMARY_FIELDS})
 
 
 def check_group_times(group_times: list[list[float]] | None, plan_json: str | None) -> None:

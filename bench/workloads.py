@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from optimizer import workloads as base
+from optimizer.problem import workloads as base
 from optimizer.errors import ProblemError
 
 VIDEO_MAX_FRAMES = 1200

@@ -91,7 +91,7 @@ def job_document(args: argparse.Namespace) -> dict[str, Any]:
     if args.profile:
         doc["profile"] = read_json_file(args.profile, "--profile")
     elif args.profile_preset:
-        from optimizer.presets import load_profile
+        from optimizer.costs.zoo import load_profile
 
         doc["profile"] = load_profile(args.profile_preset, "--profile-preset")
     options = dict(read_json_file(args.options, "--options")) if args.options else dict(doc.get("options") or {})

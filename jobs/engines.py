@@ -57,7 +57,7 @@ _TEMPLATE: dict[str, Any] | None = None
 def _init_worker(template: dict[str, Any]) -> None:
     global _TEMPLATE
     _TEMPLATE = template
-    from planning.warm import warm_up
+    from planning.planner import warm_up
 
     warm_up()
 

@@ -50,8 +50,8 @@ def solve_model(model: SlotModel, time_limit_s: float, options: PlanOptions, on_
     if model.hint_x:
         for s, v in enumerate(model.hint_y):
             cp.add_hint(y[s], v)
-        for key, var in x.items():
-            cp.add_hint(var, model.hint_x.get(key, 0))
+        for key, x_var in x.items():
+            cp.add_hint(x_var, model.hint_x.get(key, 0))
         for m, v in enumerate(model.hint_t):
             cp.add_hint(t_mb[m], max(v, model.floor[m]))
             if model.tiebreak:

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from optimizer.presets import load_profile
+from optimizer.costs.zoo import load_profile
 from optimizer.problem.workloads import WORKLOADS
 
 BIAS = {"analytical": 1.03, "flexsp-gpt7b": 1.16}

@@ -21,7 +21,7 @@ from api.settings import Settings
 from api.store import PlanRecord, Store
 from api.store import queries as q
 from api.store.migrate import upgrade
-from optimizer.presets import load_profile
+from optimizer.costs.zoo import load_profile
 
 PG_URL = os.environ.get("DHP_TEST_DATABASE_URL")
 

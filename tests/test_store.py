@@ -6,6 +6,7 @@ import json
 import os
 import uuid
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import inspect, text
@@ -80,7 +81,8 @@ def test_pending_then_finished_or_failed(store):
     a, b = record(status="pending"), record(status="pending")
     store.add(a)
     store.add(b)
-    store.finish(a.id, plan_json='{"x":1}', backend="cpsat", solver_status="optimal", predicted_step_time_s=2.0, lower_bound_s=2.0, gap=0.0, solve_ms=50.0)
+    plan = SimpleNamespace(solver=SimpleNamespace(backend="cpsat", status="optimal", wall_ms=50.0), predicted_step_time_s=2.0, lower_bound_s=2.0, gap=0.0)
+    store.finish(a.id, '{"x":1}', plan)
     store.fail(b.id, {"status": 422, "detail": "no plan", "field": "batch"})
     done, failed = store.get(a.id), store.get(b.id)
     assert done.status == "done" and done.plan_json == '{"x":1}' and done.solver_status == "optimal" and done.finished_at is not None
@@ -165,3 +167,15 @@ def test_service_keeps_plans_in_postgres(tmp_path):
         assert_verified(again, req)
         assert c.get("/v1/plans").json()["total"] == 1
     assert not (tmp_path / "dhp.sqlite3").exists()
+
+
+def test_record_table_and_summary_agree():
+    """The stored record is defined once: the table has its fields, the summary shows the non-document ones."""
+    from dataclasses import fields
+
+    from api.schemas import PlanSummary
+    from api.store.models import PlanRow
+    from api.store.repository import SUMMARY_FIELDS, PlanRecord
+
+    assert {f.name for f in fields(PlanRecord)} == set(PlanRow.__table__.columns.keys())
+    assert set(PlanSummary.model_fields) == set(SUMMARY_FIELDS)

@@ -8,8 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from optimizer import verify as verify_module
-from optimizer import verify_kernels
+from optimizer.verify import verifier as verify_module
+from optimizer.verify import verify_kernels
 from optimizer.costs.tables import sample_time, vision_work
 from optimizer.plan.plan import Assignment
 from optimizer.problem.documents import problem_from_json

@@ -8,7 +8,7 @@ worker threads.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -16,6 +16,7 @@ from sqlalchemy import Engine, Table, create_engine, event, func, insert, select
 from sqlalchemy.orm import sessionmaker
 
 from api.store.models import FeedbackRow, PlanRow
+from optimizer.plan.plan import Plan
 
 
 def utcnow() -> datetime:
@@ -55,6 +56,16 @@ class PlanRecord:
     @property
     def error(self) -> dict[str, Any] | None:
         return json.loads(self.error_json) if self.error_json else None
+
+
+SUMMARY_FIELDS = tuple(f.name for f in fields(PlanRecord) if f.name not in ("request_hash", "plan_json", "error_json", "request_json"))
+"""The fields of a record that the plan list shows (everything but the documents and the hash)."""
+
+
+def solved_columns(plan: Plan) -> dict[str, Any]:
+    """The columns a solved plan fills, from the plan itself: the one place that maps a plan to its record."""
+    return {"backend": plan.solver.backend, "solver_status": plan.solver.status, "predicted_step_time_s": plan.predicted_step_time_s,
+            "lower_bound_s": plan.lower_bound_s, "gap": plan.gap, "solve_ms": plan.solver.wall_ms}
 
 
 @dataclass(frozen=True)
@@ -123,12 +134,10 @@ class Store:
         with self.engine.begin() as conn:
             conn.execute(insert(_PLANS), [record.__dict__])
 
-    def finish(self, plan_id: str, *, plan_json: str, backend: str, solver_status: str, predicted_step_time_s: float,
-               lower_bound_s: float, gap: float, solve_ms: float) -> None:
+    def finish(self, plan_id: str, plan_json: str, plan: Plan) -> None:
+        """Mark a pending plan done with its plan document and :func:`solved_columns`."""
         with self._session.begin() as s:
-            s.execute(update(PlanRow).where(PlanRow.id == plan_id).values(
-                status="done", finished_at=utcnow(), plan_json=plan_json, backend=backend, solver_status=solver_status,
-                predicted_step_time_s=predicted_step_time_s, lower_bound_s=lower_bound_s, gap=gap, solve_ms=solve_ms))
+            s.execute(update(PlanRow).where(PlanRow.id == plan_id).values(status="done", finished_at=utcnow(), plan_json=plan_json, **solved_columns(plan)))
 
     def fail(self, plan_id: str, error: dict[str, Any]) -> None:
         with self._session.begin() as s:
