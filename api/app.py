@@ -22,10 +22,11 @@ from api import errors
 from api.metrics import Metrics, multiprocess_dir
 from api.middleware import ArrivalAndMetrics, BodyLimit
 from api.routes import dashboard, health, jobs, plans, presets
+from api.service import PlanningService
 from api.settings import Settings
-from api.solving import PlanningService, warm_up
 from api.store import Store
 from api.store.migrate import upgrade
+from planning.planner import warm_up_service as warm_up
 
 STATIC = Path(__file__).resolve().parent / "static"
 DESCRIPTION = """Plans of dynamic hybrid (data x context) parallelism for training batches.

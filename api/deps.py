@@ -13,8 +13,8 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.errors import ServiceError
+from api.service import PlanningService
 from api.settings import Settings
-from api.solving import PlanningService
 from api.store import Store
 
 _bearer = HTTPBearer(auto_error=False, description="a token from DHP_TOKENS (needed only when the server sets tokens)")

@@ -177,3 +177,27 @@ def honest_status(stats: SolverStats, step_s: float, bound_s: float) -> SolverSt
         return stats
     note = f"{stats.backend} reported optimal, but the plan's {step_s:.9g} s is {100 * (step_s / bound_s - 1):.4f}% above the proven bound {bound_s:.9g} s"
     return replace(stats, status="feasible", details={**stats.details, "solver_claim": note})
+
+
+SOLVER_MODULES = ("ortools.sat.python.cp_model", "highspy", "pulp")
+"""Loaded once at start-up: a long-running service should not make its first requests pay the
+solver libraries' import time (the planner's ``auto`` avoids CP-SAT while OR-Tools is not loaded)."""
+
+
+def warm_up_service() -> list[str]:
+    """Load the planner's compiled kernels and import the installed solver libraries and backends
+    (for a long-running process, at start-up); returns the solver modules now loaded."""
+    import importlib
+
+    warm_up()
+    loaded = []
+    for name in SOLVER_MODULES:
+        try:
+            importlib.import_module(name)
+            loaded.append(name)
+        except ImportError:
+            pass
+    from solver_models import available_backends
+
+    available_backends()
+    return loaded

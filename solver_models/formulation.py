@@ -211,8 +211,8 @@ class SlotModel:
     def size(self) -> dict[str, int]:
         return {"slots": self.n_slots, "items": len(self.items), "samples": sum(len(m) for m in self.items), "pairs": len(self.arcs), "micro_batches": self.n_mb}
 
-    def decode(self, y: list[int], x: dict[tuple[int, int], int]) -> list[list[Group]]:
-        """The groups of every micro-batch of the model for the values ``y`` and ``x``, fixed groups included.
+    def decode(self, x: dict[tuple[int, int], int]) -> list[list[Group]]:
+        """The groups of every micro-batch of the model for the values ``x`` (open slots are those with members), fixed groups included.
 
         A spanning slot was charged the inter-node time: it gets ranks of at least two nodes whenever the
         free ranks left allow it (the plan then costs what the model said; a group that still lands inside

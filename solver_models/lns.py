@@ -130,7 +130,7 @@ def _whole(tables: CostTables, options: PlanOptions, hint: Assignment | None, de
     if res.y is None or res.x is None:
         return SolveResult(None, res.status, bound_s=bound_s(res.bound), wall_ms=wall_ms, trace=trace,
                            message=f"the solver returned no plan ({res.status}{': ' + res.message if res.message else ''})", details=details)
-    groups = model.decode(res.y, res.x)
+    groups = model.decode(res.x)
     assignment = Assignment.of([[(r, s) for r, s in mb] for mb in groups])
     objective = assignment_step_time(tables, assignment)
     bound = bound_s(res.bound)
@@ -236,7 +236,7 @@ def _lns(tables: CostTables, options: PlanOptions, hint: Assignment, deadline: f
         if res.y is None or res.x is None:
             continue
         touched = [k for k in range(len(current)) if free[k]]
-        new = model.decode(res.y, res.x)
+        new = model.decode(res.x)
         candidate = list(current)
         for k, mb in zip(touched, new, strict=False):
             candidate[k] = [g for g in mb if g[1]]

@@ -245,7 +245,7 @@ def test_budget_counts_from_arrival(client, monkeypatch):
     """One deadline per request, from its arrival; the request's own options are not rewritten."""
     import time
 
-    import api.solving as solving
+    import api.service as solving
 
     seen = []
     original = solving.run_planner

@@ -54,10 +54,8 @@ def test_a_spanning_slot_is_decoded_onto_two_nodes():
     spanning = [c for c in model.classes if c.pool < 0 and c.d == 2 and c.m == 0]
     assert spanning
     s = spanning[0].slots[0]
-    y = [0] * model.n_slots
-    y[s] = 1
     x = {(q, s): model.item_count(q) for q in range(len(model.items)) if (q, s) in {(a, b) for a, b, _ in model.arcs}}
-    groups = model.decode(y, x)
+    groups = model.decode(x)
     (ranks, _), = groups[0]
     assert len({int(tables.rank_node[r]) for r in ranks}) == 2, ranks
 

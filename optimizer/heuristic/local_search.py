@@ -138,7 +138,7 @@ class LocalSearch:
 
     def _micro_batch_tops(self) -> None:
         """Refresh each micro-batch's three largest group times and the groups of the first two."""
-        micro_batch_tops(self.g_time, self.g_micro_batch, self.g_alive, self.n_micro_batches, self.top, self.top_id)
+        micro_batch_tops(self.g_time, self.g_micro_batch, self.g_alive, self.top, self.top_id)
 
     def step_time(self) -> float:
         self._micro_batch_tops()

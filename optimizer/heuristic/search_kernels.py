@@ -18,8 +18,7 @@ EPS = 1e-12
 
 
 @compiled
-def micro_batch_tops(g_time: np.ndarray, g_micro_batch: np.ndarray, g_alive: np.ndarray, n_micro_batches: int,
-               top: np.ndarray, top_id: np.ndarray) -> None:
+def micro_batch_tops(g_time: np.ndarray, g_micro_batch: np.ndarray, g_alive: np.ndarray, top: np.ndarray, top_id: np.ndarray) -> None:
     """Per micro-batch m: ``top[m, 0..2]`` the three largest group times, ``top_id[m, 0..1]`` the groups of the first two (-1: none)."""
     top[:, :] = 0.0
     top_id[:, :] = -1

@@ -1,9 +1,9 @@
-"""Solving off the event loop: a bounded pool of solve threads and the planning service on top.
+"""The planning service: validate, look up the cache, solve off the event loop within the budget, store.
 
-Admission control: at most ``solve_workers`` solves run and ``queue_limit`` wait in one process;
-a request beyond that is refused at once with 503 and Retry-After instead of piling up. The time
-budget of a request counts from its arrival (the queueing and validation time is taken off), and
-exact solvers get at most ``solver_threads`` threads each.
+Admission (:mod:`api.admission`) bounds the solves running and waiting; the plan cache
+(:mod:`api.plan_cache`) answers repeated requests. The time budget of a request counts from its
+arrival (one :class:`planning.deadline.Deadline`), and exact solvers get at most ``solver_threads``
+threads each.
 
 Plan-ahead: the request is validated and stored as ``pending`` before the answer (202) is sent,
 then solved in the background; the result replaces the pending record, and long-polls waiting on
@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from api import translate
-from api.errors import Overloaded, planner_error_document
+from api.admission import SolvePool
+from api.errors import planner_error_document
 from api.metrics import Metrics
+from api.plan_cache import PlanCache
 from api.settings import Settings
 from api.store.repository import PlanRecord, Store, solved_columns, utcnow
 from optimizer.errors import PlannerError
@@ -32,156 +31,11 @@ from planning.deadline import Deadline
 from planning.planner import plan as run_planner
 
 T = TypeVar("T")
-log = logging.getLogger("api.solving")
-
-
-class SolvePool:
-    """A fixed set of solve threads with a bounded waiting line."""
-
-    def __init__(self, workers: int, queue_limit: int, retry_after_s: int, metrics: Metrics) -> None:
-        self.workers = workers
-        self.capacity = workers + queue_limit
-        self.retry_after_s = retry_after_s
-        self._metrics = metrics
-        self._executor: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
-        self._admitted = 0
-        self._running = 0
-
-    @property
-    def in_flight(self) -> int:
-        return self._running
-
-    @property
-    def queue_depth(self) -> int:
-        return self._admitted - self._running
-
-    def _admit(self) -> None:
-        with self._lock:
-            if self._admitted >= self.capacity:
-                self._metrics.rejected.inc()
-                raise Overloaded(self.retry_after_s)
-            self._admitted += 1
-            self._metrics.queue_depth.inc()
-
-    def _wrap(self, fn: Callable[..., T], *args: Any) -> Callable[[], T]:
-        def job() -> T:
-            with self._lock:
-                self._running += 1
-            self._metrics.queue_depth.dec()
-            self._metrics.in_flight.inc()
-            try:
-                return fn(*args)
-            finally:
-                with self._lock:
-                    self._running -= 1
-                    self._admitted -= 1
-                self._metrics.in_flight.dec()
-        return job
-
-    def _pool(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dhp-solve")
-            return self._executor
-
-    def _release_admission(self) -> None:
-        with self._lock:
-            self._admitted -= 1
-        self._metrics.queue_depth.dec()
-
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` on a solve thread and wait for it; raises Overloaded when full."""
-        self._admit()
-        try:
-            future = asyncio.get_running_loop().run_in_executor(self._pool(), self._wrap(fn, *args))
-        except BaseException:
-            self._release_admission()
-            raise
-        return await future
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Start ``fn(*args)`` on a solve thread without waiting; raises Overloaded when full."""
-        self._admit()
-        try:
-            self._pool().submit(self._wrap(fn, *args))
-        except BaseException:
-            self._release_admission()
-            raise
-
-    def shutdown(self) -> None:
-        """Wait for the running and waiting solves; a later request starts a fresh pool."""
-        with self._lock:
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=False)
-
-
-class PlanCache:
-    """Recently returned plans by request hash, in memory (the store is the lasting cache); also by
-    the hash of the request exactly as sent, so that a repeated request needs no validation."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: OrderedDict[str, PlanRecord] = OrderedDict()
-        self._raw: OrderedDict[str, str] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get_raw(self, raw: str) -> PlanRecord | None:
-        with self._lock:
-            key = self._raw.get(raw)
-        return self.get(key) if key is not None else None
-
-    def get(self, key: str) -> PlanRecord | None:
-        with self._lock:
-            rec = self._items.get(key)
-            if rec is not None:
-                self._items.move_to_end(key)
-            return rec
-
-    def put(self, key: str, record: PlanRecord, raw: str | None = None) -> None:
-        if self.size <= 0:
-            return
-        with self._lock:
-            self._items[key] = record
-            self._items.move_to_end(key)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-            if raw is not None:
-                self._raw[raw] = key
-                self._raw.move_to_end(raw)
-                while len(self._raw) > self.size:
-                    self._raw.popitem(last=False)
+log = logging.getLogger("api.service")
 
 
 LOST = {"type": "https://dhp-planner.dev/problems/lost", "title": "Plan lost", "status": 503,
         "detail": "the server that accepted this plan-ahead request stopped before solving it", "hint": "submit the request again."}
-
-
-SOLVER_MODULES = ("ortools.sat.python.cp_model", "highspy", "pulp")
-"""Loaded once at start-up: a long-running service should not make its first requests pay the
-solver libraries' import time (the planner's ``auto`` avoids CP-SAT while OR-Tools is not loaded)."""
-
-
-def warm_up() -> list[str]:
-    """Load the planner's compiled kernels and import the installed solver libraries and backends;
-    returns the solver modules now loaded."""
-    import importlib
-
-    from planning.planner import warm_up as load_kernels
-
-    load_kernels()
-    loaded = []
-    for name in SOLVER_MODULES:
-        try:
-            importlib.import_module(name)
-            loaded.append(name)
-        except ImportError:
-            pass
-    from solver_models import available_backends
-
-    available_backends()
-    return loaded
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
