@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from optimizer.bounds.lower_bounds import bound_parts
 from optimizer.costs.tables import CostTables
@@ -103,8 +104,9 @@ def _plan(problem: Problem, compare_static: bool, deadline: Deadline, backends: 
     solver_follows = solver_may_follow(tables, options.backend, deadline.budget_ms, HEURISTIC_SHARE, HEURISTIC_MS_PER_SAMPLE)
     h_deadline = None if deterministic else deadline.at(HEURISTIC_SHARE if solver_follows else HEURISTIC_ALONE)
     rescued: SolverStats | None = None
+    strategies: dict[str, Any] = {}
     try:
-        hint = heuristic_plan(tables, deadline=h_deadline, bound=bound)
+        hint = heuristic_plan(tables, deadline=h_deadline, bound=bound, report=strategies)
     except InfeasibleError as exc:
         # The heuristic found no packing; on a small problem the whole exact model may still find one.
         with collector_running():
@@ -161,7 +163,8 @@ def _plan(problem: Problem, compare_static: bool, deadline: Deadline, backends: 
     wall_ms = (clock() - start) * 1000.0
     if result.lower_bound_s > bound * (1 + 1e-12):
         binding = f"{result.solver.backend} (proven by the solver)"
-    final = SolverStats(**{**result.solver.__dict__, "wall_ms": wall_ms, "details": {**result.solver.details, "phases": phases, "bound": binding}})
+    final = SolverStats(**{**result.solver.__dict__, "wall_ms": wall_ms,
+                           "details": {**result.solver.details, "phases": phases, "bound": binding, "heuristic": strategies}})
     return replace(result, solver=final)
 
 

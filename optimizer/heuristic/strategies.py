@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 from optimizer.bounds.lower_bounds import fewest_micro_batches, lower_bound
 from optimizer.costs.tables import CostTables
@@ -87,10 +88,22 @@ def plan_piece(tables: CostTables, deadline: float | None, tried: tuple[int, ...
     return best
 
 
-def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: float | None = None) -> Assignment:
+def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: float | None = None, report: dict[str, Any] | None = None) -> Assignment:
     """The fastest plan of the strategies of the module docstring; past the first only when the
     whole-batch plan is more than GOOD_ENOUGH above ``bound`` (the problem's lower bound, computed
-    here when not given)."""
+    here when not given). ``report``, when given, receives the strategy whose plan won
+    (``strategy``) and the milliseconds each strategy took (``strategies_ms``)."""
+    report = {} if report is None else report
+    spent: dict[str, float] = {}
+    report.update(strategy="whole batch", strategies_ms=spent)
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        spent[name] = round(spent.get(name, 0.0) + (now - clock) * 1000.0, 3)
+        clock = now
+
     try:
         best: Assignment | None = HeuristicPlanner(tables).plan(deadline)
     except InfeasibleError as exc:
@@ -99,6 +112,7 @@ def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: flo
         # Memory-tight batches the whole-batch packing cannot place may still pack with pooled
         # memory (floors) or chunk by chunk: the strategies below get their turn before giving up.
         best, first_error = None, exc
+    lap("whole batch")
     if best is not None and tables.n_samples < 2:
         return best
     best_time = math.inf if best is None else assignment_step_time(tables, best)
@@ -107,13 +121,14 @@ def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: flo
     if best is not None and best_time <= bound * (1 + GOOD_ENOUGH):
         return best
 
-    def keep(candidate: Assignment | None, step: float | None = None) -> None:
+    def keep(name: str, candidate: Assignment | None, step: float | None = None) -> None:
         nonlocal best, best_time
-        if candidate is None:
-            return
-        step = assignment_step_time(tables, candidate) if step is None else step
-        if step < best_time * (1 - 1e-9) or best is None:
-            best, best_time = candidate, step
+        if candidate is not None:
+            step = assignment_step_time(tables, candidate) if step is None else step
+            if step < best_time * (1 - 1e-9) or best is None:
+                best, best_time = candidate, step
+                report["strategy"] = name
+        lap(name)
 
     def expired() -> bool:
         return deadline is not None and time.perf_counter() > deadline
@@ -124,15 +139,15 @@ def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: flo
             break
         before = best_time
         try:
-            keep(HeuristicPlanner(tables, floor).plan(deadline))
+            keep("floors", HeuristicPlanner(tables, floor).plan(deadline))
         except InfeasibleError:
+            lap("floors")
             continue  # this floor leaves no packing; the plan in hand stands
         if best_time < before:
             floor_of_best = floor
     if not expired():
         chunked = best_chunked(tables, lambda sub, d: plan_piece(sub, d, CHUNK_FLOORS), fewest_micro_batches(tables), deadline)
-        if chunked is not None:
-            keep(*chunked)
+        keep("sorted chunks", *(chunked or (None,)))
 
     if best is None:
         raise first_error
@@ -142,13 +157,14 @@ def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: flo
         if not expired():
             search = LocalSearch(tables, best, max_rounds=POLISH_ROUNDS)
             search.run(deadline)
-            keep(search.assignment(), search.step_time())
+            base = str(report["strategy"]).removesuffix(" + local search")
+            keep(f"{base} + local search", search.assignment(), search.step_time())
 
     polish()
     if not expired():
         tried = (1,) if floor_of_best == 1 else (1, floor_of_best)
         before = best_time
-        keep(*segmented(tables, lambda sub, d: plan_piece(sub, d, tried), best, best_time, deadline))
+        keep("segments", *segmented(tables, lambda sub, d: plan_piece(sub, d, tried), best, best_time, deadline))
         if best_time < before:
             polish()
     return best
