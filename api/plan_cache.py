@@ -1,9 +1,12 @@
-"""The in-memory plan cache of one service process (the plan store is the lasting one)."""
+"""The in-memory plan cache of one service process (the plan store is the lasting one), and the solves
+in flight, which identical requests share."""
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 
 from api.store.repository import PlanRecord
 
@@ -43,3 +46,43 @@ class PlanCache:
                 self._raw.move_to_end(raw)
                 while len(self._raw) > self.size:
                     self._raw.popitem(last=False)
+
+
+@dataclass
+class Flight:
+    """One solve in progress for a request hash: the plan-ahead record that is solving it (None for a
+    request that waits for its plan), and the finished record (or the error) when it ends."""
+
+    pending: PlanRecord | None
+    done: Future[PlanRecord] = field(default_factory=Future)
+
+
+class InFlight:
+    """Solves in progress by request hash, so that identical requests share one solve and one plan."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, Flight] = {}
+        self._lock = threading.Lock()
+
+    def claim(self, key: str, pending: PlanRecord | None = None) -> tuple[Flight, bool]:
+        """The flight for ``key`` and whether the caller leads it (and must :meth:`land` it)."""
+        with self._lock:
+            flight = self._items.get(key)
+            if flight is not None:
+                return flight, False
+            flight = self._items[key] = Flight(pending)
+            return flight, True
+
+    def land(self, key: str, flight: Flight, record: PlanRecord | None = None, error: BaseException | None = None) -> None:
+        """End the leader's flight with its record or its error; later requests start a new one."""
+        with self._lock:
+            if self._items.get(key) is flight:
+                del self._items[key]
+        if error is not None:
+            flight.done.set_exception(error)
+        else:
+            flight.done.set_result(record)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)

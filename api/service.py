@@ -17,13 +17,14 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
 from api import translate
 from api.admission import SolvePool
-from api.errors import planner_error_document
+from api.errors import ServiceError, planner_error_document
 from api.metrics import Metrics
-from api.plan_cache import PlanCache
+from api.plan_cache import Flight, InFlight, PlanCache
 from api.settings import Settings
 from api.store.repository import PlanRecord, Store, solved_columns, utcnow
 from optimizer.errors import PlannerError
@@ -36,6 +37,7 @@ log = logging.getLogger("api.service")
 
 LOST = {"type": "https://dhp-planner.dev/problems/lost", "title": "Plan lost", "status": 503,
         "detail": "the server that accepted this plan-ahead request stopped before solving it", "hint": "submit the request again."}
+INTERNAL = {"type": "https://dhp-planner.dev/problems/internal", "title": "Internal error", "status": 500, "detail": "the solve failed; the log has why"}
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
@@ -54,16 +56,20 @@ class PlanningService:
         self.metrics = metrics
         self.pool = SolvePool(settings.solve_workers, settings.queue_limit, settings.retry_after_s, metrics)
         self.cache = PlanCache(settings.plan_cache_size)
+        self.flights = InFlight()
         self._waiters: dict[str, asyncio.Event] = {}
+        self._asked: dict[str, asyncio.Future[Any]] = {}
+        self._accepting: dict[str, asyncio.Future[Any]] = {}
 
     # -- in a solve thread ------------------------------------------------------------------
 
-    def _prepare(self, doc: dict[str, Any], use_cache: bool) -> tuple[Any, str, PlanRecord | None, str | None]:
+    def _prepare(self, doc: dict[str, Any], use_cache: bool, raw: str | None = None) -> tuple[Any, str, PlanRecord | None, str | None]:
         """Validate and look up the plan cache. A request seen before in exactly the same form
         (same documents, key order aside) skips validation: it passed before under the same settings."""
         caching = use_cache and self.settings.plan_cache_size > 0
-        raw = translate.raw_hash(doc) if caching else None
-        if raw is not None:
+        if caching and raw is None:
+            raw = translate.raw_hash(doc)
+        if caching and raw is not None:
             hit = self.cache.get_raw(raw)
             if hit is not None:
                 self.metrics.cache_hits.inc()
@@ -79,8 +85,8 @@ class PlanningService:
             hit = self.cache.get(key) or self.store.find_done(key)
             if hit is not None:
                 self.metrics.cache_hits.inc()
-                self.cache.put(key, hit, raw)
-        return problem, key, hit, raw
+                self.cache.put(key, hit, raw if caching else None)
+        return problem, key, hit, raw if caching else None
 
     def _solve(self, problem: Any, arrival: float) -> tuple[Any, str]:
         # The budget counts from the request's arrival: queueing and validation are part of it.
@@ -105,29 +111,51 @@ class PlanningService:
             base.update(finished_at=base["created_at"], plan_json=text, **solved_columns(result))
         return PlanRecord(**base)
 
-    def plan_now(self, doc: dict[str, Any], arrival: float, use_cache: bool) -> tuple[PlanRecord, bool, dict[str, float]]:
-        """Solve in this thread; also returns where the time went (ms), for the Server-Timing header."""
+    def _follow(self, flight: Flight) -> PlanRecord:
+        """The plan of an identical request being solved now (its error, if it fails)."""
+        try:
+            return flight.done.result(timeout=self.settings.stale_after_s)
+        except FutureTimeout:
+            raise ServiceError(503, "Plan not ready", "an identical request is still being solved", kind="overloaded",
+                               hint=f"retry after {self.settings.retry_after_s} s.", headers={"Retry-After": str(self.settings.retry_after_s)}) from None
+
+    def plan_now(self, doc: dict[str, Any], arrival: float, use_cache: bool, raw: str | None = None) -> tuple[PlanRecord, bool, dict[str, float]]:
+        """Solve in this thread; also returns where the time went (ms), for the Server-Timing header.
+        An identical request being solved already (same request hash) is waited for instead: one solve, one plan."""
         t0 = time.perf_counter()
         timings = {"queue": (t0 - arrival) * 1000.0}
-        problem, key, hit, raw = self._prepare(doc, use_cache)
+        problem, key, hit, raw = self._prepare(doc, use_cache, raw)
         t1 = time.perf_counter()
         timings["translate"] = (t1 - t0) * 1000.0
         if hit is not None:
             timings["done_at"] = time.perf_counter()
             return hit, True, timings
-        result, text = self._solve(problem, arrival)
-        t2 = time.perf_counter()
-        timings["solve"] = result.solver.wall_ms
-        timings["encode"] = (t2 - t1) * 1000.0 - result.solver.wall_ms
-        record = self._record(uuid.uuid4().hex, doc, problem, key, "done", result, text)
-        self.store.add(record)
+        flight, lead = self.flights.claim(key) if use_cache else (None, True)
+        if flight is not None and not lead:
+            record = self._follow(flight)
+            timings["shared"] = (time.perf_counter() - t1) * 1000.0
+            timings["done_at"] = time.perf_counter()
+            return record, True, timings
+        try:
+            result, text = self._solve(problem, arrival)
+            t2 = time.perf_counter()
+            timings["solve"] = result.solver.wall_ms
+            timings["encode"] = (t2 - t1) * 1000.0 - result.solver.wall_ms
+            record = self._record(uuid.uuid4().hex, doc, problem, key, "done", result, text)
+            self.store.add(record)
+        except BaseException as exc:
+            if flight is not None:
+                self.flights.land(key, flight, error=exc)
+            raise
         self.cache.put(key, record, raw)
+        if flight is not None:
+            self.flights.land(key, flight, record)
         timings["store"] = (time.perf_counter() - t2) * 1000.0
         timings["done_at"] = time.perf_counter()
         return record, False, timings
 
     def _plan_ahead_job(self, plan_id: str, doc: dict[str, Any], arrival: float, use_cache: bool, loop: asyncio.AbstractEventLoop,
-                        accepted: asyncio.Future[tuple[PlanRecord, bool]]) -> None:
+                        accepted: asyncio.Future[tuple[PlanRecord, bool]], raw: str | None = None) -> None:
         def resolve(result: tuple[PlanRecord, bool] | None = None, exc: BaseException | None = None) -> None:
             def settle() -> None:
                 if accepted.done():  # the caller went away
@@ -138,27 +166,58 @@ class PlanningService:
                     accepted.set_result(result)  # type: ignore[arg-type]
             _call_soon(loop, settle)
 
+        flight: Flight | None = None
+        lead = True
         try:
-            problem, key, hit, raw = self._prepare(doc, use_cache)
+            problem, key, hit, raw = self._prepare(doc, use_cache, raw)
             if hit is not None:
                 resolve((hit, True))
                 return
             pending = self._record(plan_id, doc, problem, key, "pending")
+            if use_cache:
+                flight, lead = self.flights.claim(key, pending)
+                if not lead and flight.pending is not None:
+                    resolve((flight.pending, False))  # an identical plan-ahead request is being solved: its id, its plan
+                    return
             self.store.add(pending)
         except BaseException as exc:  # the request is refused; the waiting handler turns this into the answer
+            if flight is not None and lead:
+                self.flights.land(key, flight, error=exc)
             resolve(exc=exc)
             return
         resolve((pending, False))
+        if flight is not None and not lead:  # a request that waits for its plan is solving it: this record takes that plan
+            self._finish_from(plan_id, flight, loop)
+            return
+        resolve((pending, False))
+        record: PlanRecord | None = None
+        error: BaseException | None = None
         try:
             result, text = self._solve(problem, arrival)
             self.store.finish(plan_id, text, result)
-            self.cache.put(key, self.store.get(plan_id) or pending, raw)
+            record = self.store.get(plan_id) or pending
+            self.cache.put(key, record, raw)
         except PlannerError as exc:
+            error = exc
             self.store.fail(plan_id, planner_error_document(exc))
         except Exception as exc:
+            error = exc
             log.exception("plan-ahead solve %s failed", plan_id)
-            self.store.fail(plan_id, {"type": "https://dhp-planner.dev/problems/internal", "title": "Internal error", "status": 500,
-                                      "detail": f"{type(exc).__name__} while solving"})
+            self.store.fail(plan_id, INTERNAL)
+        finally:
+            if flight is not None:
+                self.flights.land(key, flight, record, error if record is None else None)
+            _call_soon(loop, self._wake, plan_id)
+
+    def _finish_from(self, plan_id: str, flight: Flight, loop: asyncio.AbstractEventLoop) -> None:
+        """A pending plan-ahead record finished with the plan of the identical request that was solving already."""
+        try:
+            self.store.finish_from(plan_id, self._follow(flight))
+        except PlannerError as exc:
+            self.store.fail(plan_id, planner_error_document(exc))
+        except Exception:
+            log.exception("plan-ahead solve %s failed", plan_id)
+            self.store.fail(plan_id, INTERNAL)
         finally:
             _call_soon(loop, self._wake, plan_id)
 
@@ -169,26 +228,55 @@ class PlanningService:
         if event is not None:
             event.set()
 
+    def _shared(self, table: dict[str, asyncio.Future[Any]], raw: str | None, start: Callable[[], Any]) -> tuple[asyncio.Future[Any], bool]:
+        """The task answering an identical request (same raw hash) already asked in this process, else a new one;
+        and whether it was joined. The task runs to its end even when the request that started it goes away."""
+        task = table.get(raw) if raw is not None else None
+        if task is not None:
+            return task, True
+        task = asyncio.ensure_future(start())
+        if raw is not None:
+            table[raw] = task
+
+            def done(t: asyncio.Future[Any]) -> None:
+                if table.get(raw) is t:
+                    del table[raw]
+                if not t.cancelled():
+                    t.exception()  # retrieved here, so an error nobody awaited any more is not logged as lost
+            task.add_done_callback(done)
+        return task, False
+
     async def plan(self, doc: dict[str, Any], arrival: float, use_cache: bool = True) -> tuple[PlanRecord, bool, dict[str, float]]:
-        """Solve now; returns the stored record, whether it came from the cache, and where the time went
-        (``handoff``: from the solve thread's end until this coroutine runs again)."""
-        record, cached, timings = await self.pool.run(self.plan_now, doc, arrival, use_cache)
+        """Solve now; returns the stored record, whether it came from the cache (or an identical request
+        in flight), and where the time went (``handoff``: from the solve thread's end until this coroutine runs again)."""
+        raw = translate.raw_hash(doc) if use_cache else None
+        task, joined = self._shared(self._asked, raw, lambda: self.pool.run(self.plan_now, doc, arrival, use_cache, raw))
+        record, cached, timings = await asyncio.shield(task)
+        timings = dict(timings)
+        if joined:
+            timings = {"queue": timings.get("queue", 0.0), "shared": (time.perf_counter() - arrival) * 1000.0, "done_at": timings["done_at"]}
         timings["handoff"] = (time.perf_counter() - timings.pop("done_at")) * 1000.0
-        return record, cached, timings
+        return record, cached or joined, timings
 
     async def plan_ahead(self, doc: dict[str, Any], arrival: float, use_cache: bool = True) -> tuple[PlanRecord, bool]:
-        """Validate and store as pending, answer, and solve in the background."""
+        """Validate and store as pending, answer, and solve in the background. Identical requests in flight
+        get the same pending plan."""
+        raw = translate.raw_hash(doc) if use_cache else None
+        task, _ = self._shared(self._accepting, raw, lambda: self._accept(doc, arrival, use_cache, raw))
+        return await asyncio.shield(task)
+
+    async def _accept(self, doc: dict[str, Any], arrival: float, use_cache: bool, raw: str | None) -> tuple[PlanRecord, bool]:
         loop = asyncio.get_running_loop()
         plan_id = uuid.uuid4().hex
         accepted: asyncio.Future[tuple[PlanRecord, bool]] = loop.create_future()
         self._waiters[plan_id] = asyncio.Event()
         try:
-            self.pool.submit(self._plan_ahead_job, plan_id, doc, arrival, use_cache, loop, accepted)
+            self.pool.submit(self._plan_ahead_job, plan_id, doc, arrival, use_cache, loop, accepted, raw)
             record, cached = await accepted
         except BaseException:
             self._waiters.pop(plan_id, None)
             raise
-        if cached:
+        if cached or record.id != plan_id:
             self._waiters.pop(plan_id, None)
         return record, cached
 

@@ -56,15 +56,20 @@ def to_problem(doc: dict[str, Any], settings: Settings) -> Problem:
     return problem
 
 
+_HASH_VERSION = b"dhp-request-2"
+"""Changes whenever what the request hash covers changes, so that no stored plan of an older hash is taken for a newer request."""
+
+
 def request_hash(doc: dict[str, Any], problem: Problem) -> str:
-    """Hash of the normalised request: the batch with its keys in canonical order, and the cluster, model,
-    options and profile after validation (defaults filled in, presets resolved)."""
+    """Hash of the normalised request: everything that changes the plan. The batch with its keys in
+    canonical order, and the cluster, model, options, profile and existing groups after validation
+    (defaults filled in, presets resolved)."""
     try:
         batch = orjson.dumps(doc.get("batch"), option=orjson.OPT_SORT_KEYS)
     except orjson.JSONEncodeError:
         batch = json.dumps(doc.get("batch"), sort_keys=True).encode()
-    resolved = repr((problem.cluster, problem.model, problem.options, problem.profile)).encode()
-    return hashlib.sha256(batch + b"\x00" + resolved).hexdigest()
+    resolved = repr((problem.cluster, problem.model, problem.options, problem.profile, problem.existing_groups)).encode()
+    return hashlib.sha256(_HASH_VERSION + b"\x00" + batch + b"\x00" + resolved).hexdigest()
 
 
 def raw_hash(doc: dict[str, Any]) -> str:

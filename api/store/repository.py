@@ -139,6 +139,12 @@ class Store:
         with self._session.begin() as s:
             s.execute(update(PlanRow).where(PlanRow.id == plan_id).values(status="done", finished_at=utcnow(), plan_json=plan_json, **solved_columns(plan)))
 
+    def finish_from(self, plan_id: str, done: PlanRecord) -> None:
+        """Mark a pending plan done with the plan of another record (an identical request solved once)."""
+        columns = {name: getattr(done, name) for name in ("plan_json", "backend", "solver_status", "predicted_step_time_s", "lower_bound_s", "gap", "solve_ms")}
+        with self._session.begin() as s:
+            s.execute(update(PlanRow).where(PlanRow.id == plan_id).values(status="done", finished_at=utcnow(), **columns))
+
     def fail(self, plan_id: str, error: dict[str, Any]) -> None:
         with self._session.begin() as s:
             s.execute(update(PlanRow).where(PlanRow.id == plan_id).values(status="failed", finished_at=utcnow(), error_json=json.dumps(error)))
