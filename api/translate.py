@@ -35,6 +35,19 @@ def request_document(body: PlanRequest) -> dict[str, Any]:
     return doc
 
 
+NAME_LENGTH = 128
+"""Longest cluster or model name the plan store keeps (its listing columns)."""
+
+
+def check_text(value: str, field: str, max_length: int) -> None:
+    """Text stored as it is (not inside a JSON document): at most ``max_length`` characters, no control characters."""
+    if len(value) > max_length:
+        raise ProblemError(f"has {len(value)} characters, more than {max_length}", field=field, hint=f"use a name of at most {max_length} characters.")
+    bad = next((c for c in value if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        raise ProblemError(f"contains the control character {bad!r}", field=field, hint="use printable characters only.")
+
+
 def to_problem(doc: dict[str, Any], settings: Settings) -> Problem:
     """Validate a request document into a problem within the deployment's limits."""
     samples = doc.get("batch", {}).get("samples") if isinstance(doc.get("batch"), dict) else None
@@ -51,6 +64,9 @@ def to_problem(doc: dict[str, Any], settings: Settings) -> Problem:
     if options.time_budget_ms > settings.max_budget_ms:
         raise ProblemError(f"is {options.time_budget_ms:g} ms, more than this service's limit of {settings.max_budget_ms:g} ms",
                            field="options.time_budget_ms", hint=f"ask for at most {settings.max_budget_ms:g} ms.")
+    for part, name in zip(("cluster", "model"), names(doc, problem), strict=True):
+        field = f"{part}_preset" if f"{part}_preset" in doc else f"{part}.name"
+        check_text(name, field, NAME_LENGTH)
     if options.solver_workers > settings.solver_threads:
         problem = replace(problem, options=replace(options, solver_workers=settings.solver_threads))
     return problem

@@ -19,6 +19,7 @@ runs all its strategies whatever the clock says, and the backends run a fixed am
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -26,7 +27,7 @@ from typing import Any
 
 from optimizer.bounds.lower_bounds import bound_parts
 from optimizer.costs.tables import CostTables
-from optimizer.errors import InfeasibleError
+from optimizer.errors import InfeasibleError, ProblemError
 from optimizer.gc_pause import collector_paused, collector_running
 from optimizer.heuristic.static_layout import best_static
 from optimizer.heuristic.strategies import heuristic_plan
@@ -114,6 +115,9 @@ def _plan(problem: Problem, compare_static: bool, deadline: Deadline, backends: 
     lap("heuristic_ms")
     eval_start = clock()
     h_time = assignment_step_time(tables, hint)
+    if not math.isfinite(h_time):
+        raise ProblemError(f"gives a step time of {h_time} s, not a finite number of seconds", field="profile" if problem.profile is not None else "cluster",
+                           hint="check the cost coefficients (seconds, bytes, FLOP/s in SI units) for values too large or too small.")
     eval_ms = (clock() - eval_start) * 1000.0
     h_ms = (clock() - start) * 1000.0
     chosen: Assignment = hint

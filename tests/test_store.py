@@ -27,7 +27,7 @@ def store(request, tmp_path):
             pytest.skip("DHP_TEST_DATABASE_URL is not set: no PostgreSQL server to test against (.ci/run starts one)")
         s = Store(PG_URL)
         with s.engine.begin() as conn:  # a clean schema for every test
-            conn.execute(text("DROP TABLE IF EXISTS feedback, plans, alembic_version CASCADE"))
+            conn.execute(text("DROP TABLE IF EXISTS feedback, plans, jobs, alembic_version CASCADE"))
     upgrade(s.engine)
     yield s
     s.close()
@@ -154,7 +154,7 @@ def test_service_keeps_plans_in_postgres(tmp_path):
 
     s = Store(PG_URL)
     with s.engine.begin() as conn:
-        conn.execute(text("DROP TABLE IF EXISTS feedback, plans, alembic_version CASCADE"))
+        conn.execute(text("DROP TABLE IF EXISTS feedback, plans, jobs, alembic_version CASCADE"))
     s.close()
     settings = Settings(database_url=PG_URL, data_dir=tmp_path)
     req = small_request(n=8)

@@ -19,7 +19,7 @@ from api.dashboard_plan import plan_view
 from api.dashboard_schemas import Calibration, Changes, Facets, PlanTable, PlanView, ReplanIn, ReplanOut
 from api.dashboard_tuning import replan
 from api.deps import ServiceDep, SettingsDep, StoreDep, require_token
-from api.routes.plans import _ERRORS, PlanId, _not_found, _utc
+from api.routes.plans import _ERRORS, PlanId, _not_found, _utc, text_query
 from api.store import queries
 
 PAGES = FsPath(__file__).resolve().parent.parent / "static" / "dashboard"
@@ -34,9 +34,9 @@ pages = APIRouter(prefix="/dashboard", include_in_schema=False)
 @router.get("/plans", response_model=PlanTable, summary="The plans table: sorted, filtered and paginated server-side")
 def plan_table(store: StoreDep,
                status: Annotated[Literal["pending", "done", "failed"] | None, Query()] = None,
-               backend: Annotated[str | None, Query(max_length=32)] = None,
-               cluster: Annotated[str | None, Query(max_length=128)] = None,
-               model: Annotated[str | None, Query(max_length=128)] = None,
+               backend: Annotated[str | None, text_query(32)] = None,
+               cluster: Annotated[str | None, text_query(128)] = None,
+               model: Annotated[str | None, text_query(128)] = None,
                created_after: Annotated[datetime | None, Query(description="ISO 8601; inclusive")] = None,
                created_before: Annotated[datetime | None, Query(description="ISO 8601; exclusive")] = None,
                id_prefix: Annotated[str | None, Query(max_length=32, pattern="^[0-9a-fA-F]*$", description="plans whose id starts with this")] = None,
@@ -82,9 +82,9 @@ async def replan_plan(plan_id: PlanId, body: ReplanIn, store: StoreDep, service:
 
 @router.get("/calibration", response_model=Calibration, summary="Predicted against measured step times from feedback, by profile and cluster")
 def calibration_view(store: StoreDep,
-                     cluster: Annotated[str | None, Query(max_length=128)] = None,
-                     model: Annotated[str | None, Query(max_length=128)] = None,
-                     profile: Annotated[str | None, Query(max_length=2000, description="'analytical' or a profile's source")] = None,
+                     cluster: Annotated[str | None, text_query(128)] = None,
+                     model: Annotated[str | None, text_query(128)] = None,
+                     profile: Annotated[str | None, text_query(2000, "'analytical' or a profile's source")] = None,
                      limit: Annotated[int, Query(ge=1, le=20_000, description="newest points returned")] = 5000) -> Calibration:
     rows, total = queries.calibration_points(store, cluster=cluster, model=model, profile=profile, limit=limit)
     return Calibration.model_validate(calibration(rows, total))

@@ -25,11 +25,20 @@ from api.deps import SettingsDep, require_token
 from api.errors import ServiceError
 from api.routes.plans import _ERRORS
 from api.settings import Settings
+from api.store.repository import is_id
 from optimizer.errors import ProblemError
 
 MAX_RUNNING_JOBS = 2
 """Jobs one server process runs at once; more are refused with 503 and Retry-After."""
-JobId = Annotated[str, Path(min_length=1, max_length=32, description="the id POST /v1/jobs returned")]
+
+
+async def _job_id(job_id: Annotated[str, Path(description="the id POST /v1/jobs returned")]) -> str:
+    if not is_id(job_id):  # no job has such an id: not looked up
+        raise _not_found(job_id)
+    return job_id
+
+
+JobId = Annotated[str, Depends(_job_id)]
 
 
 @asynccontextmanager

@@ -11,8 +11,24 @@ from api import translate
 from api.deps import ArrivalDep, ServiceDep, SettingsDep, StoreDep, require_token
 from api.errors import ServiceError
 from api.schemas import FeedbackIn, FeedbackOut, PlanList, PlanOut, PlanRequest, ProblemDetail
+from api.store.repository import is_id
 
-PlanId = Annotated[str, Path(min_length=1, max_length=64, description="the id POST /v1/plans returned")]
+TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*$"
+"""Text that may reach the database: no NUL or other control characters."""
+
+
+def text_query(max_length: int, description: str | None = None) -> Any:
+    """A text filter: at most ``max_length`` characters, none of them a control character (422 naming the parameter)."""
+    return Query(max_length=max_length, pattern=TEXT_PATTERN, description=description)
+
+
+async def _plan_id(plan_id: Annotated[str, Path(description="the id POST /v1/plans returned")]) -> str:
+    if not is_id(plan_id):  # no stored plan has such an id: not looked up
+        raise _not_found(plan_id)
+    return plan_id
+
+
+PlanId = Annotated[str, Depends(_plan_id)]
 _ERRORS: dict[int | str, dict[str, Any]] = {
     s: {"model": ProblemDetail, "content": {"application/problem+json": {}}, "description": d}
     for s, d in ((401, "missing or wrong bearer token"), (413, "body too large"), (422, "invalid or unsatisfiable request; names the field"),
@@ -72,9 +88,9 @@ def _utc(value: datetime | None, field: str) -> datetime | None:
 @router.get("/plans", response_model=PlanList, summary="List plans, newest first")
 def list_plans(store: StoreDep,
                status: Annotated[Literal["pending", "done", "failed"] | None, Query()] = None,
-               backend: Annotated[str | None, Query(max_length=32)] = None,
-               cluster: Annotated[str | None, Query(max_length=128)] = None,
-               model: Annotated[str | None, Query(max_length=128)] = None,
+               backend: Annotated[str | None, text_query(32)] = None,
+               cluster: Annotated[str | None, text_query(128)] = None,
+               model: Annotated[str | None, text_query(128)] = None,
                created_after: Annotated[datetime | None, Query(description="ISO 8601; inclusive")] = None,
                created_before: Annotated[datetime | None, Query(description="ISO 8601; exclusive")] = None,
                limit: Annotated[int, Query(ge=1, le=500)] = 50,

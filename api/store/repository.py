@@ -8,6 +8,7 @@ worker threads.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -17,6 +18,14 @@ from sqlalchemy.orm import sessionmaker
 
 from api.store.models import FeedbackRow, PlanRow
 from optimizer.plan.plan import Plan
+
+ID_PATTERN = re.compile(r"[0-9A-Za-z_-]{1,32}")
+"""Every id the store holds (plans: 32 hex digits; an epoch job's steps: the job's id, a dash and the step)."""
+
+
+def is_id(value: str) -> bool:
+    """Whether ``value`` can be a stored id; anything else is not looked up (the database never sees it)."""
+    return ID_PATTERN.fullmatch(value) is not None
 
 
 def utcnow() -> datetime:
@@ -150,6 +159,8 @@ class Store:
             s.execute(update(PlanRow).where(PlanRow.id == plan_id).values(status="failed", finished_at=utcnow(), error_json=json.dumps(error)))
 
     def get(self, plan_id: str, *, with_documents: bool = True) -> PlanRecord | None:
+        if not is_id(plan_id):
+            return None
         columns = _PLANS.c if with_documents else _SUMMARY_COLUMNS
         with self.engine.connect() as conn:
             row = conn.execute(select(*columns).where(_PLANS.c.id == plan_id)).first()
@@ -189,6 +200,8 @@ class Store:
 
     def add_feedback(self, plan_id: str, measured_step_time_s: float, document: dict[str, Any]) -> FeedbackRecord | None:
         """Store feedback beside the plan's prediction; None when the plan does not exist."""
+        if not is_id(plan_id):
+            return None
         with self._session.begin() as s:
             plan = s.get(PlanRow, plan_id)
             if plan is None:
@@ -200,6 +213,8 @@ class Store:
             return FeedbackRecord(row.id, plan_id, row.created_at, measured_step_time_s, plan.predicted_step_time_s, document)
 
     def feedback_for(self, plan_id: str) -> list[FeedbackRecord]:
+        if not is_id(plan_id):
+            return []
         with self._session() as s:
             rows = s.scalars(select(FeedbackRow).where(FeedbackRow.plan_id == plan_id).order_by(FeedbackRow.id)).all()
             return [FeedbackRecord(r.id, r.plan_id, _aware(r.created_at), r.measured_step_time_s, r.predicted_step_time_s,  # type: ignore[arg-type]

@@ -9,6 +9,11 @@ from optimizer.errors import ProblemError
 
 MAX_TOKENS = 10**9
 """Largest token or frame count of one field (a billion: far above any sample, far below overflow)."""
+MAX_SAMPLE_TOKENS = 10**12
+"""Largest sequence length of one sample: fields within their own limits can multiply past 64-bit integers
+(a billion frames of a billion tokens); no cluster holds a sample of this length anyway."""
+MAX_BATCH_TOKENS = 10**15
+"""Largest sum of sequence lengths of a batch, so that sums of lengths stay exact in 64-bit integers and floats."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,9 @@ class Sample:
         object.__setattr__(self, "length", self.text_tokens + visual)
         if self.length < 1:
             raise ProblemError("has no tokens", field=f"samples[{self.id}]", hint="give text_tokens > 0 or at least one image.")
+        if self.length > MAX_SAMPLE_TOKENS:
+            raise ProblemError(f"has {self.length} tokens, more than the {MAX_SAMPLE_TOKENS:.0e} a sample may have", field=f"samples[{self.id}]",
+                               hint="check the frame and token counts of its images and videos.")
 
     @classmethod
     def checked(cls, id: str, text_tokens: int, images: tuple[Image, ...], visual_tokens: int) -> Sample:
@@ -79,6 +87,10 @@ class Batch:
             if s.id in seen:
                 raise ProblemError(f"sample id {s.id!r} appears more than once", field="batch.samples[].id", hint="make every sample id unique.")
             seen.add(s.id)
+        total = sum(s.length for s in self.samples)
+        if total > MAX_BATCH_TOKENS:
+            raise ProblemError(f"have {total} tokens in all, more than the {MAX_BATCH_TOKENS:.0e} a batch may have", field="batch.samples",
+                               hint="split the batch, or check the frame and token counts of its samples.")
 
     def __len__(self) -> int:
         return len(self.samples)

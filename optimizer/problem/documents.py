@@ -17,7 +17,7 @@ from typing import Any
 from optimizer.costs.profile import Bandwidth, CostProfile
 from optimizer.errors import ProblemError
 from optimizer.presets import gpu_catalog, load_preset
-from optimizer.problem.batch import Batch, Image, Sample
+from optimizer.problem.batch import MAX_SAMPLE_TOKENS, Batch, Image, Sample
 from optimizer.problem.cluster import Cluster, GPUType, Node
 from optimizer.problem.model import LanguageModel, ModelSpec, TrainingSetup, VisionEncoder
 from optimizer.problem.options import OPTION_SPECS, PlanOptions
@@ -163,7 +163,7 @@ def _sample_fast(s: Any) -> Sample | None:
             return None
         images += got
     visual = sum(im.tokens * im.frames for im in images)
-    if text + visual < 1:
+    if not 1 <= text + visual <= MAX_SAMPLE_TOKENS:
         return None
     return Sample.checked(sid, text, tuple(images), visual)
 

@@ -1,0 +1,106 @@
+"""Hostile input never gives 500: NUL bytes and over-long text, ids that cannot exist, token counts that multiply past
+64-bit integers and cost models that give non-finite times are refused naming the field, on SQLite and PostgreSQL alike."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from api_support import small_request
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+
+from api.app import create_app
+from api.commands import main
+from api.settings import Settings
+from api.store import Store
+from optimizer.costs.zoo import load_profile
+
+PG_URL = os.environ.get("DHP_TEST_DATABASE_URL")
+HUGE_VIDEO = {"frames": 10**9, "tokens_per_frame": 10**9}
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def client(request, tmp_path):
+    if request.param == "sqlite":
+        settings = Settings(data_dir=tmp_path / "data")
+    else:
+        if not PG_URL:
+            pytest.skip("DHP_TEST_DATABASE_URL is not set: no PostgreSQL server to test against (.ci/run starts one)")
+        store = Store(PG_URL)
+        with store.engine.begin() as conn:  # a clean schema for every test
+            conn.execute(text("DROP TABLE IF EXISTS feedback, plans, jobs, alembic_version CASCADE"))
+        store.close()
+        settings = Settings(database_url=PG_URL, data_dir=tmp_path / "data")
+    with TestClient(create_app(settings), raise_server_exceptions=False) as c:
+        yield c
+
+
+def problem(r, status, field=None):
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    if field is not None:
+        assert r.json().get("field") == field, r.json()
+    return r.json()
+
+
+@pytest.mark.parametrize("plan_id", ["ab%00cd", "a" * 70, "%E2%98%83", "x%01y"])
+def test_ids_that_cannot_exist_are_404(client, plan_id):
+    problem(client.get(f"/v1/plans/{plan_id}"), 404, "plan_id")
+    problem(client.get(f"/v1/plans/{plan_id}/feedback"), 404, "plan_id")
+    problem(client.post(f"/v1/plans/{plan_id}/feedback", json={"measured_step_time_s": 1.0}), 404, "plan_id")
+    problem(client.get(f"/v1/dashboard/plans/{plan_id}"), 404, "plan_id")
+    problem(client.get(f"/v1/jobs/{plan_id}"), 404, "job_id")
+
+
+@pytest.mark.parametrize(("path", "name"), [("/v1/plans", "cluster"), ("/v1/plans", "model"), ("/v1/plans", "backend"),
+                                            ("/v1/dashboard/plans", "cluster"), ("/v1/dashboard/calibration", "model"),
+                                            ("/v1/dashboard/calibration", "profile")])
+def test_text_filters_with_control_characters_or_too_long_are_422(client, path, name):
+    problem(client.get(path, params={name: "a\x00b"}), 422, name)
+    problem(client.get(path, params={name: "tab\there"}), 422, name)
+    problem(client.get(path, params={name: "n" * 2001}), 422, name)
+    assert client.get(path, params={name: "h100-8x8"}).status_code == 200
+
+
+def test_cluster_and_model_names_are_checked_before_they_are_stored(client):
+    req = small_request(n=4)
+    model = client.get("/v1/presets").json()["models"]["qwen2-vl-7b"]
+    for name in ("a\x00b", "n" * 129):
+        problem(client.post("/v1/plans", json={**req, "cluster": {"name": name, "nodes": 2, "gpus_per_node": 8}}), 422, "cluster.name")
+        problem(client.post("/v1/plans", json={**req, "model_preset": None, "model": {**model, "name": name}}), 422, "model.name")
+        problem(client.post("/v1/plans", json={**req, "wait": False, "cluster": {"name": name, "nodes": 2, "gpus_per_node": 8}}), 422, "cluster.name")
+    ok = client.post("/v1/plans", json={**req, "cluster": {"name": "n" * 128, "nodes": 2, "gpus_per_node": 8}})
+    assert ok.status_code == 201, ok.text
+    assert client.get("/v1/plans", params={"cluster": "n" * 128}).json()["total"] == 1
+    # Sample ids with NUL bytes live inside the stored JSON documents, escaped: they are fine.
+    nul_id = {**req, "batch": {"samples": [{"id": "v\x00", "text_tokens": 500}]}}
+    assert client.post("/v1/plans", json=nul_id).status_code == 201
+
+
+def test_token_products_beyond_64_bits_are_422_naming_the_sample(client):
+    req = small_request(n=4)
+    one = {**req, "batch": {"samples": [{"id": "v", "text_tokens": 5, "videos": [HUGE_VIDEO] * 10}]}}
+    body = problem(client.post("/v1/plans", json=one), 422, "batch.samples[0]")
+    assert "tokens" in body["detail"]
+    problem(client.post("/v1/plans", json={**one, "wait": False}), 422, "batch.samples[0]")
+    # Each sample within its own limit, the batch's sum beyond it.
+    many = {**req, "batch": {"samples": [{"id": f"v{i}", "videos": [{"frames": 10**9, "tokens_per_frame": 1000}]} for i in range(1001)]}}
+    problem(client.post("/v1/plans", json=many), 422, "batch.samples")
+
+
+def test_non_finite_step_times_are_422(client):
+    profile = load_profile("flexsp-gpt7b", "profile")
+    profile["time"]["quadratic"] = 1e300
+    body = problem(client.post("/v1/plans", json={**small_request(n=4), "profile": profile}), 422, "profile")
+    assert "finite" in body["detail"]
+
+
+def test_the_command_line_refuses_token_overflow_with_one_line(tmp_path, capsys):
+    batch = tmp_path / "batch.json"
+    batch.write_text(json.dumps({"samples": [{"id": "v", "text_tokens": 5, "videos": [HUGE_VIDEO] * 10}]}))
+    code = main(["plan", "--batch", str(batch), "--cluster-preset", "h100-8x8", "--model-preset", "qwen2-vl-7b", "--backend", "heuristic"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "batch.samples[0]" in err
