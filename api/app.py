@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -26,8 +29,10 @@ from api.service import PlanningService
 from api.settings import Settings
 from api.store import Store
 from api.store.migrate import upgrade
+from api.store.repository import utcnow
 from planning.planner import warm_up_service as warm_up
 
+log = logging.getLogger("api")
 STATIC = Path(__file__).resolve().parent / "static"
 DESCRIPTION = """Plans of dynamic hybrid (data x context) parallelism for training batches.
 
@@ -35,6 +40,13 @@ POST /v1/plans takes the same documents as `dhp plan` input files and returns th
 that `dhp plan` prints, with its id. Errors are RFC 9457 problem documents naming the field at
 fault. When the server sets tokens, /v1 needs `Authorization: Bearer <token>`.
 """
+
+
+def _resume(service: PlanningService, started_at: datetime) -> None:
+    try:
+        service.resume_pending(started_at)
+    except Exception:  # the store is down at start-up: the next start resumes them
+        log.exception("could not resume the pending plan-ahead requests")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -46,9 +58,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics = Metrics()
     service = PlanningService(settings, store, metrics)
 
+    started_at = utcnow()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(warm_up)
+        # Plan-ahead requests an earlier process accepted and never answered are solved now, beside new requests.
+        threading.Thread(target=_resume, args=(service, started_at), name="dhp-resume", daemon=True).start()
         # What exists at start-up lives as long as the process: keep it out of every garbage collection.
         gc.collect()
         gc.freeze()

@@ -18,6 +18,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
@@ -43,6 +45,14 @@ class Overloaded(ServiceError):
         super().__init__(503, "Service at capacity", "every solve worker is busy and the waiting line is full", kind="overloaded",
                          hint=f"retry after {retry_after_s} s, or run more workers (DHP_SOLVE_WORKERS, dhp serve --workers).",
                          headers={"Retry-After": str(retry_after_s)})
+
+
+class StoreUnavailable(Exception):
+    """The plan store did not answer (after retries)."""
+
+
+STORE_DOWN = (OperationalError, InterfaceError, PoolTimeout, StoreUnavailable)
+"""Errors of a store that does not answer (server down, connection lost, pool exhausted, SQLite locked): 503, not 500."""
 
 
 def problem_document(status: int, title: str, detail: str, *, kind: str, field: str | None = None, hint: str | None = None,
@@ -129,6 +139,16 @@ def install(app: FastAPI) -> None:
         detail = exc.detail if isinstance(exc.detail, str) else title
         return problem_response(exc.status_code, title, detail, kind=f"http-{exc.status_code}", hint=_STATUS_HINTS.get(exc.status_code),
                                 headers=getattr(exc, "headers", None), instance=request.url.path)
+
+    async def _store_down(request: Request, exc: Exception) -> JSONResponse:
+        log.warning("plan store unavailable on %s %s: %s", request.method, request.url.path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        retry = str(getattr(request.app.state, "settings", None) and request.app.state.settings.retry_after_s or 1)
+        return problem_response(503, "Store unavailable", "the plan store does not answer", kind="store-unavailable",
+                                hint=f"retry after {retry} s; the operator should check the database (GET /readyz).", headers={"Retry-After": retry},
+                                instance=request.url.path)
+
+    for kind in STORE_DOWN:
+        app.add_exception_handler(kind, _store_down)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

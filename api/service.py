@@ -13,16 +13,18 @@ it in this process are woken.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
+from datetime import datetime
 from typing import Any, TypeVar
 
 from api import translate
 from api.admission import SolvePool
-from api.errors import ServiceError, planner_error_document
+from api.errors import STORE_DOWN, ServiceError, StoreUnavailable, planner_error_document
 from api.metrics import Metrics
 from api.plan_cache import Flight, InFlight, PlanCache
 from api.settings import Settings
@@ -109,6 +111,8 @@ class PlanningService:
                     cluster=cluster, model=model, request_json=translate.request_text(doc))
         if result is not None:
             base.update(finished_at=base["created_at"], plan_json=text, **solved_columns(result))
+        else:
+            base.update(claimed_at=base["created_at"])
         return PlanRecord(**base)
 
     def _follow(self, flight: Flight) -> PlanRecord:
@@ -189,37 +193,78 @@ class PlanningService:
         if flight is not None and not lead:  # a request that waits for its plan is solving it: this record takes that plan
             self._finish_from(plan_id, flight, loop)
             return
-        resolve((pending, False))
         record: PlanRecord | None = None
         error: BaseException | None = None
         try:
-            result, text = self._solve(problem, arrival)
-            self.store.finish(plan_id, text, result)
-            record = self.store.get(plan_id) or pending
-            self.cache.put(key, record, raw)
-        except PlannerError as exc:
-            error = exc
-            self.store.fail(plan_id, planner_error_document(exc))
-        except Exception as exc:
-            error = exc
-            log.exception("plan-ahead solve %s failed", plan_id)
-            self.store.fail(plan_id, INTERNAL)
+            record, error = self._solve_pending(plan_id, problem, arrival, pending)
+            if record is not None:
+                self.cache.put(key, record, raw)
         finally:
             if flight is not None:
-                self.flights.land(key, flight, record, error if record is None else None)
+                self.flights.land(key, flight, record, None if record is not None else error or StoreUnavailable("the solve ended without a plan"))
             _call_soon(loop, self._wake, plan_id)
+
+    def _solve_pending(self, plan_id: str, problem: Any, arrival: float, pending: PlanRecord) -> tuple[PlanRecord | None, BaseException | None]:
+        """Solve a pending plan and store the answer (retried while the store is down); the stored record or the error."""
+        try:
+            result, text = self._solve(problem, arrival)
+        except PlannerError as exc:
+            self._write(self.store.fail, plan_id, planner_error_document(exc))
+            return None, exc
+        except Exception as exc:
+            log.exception("plan-ahead solve %s failed", plan_id)
+            self._write(self.store.fail, plan_id, INTERNAL)
+            return None, exc
+        if not self._write(self.store.finish, plan_id, text, result):
+            return None, StoreUnavailable("the plan store did not answer")
+        return self._write(self.store.get, plan_id) or pending, None
+
+    def _write(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """A store call retried with backoff while the store is unreachable, for up to ``store_retry_s``;
+        None when it never got through (the plan stays pending: a later start of the service resumes it)."""
+        give_up = time.monotonic() + self.settings.store_retry_s
+        delay = 0.05
+        while True:
+            try:
+                return fn(*args)
+            except STORE_DOWN as exc:
+                if time.monotonic() + delay > give_up:
+                    log.error("the plan store did not answer for %.0f s (%s); left pending for a later start to resume", self.settings.store_retry_s, exc)
+                    return None
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     def _finish_from(self, plan_id: str, flight: Flight, loop: asyncio.AbstractEventLoop) -> None:
         """A pending plan-ahead record finished with the plan of the identical request that was solving already."""
         try:
-            self.store.finish_from(plan_id, self._follow(flight))
+            self._write(self.store.finish_from, plan_id, self._follow(flight))
         except PlannerError as exc:
-            self.store.fail(plan_id, planner_error_document(exc))
+            self._write(self.store.fail, plan_id, planner_error_document(exc))
         except Exception:
             log.exception("plan-ahead solve %s failed", plan_id)
-            self.store.fail(plan_id, INTERNAL)
+            self._write(self.store.fail, plan_id, INTERNAL)
         finally:
             _call_soon(loop, self._wake, plan_id)
+
+    def resume_pending(self, started_at: datetime) -> list[str]:
+        """Solve the plan-ahead requests that an earlier process accepted but did not answer (it stopped):
+        each is claimed in the store first, so that processes starting together solve it once. Their
+        budgets count from now. Returns the ids resumed."""
+        resumed = []
+        for pending in self.store.claim_pending(started_at):
+            try:
+                doc = json.loads(pending.request_json or "{}")
+                problem = translate.to_problem(doc, self.settings)
+            except PlannerError as exc:  # the limits changed since it was accepted
+                self._write(self.store.fail, pending.id, planner_error_document(exc))
+                continue
+            record, _ = self._solve_pending(pending.id, problem, time.perf_counter(), pending)
+            if record is not None:
+                self.cache.put(pending.request_hash, record)
+            resumed.append(pending.id)
+        if resumed:
+            log.info("resumed %d plan-ahead request(s) left pending by an earlier process", len(resumed))
+        return resumed
 
     # -- on the event loop ------------------------------------------------------------------
 
@@ -286,7 +331,7 @@ class PlanningService:
         while True:
             record = await asyncio.to_thread(self.store.get, plan_id)
             if record is not None and record.status == "pending" and plan_id not in self._waiters:
-                age = (utcnow() - record.created_at).total_seconds()
+                age = (utcnow() - (record.claimed_at or record.created_at)).total_seconds()
                 if age > self.settings.stale_after_s:
                     await asyncio.to_thread(self.store.fail, plan_id, LOST)
                     record = await asyncio.to_thread(self.store.get, plan_id)

@@ -61,6 +61,8 @@ class Settings(BaseSettings):
     plan_cache_size: int = Field(256, ge=0)
     """Plans per process kept in memory by request hash (the store is the lasting cache)."""
     long_poll_max_ms: int = Field(30_000, ge=0)
+    store_retry_s: float = Field(30.0, ge=0.0, le=3600.0)
+    """How long a plan-ahead answer is retried while the store does not answer, before it is left pending for a later start to resume."""
 
     @property
     def stale_after_s(self) -> float:

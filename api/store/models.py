@@ -39,6 +39,8 @@ class PlanRow(Base):
     lower_bound_s: Mapped[float | None] = mapped_column(Float)
     gap: Mapped[float | None] = mapped_column(Float)
     solve_ms: Mapped[float | None] = mapped_column(Float)
+    claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    """When the process solving a pending plan took it up: at acceptance, or at the start of a process that resumed it."""
 
     __table_args__ = (Index("ix_plans_request_hash_status", "request_hash", "status"),)
 

@@ -61,13 +61,14 @@ class PlanRecord:
     gap: float | None = None
     solve_ms: float | None = None
     request_json: str | None = None
+    claimed_at: datetime | None = None
 
     @property
     def error(self) -> dict[str, Any] | None:
         return json.loads(self.error_json) if self.error_json else None
 
 
-SUMMARY_FIELDS = tuple(f.name for f in fields(PlanRecord) if f.name not in ("request_hash", "plan_json", "error_json", "request_json"))
+SUMMARY_FIELDS = tuple(f.name for f in fields(PlanRecord) if f.name not in ("request_hash", "plan_json", "error_json", "request_json", "claimed_at"))
 """The fields of a record that the plan list shows (everything but the documents and the hash)."""
 
 
@@ -95,6 +96,7 @@ def _record(row: Any, with_documents: bool) -> PlanRecord:
     data = {c.name: getattr(row, c.name) for c in _SUMMARY_COLUMNS}
     data["created_at"] = _aware(data["created_at"])
     data["finished_at"] = _aware(data["finished_at"])
+    data["claimed_at"] = _aware(data["claimed_at"])
     if with_documents:
         data["plan_json"] = row.plan_json
         data["request_json"] = row.request_json
@@ -143,20 +145,39 @@ class Store:
         with self.engine.begin() as conn:
             conn.execute(insert(_PLANS), [record.__dict__])
 
-    def finish(self, plan_id: str, plan_json: str, plan: Plan) -> None:
-        """Mark a pending plan done with its plan document and :func:`solved_columns`."""
-        with self._session.begin() as s:
-            s.execute(update(PlanRow).where(PlanRow.id == plan_id).values(status="done", finished_at=utcnow(), plan_json=plan_json, **solved_columns(plan)))
+    def finish(self, plan_id: str, plan_json: str, plan: Plan) -> bool:
+        """Mark a pending plan done with its plan document and :func:`solved_columns`. The first answer
+        stored wins: a plan that is no longer pending is left as it is (False)."""
+        return self._settle(plan_id, status="done", plan_json=plan_json, **solved_columns(plan))
 
-    def finish_from(self, plan_id: str, done: PlanRecord) -> None:
+    def finish_from(self, plan_id: str, done: PlanRecord) -> bool:
         """Mark a pending plan done with the plan of another record (an identical request solved once)."""
         columns = {name: getattr(done, name) for name in ("plan_json", "backend", "solver_status", "predicted_step_time_s", "lower_bound_s", "gap", "solve_ms")}
-        with self._session.begin() as s:
-            s.execute(update(PlanRow).where(PlanRow.id == plan_id).values(status="done", finished_at=utcnow(), **columns))
+        return self._settle(plan_id, status="done", **columns)
 
-    def fail(self, plan_id: str, error: dict[str, Any]) -> None:
+    def fail(self, plan_id: str, error: dict[str, Any]) -> bool:
+        return self._settle(plan_id, status="failed", error_json=json.dumps(error))
+
+    def _settle(self, plan_id: str, **values: Any) -> bool:
         with self._session.begin() as s:
-            s.execute(update(PlanRow).where(PlanRow.id == plan_id).values(status="failed", finished_at=utcnow(), error_json=json.dumps(error)))
+            done = s.execute(update(PlanRow).where(PlanRow.id == plan_id, PlanRow.status == "pending").values(finished_at=utcnow(), **values))
+            return bool(done.rowcount)  # type: ignore[attr-defined]
+
+    def claim_pending(self, started_before: datetime, limit: int = 1000) -> list[PlanRecord]:
+        """Pending plans that no process took up since ``started_before`` (the start of the calling process), each
+        claimed for the caller in one conditional update, so that processes starting together resume each plan once."""
+        stale = (PlanRow.status == "pending") & ((PlanRow.claimed_at.is_(None)) | (PlanRow.claimed_at < started_before))
+        with self.engine.connect() as conn:
+            ids = [r[0] for r in conn.execute(select(PlanRow.id).where(stale).order_by(PlanRow.created_at).limit(limit))]
+        claimed = []
+        for plan_id in ids:
+            with self._session.begin() as s:
+                took = s.execute(update(PlanRow).where(PlanRow.id == plan_id, stale).values(claimed_at=utcnow()))
+            if took.rowcount:  # type: ignore[attr-defined]
+                record = self.get(plan_id)
+                if record is not None:
+                    claimed.append(record)
+        return claimed
 
     def get(self, plan_id: str, *, with_documents: bool = True) -> PlanRecord | None:
         if not is_id(plan_id):
