@@ -1,13 +1,18 @@
-"""Admission control: a fixed set of solve threads with a bounded waiting line.
+"""Admission control: a fixed set of solve threads with a bounded waiting line, aware of deadlines.
 
 At most ``solve_workers`` solves run and ``queue_limit`` wait in one process; a request beyond that is
-refused at once with 503 and Retry-After (:class:`api.errors.Overloaded`) instead of piling up.
+refused at once with 503 and Retry-After (:class:`api.errors.Overloaded`) instead of piling up. A
+request with a deadline is also refused at once when the waiting line ahead of it, at the recent time
+per solve, would use up its budget before a worker could take it. Retry-After is computed from the
+waiting line: the time the solves admitted now take to drain at the recent time per solve.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -16,6 +21,8 @@ from api.errors import Overloaded
 from api.metrics import Metrics
 
 T = TypeVar("T")
+SMOOTHING = 0.2
+"""Weight of the newest solve in the running mean of solve times."""
 
 
 class SolvePool:
@@ -30,6 +37,7 @@ class SolvePool:
         self._lock = threading.Lock()
         self._admitted = 0
         self._running = 0
+        self._mean_s: float | None = None
 
     @property
     def in_flight(self) -> int:
@@ -39,13 +47,47 @@ class SolvePool:
     def queue_depth(self) -> int:
         return self._admitted - self._running
 
-    def _admit(self) -> None:
+    @property
+    def full(self) -> bool:
+        return self._admitted >= self.capacity
+
+    @property
+    def mean_solve_s(self) -> float | None:
+        """Running mean of the time a job holds a worker (None before the first one ends)."""
+        return self._mean_s
+
+    def _wait_s(self, ahead: int) -> float:
+        """Expected wait before a worker is free for a job with ``ahead`` admitted jobs before it."""
+        if ahead < self.workers or self._mean_s is None:
+            return 0.0
+        return (ahead - self.workers + 1) / self.workers * self._mean_s
+
+    def retry_after(self) -> int:
+        """Seconds after which the solves admitted now should have drained (the configured value until a solve has been timed)."""
+        if self._mean_s is None:
+            return self.retry_after_s
+        return max(1, min(3600, math.ceil(self._admitted / self.workers * self._mean_s)))
+
+    def refused(self, detail: str | None = None) -> Overloaded:
+        """The 503 to answer with (counted)."""
+        self._metrics.rejected.inc()
+        return Overloaded(self.retry_after(), detail)
+
+    def _admit(self, deadline: float | None = None) -> None:
         with self._lock:
             if self._admitted >= self.capacity:
-                self._metrics.rejected.inc()
-                raise Overloaded(self.retry_after_s)
+                raise self.refused()
+            if deadline is not None:
+                wait = self._wait_s(self._admitted)
+                if time.perf_counter() + wait >= deadline:
+                    raise self.refused(f"the {self.queue_depth} solve(s) waiting would use up this request's time budget (about {wait * 1000:.0f} ms)")
             self._admitted += 1
             self._metrics.queue_depth.inc()
+
+    def refuse_late(self, deadline: float, budget_s: float, min_share: float) -> None:
+        """Raise Overloaded when less than ``min_share`` of the budget is left before ``deadline``: a worker took the job too late to serve it."""
+        if deadline - time.perf_counter() < min_share * budget_s:
+            raise self.refused("this request waited past its time budget for a free solve worker")
 
     def _wrap(self, fn: Callable[..., T], *args: Any) -> Callable[[], T]:
         def job() -> T:
@@ -53,12 +95,15 @@ class SolvePool:
                 self._running += 1
             self._metrics.queue_depth.dec()
             self._metrics.in_flight.inc()
+            start = time.perf_counter()
             try:
                 return fn(*args)
             finally:
+                took = time.perf_counter() - start
                 with self._lock:
                     self._running -= 1
                     self._admitted -= 1
+                    self._mean_s = took if self._mean_s is None else (1 - SMOOTHING) * self._mean_s + SMOOTHING * took
                 self._metrics.in_flight.dec()
         return job
 
@@ -68,29 +113,39 @@ class SolvePool:
                 self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dhp-solve")
             return self._executor
 
-    def _release_admission(self) -> None:
+    def release(self) -> None:
+        """Give back a place taken with :meth:`reserve` that will not be used."""
         with self._lock:
             self._admitted -= 1
         self._metrics.queue_depth.dec()
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` on a solve thread and wait for it; raises Overloaded when full."""
-        self._admit()
+    async def run(self, fn: Callable[..., T], *args: Any, deadline: float | None = None) -> T:
+        """Run ``fn(*args)`` on a solve thread and wait for it; raises Overloaded when full, or when the
+        waiting line would keep it past ``deadline`` (a ``time.perf_counter`` instant)."""
+        self._admit(deadline)
         try:
             future = asyncio.get_running_loop().run_in_executor(self._pool(), self._wrap(fn, *args))
         except BaseException:
-            self._release_admission()
+            self.release()
             raise
         return await future
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Start ``fn(*args)`` on a solve thread without waiting; raises Overloaded when full."""
+    def reserve(self) -> None:
+        """Take a place in the waiting line now (raises Overloaded when full); :meth:`submit_reserved` uses it, :meth:`release` gives it back."""
         self._admit()
+
+    def submit_reserved(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Start ``fn(*args)`` on a solve thread in a place taken with :meth:`reserve`, without waiting."""
         try:
             self._pool().submit(self._wrap(fn, *args))
         except BaseException:
-            self._release_admission()
+            self.release()
             raise
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Start ``fn(*args)`` on a solve thread without waiting; raises Overloaded when full."""
+        self.reserve()
+        self.submit_reserved(fn, *args)
 
     def shutdown(self) -> None:
         """Wait for the running and waiting solves; a later request starts a fresh pool."""

@@ -23,7 +23,7 @@ from fastapi.staticfiles import StaticFiles
 
 from api import errors
 from api.metrics import Metrics, multiprocess_dir
-from api.middleware import ArrivalAndMetrics, BodyLimit
+from api.middleware import AdmissionPrecheck, ArrivalAndMetrics, BodyLimit
 from api.routes import dashboard, health, jobs, plans, presets
 from api.service import PlanningService
 from api.settings import Settings
@@ -96,5 +96,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                    swagger_favicon_url="/static/favicon-32x32.png")
 
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AdmissionPrecheck, pool=service.pool)
     app.add_middleware(ArrivalAndMetrics, metrics=metrics)
     return app

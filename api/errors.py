@@ -41,8 +41,8 @@ class ServiceError(Exception):
 
 
 class Overloaded(ServiceError):
-    def __init__(self, retry_after_s: int) -> None:
-        super().__init__(503, "Service at capacity", "every solve worker is busy and the waiting line is full", kind="overloaded",
+    def __init__(self, retry_after_s: int, detail: str | None = None) -> None:
+        super().__init__(503, "Service at capacity", detail or "every solve worker is busy and the waiting line is full", kind="overloaded",
                          hint=f"retry after {retry_after_s} s, or run more workers (DHP_SOLVE_WORKERS, dhp serve --workers).",
                          headers={"Retry-After": str(retry_after_s)})
 

@@ -1,4 +1,4 @@
-"""ASGI middleware: arrival time, request latency metric and the request body size limit."""
+"""ASGI middleware: arrival time, request latency metric, the request body size limit and the admission pre-check."""
 
 from __future__ import annotations
 
@@ -103,3 +103,20 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+class AdmissionPrecheck:
+    """Refuses ``POST /v1/plans`` with 503 before its body is read when the solve queue is full: an overloaded
+    service answers at once instead of receiving and parsing a large body it would refuse anyway."""
+
+    def __init__(self, app: Any, pool: Any) -> None:
+        self.app = app
+        self.pool = pool
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope.get("path") == "/v1/plans" and self.pool.full:
+            exc = self.pool.refused()
+            response = problem_response(exc.status, exc.title, exc.detail, kind=exc.kind, hint=exc.hint, headers=exc.headers, instance=scope.get("path"))
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

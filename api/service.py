@@ -39,6 +39,8 @@ log = logging.getLogger("api.service")
 
 LOST = {"type": "https://dhp-planner.dev/problems/lost", "title": "Plan lost", "status": 503,
         "detail": "the server that accepted this plan-ahead request stopped before solving it", "hint": "submit the request again."}
+MIN_BUDGET_SHARE = 0.1
+"""A request that has less than this share of its time budget left when a solve worker takes it is refused (503) rather than solved in a hurry."""
 INTERNAL = {"type": "https://dhp-planner.dev/problems/internal", "title": "Internal error", "status": 500, "detail": "the solve failed; the log has why"}
 
 
@@ -141,6 +143,8 @@ class PlanningService:
             timings["done_at"] = time.perf_counter()
             return record, True, timings
         try:
+            budget_s = problem.options.time_budget_ms / 1000.0
+            self.pool.refuse_late(arrival + budget_s, budget_s, MIN_BUDGET_SHARE)
             result, text = self._solve(problem, arrival)
             t2 = time.perf_counter()
             timings["solve"] = result.solver.wall_ms
@@ -158,38 +162,31 @@ class PlanningService:
         timings["done_at"] = time.perf_counter()
         return record, False, timings
 
-    def _plan_ahead_job(self, plan_id: str, doc: dict[str, Any], arrival: float, use_cache: bool, loop: asyncio.AbstractEventLoop,
-                        accepted: asyncio.Future[tuple[PlanRecord, bool]], raw: str | None = None) -> None:
-        def resolve(result: tuple[PlanRecord, bool] | None = None, exc: BaseException | None = None) -> None:
-            def settle() -> None:
-                if accepted.done():  # the caller went away
-                    return
-                if exc is not None:
-                    accepted.set_exception(exc)
-                else:
-                    accepted.set_result(result)  # type: ignore[arg-type]
-            _call_soon(loop, settle)
-
+    def _accept_ahead(self, plan_id: str, doc: dict[str, Any], use_cache: bool, raw: str | None) -> tuple[PlanRecord, bool, Any]:
+        """Validate, look up the cache and store the request as pending (not on a solve worker: the answer does not wait
+        for one). Returns the record to answer with, whether it was cached, and what the solve needs (None: nothing to solve)."""
         flight: Flight | None = None
         lead = True
+        key = ""
         try:
             problem, key, hit, raw = self._prepare(doc, use_cache, raw)
             if hit is not None:
-                resolve((hit, True))
-                return
+                return hit, True, None
             pending = self._record(plan_id, doc, problem, key, "pending")
             if use_cache:
                 flight, lead = self.flights.claim(key, pending)
                 if not lead and flight.pending is not None:
-                    resolve((flight.pending, False))  # an identical plan-ahead request is being solved: its id, its plan
-                    return
+                    return flight.pending, False, None  # an identical plan-ahead request is being solved: its id, its plan
             self.store.add(pending)
-        except BaseException as exc:  # the request is refused; the waiting handler turns this into the answer
+        except BaseException as exc:
             if flight is not None and lead:
                 self.flights.land(key, flight, error=exc)
-            resolve(exc=exc)
-            return
-        resolve((pending, False))
+            raise
+        return pending, False, (problem, key, raw, flight, lead, pending)
+
+    def _solve_ahead(self, plan_id: str, context: Any, arrival: float, loop: asyncio.AbstractEventLoop) -> None:
+        """Solve an accepted plan-ahead request on a solve worker and store the answer; long-polls in this process are woken."""
+        problem, key, raw, flight, lead, pending = context
         if flight is not None and not lead:  # a request that waits for its plan is solving it: this record takes that plan
             self._finish_from(plan_id, flight, loop)
             return
@@ -295,7 +292,8 @@ class PlanningService:
         """Solve now; returns the stored record, whether it came from the cache (or an identical request
         in flight), and where the time went (``handoff``: from the solve thread's end until this coroutine runs again)."""
         raw = translate.raw_hash(doc) if use_cache else None
-        task, joined = self._shared(self._asked, raw, lambda: self.pool.run(self.plan_now, doc, arrival, use_cache, raw))
+        deadline = arrival + translate.budget_ms(doc) / 1000.0
+        task, joined = self._shared(self._asked, raw, lambda: self.pool.run(self.plan_now, doc, arrival, use_cache, raw, deadline=deadline))
         record, cached, timings = await asyncio.shield(task)
         timings = dict(timings)
         if joined:
@@ -311,18 +309,23 @@ class PlanningService:
         return await asyncio.shield(task)
 
     async def _accept(self, doc: dict[str, Any], arrival: float, use_cache: bool, raw: str | None) -> tuple[PlanRecord, bool]:
+        """A place in the solve queue is taken first (503 at once when full), then the request is validated and stored
+        pending off the event loop and answered, without waiting for a free solve worker."""
         loop = asyncio.get_running_loop()
         plan_id = uuid.uuid4().hex
-        accepted: asyncio.Future[tuple[PlanRecord, bool]] = loop.create_future()
+        self.pool.reserve()
         self._waiters[plan_id] = asyncio.Event()
         try:
-            self.pool.submit(self._plan_ahead_job, plan_id, doc, arrival, use_cache, loop, accepted, raw)
-            record, cached = await accepted
+            record, cached, context = await asyncio.to_thread(self._accept_ahead, plan_id, doc, use_cache, raw)
         except BaseException:
+            self.pool.release()
             self._waiters.pop(plan_id, None)
             raise
-        if cached or record.id != plan_id:
+        if context is None:
+            self.pool.release()
             self._waiters.pop(plan_id, None)
+        else:
+            self.pool.submit_reserved(self._solve_ahead, plan_id, context, arrival, loop)
         return record, cached
 
     async def get(self, plan_id: str, wait_ms: int = 0) -> PlanRecord | None:

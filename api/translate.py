@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -22,6 +23,7 @@ from api.store.repository import SUMMARY_FIELDS, PlanRecord
 from optimizer.errors import ProblemError
 from optimizer.plan.plan import Plan
 from optimizer.problem.documents import problem_from_json
+from optimizer.problem.options import PlanOptions
 from optimizer.problem.problem import Problem
 
 _PARTS = ("batch", "cluster", "cluster_preset", "model", "model_preset", "profile", "existing_groups")
@@ -74,6 +76,18 @@ def to_problem(doc: dict[str, Any], settings: Settings) -> Problem:
 
 _HASH_VERSION = b"dhp-request-2"
 """Changes whenever what the request hash covers changes, so that no stored plan of an older hash is taken for a newer request."""
+
+
+DEFAULT_BUDGET_MS = PlanOptions().time_budget_ms
+
+
+def budget_ms(doc: dict[str, Any]) -> float:
+    """The time budget a request document asks for, before validation (the default when it gives none or an unusable value)."""
+    options = doc.get("options")
+    value = options.get("time_budget_ms") if isinstance(options, dict) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        return float(value)
+    return DEFAULT_BUDGET_MS
 
 
 def request_hash(doc: dict[str, Any], problem: Problem) -> str:

@@ -1,0 +1,101 @@
+"""Deadline-aware admission: a request that cannot be served within its budget is refused with 503 and a Retry-After computed
+from the queue (at once when the queue says so, else when a worker would take it too late); plan-ahead answers 202 at once
+without waiting for a free worker; a full queue refuses a plan request before its body is read."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from api_support import small_request
+from fastapi.testclient import TestClient
+
+import api.service
+from api.app import create_app
+from api.settings import Settings
+
+SOLVE_S = 1.5
+
+
+@pytest.fixture
+def slow(monkeypatch):
+    """Every solve takes SOLVE_S more seconds; ``started`` is set when the first begins."""
+    real = api.service.run_planner
+    started = threading.Event()
+
+    def solve(problem, deadline=None):
+        started.set()
+        time.sleep(SOLVE_S)
+        return real(problem, deadline=deadline)
+
+    monkeypatch.setattr(api.service, "run_planner", solve)
+    return started
+
+
+@pytest.fixture
+def client(tmp_path):
+    with TestClient(create_app(Settings(data_dir=tmp_path / "data", solve_workers=1, queue_limit=4)), raise_server_exceptions=False) as c:
+        yield c
+
+
+def timed_post(client, body):
+    t0 = time.perf_counter()
+    r = client.post("/v1/plans", json=body)
+    return r, time.perf_counter() - t0
+
+
+def occupy(client, pool, started, seed):
+    """A long request holding the only solve worker."""
+    started.clear()
+    future = pool.submit(client.post, "/v1/plans", json=small_request(n=6, seed=seed, time_budget_ms=5000))
+    assert started.wait(10)
+    return future
+
+
+def test_a_request_taken_by_a_worker_past_its_budget_is_refused_not_solved(client, slow):
+    with ThreadPoolExecutor(2) as pool:
+        first = occupy(client, pool, slow, seed=1)
+        r, took = timed_post(client, small_request(n=6, seed=2, time_budget_ms=100))
+        assert first.result().status_code == 201
+    assert r.status_code == 503, r.text
+    assert r.json()["type"].endswith("/overloaded") and "time budget" in r.json()["detail"]
+    assert int(r.headers["retry-after"]) >= 1
+    assert took < SOLVE_S + 1.0  # answered when the worker took it, not after solving it
+
+
+def test_a_request_the_queue_would_keep_past_its_budget_is_refused_at_once(client, slow):
+    with ThreadPoolExecutor(2) as pool:
+        occupy(client, pool, slow, seed=3).result()  # one solve timed: the pool knows what a solve takes
+        busy = occupy(client, pool, slow, seed=4)
+        r, took = timed_post(client, small_request(n=6, seed=5, time_budget_ms=200))
+        fits = pool.submit(client.post, "/v1/plans", json=small_request(n=6, seed=6, time_budget_ms=10_000))
+        assert busy.result().status_code == 201
+        assert fits.result().status_code == 201  # a budget the queue leaves room for is admitted
+    assert r.status_code == 503, r.text
+    assert took < 0.5, took
+    # Computed from the queue: one admitted solve of about SOLVE_S seconds on one worker.
+    assert int(r.headers["retry-after"]) == int(SOLVE_S) + 1
+
+
+def test_plan_ahead_answers_at_once_while_every_worker_is_busy(client, slow):
+    with ThreadPoolExecutor(2) as pool:
+        busy = occupy(client, pool, slow, seed=7)
+        r, took = timed_post(client, {**small_request(n=6, seed=8), "wait": False})
+        assert r.status_code == 202, r.text
+        assert took < 0.5 * SOLVE_S, took
+        assert busy.result().status_code == 201
+    done = client.get(f"/v1/plans/{r.json()['id']}", params={"wait_ms": 20_000}).json()
+    assert done["status"] == "done"
+
+
+def test_a_full_queue_refuses_before_reading_the_body(tmp_path, slow):
+    with TestClient(create_app(Settings(data_dir=tmp_path / "data", solve_workers=1, queue_limit=0)), raise_server_exceptions=False) as client:
+        with ThreadPoolExecutor(2) as pool:
+            busy = occupy(client, pool, slow, seed=9)
+            # A body that parsing would refuse (422): the answer is 503, so it was not parsed.
+            r = client.post("/v1/plans", content=b"{not json", headers={"content-type": "application/json"})
+            assert busy.result().status_code == 201
+        assert r.status_code == 503 and r.headers["retry-after"].isdigit()
+        assert r.json()["type"].endswith("/overloaded")
