@@ -73,13 +73,13 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def summary_text(s: dict[str, Any]) -> str:
     lines = [f"steps: {s['steps']} ({s['planned']} planned, {s['failed']} failed)",
-             f"predicted epoch time: {s['predicted_epoch_time_s']:.1f} s (lower bound {s['lower_bound_epoch_s']:.1f} s)"]
+             f"predicted epoch time: {s['predicted_epoch_time_s']:.6g} s (lower bound {s['lower_bound_epoch_s']:.6g} s)"]
     if "static_per_step" in s:
         st = s["static_per_step"]
-        lines.append(f"best static layout per step: {st['epoch_time_s']:.1f} s -> speedup {st['speedup']:.3f}x")
+        lines.append(f"best static layout per step: {st['epoch_time_s']:.6g} s -> speedup {st['speedup']:.3f}x")
     if "static_mesh" in s:
         m = s["static_mesh"]
-        lines.append(f"best static mesh for the epoch (CP {m['degree']} everywhere): {m['epoch_time_s']:.1f} s -> speedup {m['speedup']:.3f}x")
+        lines.append(f"best static mesh for the epoch (CP {m['degree']} everywhere): {m['epoch_time_s']:.6g} s -> speedup {m['speedup']:.3f}x")
     g = s.get("gap")
     if g:
         lines.append(f"gap to lower bound: median {g['median'] * 100:.2f}%, p90 {g['p90'] * 100:.2f}%, p99 {g['p99'] * 100:.2f}%, max {g['max'] * 100:.2f}%")
