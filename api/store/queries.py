@@ -43,11 +43,18 @@ def speedup(store: Store) -> ColumnElement[Any]:
     return _json_number(store, PlanRow.plan_json, "static_baseline", "speedup")
 
 
+PROFILE_KEY = '"profile":'
+"""How a profile's key reads in the stored request text (compact JSON): text that lacks it has no profile, and
+the JSON is only parsed where it is present. Inside a string the quotes would be escaped, so it is never part of a sample id."""
+
+
 def profile_label(store: Store) -> ColumnElement[Any]:
     """``analytical`` when the request gave no profile, else the profile's ``source`` (``given`` when it has none)."""
     source = _json_path(store, PlanRow.request_json, "profile", "source")
+    has_profile = PlanRow.request_json.contains(PROFILE_KEY, autoescape=True)
     whole = _json_path(store, PlanRow.request_json, "profile")
-    return case((whole.is_(None), literal("analytical", String)), else_=func.coalesce(source, literal("given", String)))
+    return case((~has_profile, literal("analytical", String)), (whole.is_(None), literal("analytical", String)),
+                else_=func.coalesce(source, literal("given", String)))
 
 
 def _feedback_summary() -> Any:
@@ -145,27 +152,40 @@ def change_stamp(store: Store) -> dict[str, Any]:
             "latest_plan_at": _aware(latest_plan), "latest_feedback_id": latest_fb}
 
 
-def calibration_points(store: Store, *, cluster: str | None = None, model: str | None = None, profile: str | None = None,
-                       limit: int = 20_000) -> tuple[list[dict[str, Any]], int]:
-    """Feedback with a prediction, newest first (at most ``limit``), with the plan's cluster, model and profile; and how many there are."""
-    label = profile_label(store).label("profile")
-    conds: list[ColumnElement[bool]] = [FeedbackRow.predicted_step_time_s.is_not(None)]
+def _labels_of_measured_plans(store: Store, conn: Any, cluster: str | None, model: str | None) -> dict[str, tuple[str | None, str | None, str]]:
+    """Cluster, model and profile label of every plan with feedback (each plan's request read once, not once per step)."""
+    conds: list[ColumnElement[bool]] = [PlanRow.id.in_(select(FeedbackRow.plan_id).distinct())]
     if cluster:
         conds.append(PlanRow.cluster == cluster)
     if model:
         conds.append(PlanRow.model == model)
-    if profile:
-        conds.append(profile_label(store) == profile)
-    base = select(FeedbackRow.id, FeedbackRow.plan_id, FeedbackRow.created_at, FeedbackRow.predicted_step_time_s, FeedbackRow.measured_step_time_s,
-                  PlanRow.cluster, PlanRow.model, PlanRow.n_ranks, label).join(PlanRow, PlanRow.id == FeedbackRow.plan_id).where(*conds)
+    rows = conn.execute(select(PlanRow.id, PlanRow.cluster, PlanRow.model, profile_label(store)).where(*conds))
+    return {pid: (c, m, label) for pid, c, m, label in rows}
+
+
+def calibration_points(store: Store, *, cluster: str | None = None, model: str | None = None, profile: str | None = None,
+                       limit: int = 100_000) -> tuple[list[dict[str, Any]], int]:
+    """Feedback with a prediction, newest first (at most ``limit``), with the plan's cluster, model and profile; and how many there are."""
     with store.engine.connect() as conn:
-        total = conn.scalar(select(func.count()).select_from(FeedbackRow).join(PlanRow, PlanRow.id == FeedbackRow.plan_id).where(*conds)) or 0
-        rows = conn.execute(base.order_by(FeedbackRow.id.desc()).limit(limit)).mappings().all()
-    return [dict(r, created_at=_aware(r["created_at"])) for r in rows], int(total)
+        labels = _labels_of_measured_plans(store, conn, cluster, model)
+        if profile:
+            labels = {k: v for k, v in labels.items() if v[2] == profile}
+        rows = conn.execute(select(FeedbackRow.id, FeedbackRow.plan_id, FeedbackRow.created_at, FeedbackRow.predicted_step_time_s, FeedbackRow.measured_step_time_s)
+                            .where(FeedbackRow.predicted_step_time_s.is_not(None)).order_by(FeedbackRow.id.desc()))
+        out = []
+        total = 0
+        for fid, pid, created, predicted, measured in rows:
+            where = labels.get(pid)
+            if where is None:
+                continue
+            total += 1
+            if len(out) < limit:
+                out.append({"id": fid, "plan_id": pid, "created_at": _aware(created), "predicted_step_time_s": predicted, "measured_step_time_s": measured,
+                            "cluster": where[0], "model": where[1], "profile": where[2]})
+    return out, total
 
 
 def profile_labels(store: Store) -> list[str]:
     """The profile labels of plans that have feedback."""
-    label = profile_label(store)
     with store.engine.connect() as conn:
-        return sorted(v for (v,) in conn.execute(select(label).join(FeedbackRow, FeedbackRow.plan_id == PlanRow.id).distinct()) if v)
+        return sorted({label for _, _, label in _labels_of_measured_plans(store, conn, None, None).values() if label})

@@ -40,7 +40,7 @@
        fb.length ? `mean of ${fb.length} step(s), ${num(meanMeasured / v.predicted_step_time_s, 3)}\u00d7 predicted` : "no feedback yet"],
       ["Planner", (s.backend || "\u2013") + " \u00b7 " + (s.status || "\u2013"), s.wall_ms !== undefined ? ms(s.wall_ms) + " ms of a " + ms(v.budget_ms) + " ms budget" : null],
       ["Batch", v.n_samples + " samples", v.n_ranks + " ranks"],
-      ["Cluster \u00b7 model", (v.cluster || "\u2013"), (v.model || "\u2013") + " \u00b7 profile: " + v.profile],
+      ["Cluster \u00b7 model", (v.cluster || "\u2013"), (v.model || "\u2013") + " \u00b7 profile: " + (v.profile.length > 48 ? v.profile.slice(0, 46) + "\u2026" : v.profile)],
     ];
     dl.replaceChildren(...items.flatMap(([a, b, c]) => card(a, b, c)));
   }
@@ -62,9 +62,12 @@
     const blocks = [];
     for (const mb of g.micro_batches) {
       root.append(svg("rect", { x: x(mb.start_s), y: top, width: Math.max(1, x(mb.start_s + mb.predicted_time_s) - x(mb.start_s)), height: plotH, fill: "var(--idle)" }));
-      const label = svg("text", { x: x(mb.start_s) + 3, y: top - 7 });
-      label.textContent = `micro-batch ${mb.index + 1}: ${secs(mb.predicted_time_s)} s`;
-      root.append(label);
+      const span = x(mb.start_s + mb.predicted_time_s) - x(mb.start_s);
+      if (span >= 28) {
+        const label = svg("text", { x: x(mb.start_s) + 3, y: top - 7 });
+        label.textContent = span >= 130 ? `micro-batch ${mb.index + 1}: ${secs(mb.predicted_time_s)} s` : span >= 60 ? `mb ${mb.index + 1}: ${secs(mb.predicted_time_s)} s` : `${mb.index + 1}`;
+        root.append(label);
+      }
       for (const grp of mb.groups) {
         const w = Math.max(1, (grp.predicted_time_s / step) * plotW);
         const where = grp.intra_node ? "within one node" : "spanning nodes " + grp.nodes.join(", ");
