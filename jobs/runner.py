@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,7 +117,8 @@ def run_job(epoch: Epoch, out: str | Path, engine: Engine, *, progress: Progress
                 "sampler": spec.sampler.__dict__ if spec.batches is None else None, "drop_last": spec.drop_last,
                 "max_steps": spec.max_steps, "template": spec.template},
         "summary": summarize(records),
-        "run": {**engine.describe(), "wall_s": round(wall_s, 3), "planned_now": planned_now, "reused_from_journal": reused},
+        "run": {**engine.describe(), "wall_s": round(wall_s, 3), "planned_now": planned_now, "reused_from_journal": reused,
+                "steps_by_worker": dict(sorted(Counter(r.get("worker", "this process") for r in records).items()))},
     }
     planfile.write_index(directory / planfile.INDEX_FILE, index)
     if keep_journal:
