@@ -70,3 +70,27 @@ def test_a_failing_rank_does_not_hang_its_peers():
     for r in (0, 2):
         assert seen[r]["error"] == "RingError", seen[r]
         assert seen[r]["seconds"] < timeout + 10, seen[r]
+
+
+@pytest.mark.parametrize("lengths, d, tile", [([20] * 16, 4, 128), ([23, 4, 1, 9], 3, 4), ([300, 7, 7, 40], 2, 16)])
+def test_tiles_cover_every_visible_pair_exactly_once(lengths, d, tile):
+    from trainer.attention_tiles import tiles
+    from trainer.ring_attention import visible
+
+    layout = shard_layout(lengths, d)
+    total = 0
+    for p in range(d):
+        qp, qs = layout[p]
+        for src in range(d):
+            kp, ks = layout[src]
+            want = visible(qp, qs, kp, ks)
+            got = torch.zeros_like(want, dtype=torch.int64)
+            parts = tiles(qp, qs, kp, ks, tile)
+            for rows, cols, m in parts:
+                assert len(set(cols.tolist())) == len(cols) and len(set(rows.tolist())) == len(rows)
+                assert torch.equal(m, want[rows][:, cols])
+                got[rows[:, None], cols[None, :]] += m.long()
+            assert torch.equal(got, want.long())
+            total += len(parts)
+    if lengths == [20] * 16:
+        assert total <= 2 * d * d  # short samples merged: not one tile per sample and chunk
