@@ -294,3 +294,16 @@ def test_queries_read_figures_inside_the_documents(store):
     assert q.profile_labels(store) == ["analytical", "given", "measured on site"]
     stamp = q.change_stamp(store)
     assert stamp["plans"] == 3 and stamp["feedback"] == 4 and stamp["by_status"] == {"done": 3}
+    assert q.facets(store)["status"] == ["done"]
+
+
+def test_facts_of_a_pending_plan_are_read_again_once_it_is_finished(store):
+    pending = _record(5, budget=100, speedup=None, profile=None)
+    store.add(PlanRecord(**{**pending.__dict__, "status": "pending", "plan_json": None, "finished_at": None}))
+    assert q.plan_facts(store, [pending.id])[pending.id].speedup is None
+    assert q.facets(store)["status"] == ["pending"]
+    store.finish(pending.id, plan_json=json.dumps({"static_baseline": {"speedup": 1.25}}), backend="highs", solver_status="feasible",
+                 predicted_step_time_s=1.0, lower_bound_s=0.9, gap=0.1, solve_ms=5.0)
+    assert q.plan_facts(store, [pending.id])[pending.id].speedup == 1.25
+    assert q.plan_table(store, q.PlanFilters(), sort="speedup")[0][0]["speedup"] == 1.25
+    assert q.facets(store)["status"] == ["done"] and q.facets(store)["backend"] == ["highs"]  # the facets follow the store
