@@ -105,7 +105,7 @@
     const pad = Math.max((hi - lo) * 0.15, 0.002);
     const opts = { width: chartWidth(box, 900), height: 280,
                    scales: { x: { time: false, distr: 3, range: [budgets[0] / 1.25, budgets[budgets.length - 1] * 1.25] }, y: { range: [lo - pad, hi + pad] } },
-                   axes: [{ label: "budget (ms, log scale)", splits: () => budgets, values: (u, vals) => vals.map((x) => x + " ms") },
+                   axes: [{ label: "budget (ms, log scale)", splits: () => budgets, filter: (u, splits) => splits, values: (u, vals) => vals.map((x) => (x === null ? "" : x + " ms")) },
                           { label: "predicted / lower bound", size: 70, values: (u, vals) => vals.map((y) => num(y, 4)) }], series };
     if (sweepPlot) sweepPlot.destroy();
     box.replaceChildren();
