@@ -60,6 +60,7 @@
     const x = (t) => left + (t / step) * plotW;
     const root = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "group", "aria-labelledby": "gantt-h", "aria-describedby": "gantt-desc" });
     const blocks = [];
+    const ticks = svg("g", { "aria-hidden": "true" });
     for (const mb of g.micro_batches) {
       root.append(svg("rect", { x: x(mb.start_s), y: top, width: Math.max(1, x(mb.start_s + mb.predicted_time_s) - x(mb.start_s)), height: plotH, fill: "var(--idle)" }));
       const span = x(mb.start_s + mb.predicted_time_s) - x(mb.start_s);
@@ -81,6 +82,11 @@
         for (const [a, b] of grp.spans) {
           node.append(svg("rect", { class: "body", x: x(mb.start_s), y: top + a * rh, width: w, height: Math.max(1, (b - a) * rh) }));
         }
+        if (grp.measured_time_s !== null) {  // the newest measured time of this group: a tick across its ranks, drawn over every block
+          const over = grp.measured_time_s > mb.predicted_time_s;
+          const xm = over ? x(mb.start_s + mb.predicted_time_s) - 2 : x(mb.start_s + grp.measured_time_s);
+          for (const [a, b] of grp.spans) ticks.append(svg("line", { class: "measured" + (over ? " over" : ""), x1: xm, x2: xm, y1: top + a * rh + 1, y2: top + b * rh - 1 }));
+        }
         const [a0, b0] = grp.spans[0];
         if (w > 34 && (b0 - a0) * rh >= 11) {
           const t = svg("text", { class: "label", x: x(mb.start_s) + 3, y: top + a0 * rh + Math.min((b0 - a0) * rh, 22) / 2 + 4 });
@@ -92,6 +98,7 @@
       }
       root.append(svg("line", { x1: x(mb.start_s), x2: x(mb.start_s), y1: top - 4, y2: top + plotH, stroke: "#24292f", "stroke-width": 1.5 }));
     }
+    root.append(ticks);
     // Node boundaries and labels.
     g.nodes.forEach(([a, b], k) => {
       if (a > 0) root.append(svg("line", { x1: left - 6, x2: left + plotW, y1: top + a * rh, y2: top + a * rh, stroke: "#24292f", "stroke-width": 1 }));
@@ -102,8 +109,8 @@
       }
     });
     // Time axis.
-    const ticks = 6;
-    const raw = step / ticks;
+    const nTicks = 6;
+    const raw = step / nTicks;
     const mag = Math.pow(10, Math.floor(Math.log10(raw)));
     const tick = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw);
     for (let t = 0; t <= step + 1e-12; t += tick) {
