@@ -50,7 +50,7 @@ def calibration(rows: list[dict[str, Any]], total: int, points: int) -> dict[str
     """Figures over every row given (newest first); the ``points`` newest go out for the scatter, each with the
     index of its profile and cluster group (so the long profile names are sent once)."""
     by_group: dict[tuple[str, str | None], list[float]] = defaultdict(list)
-    kept = []
+    kept: list[tuple[dict[str, Any], float, tuple[str, str | None]]] = []
     for r in rows:
         if not r["predicted_step_time_s"] or r["predicted_step_time_s"] <= 0:
             continue

@@ -188,7 +188,7 @@ def _page_by_facts(store: Store, conn: Any, conds: list[ColumnElement[bool]], so
     rows = conn.execute(select(PlanRow.id, PlanRow.created_at).where(*conds)).all()
     facts = plan_facts(store, [pid for pid, _ in rows])
     sign = -1.0 if descending else 1.0
-    newest_first = sorted(rows, key=lambda r: (-_aware(r[1]).timestamp(), r[0]))  # the tie-break, as in SQL
+    newest_first = sorted(sorted(rows, key=lambda r: r[0]), key=lambda r: r[1], reverse=True)  # the tie-break, as in SQL (sorts are stable)
 
     def key(row: Any) -> tuple[bool, float]:
         value = getattr(facts[row[0]], sort)
@@ -240,7 +240,7 @@ def calibration_points(store: Store, *, cluster: str | None = None, model: str |
                   if (not cluster or f.cluster == cluster) and (not model or f.model == model) and (not profile or f.profile == profile)}
         rows = conn.execute(select(FeedbackRow.id, FeedbackRow.plan_id, FeedbackRow.created_at, FeedbackRow.predicted_step_time_s, FeedbackRow.measured_step_time_s)
                             .where(FeedbackRow.predicted_step_time_s.is_not(None)).order_by(FeedbackRow.id.desc()))
-        out = []
+        out: list[dict[str, Any]] = []
         total = 0
         for fid, pid, created, predicted, measured in rows:
             where = labels.get(pid)
