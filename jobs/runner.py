@@ -55,7 +55,7 @@ def _error_doc(err: Any) -> dict[str, Any]:
 
 
 def make_chunks(epoch: Epoch, steps: list[int], size: int) -> list[Chunk]:
-    chunks = []
+    chunks: list[Chunk] = []
     for i in range(0, len(steps), size):
         chunk = []
         for s in steps[i:i + size]:
