@@ -65,9 +65,9 @@ def test_low_precision_error_is_at_sdpa_level_on_three_ranks():
 
 def test_a_failing_rank_does_not_hang_its_peers():
     timeout = 3.0
-    seen = spawn(failing_ring_worker, 3, 1, timeout, 2.0)
+    seen = spawn(failing_ring_worker, 2, 1, timeout, 2.0)
     assert seen[1]["error"] == "RingError" and "injected failure" in seen[1]["message"] and "rank 1" in seen[1]["message"]
-    for r in (0, 2):
+    for r in (0,):
         assert seen[r]["error"] == "RingError", seen[r]
         assert seen[r]["seconds"] < timeout + 10, seen[r]
 
