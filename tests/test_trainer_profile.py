@@ -127,3 +127,22 @@ def test_dhp_profile_refuses_a_noisy_fit_with_exit_2(monkeypatch, capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert "refused the measured profile" in err and "R^2" in err and "--min-r2" in err
+
+
+@pytest.mark.parametrize("procs", [2, 4])
+def test_cost_check_batches_are_valid_plans(procs):
+    from trainer.cost_check import cases, predicted_plan
+    from trainer.tiny_model import TinyConfig
+
+    profile = {"time": {"quadratic": 1e-9, "linear": 1e-6, "sample_constant": 1e-4, "group_constant": 1e-3},
+               "comm": {"scheme": "ring", "bytes_per_token": 1000, "bandwidth_bytes_per_s": {"intra": 1e9, "inter": 1e9}}, "capacity_tokens_per_rank": 65536}
+    for name, lengths, groups in cases(procs):
+        used = sorted(i for mb in groups for _, idx in mb for i in idx)
+        assert used == list(range(len(lengths))), name
+        for mb in groups:
+            ranks = [r for rs, _ in mb for r in rs]
+            assert len(ranks) == len(set(ranks)) and max(ranks) < procs, name
+        doc = predicted_plan(profile, TinyConfig(hidden=64, heads=4, ffn_hidden=256), lengths, groups, procs)
+        assert doc["predicted_step_time_s"] > 0
+    with pytest.raises(ValueError):
+        cases(3)

@@ -1,12 +1,12 @@
 """Does the cost model predict what the trainer does? Predicted against measured step time on this machine.
 
     python -m trainer.cost_check                  # 4 processes, 8 held-out batches, fits with and without the ring-step term
-    python -m trainer.cost_check --procs 4 --json
+    python -m trainer.cost_check --procs 2 --json       # 2 processes (a 2-core machine)
 
 One measurement of the job's profile points (as ``dhp profile --procs N`` takes them: compute with
 the ring looped back on N processes at once, then real rings) is fitted twice: in the profile's
 earlier form (per-sample constant only) and with the per-sample ring-step term
-(:mod:`trainer.profiler`). Then eight batches the fit never saw, laid out by hand to cover many
+(:mod:`trainer.profiler`). Then eight batches the fit never saw (:data:`CASES`, :data:`CASES_2`), laid out by hand to cover many
 short samples on wide groups, single long samples, mixes and groups of one, run as planned steps
 on N gloo processes; the plan's predicted time (the cost model over the given groups) is compared
 with the measured time of the micro-batches (the fastest of the timed steps; the slowest rank of
@@ -36,6 +36,26 @@ CASES: list[tuple[str, list[int], Groups]] = [
     ("two micro-batches", [330, 45, 160] + [22] * 10, [[((0, 1, 2, 3), (0,))], [((0, 1), tuple(range(3, 13))), ((2, 3), (1, 2))]]),
 ]
 
+# The same kinds of batches on 2 ranks (a machine with 2 cores).
+CASES_2: list[tuple[str, list[int], Groups]] = [
+    ("16 short on 2", [20] * 16, [[((0, 1), tuple(range(16)))]]),
+    ("2 x 8 short on 1+1", [28] * 16, [[((0,), tuple(range(8))), ((1,), tuple(range(8, 16)))]]),
+    ("8 short on 2", [40] * 8, [[((0, 1), tuple(range(8)))]]),
+    ("one long on 2", [600], [[((0, 1), (0,))]]),
+    ("long + 4 short on 2", [420, 18, 22, 26, 30], [[((0, 1), (0, 1, 2, 3, 4))]]),
+    ("groups of one", [90, 110, 130, 70, 100, 120], [[((r,), tuple(range(3 * r, 3 * r + 3))) for r in range(2)]]),
+    ("2 long on 2, 10 short on 2", [300, 150] + [24] * 10, [[((0, 1), (0, 1))], [((0, 1), tuple(range(2, 12)))]]),
+    ("two micro-batches", [330, 45, 160] + [22] * 10, [[((0, 1), (0,))], [((0,), tuple(range(3, 13))), ((1,), (1, 2))]]),
+]
+
+
+def cases(procs: int) -> list[tuple[str, list[int], Groups]]:
+    if procs == 4:
+        return CASES
+    if procs == 2:
+        return CASES_2
+    raise ValueError(f"held-out batches are laid out for 2 or 4 processes, not {procs}")
+
 
 def _plans_worker(rank: int, world_size: int, plan_docs: list[dict[str, Any]], cfg: Any, batches: list[dict[str, list[int]]], steps: int, warmup: int) -> list[dict[str, Any]]:
     from trainer.checks import step_worker
@@ -60,6 +80,7 @@ def run(procs: int = 4, repeats: int = 3, steps: int = 5, seed: int = 0, progres
 
     import torch
 
+    cases(procs)  # refuse an unsupported process count before measuring
     from trainer.profiler import ProfileSettings, comm_terms, fit, fit_ring_transfers, measure_all
     from trainer.tiny_model import TinyConfig, TinyTransformer
 
@@ -85,14 +106,15 @@ def run(procs: int = 4, repeats: int = 3, steps: int = 5, seed: int = 0, progres
                       "ring_max_rel_error": ring_report["ring_max_rel_error"], "sample_step_s": f.sample_step}
         say(f"fit {name}: R^2 {f.r2:.4f}, worst point {f.max_rel_error * 100:.1f}%; rings R^2 {ring_report['ring_r2']:.4f}, worst {ring_report['ring_max_rel_error'] * 100:.1f}%")
     rng = random.Random(seed)
-    batches = [{f"s{i}": [rng.randrange(cfg.vocab) for _ in range(n)] for i, n in enumerate(lengths)} for _, lengths, _ in CASES]
-    plans = {name: [predicted_plan(fits[name]["profile"], cfg, lengths, groups, procs) for _, lengths, groups in CASES] for name in fits}
+    held_out = cases(procs)
+    batches = [{f"s{i}": [rng.randrange(cfg.vocab) for _ in range(n)] for i, n in enumerate(lengths)} for _, lengths, _ in held_out]
+    plans = {name: [predicted_plan(fits[name]["profile"], cfg, lengths, groups, procs) for _, lengths, groups in held_out] for name in fits}
     from trainer.launch import spawn
 
-    say(f"running {len(CASES)} held-out batches on {procs} processes ({steps} timed steps each) ...")
+    say(f"running {len(held_out)} held-out batches on {procs} processes ({steps} timed steps each) ...")
     results = spawn(_plans_worker, procs, plans["after"], cfg, batches, steps, 1, threads=1)
     rows = []
-    for c, (case, _, _) in enumerate(CASES):
+    for c, (case, _, _) in enumerate(held_out):
         per_rank = [results[r][c] for r in range(procs)]
         n_mb = len(plans["after"][c]["micro_batches"])
         mb_part = [sum(max(pr["micro_batch_seconds"][s][m] for pr in per_rank) for m in range(n_mb)) for s in range(steps)]
