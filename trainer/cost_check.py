@@ -72,7 +72,8 @@ def predicted_plan(profile: dict[str, Any], cfg: Any, lengths: list[int], groups
 
     batch = {"samples": [{"id": f"s{i}", "text_tokens": n} for i, n in enumerate(lengths)]}
     problem = problem_from_json({"batch": batch, "cluster": {"nodes": 1, "gpus_per_node": world}, "model": cfg.model_document(), "profile": profile})
-    return build_plan(CostTables.build(problem), Assignment.of(groups), SolverStats("hand", "given", 0.0), 0.0).to_json()
+    given: Any = groups
+    return build_plan(CostTables.build(problem), Assignment.of(given), SolverStats("hand", "given", 0.0), 0.0).to_json()
 
 
 def run(procs: int = 4, repeats: int = 3, steps: int = 5, seed: int = 0, progress: Any = None) -> dict[str, Any]:
