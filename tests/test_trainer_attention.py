@@ -94,3 +94,18 @@ def test_tiles_cover_every_visible_pair_exactly_once(lengths, d, tile):
             total += len(parts)
     if lengths == [20] * 16:
         assert total <= 2 * d * d  # short samples merged: not one tile per sample and chunk
+
+
+def test_device_check_runs_on_cpu(tmp_path):
+    import json
+
+    from trainer.gpu_check import main
+
+    out = tmp_path / "check.json"
+    rc = main(["--device", "cpu", "--lengths", "16,48", "--degrees", "1,2", "--mixes", "1,3", "--hidden", "32", "--heads", "4", "--ffn-hidden", "64",
+               "--exact-tokens", "96", "--held-out", "3", "--repeats", "1", "--json", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    ours, sdpa = doc["exactness"]["ring_d1"], doc["exactness"]["sdpa"]
+    assert len(ours) == len(sdpa) == 4 and max(ours) <= 1.5 * max(sdpa)
+    assert len(doc["cost_model"]["held_out"]) == 3 and doc["cost_model"]["mean_abs_error"] >= 0
