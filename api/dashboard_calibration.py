@@ -46,18 +46,23 @@ def histogram(ratios: list[float]) -> dict[str, Any]:
     return {"edges": EDGES, "counts": counts}
 
 
-def calibration(rows: list[dict[str, Any]], total: int) -> dict[str, Any]:
-    points = []
+def calibration(rows: list[dict[str, Any]], total: int, points: int) -> dict[str, Any]:
+    """Figures over every row given (newest first); the ``points`` newest go out for the scatter, each with the
+    index of its profile and cluster group (so the long profile names are sent once)."""
     by_group: dict[tuple[str, str | None], list[float]] = defaultdict(list)
+    kept: list[tuple[dict[str, Any], float, tuple[str, str | None]]] = []
     for r in rows:
-        ratio = r["measured_step_time_s"] / r["predicted_step_time_s"] if r["predicted_step_time_s"] > 0 else None
-        if ratio is None:
+        if not r["predicted_step_time_s"] or r["predicted_step_time_s"] <= 0:
             continue
-        points.append({"feedback_id": r["id"], "plan_id": r["plan_id"], "predicted_step_time_s": r["predicted_step_time_s"],
-                       "measured_step_time_s": r["measured_step_time_s"], "ratio": ratio, "cluster": r["cluster"], "model": r["model"],
-                       "profile": r["profile"]})
-        by_group[(r["profile"], r["cluster"])].append(ratio)
-    ratios = [p["ratio"] for p in points]
-    groups = [summarise(p, c, v) for (p, c), v in sorted(by_group.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))]
-    return {"points": points, "total": total, "groups": groups, "histogram": histogram(ratios),
+        ratio = r["measured_step_time_s"] / r["predicted_step_time_s"]
+        key = (r["profile"], r["cluster"])
+        by_group[key].append(ratio)
+        if len(kept) < points:
+            kept.append((r, ratio, key))
+    keys = sorted(by_group, key=lambda k: (k[0], k[1] or ""))
+    index = {k: i for i, k in enumerate(keys)}
+    ratios = [x for v in by_group.values() for x in v]
+    return {"points": [{"feedback_id": r["id"], "plan_id": r["plan_id"], "predicted_step_time_s": r["predicted_step_time_s"],
+                        "measured_step_time_s": r["measured_step_time_s"], "ratio": ratio, "group": index[key]} for r, ratio, key in kept],
+            "total": total, "groups": [summarise(p, c, by_group[(p, c)]) for p, c in keys], "histogram": histogram(ratios),
             "overall": summarise("all", None, ratios) if ratios else None}

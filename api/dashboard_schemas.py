@@ -164,9 +164,7 @@ class CalibrationPoint(BaseModel):
     predicted_step_time_s: float
     measured_step_time_s: float
     ratio: float = Field(description="measured / predicted")
-    cluster: str | None = None
-    model: str | None = None
-    profile: str
+    group: int = Field(description="index of the point's profile and cluster in 'groups'")
 
 
 class CalibrationGroup(BaseModel):
@@ -185,8 +183,8 @@ class Histogram(BaseModel):
 
 
 class Calibration(BaseModel):
-    points: list[CalibrationPoint]
-    total: int = Field(description="feedback points matching the filters (the newest 'points' are returned)")
+    points: list[CalibrationPoint] = Field(description="the newest feedback points (at most the 'limit' asked for)")
+    total: int = Field(description="feedback points matching the filters; 'groups', 'histogram' and 'overall' cover all of them")
     groups: list[CalibrationGroup]
     histogram: Histogram
     overall: CalibrationGroup | None = None

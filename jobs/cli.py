@@ -113,8 +113,11 @@ class _Bar:
         if not self.enabled:
             return
         if self.bar is None:
-            from tqdm import tqdm
-
+            try:
+                from tqdm import tqdm
+            except ImportError:  # no bar without tqdm; the job runs the same
+                self.enabled = False
+                return
             self.bar = tqdm(total=total, initial=done, unit="step", desc="planning", dynamic_ncols=True, file=sys.stderr)
         self.bar.n = done
         self.bar.set_postfix(failed=failed, refresh=False)
@@ -132,6 +135,10 @@ def cmd_plan_epoch(args: argparse.Namespace) -> int:
     from jobs.steps import build_epoch
     from jobs.summary import summary_text
 
+    try:
+        import pyarrow  # noqa: F401  (the plan file)
+    except ImportError:
+        raise ProblemError("needs pyarrow to write the plan file", field="plan-epoch", hint="pip install 'dhp-planner[jobs]'.") from None
     if args.workers is not None and args.workers < 1:
         raise ProblemError(f"must be >= 1, got {args.workers}", field="--workers", hint="give the number of worker processes, e.g. 2.")
     if args.address and args.engine != "ray":

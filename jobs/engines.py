@@ -64,7 +64,7 @@ def _init_worker(template: dict[str, Any]) -> None:
 
 def _pool_task(chunk: Chunk) -> list[dict[str, Any]]:
     assert _TEMPLATE is not None
-    return plan_chunk(_TEMPLATE, chunk)
+    return [{**r, "worker": f"pid {os.getpid()}"} for r in plan_chunk(_TEMPLATE, chunk)]
 
 
 class LocalEngine(Engine):
@@ -112,6 +112,14 @@ class LocalEngine(Engine):
 
 # -- Ray ---------------------------------------------------------------------------------------
 
+def _ray_task(template: dict[str, Any], chunk: Chunk) -> list[dict[str, Any]]:
+    """A Ray task: plan the chunk, and note the node that planned it."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()[:12]
+    return [{**r, "worker": f"node {node}"} for r in plan_chunk(template, chunk)]
+
+
 class RayEngine(Engine):
     """Ray tasks (one CPU each) on the cluster at ``address`` (``auto``: the one this machine
     belongs to), or on a Ray instance this engine starts (and stops) when there is none.
@@ -143,7 +151,7 @@ class RayEngine(Engine):
             self._started = True
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.workers = max(1, min(cpus, workers) if workers is not None else cpus)
-        self._remote = ray.remote(num_cpus=1, max_retries=1)(plan_chunk)
+        self._remote = ray.remote(num_cpus=1, max_retries=1)(_ray_task)
 
     def describe(self) -> dict[str, Any]:
         nodes = [n for n in self._ray.nodes() if n.get("Alive")]

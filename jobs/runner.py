@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,9 +55,9 @@ def _error_doc(err: Any) -> dict[str, Any]:
 
 
 def make_chunks(epoch: Epoch, steps: list[int], size: int) -> list[Chunk]:
-    chunks = []
+    chunks: list[Chunk] = []
     for i in range(0, len(steps), size):
-        chunk = []
+        chunk: list[tuple[int, Sequence[Any], Any]] = []
         for s in steps[i:i + size]:
             bad = epoch.step_error(s)
             chunk.append((s, epoch.step_samples(s), None if bad is None else (epoch.data.sample_id(bad[0]), _error_doc(bad[1]))))
@@ -116,7 +117,8 @@ def run_job(epoch: Epoch, out: str | Path, engine: Engine, *, progress: Progress
                 "sampler": spec.sampler.__dict__ if spec.batches is None else None, "drop_last": spec.drop_last,
                 "max_steps": spec.max_steps, "template": spec.template},
         "summary": summarize(records),
-        "run": {**engine.describe(), "wall_s": round(wall_s, 3), "planned_now": planned_now, "reused_from_journal": reused},
+        "run": {**engine.describe(), "wall_s": round(wall_s, 3), "planned_now": planned_now, "reused_from_journal": reused,
+                "steps_by_worker": dict(sorted(Counter(r.get("worker", "this process") for r in records).items()))},
     }
     planfile.write_index(directory / planfile.INDEX_FILE, index)
     if keep_journal:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from optimizer.errors import ProblemError
@@ -50,7 +50,6 @@ class JobSpec:
     dataset_path: str | None = None
     samples: list[Any] | None = None
     batches: list[Any] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def inputs_hash(self, data_fingerprint: str) -> str:
         """A digest of everything that decides the plans: a journal is only resumed under the same one."""

@@ -1,7 +1,8 @@
 """Planning one step of a job: the step's samples with the job's request template, to a record.
 
 A record holds what the plan file keeps of the step (the plan without wall-clock figures, so that
-the same step gives the same record on any engine) and, apart, the planning time. A step that
+the same step gives the same record on any engine) and, apart, the planning time (wall and CPU
+seconds of the process that planned it). A step that
 cannot be planned gives a failed record naming the step, the field and the sample at fault; it
 never stops the other steps.
 """
@@ -99,7 +100,7 @@ def plan_step(template: Mapping[str, Any], step: int, samples: Sequence[Any], ba
     from optimizer.problem.documents import problem_from_json
     from planning.planner import plan
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     ids = [str(s.get("id")) if isinstance(s, Mapping) else "?" for s in samples]
     if bad is not None:
         return failed_record(step, ids, {**bad[1], "sample": bad[0], "step": step})
@@ -127,6 +128,7 @@ def plan_step(template: Mapping[str, Any], step: int, samples: Sequence[Any], ba
         "plan": json.dumps(doc, separators=(",", ":")),
         "error": None,
         "wall_ms": (time.perf_counter() - start) * 1000.0,
+        "cpu_ms": (time.process_time() - cpu) * 1000.0,
     }
 
 

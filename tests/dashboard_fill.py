@@ -48,7 +48,7 @@ class Filled:
 
 
 def fill(url: str, headers: dict[str, str] | None = None, steps: int = 3, seed: int = 0) -> Filled:
-    """Post the plans and ``steps`` feedback documents per plan; the first plan's feedback also carries per-group times."""
+    """Post the plans and ``steps`` feedback documents per plan; each plan's first step also carries per-group times."""
     rng = random.Random(seed)
     out = Filled()
     with httpx.Client(base_url=url, headers=headers or {}, timeout=60) as client:
@@ -62,7 +62,7 @@ def fill(url: str, headers: dict[str, str] | None = None, steps: int = 3, seed: 
             bias = BIAS[out.profile_of[plan["id"]]]
             for step in range(steps):
                 body: dict[str, Any] = {"measured_step_time_s": plan["predicted_step_time_s"] * bias * (1 + rng.gauss(0, 0.025)), "step": 100 * k + step}
-                if k == 0:
+                if step == 0:
                     body["group_times_s"] = [[g["predicted_time_s"] * bias * (1 + rng.gauss(0, 0.03)) for g in mb["groups"]] for mb in plan["micro_batches"]]
                 client.post(f"/v1/plans/{plan['id']}/feedback", json=body).raise_for_status()
                 out.feedback += 1

@@ -14,6 +14,7 @@ from api_support import small_request
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
+from api import translate
 from api.app import create_app
 from api.dashboard_calibration import EDGES, histogram
 from api.dashboard_plan import runs
@@ -193,7 +194,11 @@ def test_calibration_figures(filled):
     assert flex["mean_abs_error"] == pytest.approx(0.30) and flex["cluster"] == "custom"
     assert sum(c["histogram"]["counts"]) == c["total"]
     only = client.get("/v1/dashboard/calibration", params={"profile": "analytical"}).json()
-    assert {p["profile"] for p in only["points"]} == {"analytical"} and only["total"] == c["total"] - 3
+    assert [g["profile"] for g in only["groups"]] == ["analytical"] and {p["group"] for p in only["points"]} == {0}
+    assert only["total"] == c["total"] - 3
+    newest = client.get("/v1/dashboard/calibration", params={"limit": 2}).json()
+    assert [p["feedback_id"] for p in newest["points"]] == sorted((p["feedback_id"] for p in c["points"]), reverse=True)[:2]
+    assert newest["groups"] == c["groups"] and newest["total"] == c["total"]  # the figures cover every point
 
 
 def test_histogram_bins_and_runs():
@@ -255,7 +260,8 @@ def store(request, tmp_path):
 
 
 def _record(k: int, *, budget: float | None, speedup: float | None, profile: dict | None) -> PlanRecord:
-    request = {"batch": {"samples": []}, "cluster_preset": "h100-8x8"}
+    # A sample id holding the profile key's text must not pass for a profile.
+    request = {"batch": {"samples": [{"id": '"profile": {"source": "x"}', "text_tokens": 5}]}, "cluster_preset": "h100-8x8"}
     if budget is not None:
         request["options"] = {"time_budget_ms": budget}
     if profile is not None:
@@ -265,7 +271,7 @@ def _record(k: int, *, budget: float | None, speedup: float | None, profile: dic
         plan["static_baseline"] = {"speedup": speedup}
     t = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(minutes=k)
     return PlanRecord(id=f"{k:032x}", created_at=t, status="done", request_hash=str(k), n_samples=k, n_ranks=8, cluster="c", model="m",
-                      finished_at=t, plan_json=json.dumps(plan), request_json=json.dumps(request), backend="heuristic", predicted_step_time_s=1.0 + k,
+                      finished_at=t, plan_json=json.dumps(plan), request_json=translate.request_text(request), backend="heuristic", predicted_step_time_s=1.0 + k,
                       lower_bound_s=1.0, gap=k / 10, solve_ms=1.0)
 
 
@@ -283,7 +289,21 @@ def test_queries_read_figures_inside_the_documents(store):
     assert [(r["measured_step_time_s"], r["feedback_count"]) for r in rows] == [(6.0, 2), (4.0, 1)]
     points, n = q.calibration_points(store)
     assert n == 4 and sorted({p["profile"] for p in points}) == ["analytical", "given", "measured on site"]
+    assert [p["id"] for p in q.calibration_points(store, limit=2)[0]] == [4, 3] and q.calibration_points(store, limit=2)[1] == 4
     assert q.calibration_points(store, profile="measured on site")[1] == 1
     assert q.profile_labels(store) == ["analytical", "given", "measured on site"]
     stamp = q.change_stamp(store)
     assert stamp["plans"] == 3 and stamp["feedback"] == 4 and stamp["by_status"] == {"done": 3}
+    assert q.facets(store)["status"] == ["done"]
+
+
+def test_facts_of_a_pending_plan_are_read_again_once_it_is_finished(store):
+    pending = _record(5, budget=100, speedup=None, profile=None)
+    store.add(PlanRecord(**{**pending.__dict__, "status": "pending", "plan_json": None, "finished_at": None}))
+    assert q.plan_facts(store, [pending.id])[pending.id].speedup is None
+    assert q.facets(store)["status"] == ["pending"]
+    store.finish(pending.id, plan_json=json.dumps({"static_baseline": {"speedup": 1.25}}), backend="highs", solver_status="feasible",
+                 predicted_step_time_s=1.0, lower_bound_s=0.9, gap=0.1, solve_ms=5.0)
+    assert q.plan_facts(store, [pending.id])[pending.id].speedup == 1.25
+    assert q.plan_table(store, q.PlanFilters(), sort="speedup")[0][0]["speedup"] == 1.25
+    assert q.facets(store)["status"] == ["done"] and q.facets(store)["backend"] == ["highs"]  # the facets follow the store

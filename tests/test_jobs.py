@@ -20,13 +20,13 @@ from api.commands import main as dhp  # noqa: E402
 from jobs import planfile  # noqa: E402
 from jobs.dataset import write_jsonl, write_parquet  # noqa: E402
 from jobs.engines import LocalEngine  # noqa: E402
-from jobs.loader import EpochPlan, planned_batch_sampler  # noqa: E402
 from jobs.runner import run_job  # noqa: E402
 from jobs.samplers import epoch_steps  # noqa: E402
 from jobs.spec import SamplerSpec, job_from_json  # noqa: E402
 from jobs.steps import build_epoch  # noqa: E402
 from jobs.synthetic import synthetic_samples  # noqa: E402
 from optimizer.errors import ProblemError  # noqa: E402
+from trainer.epoch_plan import EpochPlan, planned_batch_sampler  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = {"cluster": {"nodes": 2, "gpus_per_node": 4}, "model_preset": "qwen2-vl-7b"}
@@ -231,3 +231,11 @@ def test_loader_gives_every_rank_its_work(straight, samples):
     works = list(sampler.works())
     for batch, sw in zip(batches, works, strict=True):
         assert [ids[i] for i in batch] == list(sw.sample_ids)
+
+
+def test_example_trains_from_a_planned_epoch(tmp_path):
+    pytest.importorskip("torch")
+    proc = subprocess.run([sys.executable, "examples/planned_epoch.py", "--steps", "1", "--batch", "6", "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "step 0: loss" in proc.stderr and "equal on all 2 ranks: True" in proc.stderr and "equal on all 2 ranks: False" not in proc.stderr
+    assert EpochPlan(tmp_path / "plan").index["summary"]["new_communicators"]["distinct"] >= 1  # long samples ran on a group of 2

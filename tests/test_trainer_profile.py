@@ -49,7 +49,7 @@ def test_dhp_profile_writes_a_profile_that_dhp_plan_accepts(tmp_path, capsys):
     out = tmp_path / "profile.json"
     rc = main(["profile", "--lengths", "32,64,96", "--degrees", "1,2", "--mixes", "1,2", "--repeats", "1", "--warmup", "0",
                "--threads", "1", "--device", "cpu", "--no-comm", "--bandwidth", "1e9", "--hidden", "32", "--heads", "4",
-               "--ffn-hidden", "64", "--short-mix", "4", "--min-r2", "0", "--max-error", "100", "--out", str(out), "--report", str(tmp_path / "report.json")])
+               "--ffn-hidden", "64", "--short-mix", "4", "--min-r2=-inf", "--max-error=inf", "--out", str(out), "--report", str(tmp_path / "report.json")])
     assert rc == 0
     err = capsys.readouterr().err
     assert "R^2" in err and "largest relative error" in err
@@ -127,3 +127,22 @@ def test_dhp_profile_refuses_a_noisy_fit_with_exit_2(monkeypatch, capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert "refused the measured profile" in err and "R^2" in err and "--min-r2" in err
+
+
+@pytest.mark.parametrize("procs", [2, 4])
+def test_cost_check_batches_are_valid_plans(procs):
+    from trainer.cost_check import cases, predicted_plan
+    from trainer.tiny_model import TinyConfig
+
+    profile = {"time": {"quadratic": 1e-9, "linear": 1e-6, "sample_constant": 1e-4, "group_constant": 1e-3},
+               "comm": {"scheme": "ring", "bytes_per_token": 1000, "bandwidth_bytes_per_s": {"intra": 1e9, "inter": 1e9}}, "capacity_tokens_per_rank": 65536}
+    for name, lengths, groups in cases(procs):
+        used = sorted(i for mb in groups for _, idx in mb for i in idx)
+        assert used == list(range(len(lengths))), name
+        for mb in groups:
+            ranks = [r for rs, _ in mb for r in rs]
+            assert len(ranks) == len(set(ranks)) and max(ranks) < procs, name
+        doc = predicted_plan(profile, TinyConfig(hidden=64, heads=4, ffn_hidden=256), lengths, groups, procs)
+        assert doc["predicted_step_time_s"] > 0
+    with pytest.raises(ValueError):
+        cases(3)

@@ -117,6 +117,7 @@ def failing_ring_worker(rank: int, world_size: int, fail_rank: int, timeout_s: f
 
         module.block_forward_into = broken  # type: ignore[assignment]
     t0 = time.perf_counter()
+    seen: dict[str, Any]
     try:
         ring_attention(q, k, v, spec).sum().backward()
         seen = {"error": None, "message": ""}

@@ -16,7 +16,11 @@ the heads that read them.
 Tiles. A block is computed over (query rows, key columns, mask) tiles: sample by sample (a query
 sees only keys of its own sample) and in runs of at most :data:`TILE` consecutive query positions,
 each over only the key columns it can see, so causal attention costs about half the square and a
-micro-batch of many short samples costs the sum of their squares.
+micro-batch of many short samples costs the sum of their squares. Tiles of different samples that
+are small together (at most :data:`TILE` rows and :data:`MERGE_COLUMNS` key columns) are merged into
+one tile whose mask is recomputed from positions and samples (block-diagonal across samples): a few
+masked products cost less than one more round of small kernels, which is what many short samples
+on a wide group would otherwise pay per sample and ring step. A merged tile lists each key column once.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ import torch
 
 TILE = 128
 """Query rows per tile."""
+
+MERGE_COLUMNS = 256
+"""Most key columns of a tile merged from several samples' tiles."""
 
 Tiles = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
@@ -46,7 +53,7 @@ def tiles(q_pos: torch.Tensor, q_seg: torch.Tensor, k_pos: torch.Tensor, k_seg: 
     of the total. Tiles never span two samples or two chunks of one, whose rows see very different keys.
     """
     size = tile or TILE
-    out: Tiles = []
+    out: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
     for s in torch.unique(q_seg).tolist():
         qi = (q_seg == s).nonzero().flatten()
         ki = (k_seg == s).nonzero().flatten()
@@ -64,7 +71,39 @@ def tiles(q_pos: torch.Tensor, q_seg: torch.Tensor, k_pos: torch.Tensor, k_seg: 
                 local = live[x:min(x + size, b)]
                 sub = mask[local]
                 c = sub.any(dim=0).nonzero().flatten()
-                out.append((qi[local], ki[c], sub[:, c]))
+                out.append((s, qi[local], ki[c], sub[:, c]))
+    return _merge_small(out, size, q_pos, q_seg, k_pos, k_seg)
+
+
+def _merge_small(per_sample: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]], size: int,
+                 q_pos: torch.Tensor, q_seg: torch.Tensor, k_pos: torch.Tensor, k_seg: torch.Tensor) -> Tiles:
+    """Merge consecutive tiles while their rows fit ``size`` and their distinct key columns MERGE_COLUMNS.
+
+    A merged tile's columns are the union of its parts' (each key once) and its mask is recomputed
+    from positions and samples, so it is exactly the parts' attention.
+    """
+    out: Tiles = []
+    run: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    rows_in, cols_in = 0, 0
+
+    def flush() -> None:
+        if len(run) == 1:
+            out.append(run[0][1:])
+        elif run:
+            rows = torch.cat([r for _, r, _, _ in run])
+            cols = torch.unique(torch.cat([c for _, _, c, _ in run]))
+            mask = (q_seg[rows][:, None] == k_seg[cols][None, :]) & (q_pos[rows][:, None] >= k_pos[cols][None, :])
+            out.append((rows, cols, mask))
+        run.clear()
+
+    for item in per_sample:
+        r, c = int(item[1].numel()), int(item[2].numel())
+        if run and (rows_in + r > size or cols_in + c > MERGE_COLUMNS):
+            flush()
+            rows_in, cols_in = 0, 0
+        run.append(item)
+        rows_in, cols_in = rows_in + r, cols_in + c
+    flush()
     return out
 
 

@@ -77,7 +77,7 @@ class HFCausalLM(nn.Module):
         if getattr(config, "use_sliding_window", False):
             raise ValueError("sliding-window attention is not supported by the context-parallel attention; set use_sliding_window to False")
         self.model = model
-        self.model.config._attn_implementation = IMPLEMENTATION
+        config._attn_implementation = IMPLEMENTATION
         self.vocab = int(config.vocab_size)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
@@ -97,13 +97,13 @@ def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: A
                                 "num_key_value_heads": 2, "max_position_embeddings": 4096, "attention_dropout": 0.0, "tie_word_embeddings": False}
     settings.update(overrides)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**settings))
-    return model.to(dtype)
+    model: nn.Module = LlamaForCausalLM(LlamaConfig(**settings))
+    return model.to(dtype=dtype)
 
 
 def model_document(model: nn.Module, name: str = "hf-tiny") -> dict[str, Any]:
     """The model as a planner request's ``model`` document (dimensions from its config)."""
-    c = model.config  # type: ignore[union-attr]
+    c: Any = model.config
     return {"name": name, "llm": {"layers": int(c.num_hidden_layers), "hidden": int(c.hidden_size), "heads": int(c.num_attention_heads),
                                   "kv_heads": int(c.num_key_value_heads), "ffn_hidden": int(c.intermediate_size), "vocab": int(c.vocab_size),
                                   "parameters": float(sum(p.numel() for p in model.parameters())), "gated_mlp": True}}
@@ -113,7 +113,8 @@ def reference_loss(model: nn.Module, samples: Mapping[str, torch.Tensor], attn_i
     """Mean next-token loss of the whole batch, each sample alone through the library's own attention; back-propagates it."""
     from trainer.step import label_count
 
-    model.config._attn_implementation = attn_implementation  # type: ignore[union-attr]
+    config: Any = model.config
+    config._attn_implementation = attn_implementation
     total = label_count(samples)
     loss_sum = torch.zeros((), dtype=torch.float64)
     for ids in samples.values():

@@ -89,8 +89,8 @@ class RingSpec:
     ranks: tuple[int, ...]
     position: int
     layout: tuple[tuple[torch.Tensor, torch.Tensor], ...]
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    """Longest wait for one message of the ring."""
+    timeout_s: float | None = None
+    """Longest wait for one message of the ring (None: :data:`DEFAULT_TIMEOUT_S` when the wait starts)."""
     _tiles: dict[Any, Tiles] = field(default_factory=dict, compare=False, repr=False)
     """Tiles of each source's block, computed once per micro-batch and shared by all layers."""
     _gathered: list[RingSpec] = field(default_factory=list, compare=False, repr=False)
@@ -151,13 +151,14 @@ def _start_exchange(t: torch.Tensor, spec: RingSpec, tag: int = 0) -> tuple[list
 
 
 def _finish(reqs: list[Any], spec: RingSpec) -> None:
-    limit = timedelta(seconds=spec.timeout_s)
+    seconds = spec.timeout_s if spec.timeout_s is not None else DEFAULT_TIMEOUT_S
+    limit = timedelta(seconds=seconds)
     for r in reqs:
         try:
             r.wait(timeout=limit)
         except Exception as exc:
             raise RingError(f"rank {spec.rank}: the ring exchange with ranks {spec.recv_from} (receive) and {spec.send_to} (send) of group "
-                            f"{list(spec.ranks)} failed or passed {spec.timeout_s:g} s; a peer failed or stopped: {exc}") from exc
+                            f"{list(spec.ranks)} failed or passed {seconds:g} s; a peer failed or stopped: {exc}") from exc
 
 
 def _drain(pending: tuple[list[Any], torch.Tensor] | None, spec: RingSpec) -> None:

@@ -49,8 +49,8 @@ def batch_lengths(step: int, n: int, seed: int, shortest: int, longest: int) -> 
 
 
 def make_request(lengths: dict[str, int], args: argparse.Namespace, model_doc: dict[str, Any], world: int) -> dict[str, Any]:
-    profile = json.loads(open(args.profile).read()) if args.profile else dict(DEFAULT_PROFILE)
-    profile = {**profile, "comm": {**profile["comm"], "scheme": args.scheme}}
+    profile: dict[str, Any] = json.loads(open(args.profile).read()) if args.profile else json.loads(json.dumps(DEFAULT_PROFILE))
+    profile["comm"] = {**profile["comm"], "scheme": args.scheme}
     if args.capacity_tokens:
         profile["capacity_tokens_per_rank"] = args.capacity_tokens
     profile.setdefault("capacity_tokens_per_rank", args.capacity_tokens or 1 << 16)
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         ref_model = tiny_llama(args.seed, dtype, **build)
         ref_opt = torch.optim.SGD(ref_model.parameters(), lr=args.lr)
     lengths = {s: batch_lengths(s, args.samples, args.seed, args.shortest, args.longest) for s in range(args.steps)}
-    dataset = SyntheticTokens({k: v for batch in lengths.values() for k, v in batch.items()}, vocab=int(model.model.config.vocab_size), seed=args.seed)
+    dataset = SyntheticTokens({k: v for batch in lengths.values() for k, v in batch.items()}, vocab=model.vocab, seed=args.seed)
     planner = Planner(args.service) if rank == 0 else None
     doc_model = model_document(model.model)
     pool = GroupPool()

@@ -85,9 +85,9 @@ def calibration_view(store: StoreDep,
                      cluster: Annotated[str | None, text_query(128)] = None,
                      model: Annotated[str | None, text_query(128)] = None,
                      profile: Annotated[str | None, text_query(2000, "'analytical' or a profile's source")] = None,
-                     limit: Annotated[int, Query(ge=1, le=20_000, description="newest points returned")] = 5000) -> Calibration:
-    rows, total = queries.calibration_points(store, cluster=cluster, model=model, profile=profile, limit=limit)
-    return Calibration.model_validate(calibration(rows, total))
+                     limit: Annotated[int, Query(ge=1, le=20_000, description="newest points returned for the scatter")] = 2000) -> Calibration:
+    rows, total = queries.calibration_points(store, cluster=cluster, model=model, profile=profile)
+    return Calibration.model_validate(calibration(rows, total, limit))
 
 
 def _page(name: str) -> FileResponse:

@@ -1,4 +1,4 @@
-"""/v1/jobs: plan a whole epoch ahead in the background (see :mod:`jobs.service`).
+"""/v1/jobs: plan a whole epoch ahead in the background (see :mod:`api.jobs_service`).
 
 ``POST /v1/jobs`` takes the job document of ``dhp plan-epoch --job`` (samples inline: the service
 reads no server-side paths) and answers 202 with the job's id; ``GET /v1/jobs/{id}`` gives done,
@@ -93,7 +93,7 @@ def _manager(request: Request) -> Any:
     try:
         import pyarrow  # noqa: F401  (the plan file)
 
-        from jobs.service import JobManager
+        from api.jobs_service import JobManager
     except ImportError:
         raise ServiceError(501, "Jobs not installed", "this server lacks the jobs extra", kind="not-installed",
                            hint="pip install 'dhp-planner[jobs]' on the server.") from None

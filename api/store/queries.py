@@ -8,6 +8,8 @@ speedup over the static baseline, the profile's source) are read with the databa
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -43,17 +45,69 @@ def speedup(store: Store) -> ColumnElement[Any]:
     return _json_number(store, PlanRow.plan_json, "static_baseline", "speedup")
 
 
+PROFILE_KEY = '"profile":'
+"""How a profile's key reads in the stored request text (compact JSON): text that lacks it has no profile, and
+the JSON is only parsed where it is present. Inside a string the quotes would be escaped, so it is never part of a sample id."""
+
+
 def profile_label(store: Store) -> ColumnElement[Any]:
     """``analytical`` when the request gave no profile, else the profile's ``source`` (``given`` when it has none)."""
     source = _json_path(store, PlanRow.request_json, "profile", "source")
+    has_profile = PlanRow.request_json.contains(PROFILE_KEY, autoescape=True)
     whole = _json_path(store, PlanRow.request_json, "profile")
-    return case((whole.is_(None), literal("analytical", String)), else_=func.coalesce(source, literal("given", String)))
+    return case((~has_profile, literal("analytical", String)), (whole.is_(None), literal("analytical", String)),
+                else_=func.coalesce(source, literal("given", String)))
 
 
 def _feedback_summary() -> Any:
     return (select(FeedbackRow.plan_id.label("plan_id"), func.count(FeedbackRow.id).label("n"),
                    func.avg(FeedbackRow.measured_step_time_s).label("mean_s"))
             .group_by(FeedbackRow.plan_id).subquery("fb"))
+
+
+@dataclass(frozen=True)
+class PlanFacts:
+    """What the dashboard reads from inside a plan's documents, and its names. None of it changes once the plan is
+    finished (the request never changes; the plan document is written once), so it is kept in memory from then on."""
+
+    cluster: str | None
+    model: str | None
+    profile: str
+    budget_ms: float
+    speedup: float | None
+
+
+_FACTS: weakref.WeakKeyDictionary[Store, dict[str, PlanFacts]] = weakref.WeakKeyDictionary()
+_FACTS_LOCK = threading.Lock()
+FACTS_KEPT = 500_000
+"""Plans whose facts one process keeps (about 200 bytes each); beyond that the memory starts afresh."""
+
+
+def plan_facts(store: Store, ids: list[str]) -> dict[str, PlanFacts]:
+    """Facts of these plans: from memory, else read from the documents (and kept once the plan is finished)."""
+    with _FACTS_LOCK:
+        memo = _FACTS.setdefault(store, {})
+        out = {i: memo[i] for i in ids if i in memo}
+    missing = [i for i in ids if i not in out]
+    if not missing:
+        return out
+    fresh: dict[str, PlanFacts] = {}
+    final: dict[str, PlanFacts] = {}
+    with store.engine.connect() as conn:
+        for k in range(0, len(missing), 500):
+            rows = conn.execute(select(PlanRow.id, PlanRow.status, PlanRow.cluster, PlanRow.model, profile_label(store), budget_ms(store), speedup(store))
+                                .where(PlanRow.id.in_(missing[k:k + 500])))
+            for pid, status, cluster, model, label, budget, gain in rows:
+                facts = PlanFacts(cluster, model, label, float(budget), gain)
+                fresh[pid] = facts
+                if status != "pending":
+                    final[pid] = facts
+    with _FACTS_LOCK:
+        if len(memo) + len(final) > FACTS_KEPT:
+            memo.clear()
+        memo.update(final)
+    out.update(fresh)
+    return out
 
 
 @dataclass(frozen=True)
@@ -85,11 +139,7 @@ SORT_KEYS = ("created_at", "n_samples", "n_ranks", "cluster", "model", "backend"
              "lower_bound_s", "gap", "speedup", "measured_step_time_s", "status")
 
 
-def _sort_column(store: Store, key: str, fb: Any) -> ColumnElement[Any]:
-    if key == "budget_ms":
-        return budget_ms(store)
-    if key == "speedup":
-        return speedup(store)
+def _sort_column(key: str, fb: Any) -> ColumnElement[Any]:
     if key == "measured_step_time_s":
         return fb.c.mean_s
     return getattr(PlanRow, key)
@@ -102,37 +152,69 @@ def plan_table(store: Store, filters: PlanFilters, sort: str = "created_at", des
         raise ValueError(f"unknown sort key {sort!r}")
     fb = _feedback_summary()
     conds = filters.conditions()
-    key = _sort_column(store, sort, fb)
-    order = [key.is_(None), key.desc() if descending else key.asc(), PlanRow.created_at.desc(), PlanRow.id]
     columns = [PlanRow.id, PlanRow.created_at, PlanRow.status, PlanRow.n_samples, PlanRow.n_ranks, PlanRow.cluster, PlanRow.model, PlanRow.backend,
                PlanRow.solver_status, PlanRow.solve_ms, PlanRow.predicted_step_time_s, PlanRow.lower_bound_s, PlanRow.gap]
-    page: Select[Any] = (select(PlanRow.id).outerjoin(fb, fb.c.plan_id == PlanRow.id).where(*conds).order_by(*order).limit(limit).offset(offset))
     with store.engine.connect() as conn:
         total = conn.scalar(select(func.count()).select_from(PlanRow).where(*conds)) or 0
-        ids = [r[0] for r in conn.execute(page)]
+        if sort in DOCUMENT_KEYS:
+            ids = _page_by_facts(store, conn, conds, sort, descending, limit, offset)
+        else:
+            key = _sort_column(sort, fb)
+            order = [key.is_(None), key.desc() if descending else key.asc(), PlanRow.created_at.desc(), PlanRow.id]
+            page: Select[Any] = select(PlanRow.id).outerjoin(fb, fb.c.plan_id == PlanRow.id).where(*conds).order_by(*order).limit(limit).offset(offset)
+            ids = [r[0] for r in conn.execute(page)]
         if not ids:
             return [], int(total)
-        # The documents' figures are read for this page's rows only.
-        rows = conn.execute(select(*columns, budget_ms(store).label("budget_ms"), speedup(store).label("speedup"), fb.c.n, fb.c.mean_s)
-                            .outerjoin(fb, fb.c.plan_id == PlanRow.id).where(PlanRow.id.in_(ids))).mappings().all()
+        rows = conn.execute(select(*columns, fb.c.n, fb.c.mean_s).outerjoin(fb, fb.c.plan_id == PlanRow.id).where(PlanRow.id.in_(ids))).mappings().all()
     by_id = {r["id"]: r for r in rows}
+    facts = plan_facts(store, ids)
     out = []
     for pid in ids:
         r = dict(by_id[pid])
         r["created_at"] = _aware(r["created_at"])
         r["feedback_count"] = int(r.pop("n") or 0)
         r["measured_step_time_s"] = r.pop("mean_s")
+        r["budget_ms"] = facts[pid].budget_ms
+        r["speedup"] = facts[pid].speedup
         out.append(r)
     return out, int(total)
 
 
+DOCUMENT_KEYS = ("budget_ms", "speedup")
+"""Sort keys read from inside the documents: sorted here from the plans' facts, which a process reads once per plan."""
+
+
+def _page_by_facts(store: Store, conn: Any, conds: list[ColumnElement[bool]], sort: str, descending: bool, limit: int, offset: int) -> list[str]:
+    rows = conn.execute(select(PlanRow.id, PlanRow.created_at).where(*conds)).all()
+    facts = plan_facts(store, [pid for pid, _ in rows])
+    sign = -1.0 if descending else 1.0
+    newest_first = sorted(sorted(rows, key=lambda r: r[0]), key=lambda r: r[1], reverse=True)  # the tie-break, as in SQL (sorts are stable)
+
+    def key(row: Any) -> tuple[bool, float]:
+        value = getattr(facts[row[0]], sort)
+        return (value is None, sign * value if value is not None else 0.0)
+
+    return [pid for pid, _ in sorted(newest_first, key=key)[offset:offset + limit]]
+
+
+_FACETS: weakref.WeakKeyDictionary[Store, tuple[Any, dict[str, list[str]]]] = weakref.WeakKeyDictionary()
+
+
 def facets(store: Store) -> dict[str, list[str]]:
-    """The distinct values the table's filters can take."""
+    """The distinct values the table's filters can take; read again only when plans were added or finished."""
     with store.engine.connect() as conn:
+        stamp = conn.execute(select(func.count(), func.max(PlanRow.created_at)).select_from(PlanRow)).one(), \
+            tuple(conn.execute(select(PlanRow.status, func.count()).group_by(PlanRow.status).order_by(PlanRow.status)).all())
+        kept = _FACETS.get(store)
+        if kept is not None and kept[0] == stamp:
+            return kept[1]
+
         def distinct(col: Any) -> list[str]:
             return [v for (v,) in conn.execute(select(col).where(col.is_not(None)).distinct().order_by(col))]
-        return {"status": distinct(PlanRow.status), "backend": distinct(PlanRow.backend), "cluster": distinct(PlanRow.cluster),
-                "model": distinct(PlanRow.model)}
+        out = {"status": distinct(PlanRow.status), "backend": distinct(PlanRow.backend), "cluster": distinct(PlanRow.cluster),
+               "model": distinct(PlanRow.model)}
+    _FACETS[store] = (stamp, out)
+    return out
 
 
 def change_stamp(store: Store) -> dict[str, Any]:
@@ -145,27 +227,34 @@ def change_stamp(store: Store) -> dict[str, Any]:
             "latest_plan_at": _aware(latest_plan), "latest_feedback_id": latest_fb}
 
 
+def _measured_plans(conn: Any) -> list[str]:
+    return [pid for (pid,) in conn.execute(select(FeedbackRow.plan_id).distinct())]
+
+
 def calibration_points(store: Store, *, cluster: str | None = None, model: str | None = None, profile: str | None = None,
-                       limit: int = 20_000) -> tuple[list[dict[str, Any]], int]:
+                       limit: int = 100_000) -> tuple[list[dict[str, Any]], int]:
     """Feedback with a prediction, newest first (at most ``limit``), with the plan's cluster, model and profile; and how many there are."""
-    label = profile_label(store).label("profile")
-    conds: list[ColumnElement[bool]] = [FeedbackRow.predicted_step_time_s.is_not(None)]
-    if cluster:
-        conds.append(PlanRow.cluster == cluster)
-    if model:
-        conds.append(PlanRow.model == model)
-    if profile:
-        conds.append(profile_label(store) == profile)
-    base = select(FeedbackRow.id, FeedbackRow.plan_id, FeedbackRow.created_at, FeedbackRow.predicted_step_time_s, FeedbackRow.measured_step_time_s,
-                  PlanRow.cluster, PlanRow.model, PlanRow.n_ranks, label).join(PlanRow, PlanRow.id == FeedbackRow.plan_id).where(*conds)
     with store.engine.connect() as conn:
-        total = conn.scalar(select(func.count()).select_from(FeedbackRow).join(PlanRow, PlanRow.id == FeedbackRow.plan_id).where(*conds)) or 0
-        rows = conn.execute(base.order_by(FeedbackRow.id.desc()).limit(limit)).mappings().all()
-    return [dict(r, created_at=_aware(r["created_at"])) for r in rows], int(total)
+        facts = plan_facts(store, _measured_plans(conn))
+        labels = {pid: (f.cluster, f.model, f.profile) for pid, f in facts.items()
+                  if (not cluster or f.cluster == cluster) and (not model or f.model == model) and (not profile or f.profile == profile)}
+        rows = conn.execute(select(FeedbackRow.id, FeedbackRow.plan_id, FeedbackRow.created_at, FeedbackRow.predicted_step_time_s, FeedbackRow.measured_step_time_s)
+                            .where(FeedbackRow.predicted_step_time_s.is_not(None)).order_by(FeedbackRow.id.desc()))
+        out: list[dict[str, Any]] = []
+        total = 0
+        for fid, pid, created, predicted, measured in rows:
+            where = labels.get(pid)
+            if where is None:
+                continue
+            total += 1
+            if len(out) < limit:
+                out.append({"id": fid, "plan_id": pid, "created_at": _aware(created), "predicted_step_time_s": predicted, "measured_step_time_s": measured,
+                            "cluster": where[0], "model": where[1], "profile": where[2]})
+    return out, total
 
 
 def profile_labels(store: Store) -> list[str]:
     """The profile labels of plans that have feedback."""
-    label = profile_label(store)
     with store.engine.connect() as conn:
-        return sorted(v for (v,) in conn.execute(select(label).join(FeedbackRow, FeedbackRow.plan_id == PlanRow.id).distinct()) if v)
+        ids = _measured_plans(conn)
+    return sorted({f.profile for f in plan_facts(store, ids).values()})

@@ -1,4 +1,4 @@
-"""Epoch planning jobs (jobs.service): progress, cancel flag and summary of each job.
+"""Epoch planning jobs (api.jobs_service): progress, cancel flag and summary of each job.
 
 Revision ID: 0002_jobs
 Revises: 0001

@@ -6,12 +6,12 @@
   const form = document.getElementById("filters");
   const plots = [];
 
-  function groupKey(p) { return p.profile + " \u00b7 " + (p.cluster || "?"); }
+  function groupName(g) { return g.profile + " \u00b7 " + (g.cluster || "?"); }
   function shortProfile(s) { return s.length > 40 ? s.slice(0, 38) + "\u2026" : s; }
 
   function renderCards(c) {
     const o = c.overall;
-    const items = o ? [["Steps with feedback", `${c.points.length}`, c.total > c.points.length ? `newest of ${c.total}` : null],
+    const items = o ? [["Steps with feedback", `${c.total}`, c.total > c.points.length ? `the scatter shows the newest ${c.points.length}` : null],
                        ["Median measured / predicted", num(o.median_ratio, 3), null], ["Mean |error|", pct(o.mean_abs_error), `p90 ${pct(o.p90_abs_error)}`],
                        ["Groups to re-profile", String(c.groups.filter((g) => g.verdict === "re-profile").length), `of ${c.groups.length} profile \u00d7 cluster group(s)`]]
                     : [["Steps with feedback", "0", "trainers send it with POST /v1/plans/{id}/feedback"]];
@@ -24,7 +24,7 @@
     const pts = [...c.points].sort((a, b) => a.predicted_step_time_s - b.predicted_step_time_s);
     box.dataset.points = String(pts.length);
     if (!pts.length) { box.textContent = "No feedback matches these filters."; return; }
-    const keys = [...new Set(pts.map(groupKey))];
+    const keys = [...new Set(pts.map((p) => p.group))].sort((a, b) => a - b);
     const xs = pts.map((p) => p.predicted_step_time_s);
     const lo = Math.min(...xs, ...pts.map((p) => p.measured_step_time_s));
     const hi = Math.max(...xs, ...pts.map((p) => p.measured_step_time_s));
@@ -32,15 +32,15 @@
     // The y = x line runs across the whole plot: two end points with no measurement of their own.
     const ends = [lo - pad, hi + pad];
     const data = [[ends[0], ...xs, ends[1]], [ends[0], ...xs, ends[1]],
-                  ...keys.map((k) => [null, ...pts.map((p) => (groupKey(p) === k ? p.measured_step_time_s : null)), null])];
+                  ...keys.map((k) => [null, ...pts.map((p) => (p.group === k ? p.measured_step_time_s : null)), null])];
     const series = [{ label: "predicted s", value: (u, x) => secs(x) },
       { label: "y = x", stroke: "#57606a", width: 1, dash: [5, 4], points: { show: false }, value: (u, y) => secs(y) },
-      ...keys.map((k, i) => ({ label: shortProfile(k), stroke: COLOURS[i % COLOURS.length], paths: () => null, spanGaps: false,
+      ...keys.map((k, i) => ({ label: shortProfile(groupName(c.groups[k])), stroke: COLOURS[i % COLOURS.length], paths: () => null, spanGaps: false,
                                points: { show: true, size: 7, fill: COLOURS[i % COLOURS.length], stroke: COLOURS[i % COLOURS.length] }, value: (u, y) => secs(y) }))];
     const opts = { width: chartWidth(box, 760), height: 340, series, legend: { live: true },
                    scales: { x: { time: false, range: [lo - pad, hi + pad] }, y: { range: [lo - pad, hi + pad] } },
                    axes: [{ label: "predicted step time (s)" }, { label: "measured step time (s)", size: 60 }] };
-    box.setAttribute("aria-label", `Scatter of ${pts.length} measured against predicted step times in ${keys.length} group(s), with the line y = x`);
+    box.setAttribute("aria-label", `Scatter of the ${pts.length} newest measured against predicted step times in ${keys.length} group(s), with the line y = x`);
     box.replaceChildren();
     plots.push(new uPlot(opts, data, box));
   }
@@ -88,12 +88,18 @@
   document.addEventListener("DOMContentLoaded", async () => {
     const q = new URLSearchParams(location.search);
     try {
-      const facets = await api("/v1/dashboard/facets");
       for (const name of ["cluster", "model", "profile"]) {
-        for (const v of facets[name]) form.elements[name].append(el("option", { value: v, text: name === "profile" ? shortProfile(v) : v, title: v }));
-        form.elements[name].value = q.get(name) || "";
+        const v = q.get(name);
+        if (v) form.elements[name].append(el("option", { value: v, text: name === "profile" ? shortProfile(v) : v, title: v, selected: true }));
       }
+      const facets = api("/v1/dashboard/facets").catch((err) => err);  // in parallel; its error, if any, is thrown below
       await load();
+      const f = await facets;
+      if (f instanceof Error) throw f;
+      for (const name of ["cluster", "model", "profile"]) {
+        const select = form.elements[name];
+        for (const v of f[name]) if (v !== q.get(name)) select.append(el("option", { value: v, text: name === "profile" ? shortProfile(v) : v, title: v }));
+      }
       document.body.dataset.ready = "1";
     } catch (err) { showError(err); document.body.dataset.ready = "error"; }
   });

@@ -40,7 +40,7 @@
        fb.length ? `mean of ${fb.length} step(s), ${num(meanMeasured / v.predicted_step_time_s, 3)}\u00d7 predicted` : "no feedback yet"],
       ["Planner", (s.backend || "\u2013") + " \u00b7 " + (s.status || "\u2013"), s.wall_ms !== undefined ? ms(s.wall_ms) + " ms of a " + ms(v.budget_ms) + " ms budget" : null],
       ["Batch", v.n_samples + " samples", v.n_ranks + " ranks"],
-      ["Cluster \u00b7 model", (v.cluster || "\u2013"), (v.model || "\u2013") + " \u00b7 profile: " + v.profile],
+      ["Cluster \u00b7 model", (v.cluster || "\u2013"), (v.model || "\u2013") + " \u00b7 profile: " + (v.profile.length > 48 ? v.profile.slice(0, 46) + "\u2026" : v.profile)],
     ];
     dl.replaceChildren(...items.flatMap(([a, b, c]) => card(a, b, c)));
   }
@@ -60,11 +60,15 @@
     const x = (t) => left + (t / step) * plotW;
     const root = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "group", "aria-labelledby": "gantt-h", "aria-describedby": "gantt-desc" });
     const blocks = [];
+    const ticks = svg("g", { "aria-hidden": "true" });
     for (const mb of g.micro_batches) {
       root.append(svg("rect", { x: x(mb.start_s), y: top, width: Math.max(1, x(mb.start_s + mb.predicted_time_s) - x(mb.start_s)), height: plotH, fill: "var(--idle)" }));
-      const label = svg("text", { x: x(mb.start_s) + 3, y: top - 7 });
-      label.textContent = `micro-batch ${mb.index + 1}: ${secs(mb.predicted_time_s)} s`;
-      root.append(label);
+      const span = x(mb.start_s + mb.predicted_time_s) - x(mb.start_s);
+      if (span >= 28) {
+        const label = svg("text", { x: x(mb.start_s) + 3, y: top - 7 });
+        label.textContent = span >= 130 ? `micro-batch ${mb.index + 1}: ${secs(mb.predicted_time_s)} s` : span >= 60 ? `mb ${mb.index + 1}: ${secs(mb.predicted_time_s)} s` : `${mb.index + 1}`;
+        root.append(label);
+      }
       for (const grp of mb.groups) {
         const w = Math.max(1, (grp.predicted_time_s / step) * plotW);
         const where = grp.intra_node ? "within one node" : "spanning nodes " + grp.nodes.join(", ");
@@ -78,6 +82,11 @@
         for (const [a, b] of grp.spans) {
           node.append(svg("rect", { class: "body", x: x(mb.start_s), y: top + a * rh, width: w, height: Math.max(1, (b - a) * rh) }));
         }
+        if (grp.measured_time_s !== null) {  // the newest measured time of this group: a tick across its ranks, drawn over every block
+          const over = grp.measured_time_s > mb.predicted_time_s;
+          const xm = over ? x(mb.start_s + mb.predicted_time_s) - 2 : x(mb.start_s + grp.measured_time_s);
+          for (const [a, b] of grp.spans) ticks.append(svg("line", { class: "measured" + (over ? " over" : ""), x1: xm, x2: xm, y1: top + a * rh + 1, y2: top + b * rh - 1 }));
+        }
         const [a0, b0] = grp.spans[0];
         if (w > 34 && (b0 - a0) * rh >= 11) {
           const t = svg("text", { class: "label", x: x(mb.start_s) + 3, y: top + a0 * rh + Math.min((b0 - a0) * rh, 22) / 2 + 4 });
@@ -89,6 +98,7 @@
       }
       root.append(svg("line", { x1: x(mb.start_s), x2: x(mb.start_s), y1: top - 4, y2: top + plotH, stroke: "#24292f", "stroke-width": 1.5 }));
     }
+    root.append(ticks);
     // Node boundaries and labels.
     g.nodes.forEach(([a, b], k) => {
       if (a > 0) root.append(svg("line", { x1: left - 6, x2: left + plotW, y1: top + a * rh, y2: top + a * rh, stroke: "#24292f", "stroke-width": 1 }));
@@ -99,8 +109,8 @@
       }
     });
     // Time axis.
-    const ticks = 6;
-    const raw = step / ticks;
+    const nTicks = 6;
+    const raw = step / nTicks;
     const mag = Math.pow(10, Math.floor(Math.log10(raw)));
     const tick = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw);
     for (let t = 0; t <= step + 1e-12; t += tick) {

@@ -136,9 +136,11 @@
     readUrl();
     fillForm();
     try {
-      await loadFacets();
-      await loadTable();
-      stamp = JSON.stringify(await api("/v1/dashboard/changes"));
+      const changes = api("/v1/dashboard/changes").catch((err) => err);  // in parallel; its error, if any, is thrown below
+      await Promise.all([loadFacets(), loadTable()]);
+      const now = await changes;
+      if (now instanceof Error) throw now;
+      stamp = JSON.stringify(now);
       document.body.dataset.ready = "1";
     } catch (err) { showError(err); document.body.dataset.ready = "error"; }
     setInterval(poll, 3000);

@@ -100,8 +100,13 @@
     // Backends often reach the same plan: earlier series are drawn wider, so a later one on top leaves them visible.
     const series = [{ label: "budget ms" }, ...backends.map((b, i) => ({ label: b, stroke: COLOURS[i % COLOURS.length], width: Math.max(1.5, 5 - 1.5 * i),
       points: { show: true, size: Math.max(5, 13 - 3 * i), fill: COLOURS[i % COLOURS.length] }, value: (u, y) => (y === null ? "\u2013" : num(y, 4)) }))];
-    const opts = { width: chartWidth(box, 900), height: 280, scales: { x: { time: false, distr: 3, range: [budgets[0] / 1.25, budgets[budgets.length - 1] * 1.25] } },
-                   axes: [{ label: "budget (ms, log scale)" }, { label: "predicted / lower bound", size: 70, values: (u, vals) => vals.map((y) => num(y, 4)) }], series };
+    const ys = data.slice(1).flat().filter((y) => y !== null);
+    const lo = ys.length ? Math.min(...ys) : 1, hi = ys.length ? Math.max(...ys) : 1.1;
+    const pad = Math.max((hi - lo) * 0.15, 0.002);
+    const opts = { width: chartWidth(box, 900), height: 280,
+                   scales: { x: { time: false, distr: 3, range: [budgets[0] / 1.25, budgets[budgets.length - 1] * 1.25] }, y: { range: [lo - pad, hi + pad] } },
+                   axes: [{ label: "budget (ms, log scale)", splits: () => budgets, filter: (u, splits) => splits, values: (u, vals) => vals.map((x) => (x === null ? "" : x + " ms")) },
+                          { label: "predicted / lower bound", size: 70, values: (u, vals) => vals.map((y) => num(y, 4)) }], series };
     if (sweepPlot) sweepPlot.destroy();
     box.replaceChildren();
     sweepPlot = new uPlot(opts, data, box);

@@ -26,7 +26,7 @@ from sqlalchemy import Boolean, Column, DateTime, Integer, MetaData, String, Tab
 
 from api.store.repository import PlanRecord, Store, utcnow
 
-log = logging.getLogger("jobs.service")
+log = logging.getLogger("api.jobs_service")
 metadata = MetaData()
 JOBS = Table(
     "jobs", metadata,
@@ -49,6 +49,8 @@ JOBS = Table(
 """Changes go with a migration in ``api/migrations/versions`` (0002_jobs created it)."""
 STALE_S = 30.0
 """A running job whose row was not touched for this long belongs to a process that went away."""
+HEARTBEAT_S = 5.0
+"""How often a running job touches its row while no step finishes."""
 ACTIVE = ("running", "cancelling")
 
 
@@ -244,6 +246,13 @@ class JobManager:
             self.jobs.set(job_id, done=done, failed=failed)
 
         engine = LocalEngine(workers)  # one worker: this thread plans, as the service's solve threads do
+        finished = threading.Event()
+
+        def heartbeat() -> None:  # long steps must not make the job look abandoned (STALE_S)
+            while not finished.wait(HEARTBEAT_S):
+                self.jobs.set(job_id)
+
+        threading.Thread(target=heartbeat, name=f"dhp-job-{job_id}-heartbeat", daemon=True).start()
         try:
             result = run_job(epoch, self.directory(job_id), engine, progress=progress, should_stop=should_stop, on_records=store_records)
             if result.status == "done":
@@ -257,6 +266,7 @@ class JobManager:
             log.exception("job %s failed", job_id)
             self.jobs.set(job_id, status="failed", finished_at=utcnow(), error_json=json.dumps({"detail": f"{type(exc).__name__} while planning"}))
         finally:
+            finished.set()
             engine.close()
             self._threads.pop(job_id, None)
             self._stop.pop(job_id, None)

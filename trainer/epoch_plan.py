@@ -70,25 +70,27 @@ class EpochPlan:
                                hint=err.get("hint") or "fix the sample and plan the epoch again.")
         return self._doc(step)
 
-    def work(self, step: int, rank: int) -> StepWork:
+    def work(self, step: int, rank: int, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> StepWork:
+        """``rank``: the global rank (with tensor or pipeline parallelism, as :func:`trainer.apply.apply_plan` maps it)."""
         from trainer.apply import apply_plan
 
-        work = apply_plan(self.plan(step), rank)
+        work = apply_plan(self.plan(step), rank, tensor_parallel, pipeline_parallel)
         ids: dict[str, None] = {}
         for mb in work.micro_batches:
             for shard in mb.shards:
                 ids.setdefault(shard.sample, None)
         return StepWork(step, rank, work, tuple(ids))
 
-    def iter_rank(self, rank: int, start: int = 0, skip_failed: bool = False) -> Iterator[StepWork]:
+    def iter_rank(self, rank: int, start: int = 0, skip_failed: bool = False, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> Iterator[StepWork]:
         """The rank's work in every step from ``start`` on; failed steps raise unless skipped."""
         for step in range(start, len(self)):
             if skip_failed and self._status[step] != "ok":
                 continue
-            yield self.work(step, rank)
+            yield self.work(step, rank, tensor_parallel, pipeline_parallel)
 
 
-def planned_batch_sampler(plan: EpochPlan | str | Path, rank: int, index_of: Mapping[str, int] | Sequence[str], start: int = 0, skip_failed: bool = False) -> Any:
+def planned_batch_sampler(plan: EpochPlan | str | Path, rank: int, index_of: Mapping[str, int] | Sequence[str], start: int = 0, skip_failed: bool = False,
+                          tensor_parallel: int = 1, pipeline_parallel: int = 1) -> Any:
     """A ``torch.utils.data.Sampler`` for ``DataLoader(dataset, batch_sampler=...)``: per step the
     dataset indices of ``rank``'s samples (``index_of``: sample id -> dataset index, or the dataset's
     ids in order). ``sampler.current`` is the :class:`StepWork` of the step last yielded, and
@@ -107,10 +109,10 @@ def planned_batch_sampler(plan: EpochPlan | str | Path, rank: int, index_of: Map
             return sum(1 for s in steps if not skip_failed or s not in set(epoch.failed_steps))
 
         def works(self) -> Iterator[StepWork]:
-            return epoch.iter_rank(rank, start, skip_failed)
+            return epoch.iter_rank(rank, start, skip_failed, tensor_parallel, pipeline_parallel)
 
         def __iter__(self) -> Iterator[list[int]]:
-            for sw in epoch.iter_rank(rank, start, skip_failed):
+            for sw in self.works():
                 missing = [s for s in sw.sample_ids if s not in lookup]
                 if missing:
                     raise ProblemError(f"step {sw.step} names samples not in the dataset: {missing[:5]}", field="index_of",

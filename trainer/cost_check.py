@@ -1,0 +1,159 @@
+"""Does the cost model predict what the trainer does? Predicted against measured step time on this machine.
+
+    python -m trainer.cost_check                  # 4 processes, 8 held-out batches, fits with and without the ring-step term
+    python -m trainer.cost_check --procs 2 --json       # 2 processes (a 2-core machine)
+
+One measurement of the job's profile points (as ``dhp profile --procs N`` takes them: compute with
+the ring looped back on N processes at once, then real rings) is fitted twice: in the profile's
+earlier form (per-sample constant only) and with the per-sample ring-step term
+(:mod:`trainer.profiler`). Then eight batches the fit never saw (:data:`CASES`, :data:`CASES_2`), laid out by hand to cover many
+short samples on wide groups, single long samples, mixes and groups of one, run as planned steps
+on N gloo processes; the plan's predicted time (the cost model over the given groups) is compared
+with the measured time of the micro-batches (the fastest of the timed steps; the slowest rank of
+each micro-batch) and of the whole step (with the gradient all-reduce, which the cost model does
+not hold). Prints the relative error of each batch and their mean and worst, per fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from typing import Any
+
+Groups = list[list[tuple[tuple[int, ...], tuple[int, ...]]]]
+
+# (name, lengths, groups: per micro-batch [(ranks, sample indices)]) on 4 ranks; lengths unlike the profile's grid.
+CASES: list[tuple[str, list[int], Groups]] = [
+    ("16 short on 4", [20] * 16, [[((0, 1, 2, 3), tuple(range(16)))]]),
+    ("2 x 6 short on 2+2", [28] * 12, [[((0, 1), tuple(range(6))), ((2, 3), tuple(range(6, 12)))]]),
+    ("8 short on 3, 8 on 1", [40] * 16, [[((0, 1, 2), tuple(range(8))), ((3,), tuple(range(8, 16)))]]),
+    ("one long on 4", [600], [[((0, 1, 2, 3), (0,))]]),
+    ("long + 4 short on 4", [420, 18, 22, 26, 30], [[((0, 1, 2, 3), (0, 1, 2, 3, 4))]]),
+    ("groups of one", [90, 110, 130, 70, 100, 120, 80, 140, 95, 105, 115, 85], [[((r,), tuple(range(3 * r, 3 * r + 3))) for r in range(4)]]),
+    ("2 long on 2, 10 short on 2", [300, 150] + [24] * 10, [[((0, 1), (0, 1)), ((2, 3), tuple(range(2, 12)))]]),
+    ("two micro-batches", [330, 45, 160] + [22] * 10, [[((0, 1, 2, 3), (0,))], [((0, 1), tuple(range(3, 13))), ((2, 3), (1, 2))]]),
+]
+
+# The same kinds of batches on 2 ranks (a machine with 2 cores).
+CASES_2: list[tuple[str, list[int], Groups]] = [
+    ("16 short on 2", [20] * 16, [[((0, 1), tuple(range(16)))]]),
+    ("2 x 8 short on 1+1", [28] * 16, [[((0,), tuple(range(8))), ((1,), tuple(range(8, 16)))]]),
+    ("8 short on 2", [40] * 8, [[((0, 1), tuple(range(8)))]]),
+    ("one long on 2", [600], [[((0, 1), (0,))]]),
+    ("long + 4 short on 2", [420, 18, 22, 26, 30], [[((0, 1), (0, 1, 2, 3, 4))]]),
+    ("groups of one", [90, 110, 130, 70, 100, 120], [[((r,), tuple(range(3 * r, 3 * r + 3))) for r in range(2)]]),
+    ("2 long on 2, 10 short on 2", [300, 150] + [24] * 10, [[((0, 1), (0, 1))], [((0, 1), tuple(range(2, 12)))]]),
+    ("two micro-batches", [330, 45, 160] + [22] * 10, [[((0, 1), (0,))], [((0,), tuple(range(3, 13))), ((1,), (1, 2))]]),
+]
+
+
+def cases(procs: int) -> list[tuple[str, list[int], Groups]]:
+    if procs == 4:
+        return CASES
+    if procs == 2:
+        return CASES_2
+    raise ValueError(f"held-out batches are laid out for 2 or 4 processes, not {procs}")
+
+
+def _plans_worker(rank: int, world_size: int, plan_docs: list[dict[str, Any]], cfg: Any, batches: list[dict[str, list[int]]], steps: int, warmup: int) -> list[dict[str, Any]]:
+    from trainer.checks import step_worker
+
+    return [step_worker(rank, world_size, doc, cfg, samples, 0, "float32", steps, warmup) for doc, samples in zip(plan_docs, batches, strict=True)]
+
+
+def predicted_plan(profile: dict[str, Any], cfg: Any, lengths: list[int], groups: Groups, world: int) -> dict[str, Any]:
+    """The plan document of hand-made groups with the cost model's times under ``profile``."""
+    from optimizer.costs.tables import CostTables
+    from optimizer.plan.evaluate import build_plan
+    from optimizer.plan.plan import Assignment, SolverStats
+    from optimizer.problem.documents import problem_from_json
+
+    batch = {"samples": [{"id": f"s{i}", "text_tokens": n} for i, n in enumerate(lengths)]}
+    problem = problem_from_json({"batch": batch, "cluster": {"nodes": 1, "gpus_per_node": world}, "model": cfg.model_document(), "profile": profile})
+    given: Any = groups
+    return build_plan(CostTables.build(problem), Assignment.of(given), SolverStats("hand", "given", 0.0), 0.0).to_json()
+
+
+def run(procs: int = 4, repeats: int = 3, steps: int = 5, seed: int = 0, progress: Any = None) -> dict[str, Any]:
+    import random
+
+    import torch
+
+    cases(procs)  # refuse an unsupported process count before measuring
+    from trainer.profiler import ProfileSettings, comm_terms, fit, fit_ring_transfers, measure_all
+    from trainer.tiny_model import TinyConfig, TinyTransformer
+
+    say = progress or (lambda m: None)
+    torch.set_num_threads(1)
+    cfg = TinyConfig(hidden=64, heads=4, layers=2, ffn_hidden=256)
+    settings = ProfileSettings(lengths=(16, 64, 160, 384, 768), degrees=tuple(range(1, procs + 1)), mixes=(1, 2, 4), short_mix=16, repeats=repeats,
+                               device="cpu", procs=procs, threads=1)
+    torch.manual_seed(0)
+    model = TinyTransformer(cfg)
+    say(f"measuring the profile points on {procs} processes ...")
+    points, rings = measure_all(model, settings, torch.device("cpu"), say)
+    bpt, msgs = comm_terms(cfg, torch.float32)
+    fits: dict[str, dict[str, Any]] = {}
+    for name, with_step in (("before", False), ("after", True)):
+        f = fit(points, sample_step=with_step)
+        bw, lat, ring_report = fit_ring_transfers(f, rings, bpt, msgs)
+        profile = {"time": {"quadratic": f.quadratic, "linear": f.linear, "sample_constant": f.sample_constant, "group_constant": f.group_constant},
+                   "comm": {"scheme": "ring", "bytes_per_token": bpt, "bandwidth_bytes_per_s": {"intra": min(bw, 1e13), "inter": min(bw, 1e13)},
+                            "latency_s": {"intra": lat + f.sample_step / msgs, "inter": lat + f.sample_step / msgs}, "messages_per_step": msgs},
+                   "capacity_tokens_per_rank": 1 << 16}
+        fits[name] = {"profile": profile, "r2": f.r2, "max_rel_error": f.max_rel_error, "ring_r2": ring_report["ring_r2"],
+                      "ring_max_rel_error": ring_report["ring_max_rel_error"], "sample_step_s": f.sample_step}
+        say(f"fit {name}: R^2 {f.r2:.4f}, worst point {f.max_rel_error * 100:.1f}%; rings R^2 {ring_report['ring_r2']:.4f}, worst {ring_report['ring_max_rel_error'] * 100:.1f}%")
+    rng = random.Random(seed)
+    held_out = cases(procs)
+    batches = [{f"s{i}": [rng.randrange(cfg.vocab) for _ in range(n)] for i, n in enumerate(lengths)} for _, lengths, _ in held_out]
+    plans = {name: [predicted_plan(fits[name]["profile"], cfg, lengths, groups, procs) for _, lengths, groups in held_out] for name in fits}
+    from trainer.launch import spawn
+
+    say(f"running {len(held_out)} held-out batches on {procs} processes ({steps} timed steps each) ...")
+    results = spawn(_plans_worker, procs, plans["after"], cfg, batches, steps, 1, threads=1)
+    rows = []
+    for c, (case, _, _) in enumerate(held_out):
+        per_rank = [results[r][c] for r in range(procs)]
+        n_mb = len(plans["after"][c]["micro_batches"])
+        mb_part = [sum(max(pr["micro_batch_seconds"][s][m] for pr in per_rank) for m in range(n_mb)) for s in range(steps)]
+        step = [max(pr["seconds"][s] for pr in per_rank) for s in range(steps)]
+        row: dict[str, Any] = {"case": case, "measured_micro_batches_s": min(mb_part), "measured_step_s": min(step)}
+        for name in fits:
+            pred = plans[name][c]["predicted_step_time_s"]
+            row[f"predicted_{name}_s"] = pred
+            row[f"error_{name}"] = (pred - row["measured_micro_batches_s"]) / row["measured_micro_batches_s"]
+            row[f"step_error_{name}"] = (pred - row["measured_step_s"]) / row["measured_step_s"]
+        rows.append(row)
+    summary = {name: {"mean_abs_error": statistics.mean(abs(r[f"error_{name}"]) for r in rows), "worst_abs_error": max(abs(r[f"error_{name}"]) for r in rows),
+                      "step_mean_abs_error": statistics.mean(abs(r[f"step_error_{name}"]) for r in rows),
+                      "step_worst_abs_error": max(abs(r[f"step_error_{name}"]) for r in rows)} for name in fits}
+    return {"procs": procs, "fits": {k: {x: y for x, y in v.items() if x != "profile"} for k, v in fits.items()},
+            "profiles": {k: v["profile"] for k, v in fits.items()}, "rows": rows, "summary": summary}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--procs", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    out = run(args.procs, args.repeats, args.steps, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{'batch':28} {'measured ms':>11} | {'before ms':>9} {'err':>7} | {'after ms':>9} {'err':>7} | step with all-reduce ms")
+    for r in out["rows"]:
+        print(f"{r['case']:28} {r['measured_micro_batches_s'] * 1000:11.1f} | {r['predicted_before_s'] * 1000:9.1f} {r['error_before'] * 100:+6.1f}% | "
+              f"{r['predicted_after_s'] * 1000:9.1f} {r['error_after'] * 100:+6.1f}% | {r['measured_step_s'] * 1000:.1f}")
+    for name, s in out["summary"].items():
+        print(f"{name}: micro-batches mean |error| {s['mean_abs_error'] * 100:.1f}%, worst {s['worst_abs_error'] * 100:.1f}%; "
+              f"whole step mean {s['step_mean_abs_error'] * 100:.1f}%, worst {s['step_worst_abs_error'] * 100:.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
