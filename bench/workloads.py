@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from optimizer.errors import ProblemError
-from optimizer.problem.problem import workloads as base
+from optimizer.problem import workloads as base
 
 VIDEO_MAX_FRAMES = 1200
 VIDEO_TEXT_CAP = 4096

@@ -12,8 +12,9 @@ from optimizer.costs.tables import sample_time, vision_work
 from optimizer.plan.plan import Assignment
 from optimizer.problem.documents import problem_from_json
 from optimizer.problem.workloads import WORKLOADS
-from optimizer.verify.verifier import _Facts, _ints, _violations, check_assignment, group_time, verify, verify_kernels
-from optimizer.verify.verifier import verifier as verify_module
+from optimizer.verify import verifier as verify_module
+from optimizer.verify import verify_kernels
+from optimizer.verify.verifier import _Facts, _ints, _violations, check_assignment, group_time, verify
 from planning.planner import plan
 
 PROFILE = {
