@@ -8,6 +8,7 @@ import os
 import statistics
 import uuid
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 from api_support import small_request
@@ -302,8 +303,8 @@ def test_facts_of_a_pending_plan_are_read_again_once_it_is_finished(store):
     store.add(PlanRecord(**{**pending.__dict__, "status": "pending", "plan_json": None, "finished_at": None}))
     assert q.plan_facts(store, [pending.id])[pending.id].speedup is None
     assert q.facets(store)["status"] == ["pending"]
-    store.finish(pending.id, plan_json=json.dumps({"static_baseline": {"speedup": 1.25}}), backend="highs", solver_status="feasible",
-                 predicted_step_time_s=1.0, lower_bound_s=0.9, gap=0.1, solve_ms=5.0)
+    solved = SimpleNamespace(solver=SimpleNamespace(backend="highs", status="feasible", wall_ms=5.0), predicted_step_time_s=1.0, lower_bound_s=0.9, gap=0.1)
+    store.finish(pending.id, json.dumps({"static_baseline": {"speedup": 1.25}}), solved)
     assert q.plan_facts(store, [pending.id])[pending.id].speedup == 1.25
     assert q.plan_table(store, q.PlanFilters(), sort="speedup")[0][0]["speedup"] == 1.25
     assert q.facets(store)["status"] == ["done"] and q.facets(store)["backend"] == ["highs"]  # the facets follow the store

@@ -288,7 +288,7 @@ def test_whole_model_plans_when_the_heuristic_finds_no_packing(case, have, monke
     """Should the heuristic find no packing of a small batch, the whole model plans it (rescue)."""
     import planning.planner as planner
 
-    def no_packing(tables, deadline=None, bound=None):
+    def no_packing(tables, deadline=None, bound=None, report=None):
         raise InfeasibleError("no packing of the batch fits the domain's memory", field="batch.samples", hint="-")
 
     monkeypatch.setattr(planner, "heuristic_plan", no_packing)
