@@ -67,6 +67,8 @@ def test_plan_digest_covers_the_work_only():
 
 
 def test_torchrun_trains_the_hf_model_planned_over_http_like_one_process(tmp_path):
+    # 4 processes as tensor-parallel 2 x a planned domain of 2 (global ranks in Megatron's order); the
+    # model itself is replicated, so every rank must still equal one process.
     from api.client import PlannerClient
     from api.local_server import LocalServer, free_port
 
@@ -74,7 +76,7 @@ def test_torchrun_trains_the_hf_model_planned_over_http_like_one_process(tmp_pat
     try:
         out = tmp_path / "run.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", str(free_port()), "-m", "trainer.train_hf",
-               "--steps", "3", "--dtype", "float64", "--reference", "--service", server.url, "--out", str(out)]
+               "--steps", "3", "--dtype", "float64", "--reference", "--service", server.url, "--out", str(out), "--tp", "2"]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert res.returncode == 0, res.stderr[-3000:]
         run = json.loads(out.read_text())
