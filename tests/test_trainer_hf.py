@@ -30,12 +30,21 @@ def flat_grad(model):
     return torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype) for p in model.parameters()])
 
 
-def test_adapter_equals_the_library_attention_in_float64():
+def tiny_qwen2(seed, dtype):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=96, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2)
+    return Qwen2ForCausalLM(cfg).to(dtype)
+
+
+@pytest.mark.parametrize("build", [tiny_llama, tiny_qwen2])
+def test_adapter_equals_the_library_attention_in_float64(build):
     data = SyntheticTokens({"a": 23, "b": 6, "c": 12}, vocab=96, seed=1)
     samples = {k: data.tokens(k) for k in ("a", "b", "c")}
-    ref_model = tiny_llama(0, torch.float64)
+    ref_model = build(0, torch.float64)
     ref = reference_loss(ref_model, samples)
-    model = HFCausalLM(tiny_llama(0, torch.float64))
+    model = HFCausalLM(build(0, torch.float64))
     doc = {"scheme": "ring", "micro_batches": [{"groups": [{"ranks": [0], "samples": list(samples), "lengths": [23, 6, 12]}]}]}
     work = apply_plan(doc, 0)
     loss = run_micro_batch(model, work.micro_batches[0], None, "ring", samples, work.total_labels)
@@ -43,7 +52,7 @@ def test_adapter_equals_the_library_attention_in_float64():
     assert (flat_grad(model.model) - flat_grad(ref_model)).abs().max() < 1e-13
     # The check can fail: a sample left out changes the loss.
     part = {k: v for k, v in samples.items() if k != "c"}
-    assert reference_loss(tiny_llama(0, torch.float64), part) != pytest.approx(ref, rel=1e-6)
+    assert reference_loss(build(0, torch.float64), part) != pytest.approx(ref, rel=1e-6)
 
 
 def test_routing_loads_only_a_ranks_samples():
