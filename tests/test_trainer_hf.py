@@ -30,12 +30,21 @@ def flat_grad(model):
     return torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype) for p in model.parameters()])
 
 
-def test_adapter_equals_the_library_attention_in_float64():
+def tiny_qwen2(seed, dtype):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=96, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2)
+    return Qwen2ForCausalLM(cfg).to(dtype)
+
+
+@pytest.mark.parametrize("build", [tiny_llama, tiny_qwen2])
+def test_adapter_equals_the_library_attention_in_float64(build):
     data = SyntheticTokens({"a": 23, "b": 6, "c": 12}, vocab=96, seed=1)
     samples = {k: data.tokens(k) for k in ("a", "b", "c")}
-    ref_model = tiny_llama(0, torch.float64)
+    ref_model = build(0, torch.float64)
     ref = reference_loss(ref_model, samples)
-    model = HFCausalLM(tiny_llama(0, torch.float64))
+    model = HFCausalLM(build(0, torch.float64))
     doc = {"scheme": "ring", "micro_batches": [{"groups": [{"ranks": [0], "samples": list(samples), "lengths": [23, 6, 12]}]}]}
     work = apply_plan(doc, 0)
     loss = run_micro_batch(model, work.micro_batches[0], None, "ring", samples, work.total_labels)
@@ -43,7 +52,7 @@ def test_adapter_equals_the_library_attention_in_float64():
     assert (flat_grad(model.model) - flat_grad(ref_model)).abs().max() < 1e-13
     # The check can fail: a sample left out changes the loss.
     part = {k: v for k, v in samples.items() if k != "c"}
-    assert reference_loss(tiny_llama(0, torch.float64), part) != pytest.approx(ref, rel=1e-6)
+    assert reference_loss(build(0, torch.float64), part) != pytest.approx(ref, rel=1e-6)
 
 
 def test_routing_loads_only_a_ranks_samples():
@@ -67,6 +76,8 @@ def test_plan_digest_covers_the_work_only():
 
 
 def test_torchrun_trains_the_hf_model_planned_over_http_like_one_process(tmp_path):
+    # 4 processes as tensor-parallel 2 x a planned domain of 2 (global ranks in Megatron's order); the
+    # model itself is replicated, so every rank must still equal one process.
     from api.client import PlannerClient
     from api.local_server import LocalServer, free_port
 
@@ -74,7 +85,7 @@ def test_torchrun_trains_the_hf_model_planned_over_http_like_one_process(tmp_pat
     try:
         out = tmp_path / "run.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", str(free_port()), "-m", "trainer.train_hf",
-               "--steps", "3", "--dtype", "float64", "--reference", "--service", server.url, "--out", str(out)]
+               "--steps", "3", "--dtype", "float64", "--reference", "--service", server.url, "--out", str(out), "--tp", "2"]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert res.returncode == 0, res.stderr[-3000:]
         run = json.loads(out.read_text())
