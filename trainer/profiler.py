@@ -162,11 +162,6 @@ def time_group(model: TinyTransformer, lengths: Sequence[int], d: int, device: t
     return min(times)
 
 
-def measure(model: TinyTransformer, settings: ProfileSettings, device: torch.device, progress: Progress | None = None) -> list[Point]:
-    """Time every (length, group size, mix) of the settings (compute only)."""
-    return measure_all(model, settings, device, progress)[0]
-
-
 def measure_all(model: TinyTransformer, settings: ProfileSettings, device: torch.device, progress: Progress | None = None) -> tuple[list[Point], list[Point]]:
     """(compute points, real ring points): the second only with several processes, for sizes up to their number."""
     points = []
