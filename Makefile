@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 RUN_EXTRAS ?= solver,service
 EXTRAS ?= solver,service,bench,flexsp,trainer,jobs,ray,dev
 comma := ,
-TYPED ?= optimizer planning solver_models api jobs
+TYPED ?= optimizer planning solver_models api jobs trainer bench
 RUN_STAMP := $(VENV)/.installed-$(subst $(comma),-,$(RUN_EXTRAS))
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 

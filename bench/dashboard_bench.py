@@ -69,15 +69,15 @@ def replicate(store: Store, total: int, seed: int = 0) -> None:
                     feedback.append({"plan_id": row["id"], "created_at": t, "measured_step_time_s": measured, "predicted_step_time_s": row["predicted_step_time_s"],
                                      "feedback_json": "{}"})
             if len(rows) >= 500:  # the plans first, then their feedback
-                conn.execute(insert(table), rows)
+                conn.execute(insert(table), rows)  # type: ignore[arg-type]  # a Table is what insert takes
                 rows = []
                 if feedback:
-                    conn.execute(insert(FeedbackRow.__table__), feedback)
+                    conn.execute(insert(FeedbackRow.__table__), feedback)  # type: ignore[arg-type]
                     feedback = []
         if rows:
-            conn.execute(insert(table), rows)
+            conn.execute(insert(table), rows)  # type: ignore[arg-type]  # a Table is what insert takes
         if feedback:
-            conn.execute(insert(FeedbackRow.__table__), feedback)
+            conn.execute(insert(FeedbackRow.__table__), feedback)  # type: ignore[arg-type]
 
 
 def time_endpoints(url: str, plan_id: str) -> list[tuple[str, float, float, int]]:
