@@ -3,7 +3,7 @@
 At most ``solve_workers`` solves run and ``queue_limit`` wait in one process; a request beyond that is
 refused at once with 503 and Retry-After (:class:`api.errors.Overloaded`) instead of piling up. A
 request with a deadline is also refused at once when the waiting line ahead of it, at the recent time
-per solve, would use up its budget before a worker could take it. Retry-After is computed from the
+per solve, would leave too little of its budget by the time a worker could take it. Retry-After is computed from the
 waiting line: the time the solves admitted now take to drain at the recent time per solve.
 """
 
@@ -73,14 +73,14 @@ class SolvePool:
         self._metrics.rejected.inc()
         return Overloaded(self.retry_after(), detail)
 
-    def _admit(self, deadline: float | None = None) -> None:
+    def _admit(self, deadline: float | None = None, min_left_s: float = 0.0) -> None:
         with self._lock:
             if self._admitted >= self.capacity:
                 raise self.refused()
             if deadline is not None:
                 wait = self._wait_s(self._admitted)
-                if time.perf_counter() + wait >= deadline:
-                    raise self.refused(f"the {self.queue_depth} solve(s) waiting would use up this request's time budget (about {wait * 1000:.0f} ms)")
+                if time.perf_counter() + wait + min_left_s > deadline:
+                    raise self.refused(f"the solves ahead would use up this request's time budget (about {wait * 1000:.0f} ms of waiting)")
             self._admitted += 1
             self._metrics.queue_depth.inc()
 
@@ -96,14 +96,23 @@ class SolvePool:
             self._metrics.queue_depth.dec()
             self._metrics.in_flight.inc()
             start = time.perf_counter()
+            served = False
             try:
-                return fn(*args)
+                result = fn(*args)
+                served = True
+                return result
+            except Overloaded:  # refused when taken: not a solve, so not part of the time per solve
+                raise
+            except BaseException:
+                served = True
+                raise
             finally:
                 took = time.perf_counter() - start
                 with self._lock:
                     self._running -= 1
                     self._admitted -= 1
-                    self._mean_s = took if self._mean_s is None else (1 - SMOOTHING) * self._mean_s + SMOOTHING * took
+                    if served:
+                        self._mean_s = took if self._mean_s is None else (1 - SMOOTHING) * self._mean_s + SMOOTHING * took
                 self._metrics.in_flight.dec()
         return job
 
@@ -119,10 +128,10 @@ class SolvePool:
             self._admitted -= 1
         self._metrics.queue_depth.dec()
 
-    async def run(self, fn: Callable[..., T], *args: Any, deadline: float | None = None) -> T:
+    async def run(self, fn: Callable[..., T], *args: Any, deadline: float | None = None, min_left_s: float = 0.0) -> T:
         """Run ``fn(*args)`` on a solve thread and wait for it; raises Overloaded when full, or when the
-        waiting line would keep it past ``deadline`` (a ``time.perf_counter`` instant)."""
-        self._admit(deadline)
+        waiting line would leave it less than ``min_left_s`` before ``deadline`` (a ``time.perf_counter`` instant)."""
+        self._admit(deadline, min_left_s)
         try:
             future = asyncio.get_running_loop().run_in_executor(self._pool(), self._wrap(fn, *args))
         except BaseException:

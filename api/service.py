@@ -292,8 +292,9 @@ class PlanningService:
         """Solve now; returns the stored record, whether it came from the cache (or an identical request
         in flight), and where the time went (``handoff``: from the solve thread's end until this coroutine runs again)."""
         raw = translate.raw_hash(doc) if use_cache else None
-        deadline = arrival + translate.budget_ms(doc) / 1000.0
-        task, joined = self._shared(self._asked, raw, lambda: self.pool.run(self.plan_now, doc, arrival, use_cache, raw, deadline=deadline))
+        budget_s = translate.budget_ms(doc) / 1000.0
+        task, joined = self._shared(self._asked, raw, lambda: self.pool.run(self.plan_now, doc, arrival, use_cache, raw, deadline=arrival + budget_s,
+                                                                            min_left_s=MIN_BUDGET_SHARE * budget_s))
         record, cached, timings = await asyncio.shield(task)
         timings = dict(timings)
         if joined:
