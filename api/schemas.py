@@ -21,8 +21,9 @@ def _option_field(spec: OptionSpec) -> tuple[Any, Any]:
     """The pydantic type and field of one planner option, from its one definition."""
     kinds: dict[str, Any] = {"int": int, "number": float, "bool": bool}
     kind: Any = Literal[spec.choices] if spec.choices else kinds.get(spec.kind, str)  # type: ignore[valid-type]
-    finite = {"allow_inf_nan": False} if spec.kind == "number" else {}  # NaN and Infinity are named as such, not as out of range
-    return kind | None, Field(None, description=spec.help, ge=spec.low, le=spec.high, **finite)
+    # NaN and Infinity are named as not finite, not as out of range.
+    allow_inf_nan = False if spec.kind == "number" else None
+    return kind | None, Field(None, description=spec.help, ge=spec.low, le=spec.high, allow_inf_nan=allow_inf_nan)
 
 
 OptionsIn = create_model(  # type: ignore[call-overload]
