@@ -123,3 +123,12 @@ def test_a_non_finite_budget_is_named_as_such(client):
     assert json.loads(body.replace("NaN", "1"))["options"]["time_budget_ms"] == 1
     found = problem(client.post("/v1/plans", content=body, headers={"content-type": "application/json"}), 422, "options.time_budget_ms")
     assert "finite" in found["detail"]
+
+
+def test_the_openapi_documents_the_statuses_of_id_routes(client):
+    paths = client.get("/openapi.json").json()["paths"]
+    for path in ("/v1/plans/{plan_id}", "/v1/plans/{plan_id}/feedback", "/v1/dashboard/plans/{plan_id}", "/v1/jobs/{job_id}"):
+        for op in paths[path].values():
+            assert {"404", "401", "422", "503"} <= set(op["responses"]), (path, sorted(op["responses"]))
+    assert "409" in paths["/v1/plans/{plan_id}/feedback"]["post"]["responses"]
+    assert "401" in paths["/v1/presets"]["get"]["responses"]
