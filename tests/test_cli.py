@@ -143,3 +143,12 @@ def test_a_closed_standard_output_is_exit_4_not_a_lost_plan():
 def test_the_help_documents_the_exit_codes():
     out = _dhp("--help", text=True).stdout
     assert "4  I/O failure" in out and "2  bad input" in out
+
+
+def test_serving_beyond_loopback_without_tokens_warns():
+    from api.cli import exposure_warning
+    from api.settings import Settings
+
+    assert "without bearer tokens" in exposure_warning(Settings(host="0.0.0.0"))
+    assert exposure_warning(Settings(host="127.0.0.1")) is None
+    assert exposure_warning(Settings(host="0.0.0.0", tokens="x" * 32)) is None
