@@ -3,7 +3,8 @@
 At most ``solve_workers`` solves run and ``queue_limit`` wait in one process; a request beyond that is
 refused at once with 503 and Retry-After (:class:`api.errors.Overloaded`) instead of piling up. A
 request with a deadline is also refused at once when the waiting line ahead of it, at the recent time
-per solve, would leave too little of its budget by the time a worker could take it. Retry-After is computed from the
+per solve, would leave too little of its budget by the time a worker could take it, and refused when a
+worker takes it after waiting that long anyway (a request that found a free worker is always run). Retry-After is computed from the
 waiting line: the time the solves admitted now take to drain at the recent time per solve.
 """
 
@@ -73,7 +74,8 @@ class SolvePool:
         self._metrics.rejected.inc()
         return Overloaded(self.retry_after(), detail)
 
-    def _admit(self, deadline: float | None = None, min_left_s: float = 0.0) -> None:
+    def _admit(self, deadline: float | None = None, min_left_s: float = 0.0) -> bool:
+        """Take a place (or raise Overloaded); whether every worker was busy, so that the job waits."""
         with self._lock:
             if self._admitted >= self.capacity:
                 raise self.refused()
@@ -81,38 +83,32 @@ class SolvePool:
                 wait = self._wait_s(self._admitted)
                 if time.perf_counter() + wait + min_left_s > deadline:
                     raise self.refused(f"the solves ahead would use up this request's time budget (about {wait * 1000:.0f} ms of waiting)")
+            queued = self._admitted >= self.workers
             self._admitted += 1
             self._metrics.queue_depth.inc()
+            return queued
 
-    def refuse_late(self, deadline: float, budget_s: float, min_share: float) -> None:
-        """Raise Overloaded when less than ``min_share`` of the budget is left before ``deadline``: a worker took the job too late to serve it."""
-        if deadline - time.perf_counter() < min_share * budget_s:
-            raise self.refused("this request waited past its time budget for a free solve worker")
-
-    def _wrap(self, fn: Callable[..., T], *args: Any) -> Callable[[], T]:
+    def _wrap(self, fn: Callable[..., T], *args: Any, late_after: float | None = None) -> Callable[[], T]:
         def job() -> T:
             with self._lock:
                 self._running += 1
             self._metrics.queue_depth.dec()
             self._metrics.in_flight.inc()
             start = time.perf_counter()
-            served = False
+            if late_after is not None and start > late_after:  # it waited for a worker until too little of its budget was left
+                with self._lock:
+                    self._running -= 1
+                    self._admitted -= 1
+                self._metrics.in_flight.dec()
+                raise self.refused("this request waited past its time budget for a free solve worker")
             try:
-                result = fn(*args)
-                served = True
-                return result
-            except Overloaded:  # refused when taken: not a solve, so not part of the time per solve
-                raise
-            except BaseException:
-                served = True
-                raise
+                return fn(*args)
             finally:
                 took = time.perf_counter() - start
                 with self._lock:
                     self._running -= 1
                     self._admitted -= 1
-                    if served:
-                        self._mean_s = took if self._mean_s is None else (1 - SMOOTHING) * self._mean_s + SMOOTHING * took
+                    self._mean_s = took if self._mean_s is None else (1 - SMOOTHING) * self._mean_s + SMOOTHING * took
                 self._metrics.in_flight.dec()
         return job
 
@@ -130,10 +126,12 @@ class SolvePool:
 
     async def run(self, fn: Callable[..., T], *args: Any, deadline: float | None = None, min_left_s: float = 0.0) -> T:
         """Run ``fn(*args)`` on a solve thread and wait for it; raises Overloaded when full, or when the
-        waiting line would leave it less than ``min_left_s`` before ``deadline`` (a ``time.perf_counter`` instant)."""
-        self._admit(deadline, min_left_s)
+        waiting line would leave it less than ``min_left_s`` before ``deadline`` (a ``time.perf_counter`` instant); a job that
+        had to wait for a worker and is taken with less than that left is refused then instead of run."""
+        queued = self._admit(deadline, min_left_s)
+        late_after = deadline - min_left_s if queued and deadline is not None else None
         try:
-            future = asyncio.get_running_loop().run_in_executor(self._pool(), self._wrap(fn, *args))
+            future = asyncio.get_running_loop().run_in_executor(self._pool(), self._wrap(fn, *args, late_after=late_after))
         except BaseException:
             self.release()
             raise

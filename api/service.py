@@ -40,7 +40,7 @@ log = logging.getLogger("api.service")
 LOST = {"type": "https://dhp-planner.dev/problems/lost", "title": "Plan lost", "status": 503,
         "detail": "the server that accepted this plan-ahead request stopped before solving it", "hint": "submit the request again."}
 MIN_BUDGET_SHARE = 0.1
-"""A request that has less than this share of its time budget left when a solve worker takes it is refused (503) rather than solved in a hurry."""
+"""A request that the waiting line would leave with less than this share of its time budget is refused (503) rather than solved in a hurry."""
 INTERNAL = {"type": "https://dhp-planner.dev/problems/internal", "title": "Internal error", "status": 500, "detail": "the solve failed; the log has why"}
 
 
@@ -143,8 +143,6 @@ class PlanningService:
             timings["done_at"] = time.perf_counter()
             return record, True, timings
         try:
-            budget_s = problem.options.time_budget_ms / 1000.0
-            self.pool.refuse_late(arrival + budget_s, budget_s, MIN_BUDGET_SHARE)
             result, text = self._solve(problem, arrival)
             t2 = time.perf_counter()
             timings["solve"] = result.solver.wall_ms
