@@ -130,6 +130,10 @@ class FeedbackOut(BaseModel):
     measured_step_time_s: float
     predicted_step_time_s: float | None
     measured_over_predicted: float | None = Field(None, description="measured / predicted step time")
+    group_times_s: list[list[float]] | None = Field(None, description="per micro-batch, per group, as sent")
+    step: int | None = None
+    metrics: dict[str, float] | None = None
+    notes: str | None = None
 
 
 class Health(BaseModel):

@@ -133,6 +133,8 @@ def test_feedback_is_stored_beside_the_prediction(client):
     assert fb["measured_over_predicted"] == pytest.approx(2.0 / plan["predicted_step_time_s"])
     listed = client.get(f"/v1/plans/{plan['id']}/feedback").json()
     assert [f["id"] for f in listed] == [fb["id"]]
+    assert listed[0]["group_times_s"] == shape and listed[0]["step"] == 7  # the per-group detail reads back
+    assert "dhp_measured_over_predicted_count 1.0" in client.get("/metrics").text
     assert_problem(client.post(f"/v1/plans/{plan['id']}/feedback", json={"measured_step_time_s": 2.0, "group_times_s": shape + [[1.0]]}), 422, "group_times_s")
     assert_problem(client.post(f"/v1/plans/{plan['id']}/feedback", json={"measured_step_time_s": -1}), 422, "measured_step_time_s")
     assert_problem(client.post("/v1/plans/nope/feedback", json={"measured_step_time_s": 1.0}), 404, "plan_id")

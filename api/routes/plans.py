@@ -110,13 +110,14 @@ def list_plans(store: StoreDep,
 
 def _feedback_out(fb: Any) -> FeedbackOut:
     ratio = fb.measured_step_time_s / fb.predicted_step_time_s if fb.predicted_step_time_s else None
+    sent = {k: fb.document[k] for k in ("group_times_s", "step", "metrics", "notes") if k in fb.document}
     return FeedbackOut(id=fb.id, plan_id=fb.plan_id, created_at=fb.created_at, measured_step_time_s=fb.measured_step_time_s,
-                       predicted_step_time_s=fb.predicted_step_time_s, measured_over_predicted=ratio)
+                       predicted_step_time_s=fb.predicted_step_time_s, measured_over_predicted=ratio, **sent)
 
 
 @router.post("/plans/{plan_id}/feedback", status_code=201, response_model=FeedbackOut, summary="Store what the trainer measured",
              responses={**NOT_FOUND, **problem_responses((409, "the plan is not done yet"))})
-def add_feedback(plan_id: PlanId, body: FeedbackIn, store: StoreDep) -> FeedbackOut:
+def add_feedback(plan_id: PlanId, body: FeedbackIn, store: StoreDep, service: ServiceDep) -> FeedbackOut:
     """Kept beside the plan's prediction; ``group_times_s`` must follow the plan's micro-batches and groups."""
     record = store.get(plan_id)
     if record is None:
@@ -128,6 +129,8 @@ def add_feedback(plan_id: PlanId, body: FeedbackIn, store: StoreDep) -> Feedback
     fb = store.add_feedback(plan_id, body.measured_step_time_s, body.model_dump(exclude_none=True))
     if fb is None:
         raise _not_found(plan_id)
+    if fb.predicted_step_time_s:
+        service.metrics.prediction_ratio.observe(fb.measured_step_time_s / fb.predicted_step_time_s)
     return _feedback_out(fb)
 
 
