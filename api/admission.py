@@ -11,6 +11,7 @@ waiting line: the time the solves admitted now take to drain at the recent time 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import math
 import threading
 import time
@@ -39,6 +40,8 @@ class SolvePool:
         self._admitted = 0
         self._running = 0
         self._mean_s: float | None = None
+        self._starts: dict[int, float] = {}
+        """When each running job started, by worker thread."""
 
     @property
     def in_flight(self) -> int:
@@ -57,11 +60,17 @@ class SolvePool:
         """Running mean of the time a job holds a worker (None before the first one ends)."""
         return self._mean_s
 
-    def _wait_s(self, ahead: int) -> float:
-        """Expected wait before a worker is free for a job with ``ahead`` admitted jobs before it."""
-        if ahead < self.workers or self._mean_s is None:
+    def _wait_s(self, now: float) -> float:
+        """Expected wait before a worker is free for a job admitted now: the running jobs end at their start plus the
+        mean time per solve (or now, when overdue), then the jobs waiting ahead take the workers in turn."""
+        if self._mean_s is None or self._admitted < self.workers:
             return 0.0
-        return (ahead - self.workers + 1) / self.workers * self._mean_s
+        free = [max(now, start + self._mean_s) for start in self._starts.values()]
+        free += [now] * (self.workers - len(free))
+        heapq.heapify(free)
+        for _ in range(self._admitted - len(self._starts)):
+            heapq.heappush(free, heapq.heappop(free) + self._mean_s)
+        return free[0] - now
 
     def retry_after(self) -> int:
         """Seconds after which the solves admitted now should have drained (the configured value until a solve has been timed)."""
@@ -80,8 +89,9 @@ class SolvePool:
             if self._admitted >= self.capacity:
                 raise self.refused()
             if deadline is not None:
-                wait = self._wait_s(self._admitted)
-                if time.perf_counter() + wait + min_left_s > deadline:
+                now = time.perf_counter()
+                wait = self._wait_s(now)
+                if now + wait + min_left_s > deadline:
                     raise self.refused(f"the solves ahead would use up this request's time budget (about {wait * 1000:.0f} ms of waiting)")
             queued = self._admitted >= self.workers
             self._admitted += 1
@@ -101,11 +111,15 @@ class SolvePool:
                     self._admitted -= 1
                 self._metrics.in_flight.dec()
                 raise self.refused("this request waited past its time budget for a free solve worker")
+            me = threading.get_ident()
+            with self._lock:
+                self._starts[me] = start
             try:
                 return fn(*args)
             finally:
                 took = time.perf_counter() - start
                 with self._lock:
+                    self._starts.pop(me, None)
                     self._running -= 1
                     self._admitted -= 1
                     self._mean_s = took if self._mean_s is None else (1 - SMOOTHING) * self._mean_s + SMOOTHING * took
