@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -61,6 +62,8 @@ class PlanningService:
         self.pool = SolvePool(settings.solve_workers, settings.queue_limit, settings.retry_after_s, metrics)
         self.cache = PlanCache(settings.plan_cache_size)
         self.flights = InFlight()
+        self.resumed = threading.Event()
+        """Set once the plan-ahead requests left pending by an earlier process have been taken up (at start-up)."""
         self._waiters: dict[str, asyncio.Event] = {}
         self._asked: dict[str, asyncio.Future[Any]] = {}
         self._accepting: dict[str, asyncio.Future[Any]] = {}

@@ -326,6 +326,7 @@ def test_a_plan_ahead_lost_in_a_stopped_server_is_reported_failed(make_client):
     from api.store.repository import PlanRecord, utcnow
 
     client = make_client()
+    assert client.app.state.service.resumed.wait(30)  # what was pending at start-up has been taken up
     store = client.app.state.store
     settings = client.app.state.settings
     old = PlanRecord(id="f" * 32, created_at=utcnow() - timedelta(seconds=settings.stale_after_s + 1), status="pending", request_hash="0" * 64,
