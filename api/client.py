@@ -10,7 +10,7 @@
 Connection failures, timeouts and 502/503/504 answers are retried with exponential backoff (a 503's
 Retry-After is honoured); every try of one POST carries the same ``Idempotency-Key`` header. With
 ``local_fallback=True``, when the service cannot be reached at all, the plan is made in this process
-by the planner's heuristic, so training never stalls; such plans have ``status`` ``local`` and an id
+by the planner's heuristic (deterministic: every rank gets the same plan), so training never stalls; such plans have ``status`` ``local`` and an id
 starting with ``local-``; feedback that cannot be delivered is kept (``unsent_feedback``) and sent
 before the next feedback, or by :meth:`PlannerClient.flush_feedback`. Errors in the request itself
 (4xx), and a plan-ahead request that failed, raise :class:`PlannerServiceError` with the problem
@@ -132,7 +132,8 @@ class PlannerClient:
         from optimizer.problem.documents import problem_from_json
         from planning.planner import plan
 
-        problem = problem_from_json({k: v for k, v in doc.items() if k not in ("wait", "cache")}, overrides={"backend": "heuristic"})
+        # Deterministic: every rank falling back plans the same batch into the same plan, whatever its clock says.
+        problem = problem_from_json({k: v for k, v in doc.items() if k not in ("wait", "cache")}, overrides={"backend": "heuristic", "deterministic": True})
         out = {"id": f"local-{uuid.uuid4().hex}", "status": "local", "created_at": None, **plan(problem).to_json()}
         self.fallbacks += 1
         return out

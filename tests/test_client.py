@@ -184,3 +184,21 @@ def test_feedback_is_kept_while_the_service_is_down_and_sent_later():
     assert client.feedback("p3", 1.7, step=3) == {"id": 3}
     assert [path for path, _ in delivered] == ["/v1/plans/p1/feedback", "/v1/plans/p2/feedback", "/v1/plans/p3/feedback"]
     assert not client.unsent_feedback
+
+
+def test_the_local_fallback_is_deterministic(monkeypatch):
+    import planning.planner
+
+    seen = []
+    real = planning.planner.plan
+
+    def spy(problem, *args, **kwargs):
+        seen.append(problem.options.deterministic)
+        return real(problem, *args, **kwargs)
+
+    monkeypatch.setattr(planning.planner, "plan", spy)
+    client = PlannerClient(f"http://127.0.0.1:{free_port()}", retries=0, local_fallback=True)
+    req = small_request(n=40, time_budget_ms=30)
+    plans = [client.plan(req) for _ in range(2)]
+    assert seen == [True, True]
+    assert plans[0]["micro_batches"] == plans[1]["micro_batches"]
