@@ -47,6 +47,8 @@ def _resume(service: PlanningService, started_at: datetime) -> None:
         service.resume_pending(started_at)
     except Exception:  # the store is down at start-up: the next start resumes them
         log.exception("could not resume the pending plan-ahead requests")
+    finally:
+        service.resumed.set()
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

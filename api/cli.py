@@ -42,6 +42,17 @@ def load_settings(overrides: dict[str, Any]) -> Any:
                            hint="fix the environment variable or the dhp serve option.") from None
 
 
+def exposure_warning(settings: Any) -> str | None:
+    """A warning when the service would answer anyone who can reach it: beyond loopback without tokens
+    (allowed in development; test and production refuse to start so)."""
+    from api.settings import is_loopback
+
+    if settings.token_list or is_loopback(settings.host):
+        return None
+    return (f"warning: listening on {settings.host} without bearer tokens: anyone who can reach this port can plan and read plans; "
+            "set DHP_TOKENS (e.g. `openssl rand -hex 24`) or bind to 127.0.0.1")
+
+
 def example_curl(base: str, needs_token: bool) -> str:
     """A curl command that plans a small batch on this server."""
     body = {"batch": {"samples": [{"id": "long-video", "text_tokens": 400, "videos": [{"frames": 600, "tokens_per_frame": 196}]},
@@ -74,6 +85,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         shutil.rmtree(metrics_dir, ignore_errors=True)
         metrics_dir.mkdir(parents=True)
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir.resolve())
+    warning = exposure_warning(settings)
+    if warning:
+        print(warning, file=sys.stderr)
     base = f"http://{settings.host}:{settings.port}"
     where = "PostgreSQL" if settings.sqlalchemy_url.startswith("postgresql") else f"SQLite at {settings.sqlalchemy_url.removeprefix('sqlite:///')}"
     print(f"dhp-planner service on {base} ({settings.workers} worker(s), store: {where})", file=sys.stderr)

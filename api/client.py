@@ -8,23 +8,31 @@
     client.feedback(plan["id"], measured_step_time_s=1.93)
 
 Connection failures, timeouts and 502/503/504 answers are retried with exponential backoff (a 503's
-Retry-After is honoured). With ``local_fallback=True``, when the service cannot be reached at all,
-the plan is made in this process by the planner's heuristic, so training never stalls; such plans
-have ``status`` ``local`` and an id starting with ``local-``. Errors in the request itself (4xx) are
-never retried and raise :class:`PlannerServiceError` with the problem document.
+Retry-After is honoured); every try of one POST carries the same ``Idempotency-Key`` header. With
+``local_fallback=True``, when the service cannot be reached at all, the plan is made in this process
+by the planner's heuristic (deterministic: every rank gets the same plan), so training never stalls; such plans have ``status`` ``local`` and an id
+starting with ``local-``; feedback that cannot be delivered is kept (``unsent_feedback``) and sent
+before the next feedback, or by :meth:`PlannerClient.flush_feedback`. Errors in the request itself
+(4xx), and a plan-ahead request that failed, raise :class:`PlannerServiceError` with the problem
+document. The bearer token defaults to the ``DHP_TOKEN`` environment variable.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 
 RETRY_STATUSES = (502, 503, 504)
+TOKEN_ENV = "DHP_TOKEN"
+UNSENT_FEEDBACK_LIMIT = 10_000
+"""Feedback documents kept while the service cannot be reached (the oldest are dropped beyond this)."""
 
 
 class PlannerServiceError(Exception):
@@ -63,6 +71,7 @@ class PlannerClient:
     def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0, retries: int = 4, backoff_s: float = 0.05,
                  max_backoff_s: float = 2.0, local_fallback: bool = False, transport: httpx.BaseTransport | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
+        token = token if token is not None else os.environ.get(TOKEN_ENV) or None
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, transport=transport)
         self.retries = retries
@@ -73,6 +82,8 @@ class PlannerClient:
         self._local: dict[str, dict[str, Any]] = {}
         self.fallbacks = 0
         """How many plans were made locally because the service was unreachable."""
+        self.unsent_feedback: deque[tuple[str, dict[str, Any]]] = deque(maxlen=UNSENT_FEEDBACK_LIMIT)
+        """Feedback (plan id, document) not delivered yet because the service could not be reached."""
 
     def close(self) -> None:
         self._http.close()
@@ -92,6 +103,8 @@ class PlannerClient:
         return base * (0.5 + random.random() / 2)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        if method == "POST":  # one key for every try of this call, so that the service can tell a retry from a new request
+            kwargs["headers"] = {"Idempotency-Key": uuid.uuid4().hex, **kwargs.get("headers", {})}
         last: Exception | None = None
         for attempt in range(self.retries + 1):
             response = None
@@ -119,7 +132,8 @@ class PlannerClient:
         from optimizer.problem.documents import problem_from_json
         from planning.planner import plan
 
-        problem = problem_from_json({k: v for k, v in doc.items() if k not in ("wait", "cache")}, overrides={"backend": "heuristic"})
+        # Deterministic: every rank falling back plans the same batch into the same plan, whatever its clock says.
+        problem = problem_from_json({k: v for k, v in doc.items() if k not in ("wait", "cache")}, overrides={"backend": "heuristic", "deterministic": True})
         out = {"id": f"local-{uuid.uuid4().hex}", "status": "local", "created_at": None, **plan(problem).to_json()}
         self.fallbacks += 1
         return out
@@ -149,19 +163,24 @@ class PlannerClient:
             return str(local["id"])
 
     def result(self, plan_id: str, wait_ms: int = 10_000) -> dict[str, Any]:
-        """The plan with this id, waiting up to ``wait_ms`` while it is pending (check ``status``)."""
+        """The plan with this id, waiting up to ``wait_ms`` while it is pending (``status`` says whether it still is);
+        raises :class:`PlannerServiceError` with the plan's problem document when it failed."""
         if plan_id in self._local:
             return self._local.pop(plan_id)
         deadline = time.monotonic() + wait_ms / 1000.0
         while True:
             left = max(0, int((deadline - time.monotonic()) * 1000))
             doc = self._call("GET", f"/v1/plans/{plan_id}", params={"wait_ms": min(left, 30_000)}).json()
+            if doc.get("status") == "failed":
+                problem = doc.get("error") if isinstance(doc.get("error"), dict) else {"title": "Plan failed", "detail": str(doc.get("error"))}
+                raise PlannerServiceError(int(problem.get("status") or 422), problem)
             if doc.get("status") != "pending" or left <= 0:
                 return doc
 
     def feedback(self, plan_id: str, measured_step_time_s: float, *, group_times_s: list[list[float]] | None = None, step: int | None = None,
                  metrics: dict[str, float] | None = None, notes: str | None = None) -> dict[str, Any] | None:
-        """Store a measured step time beside the plan's prediction; None for a locally made plan or when the service is down."""
+        """Store a measured step time beside the plan's prediction; None for a locally made plan, or when the service
+        cannot be reached with ``local_fallback`` (the feedback is then kept in ``unsent_feedback`` and sent later)."""
         if plan_id.startswith("local-"):
             return None
         body: dict[str, Any] = {"measured_step_time_s": measured_step_time_s}
@@ -169,11 +188,27 @@ class PlannerClient:
             if value is not None:
                 body[key] = value
         try:
+            self.flush_feedback()
             return self._call("POST", f"/v1/plans/{plan_id}/feedback", json=body).json()
         except ServiceUnavailable:
             if self.local_fallback:
+                self.unsent_feedback.append((plan_id, body))
                 return None
             raise
+
+    def flush_feedback(self) -> int:
+        """Send the feedback kept while the service could not be reached; returns how many were delivered.
+        Raises :class:`ServiceUnavailable` (keeping the rest) when it still cannot be reached."""
+        sent = 0
+        while self.unsent_feedback:
+            plan_id, body = self.unsent_feedback[0]
+            try:
+                self._call("POST", f"/v1/plans/{plan_id}/feedback", json=body)
+                sent += 1
+            except PlannerServiceError:  # refused (e.g. the plan is gone): not worth keeping
+                pass
+            self.unsent_feedback.popleft()
+        return sent
 
     def presets(self) -> dict[str, Any]:
         return self._call("GET", "/v1/presets").json()

@@ -1,7 +1,9 @@
 """The ``dhp`` command line.
 
 Exit codes: 0 success; 1 a plan failed validation (``dhp validate``); 2 bad input (the message
-names the field and says how to fix it); 3 the input is valid but no plan can satisfy it.
+names the field and says how to fix it); 3 the input is valid but no plan can satisfy it; 4 an I/O
+failure (the output could not be written: a missing folder, a full disk, standard output closed).
+Every failure is one line on standard error, never a traceback.
 Subcommands of other parts (``serve``, ``bench``, ``profile``) are added when those parts are
 installed.
 """
@@ -9,13 +11,15 @@ installed.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from optimizer.errors import InfeasibleError, PlannerError
+from optimizer.errors import InfeasibleError, PlannerError, ProblemError
 from optimizer.problem.options import OPTION_SPECS
 
 EXTENSIONS = ("api.cli", "bench.cli", "trainer.cli", "jobs.cli")
@@ -68,7 +72,13 @@ def build_request(args: argparse.Namespace) -> dict[str, Any]:
         from optimizer.costs.zoo import load_profile
 
         doc["profile"] = load_profile(args.profile_preset, "--profile-preset")
-    options = dict(read_json_file(args.options, "--options")) if args.options else {}
+    options: dict[str, Any] = {}
+    if args.options:
+        given = read_json_file(args.options, "--options")
+        if not isinstance(given, dict):
+            raise ProblemError(f"must be a JSON object of options, got {type(given).__name__}", field="--options",
+                               hint='e.g. {"time_budget_ms": 200, "backend": "heuristic"}.')
+        options = dict(given)
     for spec in OPTION_SPECS:
         value = getattr(args, spec.name, None)
         if value is not None:
@@ -85,16 +95,28 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     problem = problem_from_json(build_request(args))
     if args.show_profile:
-        print(json.dumps(problem.cost_profile.to_json(), indent=2))
+        emit(json.dumps(problem.cost_profile.to_json(), indent=2))
         return 0
     result = plan(problem)
     text = summary_text(result, problem) if args.summary else json.dumps(result.to_json(shards=not args.no_shards), indent=None if args.compact else 2)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text + "\n")
-    else:
-        print(text)
+    emit(text, args.out)
     return 0
+
+
+def emit(text: str, out: str | None = None) -> None:
+    """Write ``text`` to the file ``out`` or to standard output, so that any failure to write surfaces here
+    (as OSError, exit 4) rather than being lost: a closed standard output, a full disk, a missing folder."""
+    if out:
+        with open(out, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+            fh.flush()
+            if os.path.isfile(out):  # a full disk may only say so when the data reaches it
+                os.fsync(fh.fileno())
+        return
+    if sys.stdout is None:
+        raise OSError(errno.EBADF, "standard output is closed")
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -110,10 +132,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if isinstance(claimed, (int, float)) and abs(claimed - report.step_time_s) > 1e-6 * max(1.0, report.step_time_s):
         report.violations.append(f"predicted_step_time_s {claimed:.6g} s, recomputed {report.step_time_s:.6g} s")
     if report.ok:
-        print(f"valid: {len(assignment.micro_batches)} micro-batches, step time {report.step_time_s:.6g} s")
+        emit(f"valid: {len(assignment.micro_batches)} micro-batches, step time {report.step_time_s:.6g} s")
         return 0
-    for v in report.violations:
-        print(f"invalid: {v}")
+    emit("\n".join(f"invalid: {v}" for v in report.violations))
     return 1
 
 
@@ -122,22 +143,22 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
     presets = describe_presets()
     if args.json:
-        print(json.dumps(presets, indent=2))
+        emit(json.dumps(presets, indent=2))
         return 0
-    for kind in ("clusters", "models", "gpus", "profiles"):
-        print(f"{kind}: {', '.join(sorted(presets[kind]))}")
+    emit("\n".join(f"{kind}: {', '.join(sorted(presets[kind]))}" for kind in ("clusters", "models", "gpus", "profiles")))
     return 0
 
 
 def cmd_example(args: argparse.Namespace) -> int:
     from optimizer.problem.workloads import WORKLOADS
 
-    print(json.dumps(WORKLOADS[args.workload](args.samples, seed=args.seed)))
+    emit(json.dumps(WORKLOADS[args.workload](args.samples, seed=args.seed)))
     return 0
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="dhp", description="Plan dynamic hybrid (data x context) parallelism for a training batch.")
+    ap = argparse.ArgumentParser(prog="dhp", description="Plan dynamic hybrid (data x context) parallelism for a training batch.", epilog=EXIT_CODES,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plan", help="plan a batch and print the plan as JSON (or a summary)")
@@ -177,21 +198,40 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+EXIT_CODES = """exit codes:
+  0  success
+  1  the plan failed validation (dhp validate)
+  2  bad input: one line on stderr naming the field and how to fix it
+  3  valid input that no plan can satisfy
+  4  I/O failure: the output could not be written (missing folder, full disk, closed stdout)"""
+
+
+def _fail(message: str, code: int) -> int:
+    if sys.stderr is not None:
+        try:
+            print(f"error: {message}", file=sys.stderr)
+        except OSError:
+            pass
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except InfeasibleError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 3
+        return _fail(str(exc), 3)
     except PlannerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(str(exc), 2)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # the reader (e.g. `head`) went away; nothing is lost
-        sys.stderr.close()
+        if sys.stderr is not None:
+            sys.stderr.close()
         return 0
+    except OSError as exc:
+        where = f" {exc.filename}" if exc.filename else ""
+        return _fail(f"cannot write{where}: {exc.strerror or exc}", 4)
 
 
 if __name__ == "__main__":

@@ -135,6 +135,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:  # a body that cannot be parsed: bad input like any other, 422 (as malformed JSON is)
+            detail = exc.detail if isinstance(exc.detail, str) else "the body cannot be parsed"
+            return problem_response(422, "Invalid request", detail, kind="invalid-request", field="body",
+                                    hint="send a JSON body with content-type application/json; see /docs.", instance=request.url.path)
         title = _STATUS_TITLES.get(exc.status_code, "HTTP error")
         detail = exc.detail if isinstance(exc.detail, str) else title
         return problem_response(exc.status_code, title, detail, kind=f"http-{exc.status_code}", hint=_STATUS_HINTS.get(exc.status_code),

@@ -12,6 +12,7 @@ import os
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+RATIO_BUCKETS = (0.5, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 4.0)
 GAP_BUCKETS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
 
 
@@ -33,6 +34,8 @@ class Metrics:
         self.cache_hits = Counter("dhp_plan_cache_hits_total", "plan requests answered from the plan cache", registry=r)
         self.rejected = Counter("dhp_rejected_total", "plan requests refused with 503 because the service was at capacity", registry=r)
         self.failures = Counter("dhp_plan_failures_total", "plan requests that ended in a domain error", ["kind"], registry=r)
+        self.prediction_ratio = Histogram("dhp_measured_over_predicted", "measured / predicted step time of the feedback received (1 = exact prediction)",
+                                          buckets=RATIO_BUCKETS, registry=r)
         self.queue_depth = Gauge("dhp_solve_queue_depth", "admitted solves waiting for a worker", registry=r, multiprocess_mode="livesum")
         self.in_flight = Gauge("dhp_solves_in_flight", "solves running now", registry=r, multiprocess_mode="livesum")
 

@@ -9,7 +9,7 @@ envelope and carry the limits that do not depend on the deployment.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal, get_type_hints
+from typing import Annotated, Any, Literal, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -21,7 +21,9 @@ def _option_field(spec: OptionSpec) -> tuple[Any, Any]:
     """The pydantic type and field of one planner option, from its one definition."""
     kinds: dict[str, Any] = {"int": int, "number": float, "bool": bool}
     kind: Any = Literal[spec.choices] if spec.choices else kinds.get(spec.kind, str)  # type: ignore[valid-type]
-    return kind | None, Field(None, description=spec.help, ge=spec.low, le=spec.high)
+    # NaN and Infinity are named as not finite, not as out of range.
+    allow_inf_nan = False if spec.kind == "number" else None
+    return kind | None, Field(None, description=spec.help, ge=spec.low, le=spec.high, allow_inf_nan=allow_inf_nan)
 
 
 OptionsIn = create_model(  # type: ignore[call-overload]
@@ -106,15 +108,18 @@ class PlanList(BaseModel):
     next_offset: int | None = Field(None, description="offset of the next page, or null on the last page")
 
 
-class FeedbackIn(BaseModel):
-    """What the trainer measured for a step run with this plan."""
+Finite = Annotated[float, Field(allow_inf_nan=False)]
 
-    model_config = ConfigDict(extra="forbid")
+
+class FeedbackIn(BaseModel):
+    """What the trainer measured for a step run with this plan. Numbers must be JSON numbers (not strings), and finite."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     measured_step_time_s: float = Field(gt=0, lt=1e7, allow_inf_nan=False, description="wall time of the whole step")
-    group_times_s: list[list[float]] | None = Field(None, max_length=4096, description="per micro-batch, per group (in plan order): measured seconds")
+    group_times_s: list[list[Finite]] | None = Field(None, max_length=4096, description="per micro-batch, per group (in plan order): measured seconds")
     step: int | None = Field(None, ge=0, description="training step number")
-    metrics: dict[str, float] | None = Field(None, max_length=64, description="other numbers worth keeping (e.g. peak memory)")
+    metrics: dict[Annotated[str, Field(max_length=128)], Finite] | None = Field(None, max_length=64, description="other numbers worth keeping (e.g. peak memory)")
     notes: str | None = Field(None, max_length=2000)
 
 
@@ -125,6 +130,10 @@ class FeedbackOut(BaseModel):
     measured_step_time_s: float
     predicted_step_time_s: float | None
     measured_over_predicted: float | None = Field(None, description="measured / predicted step time")
+    group_times_s: list[list[float]] | None = Field(None, description="per micro-batch, per group, as sent")
+    step: int | None = None
+    metrics: dict[str, float] | None = None
+    notes: str | None = None
 
 
 class Health(BaseModel):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -40,7 +41,7 @@ log = logging.getLogger("api.service")
 LOST = {"type": "https://dhp-planner.dev/problems/lost", "title": "Plan lost", "status": 503,
         "detail": "the server that accepted this plan-ahead request stopped before solving it", "hint": "submit the request again."}
 MIN_BUDGET_SHARE = 0.1
-"""A request that has less than this share of its time budget left when a solve worker takes it is refused (503) rather than solved in a hurry."""
+"""A request that the waiting line would leave with less than this share of its time budget is refused (503) rather than solved in a hurry."""
 INTERNAL = {"type": "https://dhp-planner.dev/problems/internal", "title": "Internal error", "status": 500, "detail": "the solve failed; the log has why"}
 
 
@@ -61,6 +62,8 @@ class PlanningService:
         self.pool = SolvePool(settings.solve_workers, settings.queue_limit, settings.retry_after_s, metrics)
         self.cache = PlanCache(settings.plan_cache_size)
         self.flights = InFlight()
+        self.resumed = threading.Event()
+        """Set once the plan-ahead requests left pending by an earlier process have been taken up (at start-up)."""
         self._waiters: dict[str, asyncio.Event] = {}
         self._asked: dict[str, asyncio.Future[Any]] = {}
         self._accepting: dict[str, asyncio.Future[Any]] = {}
@@ -143,8 +146,6 @@ class PlanningService:
             timings["done_at"] = time.perf_counter()
             return record, True, timings
         try:
-            budget_s = problem.options.time_budget_ms / 1000.0
-            self.pool.refuse_late(arrival + budget_s, budget_s, MIN_BUDGET_SHARE)
             result, text = self._solve(problem, arrival)
             t2 = time.perf_counter()
             timings["solve"] = result.solver.wall_ms
@@ -292,8 +293,9 @@ class PlanningService:
         """Solve now; returns the stored record, whether it came from the cache (or an identical request
         in flight), and where the time went (``handoff``: from the solve thread's end until this coroutine runs again)."""
         raw = translate.raw_hash(doc) if use_cache else None
-        deadline = arrival + translate.budget_ms(doc) / 1000.0
-        task, joined = self._shared(self._asked, raw, lambda: self.pool.run(self.plan_now, doc, arrival, use_cache, raw, deadline=deadline))
+        budget_s = translate.budget_ms(doc) / 1000.0
+        task, joined = self._shared(self._asked, raw, lambda: self.pool.run(self.plan_now, doc, arrival, use_cache, raw, deadline=arrival + budget_s,
+                                                                            min_left_s=MIN_BUDGET_SHARE * budget_s))
         record, cached, timings = await asyncio.shield(task)
         timings = dict(timings)
         if joined:

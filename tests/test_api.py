@@ -133,6 +133,8 @@ def test_feedback_is_stored_beside_the_prediction(client):
     assert fb["measured_over_predicted"] == pytest.approx(2.0 / plan["predicted_step_time_s"])
     listed = client.get(f"/v1/plans/{plan['id']}/feedback").json()
     assert [f["id"] for f in listed] == [fb["id"]]
+    assert listed[0]["group_times_s"] == shape and listed[0]["step"] == 7  # the per-group detail reads back
+    assert "dhp_measured_over_predicted_count 1.0" in client.get("/metrics").text
     assert_problem(client.post(f"/v1/plans/{plan['id']}/feedback", json={"measured_step_time_s": 2.0, "group_times_s": shape + [[1.0]]}), 422, "group_times_s")
     assert_problem(client.post(f"/v1/plans/{plan['id']}/feedback", json={"measured_step_time_s": -1}), 422, "measured_step_time_s")
     assert_problem(client.post("/v1/plans/nope/feedback", json={"measured_step_time_s": 1.0}), 404, "plan_id")
@@ -324,6 +326,7 @@ def test_a_plan_ahead_lost_in_a_stopped_server_is_reported_failed(make_client):
     from api.store.repository import PlanRecord, utcnow
 
     client = make_client()
+    assert client.app.state.service.resumed.wait(30)  # what was pending at start-up has been taken up
     store = client.app.state.store
     settings = client.app.state.settings
     old = PlanRecord(id="f" * 32, created_at=utcnow() - timedelta(seconds=settings.stale_after_s + 1), status="pending", request_hash="0" * 64,

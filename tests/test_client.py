@@ -120,3 +120,85 @@ def test_importable_without_the_web_stack():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "PlannerClient"
+
+
+def test_a_failed_plan_ahead_raises_from_result():
+    error = {"type": "https://dhp-planner.dev/problems/infeasible", "title": "No plan satisfies the request", "status": 422,
+             "detail": "sample 'x' does not fit", "field": "batch.samples", "hint": "use more ranks."}
+
+    def handler(request):
+        if request.method == "POST":
+            return httpx.Response(202, json={"id": "p1", "status": "pending"})
+        return httpx.Response(200, json={"id": "p1", "status": "failed", "error": error})
+
+    client, _ = mock_client(handler)
+    plan_id = client.plan_ahead(small_request(n=2))
+    with pytest.raises(PlannerServiceError) as info:
+        client.result(plan_id)
+    assert info.value.status == 422 and info.value.field == "batch.samples"
+
+
+def test_token_from_the_environment(monkeypatch):
+    seen = []
+
+    def handler(request):
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(200, json={})
+
+    monkeypatch.setenv("DHP_TOKEN", "token-from-env-0123")
+    PlannerClient("http://planner.test", transport=httpx.MockTransport(handler)).presets()
+    PlannerClient("http://planner.test", token="given-token-0123", transport=httpx.MockTransport(handler)).presets()
+    assert seen == ["Bearer token-from-env-0123", "Bearer given-token-0123"]
+
+
+def test_retried_posts_carry_one_idempotency_key():
+    keys = []
+
+    def handler(request):
+        keys.append(request.headers.get("idempotency-key"))
+        if len(keys) in (1, 2):
+            return httpx.Response(503, headers={"Retry-After": "1"}, json={"title": "busy"})
+        return httpx.Response(201, json={"id": "x", "status": "done"})
+
+    client, _ = mock_client(handler)
+    client.plan(small_request(n=2))
+    client.plan(small_request(n=2))
+    assert len(keys) == 4 and keys[0] and keys[0] == keys[1] == keys[2] and keys[3] != keys[0]
+
+
+def test_feedback_is_kept_while_the_service_is_down_and_sent_later():
+    up = [False]
+    delivered = []
+
+    def handler(request):
+        if not up[0]:
+            raise httpx.ConnectError("refused", request=request)
+        delivered.append((request.url.path, request.read()))
+        return httpx.Response(201, json={"id": len(delivered)})
+
+    client, _ = mock_client(handler, retries=1, local_fallback=True)
+    assert client.feedback("p1", 1.5, step=1) is None
+    assert client.feedback("p2", 1.6, step=2) is None
+    assert len(client.unsent_feedback) == 2
+    up[0] = True
+    assert client.feedback("p3", 1.7, step=3) == {"id": 3}
+    assert [path for path, _ in delivered] == ["/v1/plans/p1/feedback", "/v1/plans/p2/feedback", "/v1/plans/p3/feedback"]
+    assert not client.unsent_feedback
+
+
+def test_the_local_fallback_is_deterministic(monkeypatch):
+    import planning.planner
+
+    seen = []
+    real = planning.planner.plan
+
+    def spy(problem, *args, **kwargs):
+        seen.append(problem.options.deterministic)
+        return real(problem, *args, **kwargs)
+
+    monkeypatch.setattr(planning.planner, "plan", spy)
+    client = PlannerClient(f"http://127.0.0.1:{free_port()}", retries=0, local_fallback=True)
+    req = small_request(n=40, time_budget_ms=30)
+    plans = [client.plan(req) for _ in range(2)]
+    assert seen == [True, True]
+    assert plans[0]["micro_batches"] == plans[1]["micro_batches"]

@@ -74,7 +74,19 @@ def test_nginx_balances_over_the_planner(compose):
     assert "http_503" in conf  # at capacity: try another replica
     assert conf.count("{") == conf.count("}")
     size = re.search(r"client_max_body_size (\d+)m;", conf)
-    assert size and int(size.group(1)) * 1024 * 1024 == int(compose["services"]["planner"]["environment"]["DHP_MAX_BODY_BYTES"])
+    # Above the service's limit: the service answers a large body with its own 413 document; beyond, nginx's is a problem document too.
+    assert size and int(size.group(1)) * 1024 * 1024 > int(compose["services"]["planner"]["environment"]["DHP_MAX_BODY_BYTES"])
+    assert "error_page 413 @body_too_large;" in conf and "application/problem+json" in conf
+
+
+def test_nginx_resolves_replicas_and_retries_only_what_is_safe_to_repeat(compose):
+    conf = (ROOT / "deploy" / "nginx.conf").read_text()
+    assert re.search(r"resolver 127\.0\.0\.11 valid=\d+s", conf)
+    assert re.search(r"upstream planner \{[^}]*zone planner[^}]*server planner:\d+ resolve", conf)
+    blocks = dict(re.findall(r"location (= /v1/plans|/) \{([^}]*)\}", conf))
+    assert "non_idempotent" in blocks["= /v1/plans"]
+    assert "proxy_next_upstream" in blocks["/"] and "non_idempotent" not in blocks["/"]
+    assert conf.count("non_idempotent") == 1
 
 
 def test_dockerfile(compose):

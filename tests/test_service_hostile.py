@@ -104,3 +104,31 @@ def test_the_command_line_refuses_token_overflow_with_one_line(tmp_path, capsys)
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "batch.samples[0]" in err
+
+
+@pytest.mark.parametrize(("body", "field"), [('{"measured_step_time_s": 1.0, "metrics": {"mem": NaN}}', "metrics.mem"),
+                                             ('{"measured_step_time_s": 1.0, "metrics": {"mem": Infinity}}', "metrics.mem"),
+                                             ('{"measured_step_time_s": "1.5"}', "measured_step_time_s"),
+                                             ('{"measured_step_time_s": 1.0, "metrics": {"mem": "7"}}', "metrics.mem"),
+                                             ('{"measured_step_time_s": 1.0, "step": "3"}', "step"),
+                                             ('{"measured_step_time_s": 1.0, "group_times_s": [[NaN]]}', "group_times_s[0][0]")])
+def test_feedback_takes_finite_json_numbers_only(client, body, field):
+    plan = client.post("/v1/plans", json=small_request(n=4)).json()
+    problem(client.post(f"/v1/plans/{plan['id']}/feedback", content=body, headers={"content-type": "application/json"}), 422, field)
+    assert client.post(f"/v1/plans/{plan['id']}/feedback", json={"measured_step_time_s": 2, "metrics": {"mem": 7}}).status_code == 201
+
+
+def test_a_non_finite_budget_is_named_as_such(client):
+    body = json.dumps(small_request(n=4))[:-2] + ', "time_budget_ms": NaN}}'
+    assert json.loads(body.replace("NaN", "1"))["options"]["time_budget_ms"] == 1
+    found = problem(client.post("/v1/plans", content=body, headers={"content-type": "application/json"}), 422, "options.time_budget_ms")
+    assert "finite" in found["detail"]
+
+
+def test_the_openapi_documents_the_statuses_of_id_routes(client):
+    paths = client.get("/openapi.json").json()["paths"]
+    for path in ("/v1/plans/{plan_id}", "/v1/plans/{plan_id}/feedback", "/v1/dashboard/plans/{plan_id}", "/v1/jobs/{job_id}"):
+        for op in paths[path].values():
+            assert {"404", "401", "422", "503"} <= set(op["responses"]), (path, sorted(op["responses"]))
+    assert "409" in paths["/v1/plans/{plan_id}/feedback"]["post"]["responses"]
+    assert "401" in paths["/v1/presets"]["get"]["responses"]

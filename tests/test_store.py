@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import uuid
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
@@ -179,3 +180,29 @@ def test_record_table_and_summary_agree():
 
     assert {f.name for f in fields(PlanRecord)} == set(PlanRow.__table__.columns.keys())
     assert set(PlanSummary.model_fields) == set(SUMMARY_FIELDS)
+
+
+def test_processes_starting_together_migrate_once(store):
+    """Replicas starting on a fresh database run the migrations at the same time: one migrates, the others wait and find nothing to do."""
+    downgrade(store.engine, "base")
+    stores = [Store(store.url) for _ in range(6)]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(stores))
+
+    def start(s: Store) -> None:
+        barrier.wait()
+        try:
+            upgrade(s.engine)
+        except BaseException as exc:  # noqa: BLE001 (collected and asserted below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in stores:
+        s.close()
+    assert errors == []
+    assert current_revision(store.engine) == head_revision()
+    store.add(record())

@@ -1,29 +1,21 @@
 """Alembic environment: runs the migrations on the connection ``api.store.migrate`` hands over.
 
-On PostgreSQL an advisory lock serialises concurrent upgrades (several replicas starting at once).
+``api.store.migrate`` serialises concurrent upgrades (several replicas starting at once) with a lock held
+until the migration's transaction commits.
 """
 
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine
 
 from api.store.models import Base
 
-ADVISORY_LOCK_KEY = 4_177_001
-
 
 def _run(connection) -> None:  # type: ignore[no-untyped-def]
-    is_pg = connection.dialect.name == "postgresql"
-    if is_pg:
-        connection.execute(text("SELECT pg_advisory_lock(:k)"), {"k": ADVISORY_LOCK_KEY})
-    try:
-        context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=connection.dialect.name == "sqlite")
-        with context.begin_transaction():
-            context.run_migrations()
-    finally:
-        if is_pg:
-            connection.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": ADVISORY_LOCK_KEY})
+    context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=connection.dialect.name == "sqlite")
+    with context.begin_transaction():
+        context.run_migrations()
 
 
 config = context.config

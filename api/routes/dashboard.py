@@ -19,7 +19,7 @@ from api.dashboard_plan import plan_view
 from api.dashboard_schemas import Calibration, Changes, Facets, PlanTable, PlanView, ReplanIn, ReplanOut
 from api.dashboard_tuning import replan
 from api.deps import ServiceDep, SettingsDep, StoreDep, require_token
-from api.routes.plans import _ERRORS, PlanId, _not_found, _utc, text_query
+from api.routes.plans import _ERRORS, NOT_FOUND, PlanId, _not_found, _utc, text_query
 from api.store import queries
 
 PAGES = FsPath(__file__).resolve().parent.parent / "static" / "dashboard"
@@ -61,7 +61,8 @@ def changes(store: StoreDep) -> Changes:
     return Changes.model_validate(queries.change_stamp(store))
 
 
-@router.get("/plans/{plan_id}", response_model=PlanView, summary="One plan laid out for the dashboard: Gantt blocks, solver trace, feedback")
+@router.get("/plans/{plan_id}", response_model=PlanView, summary="One plan laid out for the dashboard: Gantt blocks, solver trace, feedback",
+            responses=NOT_FOUND)
 def one_plan(plan_id: PlanId, store: StoreDep) -> PlanView:
     record = store.get(plan_id)
     if record is None:
@@ -69,7 +70,8 @@ def one_plan(plan_id: PlanId, store: StoreDep) -> PlanView:
     return PlanView.model_validate(plan_view(record, store.feedback_for(plan_id)))
 
 
-@router.post("/plans/{plan_id}/replan", response_model=ReplanOut, summary="Plan a stored request again with other options (not stored)")
+@router.post("/plans/{plan_id}/replan", response_model=ReplanOut, summary="Plan a stored request again with other options (not stored)",
+             responses=NOT_FOUND)
 async def replan_plan(plan_id: PlanId, body: ReplanIn, store: StoreDep, service: ServiceDep, settings: SettingsDep) -> ReplanOut:
     """The stored request with ``options`` laid over its own; the budget counts from the start of the solve.
     Runs on the service's solve threads (503 with Retry-After when they are full)."""

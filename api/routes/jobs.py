@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import SettingsDep, require_token
 from api.errors import ServiceError
-from api.routes.plans import _ERRORS
+from api.routes.plans import _ERRORS, NOT_FOUND, problem_responses
 from api.settings import Settings
 from api.store.repository import is_id
 from optimizer.errors import ProblemError
@@ -146,7 +146,7 @@ async def create_job(body: JobRequest, request: Request, settings: SettingsDep) 
     return _out(state)
 
 
-@router.get("/jobs/{job_id}", response_model=JobOut, summary="A job's progress (done, failed, total, ETA) and, once done, its summary")
+@router.get("/jobs/{job_id}", response_model=JobOut, summary="A job's progress (done, failed, total, ETA) and, once done, its summary", responses=NOT_FOUND)
 async def get_job(job_id: JobId, request: Request) -> JobOut:
     state = await asyncio.to_thread(_manager(request).state, job_id)
     if state is None:
@@ -154,7 +154,7 @@ async def get_job(job_id: JobId, request: Request) -> JobOut:
     return _out(state)
 
 
-@router.post("/jobs/{job_id}/cancel", status_code=202, response_model=JobOut, summary="Stop a running job (the steps planned so far are kept)")
+@router.post("/jobs/{job_id}/cancel", status_code=202, response_model=JobOut, summary="Stop a running job (the steps planned so far are kept)", responses=NOT_FOUND)
 async def cancel_job(job_id: JobId, request: Request) -> JobOut:
     state = await asyncio.to_thread(_manager(request).cancel, job_id)
     if state is None:
@@ -162,7 +162,7 @@ async def cancel_job(job_id: JobId, request: Request) -> JobOut:
     return _out(state)
 
 
-@router.post("/jobs/{job_id}/resume", status_code=202, response_model=JobOut, summary="Plan the steps a cancelled or interrupted job still lacks")
+@router.post("/jobs/{job_id}/resume", status_code=202, response_model=JobOut, summary="Plan the steps a cancelled or interrupted job still lacks", responses=NOT_FOUND)
 async def resume_job(job_id: JobId, request: Request) -> JobOut:
     manager = _manager(request)
     state = await asyncio.to_thread(manager.state, job_id)
@@ -174,7 +174,8 @@ async def resume_job(job_id: JobId, request: Request) -> JobOut:
 
 
 @router.get("/jobs/{job_id}/plan-file", summary="The job's Parquet plan file (once done)",
-            responses={200: {"content": {"application/vnd.apache.parquet": {}}, "description": "plan.parquet"}})
+            responses={200: {"content": {"application/vnd.apache.parquet": {}}, "description": "plan.parquet"}, **NOT_FOUND,
+                       **problem_responses((409, "the job is not done yet"))})
 async def plan_file(job_id: JobId, request: Request) -> FileResponse:
     manager = _manager(request)
     state = await asyncio.to_thread(manager.state, job_id)

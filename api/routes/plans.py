@@ -35,6 +35,13 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
                  (503, "at capacity; retry after the Retry-After seconds"))
 }
 
+
+def problem_responses(*statuses: tuple[int, str]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for problem documents a route answers with."""
+    return {s: {"model": ProblemDetail, "content": {"application/problem+json": {}}, "description": d} for s, d in statuses}
+
+
+NOT_FOUND = problem_responses((404, "no such id (an id that cannot exist is not looked up)"))
 router = APIRouter(prefix="/v1", tags=["plans"], dependencies=[Depends(require_token)], responses=_ERRORS)
 
 
@@ -67,7 +74,7 @@ async def create_plan(body: PlanRequest, service: ServiceDep, arrived: ArrivalDe
     return _plan_response(record, 200 if cached else 202, cached)
 
 
-@router.get("/plans/{plan_id}", response_model=PlanOut, summary="A plan and its status, optionally waiting for a pending one")
+@router.get("/plans/{plan_id}", response_model=PlanOut, summary="A plan and its status, optionally waiting for a pending one", responses=NOT_FOUND)
 async def get_plan(plan_id: PlanId, service: ServiceDep, settings: SettingsDep,
                    wait_ms: Annotated[int, Query(ge=0, le=600_000, description="wait up to this long while the plan is pending")] = 0) -> Response:
     record = await service.get(plan_id, min(wait_ms, settings.long_poll_max_ms))
@@ -103,12 +110,14 @@ def list_plans(store: StoreDep,
 
 def _feedback_out(fb: Any) -> FeedbackOut:
     ratio = fb.measured_step_time_s / fb.predicted_step_time_s if fb.predicted_step_time_s else None
+    sent = {k: fb.document[k] for k in ("group_times_s", "step", "metrics", "notes") if k in fb.document}
     return FeedbackOut(id=fb.id, plan_id=fb.plan_id, created_at=fb.created_at, measured_step_time_s=fb.measured_step_time_s,
-                       predicted_step_time_s=fb.predicted_step_time_s, measured_over_predicted=ratio)
+                       predicted_step_time_s=fb.predicted_step_time_s, measured_over_predicted=ratio, **sent)
 
 
-@router.post("/plans/{plan_id}/feedback", status_code=201, response_model=FeedbackOut, summary="Store what the trainer measured")
-def add_feedback(plan_id: PlanId, body: FeedbackIn, store: StoreDep) -> FeedbackOut:
+@router.post("/plans/{plan_id}/feedback", status_code=201, response_model=FeedbackOut, summary="Store what the trainer measured",
+             responses={**NOT_FOUND, **problem_responses((409, "the plan is not done yet"))})
+def add_feedback(plan_id: PlanId, body: FeedbackIn, store: StoreDep, service: ServiceDep) -> FeedbackOut:
     """Kept beside the plan's prediction; ``group_times_s`` must follow the plan's micro-batches and groups."""
     record = store.get(plan_id)
     if record is None:
@@ -120,10 +129,12 @@ def add_feedback(plan_id: PlanId, body: FeedbackIn, store: StoreDep) -> Feedback
     fb = store.add_feedback(plan_id, body.measured_step_time_s, body.model_dump(exclude_none=True))
     if fb is None:
         raise _not_found(plan_id)
+    if fb.predicted_step_time_s:
+        service.metrics.prediction_ratio.observe(fb.measured_step_time_s / fb.predicted_step_time_s)
     return _feedback_out(fb)
 
 
-@router.get("/plans/{plan_id}/feedback", response_model=list[FeedbackOut], summary="Feedback stored for a plan")
+@router.get("/plans/{plan_id}/feedback", response_model=list[FeedbackOut], summary="Feedback stored for a plan", responses=NOT_FOUND)
 def list_feedback(plan_id: PlanId, store: StoreDep) -> list[FeedbackOut]:
     if store.get(plan_id, with_documents=False) is None:
         raise _not_found(plan_id)

@@ -456,10 +456,16 @@ def read_json_file(path: str | Path, what: str) -> Any:
     """Read a JSON file, turning I/O and syntax errors into a ProblemError naming the file."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ProblemError(f"cannot read {p}: {exc.strerror or exc}", field=what, hint="check the path.") from None
+    except UnicodeDecodeError as exc:
+        raise ProblemError(f"{p} is not UTF-8 text (byte {exc.start})", field=what, hint="save the file as UTF-8 JSON.") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ProblemError(f"{p} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", field=what, hint="fix the JSON syntax.") from None
+    except RecursionError:
+        raise ProblemError(f"{p} nests arrays or objects too deeply to read", field=what, hint="input documents are a few levels deep; check the file.") from None
+    except ValueError as exc:  # e.g. an integer of thousands of digits
+        raise ProblemError(f"{p} has a value that cannot be read: {exc}", field=what, hint="check the numbers in the file.") from None
