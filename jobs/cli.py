@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from optimizer.errors import ProblemError
+from planning.request_flags import add_request_flags, request_parts
 
 
 def _add_args(p: argparse.ArgumentParser) -> None:
@@ -28,25 +29,8 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group-batches", type=int, help="length-grouped: steps' worth of samples sorted together (default 16)")
     p.add_argument("--drop-last", action="store_true", default=None, help="drop a last step shorter than the global batch size")
     p.add_argument("--max-steps", type=int, help="plan only the first N steps")
-    cl = p.add_mutually_exclusive_group()
-    cl.add_argument("--cluster", help="cluster file (see examples/cluster.json)")
-    cl.add_argument("--cluster-preset", help="a preset cluster name (dhp presets)")
-    cl.add_argument("--nodes", type=int, help="shorthand: K nodes (with --gpus-per-node)")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node for --nodes (default 8)")
-    p.add_argument("--gpu", default="H100-SXM", help="GPU type for --nodes (default H100-SXM)")
-    md = p.add_mutually_exclusive_group()
-    md.add_argument("--model", help="model file (see examples/model.json)")
-    md.add_argument("--model-preset", help="a preset model name (dhp presets)")
-    pf = p.add_mutually_exclusive_group()
-    pf.add_argument("--profile", help="measured cost profile file")
-    pf.add_argument("--profile-preset", help="a profile of the zoo by name (dhp presets)")
-    p.add_argument("--options", help="options file (the 'options' document of a request); jobs default to backend heuristic")
-    p.add_argument("--budget-ms", type=float, help="planning budget per step in ms (jobs: default 60000 with the heuristic, a cap it does not reach)")
-    p.add_argument("--backend", choices=["auto", "heuristic", "cpsat", "highs", "cbc"], help="planner after the heuristic (default heuristic)")
-    p.add_argument("--degree-policy", choices=["any", "pow2"], help="group sizes: any integer or powers of two")
-    p.add_argument("--max-degree", type=int, help="largest group size")
-    p.add_argument("--max-micro-batches", type=int, help="most micro-batches per step")
-    p.add_argument("--cp-scheme", choices=["ring", "ulysses"], help="context-parallel scheme")
+    add_request_flags(p, "options file (the 'options' document of a request); jobs default to backend heuristic with a "
+                         "60000 ms budget per step, a cap the heuristic does not reach")
     p.add_argument("--engine", choices=["local", "ray"], default="local", help="local process pool (default) or Ray tasks")
     p.add_argument("--workers", type=int, help="processes (local; default: the CPU count) or most Ray tasks at once (default: the cluster's CPUs)")
     p.add_argument("--address", help="Ray cluster address (host:port or 'auto'); default: start a local Ray instance")
@@ -78,29 +62,7 @@ def job_document(args: argparse.Namespace) -> dict[str, Any]:
     for flag, key in (("global_batch_size", "global_batch_size"), ("drop_last", "drop_last"), ("max_steps", "max_steps")):
         if getattr(args, flag) is not None:
             doc[key] = getattr(args, flag)
-    if args.cluster:
-        doc["cluster"] = read_json_file(args.cluster, "--cluster")
-    elif args.nodes is not None:
-        doc["cluster"] = {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "gpu": args.gpu}
-    elif args.cluster_preset:
-        doc["cluster_preset"] = args.cluster_preset
-    if args.model:
-        doc["model"] = read_json_file(args.model, "--model")
-    elif args.model_preset:
-        doc["model_preset"] = args.model_preset
-    if args.profile:
-        doc["profile"] = read_json_file(args.profile, "--profile")
-    elif args.profile_preset:
-        from optimizer.costs.zoo import load_profile
-
-        doc["profile"] = load_profile(args.profile_preset, "--profile-preset")
-    options = dict(read_json_file(args.options, "--options")) if args.options else dict(doc.get("options") or {})
-    for flag, key in (("budget_ms", "time_budget_ms"), ("backend", "backend"), ("degree_policy", "degree_policy"),
-                      ("max_degree", "max_degree"), ("max_micro_batches", "max_micro_batches"), ("cp_scheme", "cp_scheme")):
-        if getattr(args, flag) is not None:
-            options[key] = getattr(args, flag)
-    if options:
-        doc["options"] = options
+    doc.update(request_parts(args, doc.get("options")))
     return doc
 
 
