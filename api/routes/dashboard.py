@@ -7,7 +7,7 @@ figure comes from the JSON endpoints, which need the same bearer token as the re
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
+from dataclasses import asdict
 from pathlib import Path as FsPath
 from typing import Annotated, Literal
 
@@ -19,7 +19,7 @@ from api.dashboard_plan import plan_view
 from api.dashboard_schemas import Calibration, Changes, Facets, PlanTable, PlanView, ReplanIn, ReplanOut
 from api.dashboard_tuning import replan
 from api.deps import ServiceDep, SettingsDep, StoreDep, require_token
-from api.routes.plans import _ERRORS, NOT_FOUND, PlanId, _not_found, _utc, text_query
+from api.routes.plans import _ERRORS, NOT_FOUND, PlanFilterDep, PlanId, _not_found, text_query
 from api.store import queries
 
 PAGES = FsPath(__file__).resolve().parent.parent / "static" / "dashboard"
@@ -32,20 +32,13 @@ pages = APIRouter(prefix="/dashboard", include_in_schema=False)
 
 
 @router.get("/plans", response_model=PlanTable, summary="The plans table: sorted, filtered and paginated server-side")
-def plan_table(store: StoreDep,
-               status: Annotated[Literal["pending", "done", "failed"] | None, Query()] = None,
-               backend: Annotated[str | None, text_query(32)] = None,
-               cluster: Annotated[str | None, text_query(128)] = None,
-               model: Annotated[str | None, text_query(128)] = None,
-               created_after: Annotated[datetime | None, Query(description="ISO 8601; inclusive")] = None,
-               created_before: Annotated[datetime | None, Query(description="ISO 8601; exclusive")] = None,
+def plan_table(store: StoreDep, given: PlanFilterDep,
                id_prefix: Annotated[str | None, Query(max_length=32, pattern="^[0-9a-fA-F]*$", description="plans whose id starts with this")] = None,
                sort: Annotated[Sort, Query(description="column to sort on; rows without a value come last")] = "created_at",
                order: Annotated[Literal["asc", "desc"], Query()] = "desc",
                limit: Annotated[int, Query(ge=1, le=500)] = 50,
                offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0) -> PlanTable:
-    filters = queries.PlanFilters(status=status, backend=backend, cluster=cluster, model=model, created_after=_utc(created_after, "created_after"),
-                                  created_before=_utc(created_before, "created_before"), id_prefix=id_prefix or None)
+    filters = queries.PlanFilters(**asdict(given), id_prefix=id_prefix or None)
     rows, total = queries.plan_table(store, filters, sort=sort, descending=order == "desc", limit=limit, offset=offset)
     nxt = offset + len(rows) if offset + len(rows) < total else None
     return PlanTable.model_validate({"items": rows, "total": total, "limit": limit, "offset": offset, "sort": sort, "order": order, "next_offset": nxt})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -92,18 +93,36 @@ def _utc(value: datetime | None, field: str) -> datetime | None:
         raise ServiceError(422, "Invalid request", "is out of range", kind="invalid-request", field=field, hint="give a date between years 1 and 9999 (UTC).") from None
 
 
+@dataclass(frozen=True)
+class PlanFilterArgs:
+    """The filters of a plan listing, as the query gives them (times in UTC)."""
+
+    status: str | None
+    backend: str | None
+    cluster: str | None
+    model: str | None
+    created_after: datetime | None
+    created_before: datetime | None
+
+
+def plan_filter_args(status: Annotated[Literal["pending", "done", "failed"] | None, Query()] = None,
+                     backend: Annotated[str | None, text_query(32)] = None,
+                     cluster: Annotated[str | None, text_query(128)] = None,
+                     model: Annotated[str | None, text_query(128)] = None,
+                     created_after: Annotated[datetime | None, Query(description="ISO 8601; inclusive")] = None,
+                     created_before: Annotated[datetime | None, Query(description="ISO 8601; exclusive")] = None) -> PlanFilterArgs:
+    """The filter query parameters every plan listing takes (the plan list and the dashboard's table)."""
+    return PlanFilterArgs(status, backend, cluster, model, _utc(created_after, "created_after"), _utc(created_before, "created_before"))
+
+
+PlanFilterDep = Annotated[PlanFilterArgs, Depends(plan_filter_args)]
+
+
 @router.get("/plans", response_model=PlanList, summary="List plans, newest first")
-def list_plans(store: StoreDep,
-               status: Annotated[Literal["pending", "done", "failed"] | None, Query()] = None,
-               backend: Annotated[str | None, text_query(32)] = None,
-               cluster: Annotated[str | None, text_query(128)] = None,
-               model: Annotated[str | None, text_query(128)] = None,
-               created_after: Annotated[datetime | None, Query(description="ISO 8601; inclusive")] = None,
-               created_before: Annotated[datetime | None, Query(description="ISO 8601; exclusive")] = None,
+def list_plans(store: StoreDep, filters: PlanFilterDep,
                limit: Annotated[int, Query(ge=1, le=500)] = 50,
                offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0) -> PlanList:
-    items, total = store.search(status=status, backend=backend, cluster=cluster, model=model, created_after=_utc(created_after, "created_after"),
-                              created_before=_utc(created_before, "created_before"), limit=limit, offset=offset)
+    items, total = store.search(**asdict(filters), limit=limit, offset=offset)
     nxt = offset + len(items) if offset + len(items) < total else None
     return PlanList(items=[translate.summary(r) for r in items], total=total, limit=limit, offset=offset, next_offset=nxt)
 
