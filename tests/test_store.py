@@ -206,3 +206,23 @@ def test_processes_starting_together_migrate_once(store):
     assert errors == []
     assert current_revision(store.engine) == head_revision()
     store.add(record())
+
+
+def test_the_figures_migration_fills_stored_plans_from_their_documents(tmp_path):
+    """Plans stored before the figure columns existed get them from their documents when the store is upgraded."""
+    from sqlalchemy import create_engine
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'old.db'}")
+    upgrade(engine)
+    downgrade(engine, "0003_plan_claims")
+    request = '{"batch":{"samples":[]},"options":{"time_budget_ms":750},"profile":{"source":"site fit"}}'
+    plan = '{"micro_batches":[],"static_baseline":{"speedup":1.3}}'
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO plans (id, created_at, status, request_hash, request_json, plan_json, n_samples, n_ranks) "
+                          "VALUES ('a', '2026-01-01 00:00:00', 'done', 'h', :r, :p, 1, 8), "
+                          "('b', '2026-01-01 00:00:01', 'pending', 'h2', '{\"batch\":{\"samples\":[]}}', NULL, 1, 8)"),
+                     {"r": request, "p": plan})
+    upgrade(engine)
+    with engine.connect() as conn:
+        rows = {r[0]: tuple(r[1:]) for r in conn.execute(text("SELECT id, budget_ms, speedup, profile FROM plans"))}
+    assert rows == {"a": (750.0, 1.3, "site fit"), "b": (200.0, None, "analytical")}

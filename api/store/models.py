@@ -40,6 +40,12 @@ class PlanRow(Base):
     gap: Mapped[float | None] = mapped_column(Float)
     solve_ms: Mapped[float | None] = mapped_column(Float)
     claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    budget_ms: Mapped[float | None] = mapped_column(Float)
+    """The time budget the request asked for (the planner's default when it gave none); from the request."""
+    speedup: Mapped[float | None] = mapped_column(Float)
+    """Speedup of the plan over the best static layout; from the plan."""
+    profile: Mapped[str | None] = mapped_column(String(200))
+    """``analytical``, or the request's profile's ``source`` (``given`` when it has none)."""
     """When the process solving a pending plan took it up: at acceptance, or at the start of a process that resumed it."""
 
     __table_args__ = (Index("ix_plans_request_hash_status", "request_hash", "status"),)

@@ -1,9 +1,9 @@
 """Read-only queries for the tuning dashboard: the plans table with feedback figures, its facets, a change
 stamp for live refresh, and feedback joined with the plans it measured (calibration).
 
-Nothing here writes. Figures kept only inside the stored documents (the requested time budget, the
-speedup over the static baseline, the profile's source) are read with the database's JSON functions
-(SQLite ``json_extract``, PostgreSQL ``#>>``), so they can be sorted on server-side like the columns.
+Nothing here writes. The figures that live inside the stored documents (the requested time budget, the
+speedup over the static baseline, the profile's label) are read from the columns the store writes beside
+the documents (:func:`api.store.repository.document_columns`), so they sort server-side like the others.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import threading
 import weakref
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import JSON, ColumnElement, Float, Select, String, case, cast, func, literal, select, type_coerce
+from sqlalchemy import ColumnElement, Float, Select, String, func, literal, select
 
 from api.store.models import FeedbackRow, PlanRow
 from api.store.repository import Store, _aware
@@ -23,40 +23,19 @@ from optimizer.problem.options import PlanOptions
 DEFAULT_BUDGET_MS = PlanOptions().time_budget_ms
 
 
-def _json_path(store: Store, column: Any, *path: str) -> ColumnElement[Any]:
-    """A member of a JSON text column as SQL text (NULL when missing)."""
-    if store.engine.dialect.name == "postgresql":
-        return cast(column, JSON)[path].as_string()
-    return type_coerce(column, JSON)[path].as_string()
-
-
-def _json_number(store: Store, column: Any, *path: str) -> ColumnElement[Any]:
-    doc = cast(column, JSON) if store.engine.dialect.name == "postgresql" else type_coerce(column, JSON)
-    return doc[path].as_float()
-
-
 def budget_ms(store: Store) -> ColumnElement[Any]:
     """The time budget the request asked for (the planner's default when it gave none)."""
-    return func.coalesce(_json_number(store, PlanRow.request_json, "options", "time_budget_ms"), literal(DEFAULT_BUDGET_MS, Float))
+    return func.coalesce(PlanRow.budget_ms, literal(DEFAULT_BUDGET_MS, Float))
 
 
 def speedup(store: Store) -> ColumnElement[Any]:
     """Speedup of the plan over the best static layout (NULL while pending or failed)."""
-    return _json_number(store, PlanRow.plan_json, "static_baseline", "speedup")
-
-
-PROFILE_KEY = '"profile":'
-"""How a profile's key reads in the stored request text (compact JSON): text that lacks it has no profile, and
-the JSON is only parsed where it is present. Inside a string the quotes would be escaped, so it is never part of a sample id."""
+    return cast(ColumnElement[Any], PlanRow.speedup)
 
 
 def profile_label(store: Store) -> ColumnElement[Any]:
     """``analytical`` when the request gave no profile, else the profile's ``source`` (``given`` when it has none)."""
-    source = _json_path(store, PlanRow.request_json, "profile", "source")
-    has_profile = PlanRow.request_json.contains(PROFILE_KEY, autoescape=True)
-    whole = _json_path(store, PlanRow.request_json, "profile")
-    return case((~has_profile, literal("analytical", String)), (whole.is_(None), literal("analytical", String)),
-                else_=func.coalesce(source, literal("given", String)))
+    return func.coalesce(PlanRow.profile, literal("analytical", String))
 
 
 def _feedback_summary() -> Any:
@@ -139,9 +118,11 @@ SORT_KEYS = ("created_at", "n_samples", "n_ranks", "cluster", "model", "backend"
              "lower_bound_s", "gap", "speedup", "measured_step_time_s", "status")
 
 
-def _sort_column(key: str, fb: Any) -> ColumnElement[Any]:
+def _sort_column(store: Store, key: str, fb: Any) -> ColumnElement[Any]:
     if key == "measured_step_time_s":
         return fb.c.mean_s
+    if key == "budget_ms":
+        return budget_ms(store)
     return getattr(PlanRow, key)
 
 
@@ -156,13 +137,10 @@ def plan_table(store: Store, filters: PlanFilters, sort: str = "created_at", des
                PlanRow.solver_status, PlanRow.solve_ms, PlanRow.predicted_step_time_s, PlanRow.lower_bound_s, PlanRow.gap]
     with store.engine.connect() as conn:
         total = conn.scalar(select(func.count()).select_from(PlanRow).where(*conds)) or 0
-        if sort in DOCUMENT_KEYS:
-            ids = _page_by_facts(store, conn, conds, sort, descending, limit, offset)
-        else:
-            key = _sort_column(sort, fb)
-            order = [key.is_(None), key.desc() if descending else key.asc(), PlanRow.created_at.desc(), PlanRow.id]
-            page: Select[Any] = select(PlanRow.id).outerjoin(fb, fb.c.plan_id == PlanRow.id).where(*conds).order_by(*order).limit(limit).offset(offset)
-            ids = [r[0] for r in conn.execute(page)]
+        key = _sort_column(store, sort, fb)
+        order = [key.is_(None), key.desc() if descending else key.asc(), PlanRow.created_at.desc(), PlanRow.id]
+        page: Select[Any] = select(PlanRow.id).outerjoin(fb, fb.c.plan_id == PlanRow.id).where(*conds).order_by(*order).limit(limit).offset(offset)
+        ids = [r[0] for r in conn.execute(page)]
         if not ids:
             return [], int(total)
         rows = conn.execute(select(*columns, fb.c.n, fb.c.mean_s).outerjoin(fb, fb.c.plan_id == PlanRow.id).where(PlanRow.id.in_(ids))).mappings().all()
@@ -178,23 +156,6 @@ def plan_table(store: Store, filters: PlanFilters, sort: str = "created_at", des
         r["speedup"] = facts[pid].speedup
         out.append(r)
     return out, int(total)
-
-
-DOCUMENT_KEYS = ("budget_ms", "speedup")
-"""Sort keys read from inside the documents: sorted here from the plans' facts, which a process reads once per plan."""
-
-
-def _page_by_facts(store: Store, conn: Any, conds: list[ColumnElement[bool]], sort: str, descending: bool, limit: int, offset: int) -> list[str]:
-    rows = conn.execute(select(PlanRow.id, PlanRow.created_at).where(*conds)).all()
-    facts = plan_facts(store, [pid for pid, _ in rows])
-    sign = -1.0 if descending else 1.0
-    newest_first = sorted(sorted(rows, key=lambda r: r[0]), key=lambda r: r[1], reverse=True)  # the tie-break, as in SQL (sorts are stable)
-
-    def key(row: Any) -> tuple[bool, float]:
-        value = getattr(facts[row[0]], sort)
-        return (value is None, sign * value if value is not None else 0.0)
-
-    return [pid for pid, _ in sorted(newest_first, key=key)[offset:offset + limit]]
 
 
 _FACETS: weakref.WeakKeyDictionary[Store, tuple[Any, dict[str, list[str]]]] = weakref.WeakKeyDictionary()

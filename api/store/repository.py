@@ -18,6 +18,7 @@ from sqlalchemy.orm import sessionmaker
 
 from api.store.models import FeedbackRow, PlanRow
 from optimizer.plan.plan import Plan
+from optimizer.problem.options import PlanOptions
 
 ID_PATTERN = re.compile(r"[0-9A-Za-z_-]{1,32}")
 """Every id the store holds (plans: 32 hex digits; an epoch job's steps: the job's id, a dash and the step)."""
@@ -62,6 +63,9 @@ class PlanRecord:
     solve_ms: float | None = None
     request_json: str | None = None
     claimed_at: datetime | None = None
+    budget_ms: float | None = None
+    speedup: float | None = None
+    profile: str | None = None
 
     @property
     def error(self) -> dict[str, Any] | None:
@@ -72,10 +76,37 @@ SUMMARY_FIELDS = tuple(f.name for f in fields(PlanRecord) if f.name not in ("req
 """The fields of a record that the plan list shows (everything but the documents and the hash)."""
 
 
+DEFAULT_BUDGET_MS = PlanOptions().time_budget_ms
+PROFILE_LABEL_LENGTH = 200
+
+
+def document_columns(request_json: str | None, plan_json: str | None) -> dict[str, Any]:
+    """The columns that repeat figures of the stored documents, so that lists sort and filter on them in the
+    database: ``budget_ms`` and ``profile`` from the request, ``speedup`` from the plan (each only when its
+    document is given). Written with the documents, never edited apart from them."""
+    out: dict[str, Any] = {}
+    if request_json is not None:
+        request = json.loads(request_json)
+        options = request.get("options") if isinstance(request, dict) else None
+        budget = options.get("time_budget_ms") if isinstance(options, dict) else None
+        out["budget_ms"] = float(budget) if isinstance(budget, (int, float)) and not isinstance(budget, bool) else DEFAULT_BUDGET_MS
+        profile = request.get("profile") if isinstance(request, dict) else None
+        out["profile"] = "analytical" if not isinstance(profile, dict) else str(profile.get("source") or "given")[:PROFILE_LABEL_LENGTH]
+    if plan_json is not None:
+        plan = json.loads(plan_json)
+        baseline = plan.get("static_baseline") if isinstance(plan, dict) else None
+        speedup = baseline.get("speedup") if isinstance(baseline, dict) else None
+        out["speedup"] = float(speedup) if isinstance(speedup, (int, float)) and not isinstance(speedup, bool) else None
+    return out
+
+
+SOLVED_FIELDS = ("backend", "solver_status", "predicted_step_time_s", "lower_bound_s", "gap", "solve_ms")
+
+
 def solved_columns(plan: Plan) -> dict[str, Any]:
-    """The columns a solved plan fills, from the plan itself: the one place that maps a plan to its record."""
-    return {"backend": plan.solver.backend, "solver_status": plan.solver.status, "predicted_step_time_s": plan.predicted_step_time_s,
-            "lower_bound_s": plan.lower_bound_s, "gap": plan.gap, "solve_ms": plan.solver.wall_ms}
+    """The columns a solved plan fills (SOLVED_FIELDS), from the plan itself: the one place that maps a plan to its record."""
+    values = (plan.solver.backend, plan.solver.status, plan.predicted_step_time_s, plan.lower_bound_s, plan.gap, plan.solver.wall_ms)
+    return dict(zip(SOLVED_FIELDS, values, strict=True))
 
 
 @dataclass(frozen=True)
@@ -143,17 +174,17 @@ class Store:
 
     def add(self, record: PlanRecord) -> None:
         with self.engine.begin() as conn:
-            conn.execute(insert(_PLANS), [record.__dict__])
+            conn.execute(insert(_PLANS), [{**record.__dict__, **document_columns(record.request_json, record.plan_json)}])
 
     def finish(self, plan_id: str, plan_json: str, plan: Plan) -> bool:
         """Mark a pending plan done with its plan document and :func:`solved_columns`. The first answer
         stored wins: a plan that is no longer pending is left as it is (False)."""
-        return self._settle(plan_id, status="done", plan_json=plan_json, **solved_columns(plan))
+        return self._settle(plan_id, status="done", plan_json=plan_json, **solved_columns(plan), **document_columns(None, plan_json))
 
     def finish_from(self, plan_id: str, done: PlanRecord) -> bool:
         """Mark a pending plan done with the plan of another record (an identical request solved once)."""
-        columns = {name: getattr(done, name) for name in ("plan_json", "backend", "solver_status", "predicted_step_time_s", "lower_bound_s", "gap", "solve_ms")}
-        return self._settle(plan_id, status="done", **columns)
+        columns = {name: getattr(done, name) for name in SOLVED_FIELDS}
+        return self._settle(plan_id, status="done", plan_json=done.plan_json, **columns, **document_columns(None, done.plan_json))
 
     def fail(self, plan_id: str, error: dict[str, Any]) -> bool:
         return self._settle(plan_id, status="failed", error_json=json.dumps(error))
