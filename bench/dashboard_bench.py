@@ -8,9 +8,8 @@ preset, heuristic and HiGHS backends), then copies their stored rows under new i
 holds ``--plans`` (documents as large as real ones; the copies spread over 30 days), and gives 30% of them three
 steps of synthetic feedback. Then, against the restarted server: each JSON endpoint's latency (median of 5
 after one warm-up call) and, in Debian's Chromium with an empty cache, each page's time until its figures are
-shown (``performance.now()`` when the page marks itself ready) and the bytes the browser downloaded. The service
-keeps what it read from inside finished plans' documents (budget, speedup, profile) in memory, so the first call
-after a start costs more than the later ones; both are printed.
+shown (``performance.now()`` when the page marks itself ready) and the bytes the browser downloaded. The first
+call after a start and the later ones are both printed (the service keeps some of what it read in memory).
 """
 
 from __future__ import annotations

@@ -46,8 +46,9 @@ def _feedback_summary() -> Any:
 
 @dataclass(frozen=True)
 class PlanFacts:
-    """What the dashboard reads from inside a plan's documents, and its names. None of it changes once the plan is
-    finished (the request never changes; the plan document is written once), so it is kept in memory from then on."""
+    """What the dashboard reads of a plan: its names and the figures the store keeps beside its documents. None of it
+    changes once the plan is finished (the request never changes; the plan document is written once), so it is kept
+    in memory from then on."""
 
     cluster: str | None
     model: str | None
