@@ -140,6 +140,22 @@ def test_feedback_is_stored_beside_the_prediction(client):
     assert_problem(client.post("/v1/plans/nope/feedback", json={"measured_step_time_s": 1.0}), 404, "plan_id")
 
 
+def test_retried_feedback_is_stored_once(client):
+    """A POST retried with its Idempotency-Key (the client sends one per call) stores the feedback once."""
+    plan = client.post("/v1/plans", json=small_request(n=6)).json()
+    url = f"/v1/plans/{plan['id']}/feedback"
+    first = client.post(url, json={"measured_step_time_s": 2.0}, headers={"Idempotency-Key": "k-1"})
+    again = client.post(url, json={"measured_step_time_s": 2.0}, headers={"Idempotency-Key": "k-1"})
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json() == first.json()
+    client.post(url, json={"measured_step_time_s": 2.1}, headers={"Idempotency-Key": "k-2"})
+    client.post(url, json={"measured_step_time_s": 2.2})
+    client.post(url, json={"measured_step_time_s": 2.2})  # no key: two sends are two steps
+    assert [f["measured_step_time_s"] for f in client.get(url).json()] == [2.0, 2.1, 2.2, 2.2]
+    assert "dhp_measured_over_predicted_count 4.0" in client.get("/metrics").text  # the retry is not measured twice
+    assert_problem(client.post(url, json={"measured_step_time_s": 2.0}, headers={"Idempotency-Key": "x" * 65}), 422, "idempotency-key")
+
+
 def test_errors_are_problem_documents_naming_the_field(client):
     req = small_request(n=4)
     req["batch"]["samples"][2]["text_tokens"] = -5

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Response
+from fastapi import APIRouter, Depends, Header, Path, Query, Response
 
 from api import translate
 from api.deps import ArrivalDep, ServiceDep, SettingsDep, StoreDep, require_token
@@ -135,8 +135,12 @@ def _feedback_out(fb: Any) -> FeedbackOut:
 
 
 @router.post("/plans/{plan_id}/feedback", status_code=201, response_model=FeedbackOut, summary="Store what the trainer measured",
-             responses={**NOT_FOUND, **problem_responses((409, "the plan is not done yet"))})
-def add_feedback(plan_id: PlanId, body: FeedbackIn, store: StoreDep, service: ServiceDep) -> FeedbackOut:
+             responses={**NOT_FOUND, **problem_responses((409, "the plan is not done yet")),
+                        200: {"model": FeedbackOut, "description": "the same feedback sent again with its Idempotency-Key: stored once, the stored record"}})
+def add_feedback(plan_id: PlanId, body: FeedbackIn, store: StoreDep, service: ServiceDep, response: Response,
+                 idempotency_key: Annotated[str | None, Header(max_length=64, pattern=r"^[\x21-\x7e]+$",
+                                                              description="the same key on a retried POST: the feedback is stored once "
+                                                                          "and the retry answers 200 with the stored record")] = None) -> FeedbackOut:
     """Kept beside the plan's prediction; ``group_times_s`` must follow the plan's micro-batches and groups."""
     record = store.get(plan_id)
     if record is None:
@@ -145,10 +149,12 @@ def add_feedback(plan_id: PlanId, body: FeedbackIn, store: StoreDep, service: Se
         raise ServiceError(409, "Plan not ready", f"the plan is {record.status}", kind="plan-not-done", field="plan_id",
                            hint="send feedback for a finished plan (GET /v1/plans/{id}?wait_ms=... waits for it).")
     translate.check_group_times(body.group_times_s, record.plan_json)
-    fb = store.add_feedback(plan_id, body.measured_step_time_s, body.model_dump(exclude_none=True))
+    fb = store.add_feedback(plan_id, body.measured_step_time_s, body.model_dump(exclude_none=True), idempotency_key)
     if fb is None:
         raise _not_found(plan_id)
-    if fb.predicted_step_time_s:
+    if fb.replayed:
+        response.status_code = 200
+    elif fb.predicted_step_time_s:
         service.metrics.prediction_ratio.observe(fb.measured_step_time_s / fb.predicted_step_time_s)
     return _feedback_out(fb)
 

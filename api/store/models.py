@@ -62,3 +62,7 @@ class FeedbackRow(Base):
     """The plan's prediction, copied beside the measurement for the tuning dashboard."""
     feedback_json: Mapped[str] = mapped_column(Text)
     """The whole feedback document (per-group times, step number, notes)."""
+    idempotency_key: Mapped[str | None] = mapped_column(String(64))
+    """The ``Idempotency-Key`` the request carried: a retried POST of the same feedback is stored once."""
+
+    __table_args__ = (Index("ux_feedback_plan_idempotency_key", "plan_id", "idempotency_key", unique=True),)

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from sqlalchemy import Engine, Table, create_engine, event, func, insert, select, text, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
 from api.store.models import FeedbackRow, PlanRow
@@ -117,6 +118,8 @@ class FeedbackRecord:
     measured_step_time_s: float
     predicted_step_time_s: float | None
     document: dict[str, Any]
+    replayed: bool = False
+    """Stored by an earlier try of the same request (same idempotency key), not by this one."""
 
 
 _PLANS = cast(Table, PlanRow.__table__)
@@ -250,19 +253,40 @@ class Store:
 
     # -- feedback ---------------------------------------------------------------------------
 
-    def add_feedback(self, plan_id: str, measured_step_time_s: float, document: dict[str, Any]) -> FeedbackRecord | None:
-        """Store feedback beside the plan's prediction; None when the plan does not exist."""
+    def add_feedback(self, plan_id: str, measured_step_time_s: float, document: dict[str, Any],
+                     idempotency_key: str | None = None) -> FeedbackRecord | None:
+        """Store feedback beside the plan's prediction; None when the plan does not exist. Feedback sent again with
+        the same ``idempotency_key`` (a retried POST) is stored once: the record stored the first time comes back,
+        marked ``replayed``."""
         if not is_id(plan_id):
             return None
-        with self._session.begin() as s:
-            plan = s.get(PlanRow, plan_id)
-            if plan is None:
+        if idempotency_key is not None:
+            kept = self._feedback_by_key(plan_id, idempotency_key)
+            if kept is not None:
+                return kept
+        try:
+            with self._session.begin() as s:
+                plan = s.get(PlanRow, plan_id)
+                if plan is None:
+                    return None
+                row = FeedbackRow(plan_id=plan_id, created_at=utcnow(), measured_step_time_s=measured_step_time_s,
+                                  predicted_step_time_s=plan.predicted_step_time_s, feedback_json=json.dumps(document), idempotency_key=idempotency_key)
+                s.add(row)
+                s.flush()
+                return FeedbackRecord(row.id, plan_id, row.created_at, measured_step_time_s, plan.predicted_step_time_s, document)
+        except IntegrityError:  # the same key stored meanwhile by a concurrent try
+            kept = self._feedback_by_key(plan_id, idempotency_key) if idempotency_key is not None else None
+            if kept is None:
+                raise
+            return kept
+
+    def _feedback_by_key(self, plan_id: str, key: str) -> FeedbackRecord | None:
+        with self._session() as s:
+            r = s.scalars(select(FeedbackRow).where(FeedbackRow.plan_id == plan_id, FeedbackRow.idempotency_key == key)).first()
+            if r is None:
                 return None
-            row = FeedbackRow(plan_id=plan_id, created_at=utcnow(), measured_step_time_s=measured_step_time_s,
-                              predicted_step_time_s=plan.predicted_step_time_s, feedback_json=json.dumps(document))
-            s.add(row)
-            s.flush()
-            return FeedbackRecord(row.id, plan_id, row.created_at, measured_step_time_s, plan.predicted_step_time_s, document)
+            return FeedbackRecord(r.id, r.plan_id, _aware(r.created_at), r.measured_step_time_s, r.predicted_step_time_s,  # type: ignore[arg-type]
+                                  json.loads(r.feedback_json), replayed=True)
 
     def feedback_for(self, plan_id: str) -> list[FeedbackRecord]:
         if not is_id(plan_id):
