@@ -122,6 +122,11 @@ class FeedbackRecord:
     """Stored by an earlier try of the same request (same idempotency key), not by this one."""
 
 
+def _feedback_record(row: FeedbackRow, replayed: bool = False) -> FeedbackRecord:
+    return FeedbackRecord(row.id, row.plan_id, _aware(row.created_at), row.measured_step_time_s, row.predicted_step_time_s,  # type: ignore[arg-type]
+                          json.loads(row.feedback_json), replayed=replayed)
+
+
 _PLANS = cast(Table, PlanRow.__table__)
 _SUMMARY_COLUMNS = [c for c in _PLANS.columns if c.name not in ("plan_json", "request_json")]
 
@@ -283,15 +288,11 @@ class Store:
     def _feedback_by_key(self, plan_id: str, key: str) -> FeedbackRecord | None:
         with self._session() as s:
             r = s.scalars(select(FeedbackRow).where(FeedbackRow.plan_id == plan_id, FeedbackRow.idempotency_key == key)).first()
-            if r is None:
-                return None
-            return FeedbackRecord(r.id, r.plan_id, _aware(r.created_at), r.measured_step_time_s, r.predicted_step_time_s,  # type: ignore[arg-type]
-                                  json.loads(r.feedback_json), replayed=True)
+            return None if r is None else _feedback_record(r, replayed=True)
 
     def feedback_for(self, plan_id: str) -> list[FeedbackRecord]:
         if not is_id(plan_id):
             return []
         with self._session() as s:
             rows = s.scalars(select(FeedbackRow).where(FeedbackRow.plan_id == plan_id).order_by(FeedbackRow.id)).all()
-            return [FeedbackRecord(r.id, r.plan_id, _aware(r.created_at), r.measured_step_time_s, r.predicted_step_time_s,  # type: ignore[arg-type]
-                                   json.loads(r.feedback_json)) for r in rows]
+            return [_feedback_record(r) for r in rows]
