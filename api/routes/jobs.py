@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Annotated, Any
@@ -146,28 +146,28 @@ async def create_job(body: JobRequest, request: Request, settings: SettingsDep) 
     return _out(state)
 
 
-@router.get("/jobs/{job_id}", response_model=JobOut, summary="A job's progress (done, failed, total, ETA) and, once done, its summary", responses=NOT_FOUND)
-async def get_job(job_id: JobId, request: Request) -> JobOut:
-    state = await asyncio.to_thread(_manager(request).state, job_id)
+async def _existing(call: Callable[[str], Any], job_id: str) -> Any:
+    """``call(job_id)`` off the event loop; 404 when it finds no such job."""
+    state = await asyncio.to_thread(call, job_id)
     if state is None:
         raise _not_found(job_id)
-    return _out(state)
+    return state
+
+
+@router.get("/jobs/{job_id}", response_model=JobOut, summary="A job's progress (done, failed, total, ETA) and, once done, its summary", responses=NOT_FOUND)
+async def get_job(job_id: JobId, request: Request) -> JobOut:
+    return _out(await _existing(_manager(request).state, job_id))
 
 
 @router.post("/jobs/{job_id}/cancel", status_code=202, response_model=JobOut, summary="Stop a running job (the steps planned so far are kept)", responses=NOT_FOUND)
 async def cancel_job(job_id: JobId, request: Request) -> JobOut:
-    state = await asyncio.to_thread(_manager(request).cancel, job_id)
-    if state is None:
-        raise _not_found(job_id)
-    return _out(state)
+    return _out(await _existing(_manager(request).cancel, job_id))
 
 
 @router.post("/jobs/{job_id}/resume", status_code=202, response_model=JobOut, summary="Plan the steps a cancelled or interrupted job still lacks", responses=NOT_FOUND)
 async def resume_job(job_id: JobId, request: Request) -> JobOut:
     manager = _manager(request)
-    state = await asyncio.to_thread(manager.state, job_id)
-    if state is None:
-        raise _not_found(job_id)
+    state = await _existing(manager.state, job_id)
     if state.status in ("cancelled", "interrupted", "failed"):
         state = await asyncio.to_thread(manager.resume, job_id)
     return _out(state)
@@ -178,9 +178,7 @@ async def resume_job(job_id: JobId, request: Request) -> JobOut:
                        **problem_responses((409, "the job is not done yet"))})
 async def plan_file(job_id: JobId, request: Request) -> FileResponse:
     manager = _manager(request)
-    state = await asyncio.to_thread(manager.state, job_id)
-    if state is None:
-        raise _not_found(job_id)
+    state = await _existing(manager.state, job_id)
     path = manager.directory(job_id) / "plan.parquet"
     if state.status != "done" or not path.exists():
         raise ServiceError(409, "Job not done", f"the job is {state.status}", kind="job-not-done", field="job_id",
