@@ -10,9 +10,13 @@
    and slow links across nodes, where the longest samples should share micro-batches of their own.
 4. *Segments* (:mod:`optimizer.heuristic.segments`): the longest samples split off, with micro-batches of
    their own, and the rest planned again.
+5. *Long head* (:mod:`optimizer.heuristic.long_head`): a micro-batch (or two) led by the longest samples
+   on wide groups, its other ranks and its groups' idle time filled with the next samples up to
+   memory, and the rest planned by strategies 1-4; for memory-tight batches under a large
+   per-micro-batch constant, where the fewest micro-batches pay most.
 
 The best plan so far is polished by the local search over the whole batch (moves and swaps across
-micro-batches) after the chunks, and again after the segments when they won.
+micro-batches) after the chunks, and again after the segments or the long head when they won.
 
 A chunk or segment is planned by the best of: the split of its samples into runs of the length
 order (:mod:`optimizer.heuristic.few_samples`, for a handful of samples), polished by the local search;
@@ -33,6 +37,7 @@ from optimizer.errors import InfeasibleError
 from optimizer.heuristic.chunks import best_chunked
 from optimizer.heuristic.few_samples import few_samples_plan
 from optimizer.heuristic.local_search import LocalSearch
+from optimizer.heuristic.long_head import long_head_plan
 from optimizer.heuristic.packing import FAST_ROUNDS, GOOD_ENOUGH, HeuristicPlanner
 from optimizer.heuristic.segments import segmented
 from optimizer.heuristic.static_layout import best_static
@@ -88,7 +93,8 @@ def plan_piece(tables: CostTables, deadline: float | None, tried: tuple[int, ...
     return best
 
 
-def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: float | None = None, report: dict[str, Any] | None = None) -> Assignment:
+def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: float | None = None, report: dict[str, Any] | None = None,
+                   long_head: bool = True) -> Assignment:
     """The fastest plan of the strategies of the module docstring; past the first only when the
     whole-batch plan is more than GOOD_ENOUGH above ``bound`` (the problem's lower bound, computed
     here when not given). ``report``, when given, receives the strategy whose plan won
@@ -166,5 +172,10 @@ def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: flo
         before = best_time
         keep("segments", *segmented(tables, lambda sub, d: plan_piece(sub, d, tried), best, best_time, deadline))
         if best_time < before:
+            polish()
+    if long_head and not expired():
+        found = long_head_plan(tables, lambda sub, d: heuristic_plan(sub, d, long_head=False), best_time, deadline)
+        keep("long head", *(found or (None,)))
+        if found is not None and best_time <= found[1]:
             polish()
     return best

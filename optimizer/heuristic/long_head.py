@@ -1,0 +1,289 @@
+"""Micro-batches led by the longest samples, their other ranks filled up to memory, the rest after them.
+
+When memory allows only a few micro-batches and every micro-batch costs a large constant, the
+plan wants the fewest micro-batches; but a micro-batch that holds the longest samples on wide
+groups (often across nodes) uses little of those ranks' memory, and the ranks it leaves out wait
+for it. This strategy builds such a micro-batch on purpose:
+
+1. the *head*: the k longest samples, each alone on a group, the groups together at most R ranks;
+   sizes start at each sample's memory minimum and the slowest sample is widened to the next
+   allowed size while the budget R allows (min-max), so the head's time T0 is as short as R permits;
+   groups of a node or more take whole nodes, smaller ones stay within a node;
+2. the *fill*: the ranks the head leaves free form groups of f ranks within a node (f = 1, 2, 4, 8
+   ... up to a node, each tried); the next samples, longest first, go where they finish first among
+   the least-loaded of these groups and the head's own groups, as long as the group stays within
+   its memory and within T0 (work that costs no time: the micro-batch lasts T0 anyway, and its
+   memory would otherwise stay idle); a sample that fits nowhere is left for later;
+3. the *rest*: the samples left are planned by the caller's planner as a batch of their own, in the
+   micro-batches after the head; or a second head is built from them the same way, and then the
+   rest after it.
+
+Candidates are heads of 1 to :data:`HEAD_MAX` samples on rank budgets from their memory minimum to
+the whole domain (in :data:`BUDGET_STEPS` steps) with every fill size, without repeats. Each is
+ranked by T0 plus the lower bound of its rest (cheap); the rest is planned for the best-ranked
+candidates in that order (:data:`PLANNED` of them for the first head, fewer for the second), while
+the deadline allows and while a candidate's estimate can still beat the best plan found. The second
+head is built after the best-ranked first head whose rest could be planned.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from itertools import product
+
+import numpy as np
+
+from optimizer.bounds.lower_bounds import lower_bound
+from optimizer.costs.tables import CostTables
+from optimizer.errors import InfeasibleError
+from optimizer.heuristic.chunks import join_parts
+from optimizer.heuristic.heap_kernels import pop, push
+from optimizer.jit import compiled
+from optimizer.plan.evaluate import assignment_step_time
+from optimizer.plan.plan import Assignment, GroupAssignment
+
+HEAD_MAX = 12
+"""Most samples in the head."""
+BUDGET_STEPS = 8
+"""Rank budgets tried per head, from its memory minimum to the whole domain."""
+PLANNED = (2, 1)
+"""Candidates whose rest is planned, for the first head micro-batch and for a second one."""
+
+RestPlanner = Callable[[CostTables, float | None], Assignment]
+
+
+@compiled
+def fill_groups(order: np.ndarray, lengths: np.ndarray, times: np.ndarray, n_fill: int, capacity: np.ndarray,
+                load: np.ndarray, tokens: np.ndarray, budget: float, out_group: np.ndarray) -> int:
+    """Place ``order`` (longest first) on groups: ``n_fill`` filling groups of one size (time column 0),
+    then the head's groups (group ``n_fill + h`` reads column ``1 + h``). Each sample goes where it
+    finishes first among the least-loaded filling group and every head group, within ``budget``
+    seconds and the group's memory (``capacity``, tokens); else it is skipped (``out_group[k] = -1``).
+    ``load`` and ``tokens`` start at what the groups already hold and are updated. Returns the count placed."""
+    key1 = np.empty(max(n_fill, 1))
+    key2 = np.zeros(max(n_fill, 1))
+    ident = np.empty(max(n_fill, 1), dtype=np.int64)
+    size = 0
+    for g in range(n_fill):
+        size = push(key1, key2, ident, 0, size, load[g], 0.0, g)
+    placed = 0
+    for k in range(order.shape[0]):
+        i = order[k]
+        out_group[k] = -1
+        best = -1
+        best_finish = budget
+        if size > 0:
+            g = ident[0]
+            finish = load[g] + times[i, 0]
+            if finish <= best_finish and tokens[g] + lengths[i] <= capacity[g]:
+                best, best_finish = g, finish
+        for g in range(n_fill, load.shape[0]):
+            finish = load[g] + times[i, 1 + g - n_fill]
+            if finish < best_finish and tokens[g] + lengths[i] <= capacity[g]:
+                best, best_finish = g, finish
+        if best < 0:
+            continue
+        if best < n_fill:
+            _, _, g, size = pop(key1, key2, ident, 0, size)
+            size = push(key1, key2, ident, 0, size, best_finish, 0.0, g)
+        load[best] = best_finish
+        tokens[best] += lengths[i]
+        out_group[k] = best
+        placed += 1
+    return placed
+
+
+class LongHead:
+    """Candidates of the module docstring for one batch (``tables``)."""
+
+    def __init__(self, tables: CostTables) -> None:
+        self.tables = tables
+        self.order = np.lexsort((np.arange(tables.n_samples), -tables.lengths))
+        self.degrees = [int(d) for d in tables.degrees]
+        self.capacity = float(tables.rank_capacity.min())
+        self.speed = float(tables.rank_speed.min())
+        self._times: dict[bool, np.ndarray] = {}
+
+    def _time(self, sample: int, d: int) -> float:
+        """Sample's time alone on d ranks (within a node when d fits one; the slowest GPU)."""
+        return float(self._column(d, d <= self.tables.node_size)[sample])
+
+    def sizes(self, head: np.ndarray, budget: int) -> list[int] | None:
+        """Min-max group sizes of the head within ``budget`` ranks, or None when memory needs more."""
+        sizes = []
+        for s in head.tolist():
+            d = next((d for d in self.degrees if self.tables.lengths[s] <= d * self.capacity), None)
+            if d is None:
+                return None
+            sizes.append(d)
+        if sum(sizes) > budget:
+            return None
+        wider = {d: e for d, e in zip(self.degrees, self.degrees[1:], strict=False)}
+        while True:
+            slowest = max(range(len(sizes)), key=lambda i: (self._time(int(head[i]), sizes[i]), -i))
+            nxt = wider.get(sizes[slowest])
+            if nxt is None or sum(sizes) - sizes[slowest] + nxt > budget:
+                return sizes
+            sizes[slowest] = nxt
+
+    def _place(self, sizes: list[int]) -> list[tuple[int, ...]] | None:
+        """Ranks of each head group: groups of a node or more on whole nodes first, the smaller ones
+        each within one node; None when they do not fit that way."""
+        free = {lo: list(range(lo, hi)) for lo, hi in self.tables.node_ranges}
+        out: list[tuple[int, ...] | None] = [None] * len(sizes)
+        nodes = list(free)
+        for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+            d = sizes[i]
+            if d >= self.tables.node_size:
+                whole = [lo for lo in nodes if len(free[lo]) == self.tables.node_size]
+                ranks: list[int] = []
+                for lo in whole:
+                    take = free[lo][: d - len(ranks)]
+                    ranks += take
+                    free[lo] = free[lo][len(take):]
+                    if len(ranks) == d:
+                        break
+                if len(ranks) < d:
+                    return None
+                out[i] = tuple(ranks)
+            else:
+                room = next((lo for lo in nodes if len(free[lo]) >= d), None)
+                if room is None:
+                    return None
+                out[i], free[room] = tuple(free[room][:d]), free[room][d:]
+        return [r for r in out if r is not None]
+
+    def fill_sizes(self) -> list[int]:
+        """Sizes of the groups that fill the ranks the head leaves free: 1, 2, 4, 8 ... within a node."""
+        allowed = set(self.degrees)
+        out, d = [], 1
+        while d <= self.tables.node_size:
+            if d in allowed:
+                out.append(d)
+            d *= 2
+        return out
+
+    def candidate(self, k: int, budget: int, fill: int) -> tuple[float, list[GroupAssignment], np.ndarray] | None:
+        """(T0, the first micro-batch's groups, the rest's sample rows) of a head of ``k`` on ``budget``
+        ranks, the free ranks filled with groups of ``fill`` ranks."""
+        tables = self.tables
+        head = self.order[:k]
+        sizes = self.sizes(head, budget)
+        if sizes is None:
+            return None
+        placed = self._place(sizes)
+        if placed is None:
+            return None
+        heads: list[GroupAssignment] = [(ranks, (int(s),)) for ranks, s in zip(placed, head.tolist(), strict=True)]
+        b = tables.group_constant
+        t0 = max(tables.group_time(samples, ranks) for ranks, samples in heads)
+        used = np.zeros(tables.n_ranks, dtype=bool)
+        for ranks, _ in heads:
+            used[list(ranks)] = True
+        rest = self.order[k:]
+        if not rest.size:
+            return t0, heads, rest
+        fills = [tuple(r[i:i + fill]) for r in self._free_by_node(used) for i in range(0, len(r) - fill + 1, fill)]
+        columns = [self._column(fill, True)] + [self._column(len(r), tables.group_span(r)[0]) for r, _ in heads]
+        everyone = fills + [r for r, _ in heads]
+        capacity = np.array([len(r) * float(tables.rank_capacity[list(r)].min()) for r in everyone])
+        load = np.zeros(len(everyone))
+        tokens = np.zeros(len(everyone))
+        for h, (ranks, samples) in enumerate(heads):
+            load[len(fills) + h] = tables.group_time(samples, ranks) - b
+            tokens[len(fills) + h] = float(tables.lengths[samples[0]])
+        out = np.empty(rest.size, dtype=np.int64)
+        fill_groups(rest, tables.lengths.astype(np.float64), np.ascontiguousarray(np.stack(columns, axis=1)), len(fills),
+                    capacity, load, tokens, t0 - b, out)
+        members: list[list[int]] = [[] for _ in everyone]
+        for h, (_, samples) in enumerate(heads):
+            members[len(fills) + h] += samples
+        for s, g in zip(rest.tolist(), out.tolist(), strict=True):
+            if g >= 0:
+                members[g].append(s)
+        groups = [(r, tuple(m)) for r, m in zip(everyone, members, strict=True) if m]
+        return t0, groups, rest[out < 0]
+
+    def _free_by_node(self, used: np.ndarray) -> list[list[int]]:
+        return [[r for r in range(lo, hi) if not used[r]] for lo, hi in self.tables.node_ranges]
+
+    def _column(self, d: int, intra: bool) -> np.ndarray:
+        """Every sample's time on a group of d ranks (within a node or not; the slowest GPU)."""
+        if intra not in self._times:
+            self._times[intra] = self.tables.time_matrix(intra, self.speed)
+        return self._times[intra][:, self.tables.degree_index[d]]
+
+    def ranked(self, limit: float, deadline: float | None) -> list[tuple[float, float, list[GroupAssignment], np.ndarray]]:
+        """Candidates as (estimate, T0, groups, rest rows), best estimate first; only those whose
+        estimate (T0 plus the rest's lower bound) is below ``limit``."""
+        out: list[tuple[float, float, list[GroupAssignment], np.ndarray]] = []
+        seen: set[tuple] = set()
+        for k in range(1, min(HEAD_MAX, self.tables.n_samples - 1) + 1):
+            head_set = set(self.order[:k].tolist())
+            for budget, fill in product(self.budgets(), self.fill_sizes()):
+                if deadline is not None and time.perf_counter() > deadline:
+                    return sorted(out, key=lambda c: c[0])
+                cand = self.candidate(k, budget, fill)
+                if cand is None:
+                    continue
+                t0, groups, rest = cand
+                key = (fill, *sorted(r for r, s in groups if s[0] in head_set))
+                if key in seen or rest.size == 0:
+                    continue
+                seen.add(key)
+                estimate = t0 + lower_bound(self.tables.subset(rest))
+                if estimate < limit:
+                    out.append((estimate, t0, groups, rest))
+        return sorted(out, key=lambda c: c[0])
+
+    def budgets(self) -> list[int]:
+        n = self.tables.n_ranks
+        step = max(1, math.ceil(n / BUDGET_STEPS))
+        return sorted({min(n, step * i) for i in range(1, BUDGET_STEPS + 1)})
+
+
+def long_head_plan(tables: CostTables, plan_rest: RestPlanner, best_time: float, deadline: float | None) -> tuple[Assignment, float] | None:
+    """The best plan of the module docstring's candidates that beats ``best_time``, or None."""
+    if tables.n_samples < 3 or tables.problem.options.micro_batch_limit < 2:
+        return None
+    n = tables.n_samples
+    cap = tables.problem.options.max_micro_batches
+    rows = np.arange(n)
+    prefix: list[tuple[GroupAssignment, ...]] = []
+    prefix_time = 0.0
+    found: tuple[Assignment, float] | None = None
+
+    def expired() -> bool:
+        return deadline is not None and time.perf_counter() > deadline
+
+    for planned in PLANNED:
+        if rows.size < 3 or (cap is not None and len(prefix) + 2 > cap) or expired():
+            break
+        sub = tables if rows.size == n else tables.subset(rows)
+        target = best_time if found is None else found[1]
+        follow: tuple[float, tuple[GroupAssignment, ...], float, np.ndarray] | None = None
+        for estimate, t0, groups, rest in LongHead(sub).ranked(target - prefix_time, deadline)[:planned]:
+            target = best_time if found is None else found[1]
+            if prefix_time + estimate >= target * (1 - 1e-9) or expired():
+                break
+            options = {} if cap is None else {"max_micro_batches": cap - len(prefix) - 1}
+            try:
+                rest_plan = plan_rest(tables.subset(rows[rest], **options), deadline)
+            except InfeasibleError:
+                continue
+            first = tuple((ranks, tuple(int(rows[s]) for s in samples)) for ranks, samples in groups)
+            joined = join_parts([(np.arange(n), Assignment((*prefix, first))), (rows[rest], rest_plan)])
+            step = assignment_step_time(tables, joined)
+            if follow is None:  # the next head follows the best-estimated candidate that planned
+                follow = (step, first, t0, rest)
+            if step < target * (1 - 1e-9):
+                found = (joined, step)
+        if follow is None:
+            break
+        _, first, t0, rest = follow
+        prefix.append(first)
+        prefix_time += t0
+        rows = rows[rest]
+    return found
