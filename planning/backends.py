@@ -117,9 +117,9 @@ def run_backend(tables: CostTables, name: str, backends: Backends, hint: Assignm
     check = check_assignment(tables.problem, result.assignment)
     if not check.ok:
         return hint, SolverStats(**{**stats.__dict__, **base, "status": "fallback", "fallback_reason": f"{name} answer invalid: {check.violations[0]}"})
-    if check.step_time_s >= h_time * (1 - 1e-9):
+    if check.micro_batches_s >= h_time * (1 - 1e-9):
         return hint, SolverStats(**{**stats.__dict__, **base, "fallback_reason": f"{name} found nothing better than its starting plan"})
-    return result.assignment, SolverStats(**{**stats.__dict__, **base, "objective_s": check.step_time_s})
+    return result.assignment, SolverStats(**{**stats.__dict__, **base, "objective_s": check.micro_batches_s})
 
 
 def rescue(tables: CostTables, error: InfeasibleError, backends: Backends, deadline: float, start: float,

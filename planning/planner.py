@@ -165,7 +165,7 @@ def _plan(problem: Problem, compare_static: bool, deadline: Deadline, backends: 
         report = verify(result, problem)
     report.raise_if_failed()
     wall_ms = (clock() - start) * 1000.0
-    if result.lower_bound_s > bound * (1 + 1e-12):
+    if result.lower_bound_s > (bound + problem.cost_profile.step_constant) * (1 + 1e-12):  # build_plan adds the per-step constant
         binding = f"{result.solver.backend} (proven by the solver)"
     final = SolverStats(**{**result.solver.__dict__, "wall_ms": wall_ms,
                            "details": {**result.solver.details, "phases": phases, "bound": binding, "heuristic": strategies}})

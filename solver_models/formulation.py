@@ -14,7 +14,9 @@ the true time):
 - slots s with size d_s, token capacity K_s = C_s d_s, micro-batch m(s), pool p(s) (none when the
   slot spans nodes);
 - items q with count c_q, tokens L_q, time t_qs on slot s (max over the bucket's members);
-- b the group constant; T0_m the slowest group of micro-batch m that the model keeps fixed.
+- b_s the group constant of slot s (the profile's b, plus the latency of the group's messages for
+  its size and place when the profile has ``comm.group_messages``); T0_m the slowest group of
+  micro-batch m that the model keeps fixed.
 
 Variables: y_s in {0,1} (slot open), x_qs in {0..c_q} (members of q on s), T_m >= T0_m.
 
@@ -23,7 +25,7 @@ Objective: minimise sum_m T_m.
 Constraints:
 
 1. every sample in exactly one group: sum_s x_qs = c_q;
-2. slot time within its micro-batch: b y_s + sum_q t_qs x_qs <= T_m(s);
+2. slot time within its micro-batch: b_s y_s + sum_q t_qs x_qs <= T_m(s);
 3. memory per rank, and x only on open slots: sum_q L_q x_qs <= K_s y_s;
 4. node capacity: sum_{s in p} d_s y_s <= R_p, and micro-batch capacity:
    sum_{s in m} d_s y_s <= |F_m| (spanning slots take any free ranks of their micro-batch);
@@ -31,7 +33,7 @@ Constraints:
    (s before s'), and between interchangeable micro-batches: T_m >= T_m+1.
 
 Pairs (q, s) exist only where the item fits the slot's memory (L_q <= K_s) and finishes within the
-incumbent (b + t_qs <= the hint's step time): a better plan never uses the others.
+incumbent (b_s + t_qs <= the hint's step time): a better plan never uses the others.
 
 Two builders share this data: :func:`full_model` frees every rank of every micro-batch, with every
 allowed size inside each node and across nodes (exact on homogeneous clusters, up to the rounding
@@ -101,7 +103,7 @@ class SlotModel:
     """Everything a backend needs to build the model of the module docstring."""
 
     n_mb: int
-    b: int
+    b: int  # the profile's group constant b in units (the least b_s)
     classes: list[SlotClass]
     slot_class: list[int]
     slot_m: list[int]
@@ -123,6 +125,11 @@ class SlotModel:
     node_of_rank: list[int] = field(default_factory=list)
     offset: float = 0.0  # seconds of the micro-batches outside the model (added to its objective)
     tiebreak: int = 0  # K > 0: minimise K sum_m T_m + sum_m U_m, U_m the slowest freed slot (see neighbourhood_model)
+    slot_b: list[int] = field(default_factory=list)  # b_s in units
+
+    def b_of(self, s: int) -> int:
+        """b_s: the group constant of slot s in units."""
+        return self.slot_b[s] if self.slot_b else self.b
 
     @property
     def n_slots(self) -> int:
@@ -191,7 +198,7 @@ class SlotModel:
             out.append(Row(tuple((("x", q, s), 1) for s, _ in pairs), "==", self.item_count(q), "count"))
         loads: list[tuple[tuple[Var, int], ...]] = []
         for s, pairs in enumerate(self.pairs_by_slot()):
-            load = ((("y", s), self.b), *((("x", q, s), t) for q, t in pairs))
+            load = ((("y", s), self.b_of(s)), *((("x", q, s), t) for q, t in pairs))
             loads.append(load)
             # 2. slot time within its micro-batch (through U_m in a neighbourhood model)
             out.append(Row((*load, ((ceiling, self.slot_m[s]), -1)), "<=", 0, "time"))
@@ -343,6 +350,7 @@ class _Builder:
     def finish(self, n_mb: int, mb_ranks: list[list[int]], samples: list[int], floor_s: list[float], fixed: list[list[Group]], symmetric: bool, offset: float) -> SlotModel:
         items, tokens, _ = self.items(samples)
         b = to_units(self.b_s)
+        class_b = [to_units(float(self.t.group_constants(cls.intra)[cls.j])) for cls in self.classes]
         upper = to_units(self.upper_s)
         arcs: list[tuple[int, int, int]] = []
         columns: dict[tuple[bool, float], np.ndarray] = {}
@@ -352,7 +360,7 @@ class _Builder:
             slot_m.append(cls.m)
             slot_d.append(cls.d)
             slot_cap.append(int(math.floor(cls.capacity * cls.d * (1 + 1e-9))))  # the verifier's tolerance: no plan it accepts is cut off
-        for cls in self.classes:
+        for c, cls in enumerate(self.classes):
             key = (cls.intra, cls.speed)
             if key not in columns:
                 columns[key] = self.t.time_matrix(*key)
@@ -361,7 +369,7 @@ class _Builder:
                 if tokens[q] > cls.capacity * cls.d * (1 + 1e-9):
                     continue
                 tq = to_units(float(col[members].max()))
-                if b + tq > upper + 2:
+                if class_b[c] + tq > upper + 2:
                     continue
                 for s in cls.slots:
                     arcs.append((q, s, tq))
@@ -369,7 +377,7 @@ class _Builder:
             n_mb=n_mb, b=b, classes=self.classes, slot_class=self.slot_class, slot_m=slot_m, slot_d=slot_d, slot_cap=slot_cap,
             pools=self.pools, mb_ranks=mb_ranks, items=items, item_tokens=tokens, arcs=arcs,
             floor=[to_units(f) if f > 0 else 0 for f in floor_s], fixed=fixed, symmetric_mbs=symmetric, exact=self.exact, upper=upper, offset=offset,
-            node_of_rank=self.node_of,
+            node_of_rank=self.node_of, slot_b=[class_b[c] for c in self.slot_class],
         )
 
 
@@ -505,7 +513,7 @@ def _hint_from_groups(model: SlotModel, tables: CostTables, groups: list[list[Gr
                 continue
             s = free_slots.pop(0)
             y[s] = 1
-            load = model.b
+            load = model.b_of(s)
             for i in samples:
                 q = item_of[i]
                 if (q, s) not in pair_time:

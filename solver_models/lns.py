@@ -31,6 +31,7 @@ from optimizer.plan.plan import Assignment, TracePoint
 from optimizer.problem.options import PlanOptions
 from solver_models.base import ImprovementCallback, SolveResult
 from solver_models.formulation import UNIT, Group, SlotModel, full_model, neighbourhood_model, rounding_slack
+from solver_models.stop import stop_requested
 
 FULL_MODEL_PAIRS = 6000
 """Largest estimated (item, slot) pair count solved as one model."""
@@ -98,7 +99,7 @@ def _whole(tables: CostTables, options: PlanOptions, hint: Assignment | None, de
         h_time = assignment_step_time(tables, hint)
     else:  # no plan known: the slowest any group could be (every sample in it, slowest placement)
         slowest = tables.time_matrix(False, float(tables.rank_speed.min()))
-        h_time = tables.group_constant + float(slowest.max(axis=1).sum())
+        h_time = float(np.maximum(tables.group_constants(False), tables.group_constants(True)).max()) + float(slowest.max(axis=1).sum())
     model = full_model(tables, hint, h_time)
     build_ms = (clock() - start) * 1000.0
     details = {"mode": "full", "build_ms": round(build_ms, 3), **model.size()}
@@ -201,7 +202,7 @@ def _lns(tables: CostTables, options: PlanOptions, hint: Assignment, deadline: f
     if options.deterministic:
         round_s = DETERMINISTIC_ROUND_S
         max_rounds = int(options.time_budget_ms / 1000.0 / (DETERMINISTIC_ROUND_SHARE * round_s))
-    while (rounds < max_rounds) if max_rounds is not None else (deadline - clock() > min_round_s):
+    while ((rounds < max_rounds) if max_rounds is not None else (deadline - clock() > min_round_s)) and not stop_requested():
         mb_time = np.array([max(t) for t in times])
         m = int(rng.choice(len(current), p=mb_time / mb_time.sum())) if rounds % 2 else int(np.argmax(mb_time))
         free = _neighbourhood(tables, current, times, rng, extra, m)

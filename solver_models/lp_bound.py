@@ -4,9 +4,10 @@ The area bound of :mod:`optimizer.bounds.lower_bounds` pools all micro-batches: 
 cheapest group size that finishes within the whole step S. In a real plan it must finish within its
 own micro-batch, and the micro-batch times add up to S. This LP keeps that coupling.
 
-Notation: N ranks, C the largest per-rank capacity, b the group constant; e_i(T) the least
-rank-seconds sample i occupies when it must finish within T (min of d t_i(d) over sizes d that hold
-it in memory with b + t_i(d) <= T; +inf if none); levels 0 < th_0 < th_1 < ... < th_K = U (U the
+Notation: N ranks, C the largest per-rank capacity, b the group constant, b_d >= b the least
+constant of a group of size d (b plus its messages' latency when the profile has
+``comm.group_messages``); e_i(T) the least rank-seconds sample i occupies when it must finish
+within T (min of d t_i(d) over sizes d that hold it in memory with b_d + t_i(d) <= T; +inf if none); levels 0 < th_0 < th_1 < ... < th_K = U (U the
 incumbent's step time; an optimal plan has no micro-batch longer), th_-1 = 0. A micro-batch with
 time T is in level k when th_k-1 < T <= th_k.
 
@@ -66,7 +67,7 @@ def level_bound(tables: CostTables, upper_s: float) -> tuple[float, dict[str, in
     t = tables.best_time
     deg = tables.degrees.astype(np.float64)[None, :]
     valid = np.arange(t.shape[1])[None, :] >= tables.min_degree_index[:, None]
-    finish = np.where(valid, b + t, np.inf)
+    finish = np.where(valid, tables.best_group_constants[None, :] + t, np.inf)
     area = np.where(valid, t * deg, np.inf)
     tau = finish.min(axis=1)
     lo = float(tau.min())

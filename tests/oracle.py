@@ -64,7 +64,7 @@ def brute_force_optimum(problem: Problem) -> float:
                 low = mask & -mask
                 i = low.bit_length() - 1
                 prev = mask ^ low
-                times[mask] = (times[prev] if prev else profile.group_constant) + t[i]
+                times[mask] = (times[prev] if prev else profile.group_constant + profile.group_exchange_time(d, intra)) + t[i]
             tokens = [0] * (1 << n)
             for mask in range(1, 1 << n):
                 low = mask & -mask
@@ -147,4 +147,4 @@ def brute_force_optimum(problem: Problem) -> float:
             sub = (sub - 1) & rest_bits
         return best
 
-    return step(full, max_mb)
+    return step(full, max_mb) + profile.step_constant

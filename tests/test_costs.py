@@ -104,9 +104,12 @@ def _numpy_matrix(tables: CostTables, intra: bool, speed: float) -> np.ndarray:
     d = tables.degrees.astype(np.float64)[None, :]
     attention = p.quadratic * L * L / d / speed
     compute = (p.quadratic * L * L + p.linear * L + tables.vision[:, None]) / d / speed + p.sample_constant / speed
+    compute = np.where(d == 1, compute, compute + p.sample_step * (d - 1) / speed)
     bw = np.array([p.bandwidth(int(x), intra) for x in tables.degrees], dtype=np.float64)[None, :]
     share = (d - 1) / d if p.scheme == "ring" else 1.0 / d
-    comm = p.bytes_per_token * L * share / bw + p.messages_per_step * (d - 1) * p.latency(intra)
+    unit = (2 if p.scheme == "ring" else 1) * tables.degrees[None, :]
+    sent = (-(-tables.lengths[:, None] // unit) * unit).astype(np.float64) if p.padded_bytes else L
+    comm = p.bytes_per_token * sent * share / bw + p.messages_per_step * (d - 1) * p.latency(intra)
     if p.overlap_with_attention:
         comm = np.maximum(0.0, comm - attention)
     comm = np.where(d == 1, 0.0, comm)
@@ -124,11 +127,15 @@ def _table_cases():
     yield {"batch": WORKLOADS["mixed"](60, seed=2), "cluster_preset": "mixed-h100-a100", "model_preset": "qwen2-vl-7b"}
     yield {"batch": WORKLOADS["image-sft"](40, seed=3), "cluster_preset": "ascend910b-8x8", "model_preset": "internvl2-8b",
            "options": {"cp_scheme": "ulysses", "degree_policy": "any"}}
-    for profile in (overlap_off, overlap_on, ulysses):
+    trainer = dict(PROFILE, time={**PROFILE["time"], "sample_step": 3e-4, "step_constant": 0.02},
+                   comm={**PROFILE["comm"], "latency_s": {"intra": 3e-6, "inter": 2e-5}, "group_messages": {"per_step": 6, "fixed": 2}, "padded_bytes": True})
+    trainer_ulysses = dict(trainer, comm={**ulysses["comm"], "padded_bytes": True, "messages_per_step": 2, "latency_s": {"intra": 1e-6, "inter": 1e-5}},
+                           speed_by_gpu={"A100-80GB": 0.4})
+    for profile in (overlap_off, overlap_on, ulysses, trainer, trainer_ulysses):
         yield {"batch": WORKLOADS["dynamic-res"](30, seed=4), "cluster_preset": "mixed-h100-a100", "profile": profile}
 
 
-@pytest.mark.parametrize("case", range(6))
+@pytest.mark.parametrize("case", range(8))
 def test_compiled_matrices_equal_numpy_to_the_bit(case):
     doc = list(_table_cases())[case]
     tables = CostTables.build(problem_from_json(doc))

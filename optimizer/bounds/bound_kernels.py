@@ -4,7 +4,9 @@ Notation as in :mod:`optimizer.bounds.lower_bounds`: t[i, j] is sample i's best 
 read on the fly from the intra- and inter-node matrices by
 :func:`optimizer.costs.time_kernels.best_placement` (so the whole best-time table is never built);
 ``degrees[j]`` is that size, ``min_j[i]`` the first size on which i fits in memory (sizes below it
-are not allowed for i), b the group constant.
+are not allowed for i), ``b[j]`` the least group constant of the j-th size (the profile's b, plus the
+group's messages when the profile has ``comm.group_messages``). A sample finishes no earlier than
+``b[j] + t[i, j]`` on that size.
 
 :func:`sample_extremes` reads the matrices once. For the area bound only the samples whose
 cheapest-area size would not finish within the starting bound matter while searching S; for each
@@ -23,10 +25,10 @@ from optimizer.jit import compiled
 
 
 @compiled
-def sample_extremes(intra: np.ndarray, inter: np.ndarray, fits_node: np.ndarray, degrees: np.ndarray, min_j: np.ndarray,
+def sample_extremes(intra: np.ndarray, inter: np.ndarray, fits_node: np.ndarray, degrees: np.ndarray, min_j: np.ndarray, b: np.ndarray,
                     fastest: np.ndarray, best_area: np.ndarray, best_area_time: np.ndarray) -> None:
-    """Per sample i, over its allowed sizes: ``fastest[i]`` the least time, ``best_area[i]`` the
-    least area d t (the first size attaining it) and ``best_area_time[i]`` the time on that size."""
+    """Per sample i, over its allowed sizes: ``fastest[i]`` the earliest finish b + t, ``best_area[i]``
+    the least area d t (the first size attaining it) and ``best_area_time[i]`` the finish on that size."""
     n_degrees = degrees.shape[0]
     for i in range(min_j.shape[0]):
         low = np.inf
@@ -34,12 +36,13 @@ def sample_extremes(intra: np.ndarray, inter: np.ndarray, fits_node: np.ndarray,
         area_time = np.inf
         for j in range(min_j[i], n_degrees):
             x = best_placement(intra[i, j], inter[i, j], fits_node[j])
-            if x < low:
-                low = x
+            f = b[j] + x
+            if f < low:
+                low = f
             a = x * degrees[j]
             if a < area:
                 area = a
-                area_time = x
+                area_time = f
         fastest[i] = low
         best_area[i] = area
         best_area_time[i] = area_time
@@ -47,7 +50,7 @@ def sample_extremes(intra: np.ndarray, inter: np.ndarray, fits_node: np.ndarray,
 
 @compiled
 def area_frontiers(intra: np.ndarray, inter: np.ndarray, fits_node: np.ndarray, degrees: np.ndarray, min_j: np.ndarray,
-                   rows: np.ndarray, b: float, lo: float, start: np.ndarray, finish: np.ndarray, area: np.ndarray) -> None:
+                   rows: np.ndarray, b: np.ndarray, lo: float, start: np.ndarray, finish: np.ndarray, area: np.ndarray) -> None:
     """The frontier above ``lo`` of each sample ``rows[k]``: entries ``start[k]:start[k + 1]`` of
     ``finish`` (b + t, ascending) and ``area`` (strictly descending).
 
@@ -68,7 +71,7 @@ def area_frontiers(intra: np.ndarray, inter: np.ndarray, fits_node: np.ndarray, 
         first = np.inf
         for j in range(min_j[i], n_degrees):
             t[j] = best_placement(intra[i, j], inter[i, j], fits_node[j])
-            f = b + t[j]
+            f = b[j] + t[j]
             a = t[j] * degrees[j]
             if f <= lo and a < least:
                 least = a
@@ -79,10 +82,10 @@ def area_frontiers(intra: np.ndarray, inter: np.ndarray, fits_node: np.ndarray, 
         # The later sizes that beat it, by finishing time (few: insertion sort).
         m = 0
         for j in range(min_j[i], n_degrees):
-            f = b + t[j]
+            f = b[j] + t[j]
             if f > lo and t[j] * degrees[j] < least:
                 q = m
-                while q > 0 and b + t[late[q - 1]] > f:
+                while q > 0 and b[late[q - 1]] + t[late[q - 1]] > f:
                     late[q] = late[q - 1]
                     q -= 1
                 late[q] = j
@@ -92,7 +95,7 @@ def area_frontiers(intra: np.ndarray, inter: np.ndarray, fits_node: np.ndarray, 
             a = t[j] * degrees[j]
             if a < least:
                 least = a
-                finish[pos] = b + t[j]
+                finish[pos] = b[j] + t[j]
                 area[pos] = a
                 pos += 1
     start[rows.shape[0]] = pos

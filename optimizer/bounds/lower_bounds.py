@@ -1,14 +1,17 @@
 """Lower bounds on the step time, valid for every plan of the problem.
 
-Notation: N ranks, b the group constant, t_i(d) the best time of sample i on a group of size d
-(intra-node where d fits a node, fastest GPU), m_i the smallest size on which i fits in memory,
-C the largest per-rank capacity, S the step time.
+Notation: N ranks, b the group constant, b_d >= b the least constant of a group of size d (b plus
+its messages' latency when the profile has ``comm.group_messages``; b_d = b otherwise), t_i(d) the
+best time of sample i on a group of size d (intra-node where d fits a node, fastest GPU), m_i the
+smallest size on which i fits in memory, C the largest per-rank capacity, S the step time (the
+micro-batches; the profile's per-step constant is added to the plan and its bound alike by
+:func:`optimizer.plan.evaluate.build_plan`).
 
-1. Single sample: S >= b + min_{d >= m_i} t_i(d) for every i.
+1. Single sample: S >= min_{d >= m_i} (b_d + t_i(d)) for every i.
 2. Rank-time (area): a group of size d busy for T_m in micro-batch m occupies d T_m rank-seconds,
    at least d (b + sum of its samples' t_i(d)). Summing over groups and micro-batches, and using
    T_m <= S:  N S >= sum_i e_i(S) + b * (sum_i L_i) / C, where
-   e_i(S) = min { d t_i(d) : d >= m_i, b + t_i(d) <= S } (the sample must finish within S), and
+   e_i(S) = min { d t_i(d) : d >= m_i, b_d + t_i(d) <= S } (the sample must finish within S), and
    sum_i L_i / C is the least total group size all micro-batches together need for memory.
    The left side grows with S and the right side shrinks, so the smallest S that satisfies the
    inequality is found by bisection; every S below it is impossible.
@@ -31,36 +34,37 @@ from optimizer.costs.tables import CostTables
 
 
 def _extremes(tables: CostTables) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per sample over its allowed sizes: the least time, the least area d t_i(d), and the time on that size."""
+    """Per sample over its allowed sizes: the earliest finish b_d + t_i(d), the least area d t_i(d),
+    and the finish on that size."""
     n = tables.n_samples
     fastest, best_area, best_area_time = np.empty(n), np.empty(n), np.empty(n)
-    sample_extremes(*tables.best_placements(), tables.degrees.astype(np.float64), tables.min_degree_index, fastest, best_area, best_area_time)
+    sample_extremes(*tables.best_placements(), tables.degrees.astype(np.float64), tables.min_degree_index, tables.best_group_constants,
+                    fastest, best_area, best_area_time)
     return fastest, best_area, best_area_time
 
 
 def single_sample_bound(tables: CostTables, fastest: np.ndarray | None = None) -> float:
-    """Bound 1 (see the module docstring); ``fastest`` is each sample's least time where known."""
+    """Bound 1 (see the module docstring); ``fastest`` is each sample's earliest finish where known."""
     if fastest is None:
         fastest = _extremes(tables)[0]
-    return float(tables.group_constant + fastest.max())
+    return float(fastest.max())
 
 
 def _area_search(tables: CostTables, memory: float, floor: float, rel_tol: float,
                  extremes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> float:
     """Smallest S >= floor with sum_i e_i(S) + ``memory`` <= N S, by bisection to ``rel_tol``
     (``extremes``: :func:`_extremes` of the tables when already computed)."""
-    b = tables.group_constant
     fastest, best_area, best_area_time = _extremes(tables) if extremes is None else extremes
     lo = float(max(floor, single_sample_bound(tables, fastest)))
     # Samples whose cheapest-area size already finishes within lo never change: fold them in once.
-    fixed = b + best_area_time <= lo
+    fixed = best_area_time <= lo
     base = float(best_area[fixed].sum())
     rows = np.flatnonzero(~fixed)
     min_j = tables.min_degree_index
     room = int((len(tables.degrees) - min_j[rows]).sum()) + len(rows)
     start = np.empty(len(rows) + 1, dtype=np.int64)
     finish, area = np.empty(room), np.empty(room)
-    area_frontiers(*tables.best_placements(), tables.degrees.astype(np.float64), min_j, rows, b, lo, start, finish, area)
+    area_frontiers(*tables.best_placements(), tables.degrees.astype(np.float64), min_j, rows, tables.best_group_constants, lo, start, finish, area)
     return float(area_search(lo, base, memory, start, finish, area, float(tables.n_ranks), rel_tol))
 
 

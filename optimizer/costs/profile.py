@@ -26,6 +26,18 @@ formula above):
   ``m (d-1) latency`` (alpha-beta model: d-1 ring steps, each m messages).
 - ``comm.overlap_with_attention``: when true the ring transfer hides behind the attention it feeds,
   so only ``max(0, comm - a2 L^2 / d)`` is exposed.
+- ``time.sample_step`` c: each sample adds ``c (d-1)`` (divided by the speed) to a group of d >= 2
+  ranks: the fixed work of its pieces in each of the d blocks a ring rank computes.
+- ``comm.group_messages`` ``{"per_step": g1, "fixed": g0}``: a group of d >= 2 ranks exchanges
+  ``g1 (d-1) + g0`` messages per micro-batch whatever its sample count (a ring trainer sends all its
+  samples' keys and values in one message per ring step), adding ``(g1 (d-1) + g0) latency`` to the
+  group's constant: the group of size d takes ``b + G(d) + sum t(L, d)``.
+- ``comm.padded_bytes``: when true the bytes sent are those of the sample padded as the trainer pads
+  it (to a multiple of 2d for ring, d for ulysses; :func:`optimizer.plan.sharding.padded_length`):
+  ``k P(L, d) (d-1)/d / bw`` with P the padded length.
+- ``time.step_constant`` s: seconds once per step whatever the plan (the gradient all-reduce and the
+  optimizer step, measured at the job's rank count); it adds to the predicted step time and to the
+  lower bound, and changes no choice.
 - ``speed_by_gpu`` ``{"A100": 0.32}``: relative speed of other GPU types in a mixed cluster (the
   profile's own GPU is 1.0); compute terms are divided by the slowest speed in the group.
 - ``capacity_tokens_per_rank`` may be a table by GPU type name for mixed clusters.
@@ -85,6 +97,16 @@ class Bandwidth:
         raise ProblemError(f"must be a number or a table by group size, got {value!r}", field=where, hint='e.g. 1.0e11 or {"2": 1.2e11, "8": 1.0e11}.')
 
 
+_NUMBER_FIELDS = {
+    "quadratic": "time.quadratic", "linear": "time.linear", "sample_constant": "time.sample_constant", "group_constant": "time.group_constant",
+    "vision_linear": "time.vision_linear", "vision_quadratic": "time.vision_quadratic", "sample_step": "time.sample_step",
+    "step_constant": "time.step_constant", "bytes_per_token": "comm.bytes_per_token", "intra_latency": "comm.latency_s.intra",
+    "inter_latency": "comm.latency_s.inter", "messages_per_step": "comm.messages_per_step",
+    "group_messages_per_step": "comm.group_messages.per_step", "group_messages_fixed": "comm.group_messages.fixed",
+}
+"""The profile's numbers that must be finite and >= 0, with their place in the JSON form."""
+
+
 @dataclass(frozen=True)
 class CostProfile:
     """Coefficients of the cost model (see the module docstring for their meaning)."""
@@ -105,14 +127,19 @@ class CostProfile:
     inter_latency: float = 0.0
     messages_per_step: float = 0.0
     overlap_with_attention: bool = False
+    sample_step: float = 0.0
+    group_messages_per_step: float = 0.0
+    group_messages_fixed: float = 0.0
+    padded_bytes: bool = False
+    step_constant: float = 0.0
     speed_by_gpu: Mapping[str, float] = field(default_factory=dict)
     source: str = "given"
 
     def __post_init__(self) -> None:
-        for name in ("quadratic", "linear", "sample_constant", "group_constant", "bytes_per_token", "vision_linear", "vision_quadratic", "intra_latency", "inter_latency", "messages_per_step"):
+        for name, path in _NUMBER_FIELDS.items():
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or not math.isfinite(v):
-                raise ProblemError(f"must be a finite number >= 0, got {v!r}", field=f"profile.{name}", hint="use SI units (seconds, bytes).")
+                raise ProblemError(f"must be a finite number >= 0, got {v!r}", field=f"profile.{path}", hint="use SI units (seconds, bytes).")
         if self.scheme not in CP_SCHEMES:
             raise ProblemError(f"must be one of {CP_SCHEMES}, got {self.scheme!r}", field="profile.comm.scheme", hint="use 'ring' or 'ulysses'.")
         if isinstance(self.capacity_tokens_per_rank, bool) or not isinstance(self.capacity_tokens_per_rank, (int, float)) or not self.capacity_tokens_per_rank > 0:
@@ -130,6 +157,18 @@ class CostProfile:
     def latency(self, intra: bool) -> float:
         return self.intra_latency if intra else self.inter_latency
 
+    def group_messages(self, d: int) -> float:
+        """Messages a group of size d exchanges per micro-batch (0 for a group of one)."""
+        return 0.0 if d == 1 else self.group_messages_per_step * (d - 1) + self.group_messages_fixed
+
+    def group_exchange_time(self, d: int, intra: bool) -> float:
+        """Seconds a group of size d adds once per micro-batch for its messages (``G(d)`` above)."""
+        return self.group_messages(d) * self.latency(intra)
+
+    @property
+    def has_group_exchange(self) -> bool:
+        return bool((self.group_messages_per_step or self.group_messages_fixed) and (self.intra_latency or self.inter_latency))
+
     def capacity_for(self, gpu_name: str) -> float:
         return float(self.capacity_by_gpu.get(gpu_name, self.capacity_tokens_per_rank))
 
@@ -141,6 +180,10 @@ class CostProfile:
         time: dict[str, Any] = {"quadratic": self.quadratic, "linear": self.linear, "sample_constant": self.sample_constant, "group_constant": self.group_constant}
         if self.vision_linear or self.vision_quadratic:
             time.update(vision_linear=self.vision_linear, vision_quadratic=self.vision_quadratic)
+        if self.sample_step:
+            time["sample_step"] = self.sample_step
+        if self.step_constant:
+            time["step_constant"] = self.step_constant
         comm: dict[str, Any] = {
             "scheme": self.scheme,
             "bytes_per_token": self.bytes_per_token,
@@ -150,6 +193,10 @@ class CostProfile:
             comm.update(latency_s={"intra": self.intra_latency, "inter": self.inter_latency}, messages_per_step=self.messages_per_step)
         if self.overlap_with_attention:
             comm["overlap_with_attention"] = True
+        if self.group_messages_per_step or self.group_messages_fixed:
+            comm["group_messages"] = {"per_step": self.group_messages_per_step, "fixed": self.group_messages_fixed}
+        if self.padded_bytes:
+            comm["padded_bytes"] = True
         out: dict[str, Any] = {"time": time, "comm": comm}
         if self.capacity_by_gpu:
             out["capacity_tokens_per_rank"] = {"default": self.capacity_tokens_per_rank, **dict(self.capacity_by_gpu)}

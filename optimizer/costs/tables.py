@@ -21,6 +21,7 @@ import numpy as np
 from optimizer.costs.profile import CostProfile
 from optimizer.costs.time_kernels import fill_best_columns, fill_best_time, fill_time_matrix
 from optimizer.errors import InfeasibleError
+from optimizer.plan.sharding import padded_length
 from optimizer.problem.batch import Sample
 from optimizer.problem.degrees import allowed_degrees
 from optimizer.problem.problem import Problem
@@ -37,9 +38,11 @@ def sample_time(profile: CostProfile, length: int, vision: float, d: int, intra:
     compute = (profile.quadratic * length * length + profile.linear * length + vision) / d / speed + profile.sample_constant / speed
     if d == 1:
         return compute
+    compute += profile.sample_step * (d - 1) / speed
     bw = profile.bandwidth(d, intra)
     share = (d - 1) / d if profile.scheme == "ring" else 1.0 / d
-    comm = profile.bytes_per_token * length * share / bw + profile.messages_per_step * (d - 1) * profile.latency(intra)
+    sent = padded_length(length, d, profile.scheme) if profile.padded_bytes else length
+    comm = profile.bytes_per_token * sent * share / bw + profile.messages_per_step * (d - 1) * profile.latency(intra)
     if profile.overlap_with_attention:
         comm = max(0.0, comm - attention)
     return compute + comm
@@ -173,9 +176,42 @@ class CostTables:
         bw = np.array([p.bandwidth(int(x), intra) for x in self.degrees], dtype=np.float64)
         latency = p.messages_per_step * (d - 1) * p.latency(intra)
         out = np.empty((self.n_samples, d.shape[0]))
+        pad_unit = (2 if p.scheme == "ring" else 1) if p.padded_bytes else 0
         fill_time_matrix(self.lengths, self.vision, d, share, bw, latency, float(p.quadratic), float(p.linear), float(p.sample_constant),
-                         float(p.bytes_per_token), float(speed), bool(p.overlap_with_attention), out)
+                         float(p.bytes_per_token), float(speed), bool(p.overlap_with_attention), float(p.sample_step), pad_unit, out)
         return out
+
+    # -- per-group constants ------------------------------------------------------------------
+    def group_constants(self, intra: bool) -> np.ndarray:
+        """[D] seconds a group of each allowed size adds once per micro-batch: the group constant b
+        plus its messages' latency G(d) (the same b for every size when the profile has no
+        ``comm.group_messages``)."""
+        return self._group_constants[1 if intra else 0]
+
+    @cached_property
+    def _group_constants(self) -> tuple[np.ndarray, np.ndarray]:
+        p = self.profile
+        b = self.group_constant
+        inter, intra = (np.array([b + p.group_exchange_time(int(d), span) for d in self.degrees.tolist()], dtype=np.float64) for span in (False, True))
+        return inter, intra
+
+    @cached_property
+    def best_group_constants(self) -> np.ndarray:
+        """[D] the least group constant of each size over its placements (intra-node where the size fits a node)."""
+        inter, intra = self._group_constants
+        return np.where((self.degrees <= self.node_size) & (intra < inter), intra, inter)
+
+    @cached_property
+    def placed_group_constants(self) -> np.ndarray:
+        """[D] the group constant of each size placed as the heuristic places it: within a node up to
+        the node size, across nodes above."""
+        inter, intra = self._group_constants
+        return np.where(self.degrees <= self.node_size, intra, inter)
+
+    @property
+    def varying_group_constant(self) -> bool:
+        """Whether the group constant depends on the group's size or span (``comm.group_messages``)."""
+        return self.profile.has_group_exchange
 
     def best_placements(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """What :attr:`best_time` picks from: the intra- and inter-node matrices on the fastest GPU and,
@@ -237,4 +273,4 @@ class CostTables:
             return 0.0
         intra, speed, _ = self.group_span(ranks)
         j = self.degree_index[len(ranks)]
-        return self.group_constant + float(self.time_matrix(intra, speed)[np.asarray(samples), j].sum())
+        return float(self.group_constants(intra)[j]) + float(self.time_matrix(intra, speed)[np.asarray(samples), j].sum())

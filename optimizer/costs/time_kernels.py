@@ -22,11 +22,13 @@ from optimizer.jit import compiled
 @compiled
 def fill_time_matrix(lengths: np.ndarray, vision: np.ndarray, degrees: np.ndarray, share: np.ndarray, bandwidth: np.ndarray,
                      latency: np.ndarray, quadratic: float, linear: float, sample_constant: float, bytes_per_token: float,
-                     speed: float, overlap: bool, out: np.ndarray) -> None:
+                     speed: float, overlap: bool, sample_step: float, pad_unit: int, out: np.ndarray) -> None:
     """``out[i, j]``: seconds sample i adds to a group of ``degrees[j]`` ranks.
 
     Per size j: ``share[j]`` is the fraction of a sample's tokens each rank exchanges,
     ``bandwidth[j]`` the link's bytes/s and ``latency[j]`` the messages' total latency.
+    ``sample_step`` is the work a sample adds per extra rank; ``pad_unit`` > 0 sends the bytes of
+    the sample padded to a multiple of ``pad_unit`` times the group size (0: its own length).
     """
     n = lengths.shape[0]
     n_degrees = degrees.shape[0]
@@ -46,7 +48,15 @@ def fill_time_matrix(lengths: np.ndarray, vision: np.ndarray, degrees: np.ndarra
             if d == 1.0:
                 out[i, j] = compute
                 continue
-            comm = np.true_divide(volume * share[j], bandwidth[j]) + latency[j]
+            step = sample_step * (d - 1.0)
+            if slow:
+                step = np.true_divide(step, speed)
+            compute += step
+            sent = volume
+            if pad_unit > 0:
+                unit = pad_unit * int(d)
+                sent = bytes_per_token * float(-(-int(lengths[i]) // unit) * unit)
+            comm = np.true_divide(sent * share[j], bandwidth[j]) + latency[j]
             if overlap:
                 attention = np.true_divide(square, d)
                 if slow:

@@ -16,7 +16,7 @@ from optimizer.jit import compiled
 
 @compiled
 def best_fit_long(order: np.ndarray, size_index: np.ndarray, times: np.ndarray, lengths: np.ndarray, sizes: np.ndarray,
-                  capacity: float, slack: float, probes: int, out_group: np.ndarray, g_size: np.ndarray,
+                  capacity: float, slack: np.ndarray, probes: int, out_group: np.ndarray, g_size: np.ndarray,
                   g_load: np.ndarray, g_tokens: np.ndarray) -> int:
     """Pack ``order``; ``out_group[k]`` gets the group of ``order[k]``. Returns the number of groups,
     whose size index, load and tokens are written to ``g_size``, ``g_load`` and ``g_tokens``."""
@@ -39,7 +39,7 @@ def best_fit_long(order: np.ndarray, size_index: np.ndarray, times: np.ndarray, 
         li = lengths[i]
         limit = capacity * sizes[j]
         # The fullest group whose load still leaves room for ti: the first position with load <= slack - ti.
-        room = slack - ti
+        room = slack[j] - ti
         lo, hi = 0, count
         while lo < hi:
             mid = (lo + hi) >> 1

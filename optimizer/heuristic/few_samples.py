@@ -25,7 +25,7 @@ MAX_SAMPLES = 12
 
 
 @compiled
-def _run_sizes(prefix: np.ndarray, tokens: np.ndarray, degrees: np.ndarray, capacity: float, b: float, n_ranks: int,
+def _run_sizes(prefix: np.ndarray, tokens: np.ndarray, degrees: np.ndarray, capacity: float, b: np.ndarray, n_ranks: int,
                mask: int, k: int, cand: np.ndarray, sizes_out: np.ndarray) -> float:
     """Least T for the runs cut by ``mask`` (bit p set: a cut after position p); sizes (indices) to ``sizes_out``."""
     n_deg = degrees.shape[0]
@@ -43,7 +43,7 @@ def _run_sizes(prefix: np.ndarray, tokens: np.ndarray, degrees: np.ndarray, capa
         s, e = starts[g], starts[g + 1]
         for j in range(n_deg):
             if tokens[e] - tokens[s] <= capacity * degrees[j] * (1 + 1e-12):
-                cand[n_cand] = b + prefix[e, j] - prefix[s, j]
+                cand[n_cand] = b[j] + prefix[e, j] - prefix[s, j]
                 n_cand += 1
     vals = np.sort(cand[:n_cand])
     lo, hi = 0, n_cand  # the first feasible value
@@ -56,7 +56,7 @@ def _run_sizes(prefix: np.ndarray, tokens: np.ndarray, degrees: np.ndarray, capa
             s, e = starts[g], starts[g + 1]
             found = -1
             for j in range(n_deg):
-                if tokens[e] - tokens[s] <= capacity * degrees[j] * (1 + 1e-12) and b + prefix[e, j] - prefix[s, j] <= t:
+                if tokens[e] - tokens[s] <= capacity * degrees[j] * (1 + 1e-12) and b[j] + prefix[e, j] - prefix[s, j] <= t:
                     found = j
                     break
             if found < 0:
@@ -73,14 +73,14 @@ def _run_sizes(prefix: np.ndarray, tokens: np.ndarray, degrees: np.ndarray, capa
     for g in range(n_runs):
         s, e = starts[g], starts[g + 1]
         for j in range(n_deg):
-            if tokens[e] - tokens[s] <= capacity * degrees[j] * (1 + 1e-12) and b + prefix[e, j] - prefix[s, j] <= t:
+            if tokens[e] - tokens[s] <= capacity * degrees[j] * (1 + 1e-12) and b[j] + prefix[e, j] - prefix[s, j] <= t:
                 sizes_out[g] = j
                 break
     return t
 
 
 @compiled
-def best_split(prefix: np.ndarray, tokens: np.ndarray, degrees: np.ndarray, capacity: float, b: float, n_ranks: int,
+def best_split(prefix: np.ndarray, tokens: np.ndarray, degrees: np.ndarray, capacity: float, b: np.ndarray, n_ranks: int,
                k: int, sizes_out: np.ndarray) -> int:
     """The split (a mask) with the least T, its run sizes in ``sizes_out``; -1 when none fits."""
     cand = np.empty(k * degrees.shape[0])
@@ -110,7 +110,7 @@ def few_samples_plan(tables: CostTables) -> Assignment | None:
     tokens = np.zeros(k + 1)
     np.cumsum(tables.lengths[order].astype(np.float64), out=tokens[1:])
     sizes = np.empty(k, dtype=np.int64)
-    mask = best_split(prefix, tokens, tables.degrees, float(tables.rank_capacity.min()), float(tables.group_constant), tables.n_ranks, k, sizes)
+    mask = best_split(prefix, tokens, tables.degrees, float(tables.rank_capacity.min()), tables.placed_group_constants, tables.n_ranks, k, sizes)
     if mask < 0:
         return None
     runs: list[list[int]] = [[]]

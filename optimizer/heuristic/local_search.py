@@ -102,6 +102,7 @@ class LocalSearch:
         self.class_keys: list[ClassKey] = list(classes.keys)
         self._class_index = {key: k for k, key in enumerate(self.class_keys)}
         self.times = known[1] if known is not None else class_times(tables, self.class_keys)
+        self.class_b = np.array([self._constant(key) for key in self.class_keys], dtype=np.float64)
         n_groups = len(ranks)
         sizes = np.fromiter(map(len, ranks), dtype=np.int64, count=n_groups)
         flat = np.fromiter(chain.from_iterable(ranks), dtype=np.int64, count=int(sizes.sum()))
@@ -125,15 +126,21 @@ class LocalSearch:
             k = len(self.class_keys)
             self.class_keys.append(key)
             self.times = np.hstack([self.times, class_times(self.t, [key])])
+            self.class_b = np.append(self.class_b, self._constant(key))
             self._class_index[key] = k
         return k
+
+    def _constant(self, key: ClassKey) -> float:
+        """The group constant of a class: b, plus its messages' time when the profile has ``comm.group_messages``."""
+        j, intra, _ = key
+        return float(self.t.group_constants(intra)[j])
 
     def _refresh(self) -> None:
         n_groups = len(self.g_ranks)
         self.s_cost = self.times[np.arange(self.t.n_samples), self.g_class[self.s_group]]
         loads = np.bincount(self.s_group, weights=self.s_cost, minlength=n_groups)
         counts = np.bincount(self.s_group, minlength=n_groups)
-        self.g_time = np.where(counts > 0, loads + self.b, 0.0)
+        self.g_time = np.where(counts > 0, loads + self.class_b[self.g_class], 0.0)
         self.g_tokens = np.bincount(self.s_group, weights=self.lengths, minlength=n_groups)
 
     def _micro_batch_tops(self) -> None:
@@ -151,7 +158,7 @@ class LocalSearch:
     def _best_move(self, g: int) -> tuple[float, tuple]:
         """Best move or swap of one sample of g (see :func:`optimizer.heuristic.search_kernels.best_move`)."""
         delta, kind, a, x = best_move(g, self.top, self.top_id, self.g_time, self.g_micro_batch, self.g_limit, self.g_tokens, self.g_alive,
-                                      self.g_class, self.s_group, self.s_cost, self.lengths, self.times, self.b, SLACK_CANDIDATES, ROOM_CANDIDATES)
+                                      self.g_class, self.s_group, self.s_cost, self.lengths, self.times, self.class_b, SLACK_CANDIDATES, ROOM_CANDIDATES)
         if kind == 0:
             return -EPS, ()
         return float(delta), ("move" if kind == 1 else "swap", int(a), int(x))
@@ -187,7 +194,7 @@ class LocalSearch:
                 mine = self.members(g)
             members = np.concatenate([mine, self.members(h)]) if self.g_time[h] > 0 else mine
             col = self.t.time_matrix(intra, speed)[:, j_new]
-            new_t = self.b + float(col[members].sum())
+            new_t = self._constant((j_new, intra, speed)) + float(col[members].sum())
             rest = top[m, 1] if top_id[m, 1] != h else top[m, 2]
             delta = max(rest, new_t) - top[m, 0]
             if delta < best[0]:
@@ -221,7 +228,7 @@ class LocalSearch:
 
     def _update_groups(self, gs: list[int]) -> None:
         for g in gs:
-            refresh_group(g, self.s_group, self.s_cost, self.lengths, self.times[:, self.g_class[g]], self.b, self.g_time, self.g_tokens)
+            refresh_group(g, self.s_group, self.s_cost, self.lengths, self.times[:, self.g_class[g]], float(self.class_b[self.g_class[g]]), self.g_time, self.g_tokens)
 
     # -- driver -----------------------------------------------------------------------------
     def run(self, deadline: float | None = None) -> None:

@@ -85,6 +85,7 @@ class HeuristicPlanner:
         micro-batches pack with less waste (at the price of some communication)."""
         self.t = tables
         self.b = tables.group_constant
+        self.bj = tables.placed_group_constants  # per size: b, plus the group's messages when the profile has comm.group_messages
         self.capacity = float(tables.rank_capacity.min())
         self.degrees = [int(d) for d in tables.degrees]
         self.node_size = tables.node_size
@@ -139,14 +140,14 @@ class HeuristicPlanner:
     def _fastest(self) -> np.ndarray:
         """Each sample's fastest allowed size index (for targets no size meets)."""
         out = np.empty(self.min_j.shape[0], dtype=np.int64)
-        fastest_sizes(self.cost, self.min_j, out)
+        fastest_sizes(self.cost + self.bj if self.t.varying_group_constant else self.cost, self.min_j, out)
         return out
 
     def degrees_for(self, target: float) -> np.ndarray:
         """Index of each sample's degree for a per-micro-batch target time: the smallest size that holds
         it in memory and finishes it within the target (its fastest size if none does)."""
         j = np.empty(self.min_j.shape[0], dtype=np.int64)
-        choose_degrees(self.cost, self.min_j, self._fastest, self.b, float(target), j)
+        choose_degrees(self.cost, self.min_j, self._fastest, self.bj, float(target), j)
         return j
 
     @cached_property
@@ -155,24 +156,29 @@ class HeuristicPlanner:
         are at least the slowest sample's best time): their rank-seconds, once; and the others."""
         rows = np.arange(self.cost.shape[0])
         t_min = self.cost[rows, self.min_j]
-        lo = self.b + float(self.cost[rows, self._fastest].max())
-        fixed = t_min + self.b <= lo
+        lo = self._slowest_alone()
+        fixed = t_min + self.bj[self.min_j] <= lo
         rest = np.flatnonzero(~fixed)
         return float((self.t.degrees[self.min_j[fixed]] * t_min[fixed]).sum()), self.cost[rest], self.min_j[rest], self._fastest[rest]
 
     def fluid_ranks(self, target: float) -> float:
         fixed_work, cost, min_j, fastest = self._fluid_split
-        work = fixed_work + fluid_work(cost, min_j, fastest, self.t.degrees, self.b, float(target))
+        work = fixed_work + fluid_work(cost, min_j, fastest, self.t.degrees, self.bj, float(target))
         return work / max(target - self.b, 1e-12)
+
+    def _slowest_alone(self) -> float:
+        """The latest of the samples' earliest finishes (each alone on its fastest size)."""
+        fastest = self._fastest
+        return float((self.bj[fastest] + self.cost[np.arange(self.cost.shape[0]), fastest]).max())
 
     def target_time(self, n_micro_batches: int) -> float:
         avail = n_micro_batches * self.t.n_ranks
         rows = np.arange(self.cost.shape[0])
-        lo = self.b + float(self.cost[rows, self._fastest].max())
+        lo = self._slowest_alone()
         if self.fluid_ranks(lo) <= avail:
             return lo
         t_min = self.cost[rows, self.min_j]
-        hi = self.b + float(t_min.max()) + float((t_min * self.t.degrees[self.min_j]).sum()) / avail
+        hi = float((self.bj[self.min_j] + t_min).max()) + float((t_min * self.t.degrees[self.min_j]).sum()) / avail
         while self.fluid_ranks(hi) > avail:
             hi *= 2
         for _ in range(40):
@@ -203,7 +209,7 @@ class HeuristicPlanner:
         g_size = np.empty(n_long, dtype=np.int64)
         g_load = np.empty(n_long, dtype=np.float64)
         g_tokens = np.empty(n_long, dtype=np.float64)
-        n_groups = best_fit_long(long_idx, j_of, t_of, self.lengths, degs, self.capacity, slack, self.probes, long_group, g_size, g_load, g_tokens)
+        n_groups = best_fit_long(long_idx, j_of, t_of, self.lengths, degs, self.capacity, target - self.bj, self.probes, long_group, g_size, g_load, g_tokens)
         g_size, g_load, g_tokens = g_size[:n_groups], g_load[:n_groups], g_tokens[:n_groups]
         placed = self._place(g_size, g_load, n_micro_batches)
         if placed is None:
@@ -340,6 +346,8 @@ class HeuristicPlanner:
         times = class_times(self.t, keys, self._columns)
         # A group's real load (its span may differ from the packing's assumption), summed in packing order.
         load = np.bincount(long_group, weights=times[long_idx, group_class[long_group]], minlength=len(ranks))
+        if self.t.varying_group_constant:  # each group starts with its messages' time (b is every group's)
+            load = load + np.array([self.t.group_constants(intra)[j] - self.b for j, intra, _ in keys])[group_class]
         tokens = np.zeros(len(ranks))
         tokens[:n_long] = g_tokens
         class_limit = np.array([self.capacity * self.degrees[j] for j, _, _ in keys], dtype=np.float64)

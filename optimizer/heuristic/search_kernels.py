@@ -106,8 +106,9 @@ def candidates(g: int, top: np.ndarray, g_time: np.ndarray, g_micro_batch: np.nd
 @compiled
 def best_move(g: int, top: np.ndarray, top_id: np.ndarray, g_time: np.ndarray, g_micro_batch: np.ndarray, g_limit: np.ndarray,
               g_tokens: np.ndarray, g_alive: np.ndarray, g_class: np.ndarray, s_group: np.ndarray, s_cost: np.ndarray,
-              lengths: np.ndarray, times: np.ndarray, b: float, n_slack: int, n_room: int) -> tuple[float, int, int, int]:
-    """Best move (one sample of g to another group) or swap (with a sample of another group).
+              lengths: np.ndarray, times: np.ndarray, class_b: np.ndarray, n_slack: int, n_room: int) -> tuple[float, int, int, int]:
+    """Best move (one sample of g to another group) or swap (with a sample of another group);
+    ``class_b[c]`` is the group constant of a group of class c (the time of an empty group that gets a sample, before it).
 
     Returns (change of the step time, kind, a, x): kind 1 moves sample a to group x, kind 2 swaps
     sample a with sample x, kind 0 found nothing that lowers the step time by more than EPS.
@@ -132,7 +133,7 @@ def best_move(g: int, top: np.ndarray, top_id: np.ndarray, g_time: np.ndarray, g
         for h in cand:
             if g_limit[h] - g_tokens[h] < la:
                 continue
-            base = g_time[h] if g_time[h] > 0 else b
+            base = g_time[h] if g_time[h] > 0 else class_b[g_class[h]]
             d = step_delta(g, m, new_tg, h, g_micro_batch[h], base + times[a, g_class[h]], top, top_id)
             if d < best:
                 best, kind, best_a, best_x = d, 1, int(a), int(h)

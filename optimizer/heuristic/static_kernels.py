@@ -19,9 +19,10 @@ from optimizer.jit import compiled
 
 @compiled
 def balance_static(order: np.ndarray, lengths: np.ndarray, times: np.ndarray, group_class: np.ndarray, limit: np.ndarray,
-                   micro_batches: int, group_constant: float, out_bin: np.ndarray, load: np.ndarray, mb_time: np.ndarray) -> bool:
+                   micro_batches: int, group_constant: np.ndarray, out_bin: np.ndarray, load: np.ndarray, mb_time: np.ndarray) -> bool:
     """Place ``order`` (sample indices); ``times[c, i]`` is sample i's time on a group of class c,
-    ``group_class[k]`` and ``limit[k]`` group k's class and token limit.
+    ``group_constant[c]`` the group constant of class c, ``group_class[k]`` and ``limit[k]`` group k's
+    class and token limit.
 
     ``out_bin[i]`` receives sample i's bin, ``load[bin]`` the bin's summed time (in placement
     order), ``mb_time[m]`` the slowest non-empty group of micro-batch m (group constant included;
@@ -63,7 +64,7 @@ def balance_static(order: np.ndarray, lengths: np.ndarray, times: np.ndarray, gr
         for k in range(n_groups):
             g = m * n_groups + k
             if count[g] > 0:
-                t = load[g] + group_constant
+                t = load[g] + group_constant[group_class[k]]
                 if t > slowest:
                     slowest = t
         mb_time[m] = slowest

@@ -29,6 +29,7 @@ class _Layout:
     times: np.ndarray  # [classes, n] each sample's time on a group of each class
     group_class: np.ndarray  # [G] class of each group: its (intra-node?, slowest speed)
     limit: np.ndarray  # [G] tokens each group holds per micro-batch
+    constant: np.ndarray  # [classes] group constant of each class
 
 
 @dataclass(frozen=True)
@@ -52,12 +53,14 @@ def _layout(tables: CostTables, c: int) -> _Layout | None:
     capacity = tables.rank_capacity[:used].reshape(n_groups, c).min(axis=1)
     spans, group_class = np.unique(np.stack([intra.astype(np.float64), speed]), axis=1, return_inverse=True)
     times = np.empty((spans.shape[1], tables.n_samples))
+    constant = np.empty(spans.shape[1])
     for k in range(spans.shape[1]):
         times[k] = tables.time_matrix(bool(spans[0, k]), float(spans[1, k]))[:, j]
+        constant[k] = tables.group_constants(bool(spans[0, k]))[j]
     keys = -times[group_class[0]]
     order = np.argsort(keys)
     sort_ties_by_index(keys, order)  # as np.argsort(keys, kind="stable"), faster
-    return _Layout(c, n_groups, order, times, group_class.reshape(-1).astype(np.int64), capacity * c)
+    return _Layout(c, n_groups, order, times, group_class.reshape(-1).astype(np.int64), capacity * c, constant)
 
 
 def _balance(tables: CostTables, layout: _Layout, micro_batches: int) -> _Balanced | None:
@@ -66,7 +69,7 @@ def _balance(tables: CostTables, layout: _Layout, micro_batches: int) -> _Balanc
     load = np.empty(micro_batches * layout.n_groups)
     mb_time = np.empty(micro_batches)
     if not balance_static(layout.order, tables.lengths, layout.times, layout.group_class, layout.limit, micro_batches,
-                          float(tables.group_constant), sample_bin, load, mb_time):
+                          layout.constant, sample_bin, load, mb_time):
         return None
     used = [t for t in mb_time.tolist() if t > 0.0]
     # The step time as :func:`optimizer.plan.evaluate.assignment_step_time` adds it up: slowest group per micro-batch, summed in order.
@@ -128,7 +131,8 @@ def best_static(tables: CostTables) -> tuple[StaticBaseline, Assignment] | None:
                 sizes.append((c, n_groups, least))
         c *= 2
     works = tables.best_time_columns([tables.degree_index[c] for c, _, _ in sizes]).sum(axis=1).tolist()
-    candidates = sorted((work / n_groups + least * tables.group_constant, c, least) for work, (c, n_groups, least) in zip(works, sizes, strict=True))
+    constant = tables.best_group_constants.tolist()
+    candidates = sorted((work / n_groups + least * constant[tables.degree_index[c]], c, least) for work, (c, n_groups, least) in zip(works, sizes, strict=True))
     best: tuple[_Layout, _Balanced] | None = None
     for estimate, c, least in candidates:
         if best is not None and estimate >= best[1].step_time:

@@ -36,11 +36,15 @@ def flat_group_times(tables: CostTables, flat: FlatGroups) -> tuple[np.ndarray, 
         else:
             sel = inverse[gid] == u
             total += np.bincount(gid[sel], weights=matrix[flat.samples[sel], j[gid[sel]]], minlength=n_groups)
+    if tables.varying_group_constant:
+        constant = np.where(intra, tables.group_constants(True)[j], tables.group_constants(False)[j])
+        return np.where(flat.count > 0, total + constant, 0.0), intra
     return np.where(flat.count > 0, total + tables.group_constant, 0.0), intra
 
 
 def assignment_step_time(tables: CostTables, assignment: Assignment) -> float:
-    """Sum over micro-batches of the slowest group's predicted time."""
+    """Sum over micro-batches of the slowest group's predicted time: what planners compare (the
+    profile's per-step constant is left out here and added by :func:`build_plan`)."""
     flat = assignment.flat
     times, _ = flat_group_times(tables, flat)
     slowest = np.zeros(len(assignment.micro_batches))
@@ -77,6 +81,14 @@ def build_plan(
         step += plan_mb.predicted_time_s
         mbs.append(plan_mb)
     problem = tables.problem
+    # The per-step constant (gradient all-reduce, optimizer step) is the same for every plan: it adds
+    # to the step, the bound and the static layout alike.
+    extra = tables.profile.step_constant
+    if extra:
+        step += extra
+        lower_bound_s += extra
+        if static is not None:
+            static = StaticBaseline(static.degree, static.micro_batches, static.predicted_step_time_s + extra)
     new = None
     if reporting(problem):
         new = tuple(new_communicators(problem, (g.ranks for mb in mbs for g in mb.groups)))

@@ -335,10 +335,10 @@ def profile_from_json(doc: Any, where: str = "profile") -> CostProfile:
     _unknown(doc, {"time", "comm", "capacity_tokens_per_rank", "speed_by_gpu", "source"}, where)
     t = _get(doc, "time", where, "object")
     wt = f"{where}.time"
-    _unknown(t, {"quadratic", "linear", "sample_constant", "group_constant", "vision_linear", "vision_quadratic"}, wt)
+    _unknown(t, {"quadratic", "linear", "sample_constant", "group_constant", "vision_linear", "vision_quadratic", "sample_step", "step_constant"}, wt)
     c = _get(doc, "comm", where, "object")
     wc = f"{where}.comm"
-    _unknown(c, {"scheme", "bytes_per_token", "bandwidth_bytes_per_s", "latency_s", "messages_per_step", "overlap_with_attention"}, wc)
+    _unknown(c, {"scheme", "bytes_per_token", "bandwidth_bytes_per_s", "latency_s", "messages_per_step", "overlap_with_attention", "group_messages", "padded_bytes"}, wc)
     bw = _get(c, "bandwidth_bytes_per_s", wc, "object")
     wb = f"{wc}.bandwidth_bytes_per_s"
     _unknown(bw, {"intra", "inter"}, wb)
@@ -346,6 +346,8 @@ def profile_from_json(doc: Any, where: str = "profile") -> CostProfile:
         raise ProblemError("needs both 'intra' and 'inter'", field=wb, hint="give a number or a table by group size for each.")
     lat = _get(c, "latency_s", wc, "object", {})
     _unknown(lat, {"intra", "inter"}, f"{wc}.latency_s")
+    group_messages = _get(c, "group_messages", wc, "object", {})
+    _unknown(group_messages, {"per_step", "fixed"}, f"{wc}.group_messages")
     cap = doc.get("capacity_tokens_per_rank")
     cap_by_gpu: dict[str, float] = {}
     if isinstance(cap, Mapping):
@@ -377,6 +379,11 @@ def profile_from_json(doc: Any, where: str = "profile") -> CostProfile:
             inter_latency=num(lat, "inter", f"{wc}.latency_s", 0.0),
             messages_per_step=num(c, "messages_per_step", wc, 0.0),
             overlap_with_attention=_get(c, "overlap_with_attention", wc, "bool", False),
+            sample_step=num(t, "sample_step", wt, 0.0),
+            step_constant=num(t, "step_constant", wt, 0.0),
+            group_messages_per_step=num(group_messages, "per_step", f"{wc}.group_messages", 0.0),
+            group_messages_fixed=num(group_messages, "fixed", f"{wc}.group_messages", 0.0),
+            padded_bytes=_get(c, "padded_bytes", wc, "bool", False),
             capacity_tokens_per_rank=cap if not isinstance(cap, bool) else -1,
             capacity_by_gpu=cap_by_gpu,
             speed_by_gpu=dict(speed),

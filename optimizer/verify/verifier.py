@@ -48,6 +48,9 @@ class Report:
 
     violations: list[str] = field(default_factory=list)
     step_time_s: float = 0.0
+    """The whole step: the micro-batches and the profile's per-step constant."""
+    micro_batches_s: float = 0.0
+    """The micro-batches alone (the sum of each one's slowest group): what planners compare."""
 
     @property
     def ok(self) -> bool:
@@ -140,7 +143,9 @@ class _Facts:
         self.rank_speed = np.array([profile.speed_for(nm) for nm in names], dtype=np.float64)[self.rank_node]
         self.rank_capacity = np.array([profile.capacity_for(nm) for nm in names], dtype=np.float64)[self.rank_node]
         self.coef = np.array([profile.quadratic, profile.linear, profile.sample_constant, profile.group_constant, profile.bytes_per_token,
-                              profile.messages_per_step, profile.latency(False), profile.latency(True)], dtype=np.float64)
+                              profile.messages_per_step, profile.latency(False), profile.latency(True), profile.sample_step,
+                              profile.group_messages_per_step, profile.group_messages_fixed], dtype=np.float64)
+        self.pad_unit = (2 if profile.scheme == "ring" else 1) if profile.padded_bytes else 0
 
     def recompute(self, flat: _Flat) -> _Recomputed:
         """Every group of ``flat`` recomputed from the profile (see :func:`optimizer.verify.verify_kernels.recompute_groups`)."""
@@ -154,7 +159,7 @@ class _Facts:
         step, repeats = recompute_groups(flat.ranks, flat.rank_start, flat.samples, flat.sample_start, flat.mb_start,
                                          self.rank_node, self.rank_speed, self.rank_capacity, self.lengths, self.vision,
                                          self.coef, self.profile.scheme == "ring", bool(self.profile.overlap_with_attention), bandwidth,
-                                         seconds, per_rank, capacity, intra)
+                                         self.pad_unit, seconds, per_rank, capacity, intra)
         return _Recomputed(float(step), int(repeats), seconds, per_rank, capacity, intra)
 
 
@@ -235,7 +240,8 @@ def _violations(problem: Problem, groups: Groups, rec: _Recomputed) -> list[str]
 def _check(problem: Problem, facts: _Facts, flat: _Flat, groups: Callable[[], Groups]) -> tuple[Report, _Recomputed]:
     """Invariants 1-5 and the recomputed step; ``groups`` gives the nested groups when violations must be named."""
     rec = facts.recompute(flat)
-    report = Report(step_time_s=rec.step)
+    # The per-step constant adds to every plan's step (see optimizer.costs.profile).
+    report = Report(step_time_s=rec.step + problem.cost_profile.step_constant, micro_batches_s=rec.step)
     if not _clean(problem, flat, rec):
         report.violations = _violations(problem, groups(), rec)
     return report, rec
@@ -291,6 +297,7 @@ def verify(plan: Plan, problem: Problem) -> Report:
     base, rec = _check(problem, _Facts(problem), flat, lambda: flat.nested(rank_seqs))
     report.violations.extend(base.violations)
     report.step_time_s = base.step_time_s
+    report.micro_batches_s = base.micro_batches_s
 
     n = len(groups)
     predicted = np.fromiter((g.predicted_time_s for g in groups), dtype=np.float64, count=n)

@@ -8,7 +8,9 @@ groups concatenated, with offsets (``rank_start[g]:rank_start[g + 1]`` are group
 sample indices, and ``mb_start`` the first group of each micro-batch.
 
 ``coef`` holds the profile's numbers: quadratic, linear, sample_constant, group_constant,
-bytes_per_token, messages_per_step, inter-node latency, intra-node latency (indices below).
+bytes_per_token, messages_per_step, inter-node latency, intra-node latency, sample_step, and the
+group messages per ring step and fixed (indices below); ``pad_unit`` > 0 sends the bytes of each
+sample padded to a multiple of ``pad_unit`` times the group size.
 ``bandwidth[1, d]`` is the intra-node bandwidth of a group of size d and ``bandwidth[0, d]`` the
 inter-node one, read from the profile for the sizes in the plan.
 """
@@ -19,7 +21,8 @@ import numpy as np
 
 from optimizer.jit import compiled
 
-QUADRATIC, LINEAR, SAMPLE_CONSTANT, GROUP_CONSTANT, BYTES_PER_TOKEN, MESSAGES_PER_STEP, INTER_LATENCY, INTRA_LATENCY = range(8)
+(QUADRATIC, LINEAR, SAMPLE_CONSTANT, GROUP_CONSTANT, BYTES_PER_TOKEN, MESSAGES_PER_STEP, INTER_LATENCY, INTRA_LATENCY,
+ SAMPLE_STEP, GROUP_MESSAGES_PER_STEP, GROUP_MESSAGES_FIXED) = range(11)
 
 
 @compiled
@@ -34,17 +37,23 @@ def vision_seconds(tokens: np.ndarray, frames: np.ndarray, image_start: np.ndarr
 
 
 @compiled
-def sample_seconds(length: int, vision: float, d: int, intra: bool, speed: float, coef: np.ndarray, ring: bool, overlap: bool, bandwidth: np.ndarray) -> float:
+def sample_seconds(length: int, vision: float, d: int, intra: bool, speed: float, coef: np.ndarray, ring: bool, overlap: bool, bandwidth: np.ndarray,
+                   pad_unit: int) -> float:
     """Seconds one sample of ``length`` tokens adds to a group of size ``d`` whose slowest GPU has ``speed``."""
     q = coef[QUADRATIC]
     attention = q * length * length / d / speed
     compute = (q * length * length + coef[LINEAR] * length + vision) / d / speed + coef[SAMPLE_CONSTANT] / speed
     if d == 1:
         return compute
+    compute += coef[SAMPLE_STEP] * (d - 1) / speed
     bw = bandwidth[1 if intra else 0, d]
     share = (d - 1) / d if ring else 1.0 / d
     latency = coef[INTRA_LATENCY] if intra else coef[INTER_LATENCY]
-    comm = coef[BYTES_PER_TOKEN] * length * share / bw + coef[MESSAGES_PER_STEP] * (d - 1) * latency
+    sent = length
+    if pad_unit > 0:
+        unit = pad_unit * d
+        sent = -(-length // unit) * unit
+    comm = coef[BYTES_PER_TOKEN] * sent * share / bw + coef[MESSAGES_PER_STEP] * (d - 1) * latency
     if overlap:
         comm = max(0.0, comm - attention)
     return compute + comm
@@ -53,7 +62,7 @@ def sample_seconds(length: int, vision: float, d: int, intra: bool, speed: float
 @compiled
 def recompute_groups(ranks: np.ndarray, rank_start: np.ndarray, samples: np.ndarray, sample_start: np.ndarray, mb_start: np.ndarray,
                      rank_node: np.ndarray, rank_speed: np.ndarray, rank_capacity: np.ndarray, lengths: np.ndarray, vision: np.ndarray,
-                     coef: np.ndarray, ring: bool, overlap: bool, bandwidth: np.ndarray,
+                     coef: np.ndarray, ring: bool, overlap: bool, bandwidth: np.ndarray, pad_unit: int,
                      seconds: np.ndarray, per_rank: np.ndarray, capacity: np.ndarray, intra: np.ndarray) -> tuple[float, int]:
     """Every group's seconds, tokens per rank, smallest capacity and span, into the output arrays.
 
@@ -97,12 +106,14 @@ def recompute_groups(ranks: np.ndarray, rank_start: np.ndarray, samples: np.ndar
                     repeats += 1
                 stamp[r] = m
             total = coef[GROUP_CONSTANT]
+            if d > 1:
+                total += (coef[GROUP_MESSAGES_PER_STEP] * (d - 1) + coef[GROUP_MESSAGES_FIXED]) * (coef[INTRA_LATENCY] if same_node else coef[INTER_LATENCY])
             tokens = 0
             counted = 0
             for j in range(sample_start[g], sample_start[g + 1]):
                 i = samples[j]
                 if 0 <= i < n_samples:
-                    total += sample_seconds(lengths[i], vision[i], d, same_node, speed, coef, ring, overlap, bandwidth)
+                    total += sample_seconds(lengths[i], vision[i], d, same_node, speed, coef, ring, overlap, bandwidth, pad_unit)
                     tokens += lengths[i]
                     counted += 1
             if counted == 0:
