@@ -19,19 +19,22 @@ for it. This strategy builds such a micro-batch on purpose:
    rest after it.
 
 Candidates are heads of 1 to :data:`HEAD_MAX` samples on rank budgets from their memory minimum to
-the whole domain (in :data:`BUDGET_STEPS` steps) with every fill size, without repeats. Each is
-ranked by T0 plus the lower bound of its rest (cheap); the rest is planned for the best-ranked
-candidates in that order (:data:`PLANNED` of them for the first head, fewer for the second), while
-the deadline allows and while a candidate's estimate can still beat the best plan found. The second
-head is built after the best-ranked first head whose rest could be planned.
+the whole domain (in :data:`BUDGET_STEPS` steps) with every fill size. They are ranked by T0 plus an
+estimate of the rest: first a quick one (the rest's fewest micro-batches by memory, two when it
+still holds samples that need groups across nodes beside others, times the constant, plus its
+samples' least rank-seconds over all ranks), then, for the :data:`SHORTLIST` best distinct ones, the
+larger of that and the rest's lower bound. The rest is planned for the best-ranked candidates in
+that order (:data:`PLANNED` of them for the first head, fewer for the second), while the deadline
+allows and while a candidate's estimate is below the best plan found. The second head is built
+after the best-ranked first head whose rest could be planned.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections.abc import Callable
-from itertools import product
 
 import numpy as np
 
@@ -48,6 +51,8 @@ HEAD_MAX = 12
 """Most samples in the head."""
 BUDGET_STEPS = 8
 """Rank budgets tried per head, from its memory minimum to the whole domain."""
+SHORTLIST = 32
+"""Candidates whose rest gets a lower bound, per head."""
 PLANNED = (2, 1)
 """Candidates whose rest is planned, for the first head micro-batch and for a second one."""
 
@@ -102,31 +107,47 @@ class LongHead:
         self.tables = tables
         self.order = np.lexsort((np.arange(tables.n_samples), -tables.lengths))
         self.degrees = [int(d) for d in tables.degrees]
-        self.capacity = float(tables.rank_capacity.min())
+        # Each sample's smallest size by the smallest rank memory (a head group may land on any ranks).
+        self._min_index = np.searchsorted(float(tables.rank_capacity.min()) * tables.degrees, tables.lengths, side="left")
         self.speed = float(tables.rank_speed.min())
         self._times: dict[bool, np.ndarray] = {}
+        self._lengths = tables.lengths.astype(np.float64)
+        sizes = tables.degrees.astype(np.float64)
+        area = tables.best_time * sizes
+        area[np.arange(tables.n_ranks + 1)[None, : len(sizes)] < tables.min_degree_index[:, None]] = np.inf
+        self._area = area.min(axis=1)
+        self._spanning = tables.lengths > float(tables.rank_capacity.min()) * tables.node_size  # each sample's least rank-seconds over the sizes that hold it
 
-    def _time(self, sample: int, d: int) -> float:
-        """Sample's time alone on d ranks (within a node when d fits one; the slowest GPU)."""
-        return float(self._column(d, d <= self.tables.node_size)[sample])
+    def _times_by_size(self, sample: int) -> np.ndarray:
+        """The sample's time alone on each allowed size (within a node where the size fits one; the slowest GPU)."""
+        fits = self.tables.degrees <= self.tables.node_size
+        return np.where(fits, self._matrix(True)[sample], self._matrix(False)[sample])
 
-    def sizes(self, head: np.ndarray, budget: int) -> list[int] | None:
-        """Min-max group sizes of the head within ``budget`` ranks, or None when memory needs more."""
-        sizes = []
-        for s in head.tolist():
-            d = next((d for d in self.degrees if self.tables.lengths[s] <= d * self.capacity), None)
-            if d is None:
-                return None
-            sizes.append(d)
-        if sum(sizes) > budget:
-            return None
-        wider = {d: e for d, e in zip(self.degrees, self.degrees[1:], strict=False)}
-        while True:
-            slowest = max(range(len(sizes)), key=lambda i: (self._time(int(head[i]), sizes[i]), -i))
-            nxt = wider.get(sizes[slowest])
-            if nxt is None or sum(sizes) - sizes[slowest] + nxt > budget:
-                return sizes
-            sizes[slowest] = nxt
+    def widenings(self, k: int) -> list[tuple[int, tuple[int, ...]]]:
+        """The min-max sizes of the k longest samples as the rank budget grows: (ranks used, sizes)
+        after each widening of the slowest sample to the next allowed size, from the memory minima.
+        The sizes for a budget R are the last entry using at most R ranks."""
+        head = self.order[:k].tolist()
+        index = [int(self._min_index[s]) for s in head]
+        if max(index) >= len(self.degrees):
+            return []
+        times = [self._times_by_size(s) for s in head]
+        last = len(self.degrees) - 1
+        heap = [(-float(times[i][index[i]]), i) for i in range(k)]
+        heapq.heapify(heap)
+        used = sum(self.degrees[j] for j in index)
+        out = [(used, tuple(self.degrees[j] for j in index))]
+        while heap:
+            _, i = heap[0]
+            if index[i] == last:
+                break  # the slowest sample is as wide as allowed: widening others cannot shorten the head
+            used += self.degrees[index[i] + 1] - self.degrees[index[i]]
+            if used > self.tables.n_ranks:
+                break
+            index[i] += 1
+            heapq.heapreplace(heap, (-float(times[i][index[i]]), i))
+            out.append((used, tuple(self.degrees[j] for j in index)))
+        return out
 
     def _place(self, sizes: list[int]) -> list[tuple[int, ...]] | None:
         """Ranks of each head group: groups of a node or more on whole nodes first, the smaller ones
@@ -165,78 +186,107 @@ class LongHead:
             d *= 2
         return out
 
-    def candidate(self, k: int, budget: int, fill: int) -> tuple[float, list[GroupAssignment], np.ndarray] | None:
-        """(T0, the first micro-batch's groups, the rest's sample rows) of a head of ``k`` on ``budget``
-        ranks, the free ranks filled with groups of ``fill`` ranks."""
-        tables = self.tables
-        head = self.order[:k]
-        sizes = self.sizes(head, budget)
-        if sizes is None:
-            return None
-        placed = self._place(sizes)
+    def head(self, k: int, sizes: tuple[int, ...]) -> tuple[list[GroupAssignment], float, np.ndarray] | None:
+        """The head's groups (the k longest samples on groups of ``sizes``), its time T0 and which ranks it uses."""
+        placed = self._place(list(sizes))
         if placed is None:
             return None
-        heads: list[GroupAssignment] = [(ranks, (int(s),)) for ranks, s in zip(placed, head.tolist(), strict=True)]
-        b = tables.group_constant
-        t0 = max(tables.group_time(samples, ranks) for ranks, samples in heads)
-        used = np.zeros(tables.n_ranks, dtype=bool)
+        heads: list[GroupAssignment] = [(ranks, (int(s),)) for ranks, s in zip(placed, self.order[:k].tolist(), strict=True)]
+        t0 = max(self.tables.group_time(samples, ranks) for ranks, samples in heads)
+        used = np.zeros(self.tables.n_ranks, dtype=bool)
         for ranks, _ in heads:
             used[list(ranks)] = True
-        rest = self.order[k:]
-        if not rest.size:
-            return t0, heads, rest
-        fills = [tuple(r[i:i + fill]) for r in self._free_by_node(used) for i in range(0, len(r) - fill + 1, fill)]
+        return heads, t0, used
+
+    def fill(self, heads: list[GroupAssignment], t0: float, used: np.ndarray, fill: int) -> tuple[list[GroupAssignment], np.ndarray]:
+        """The first micro-batch's groups and the rest's sample rows when the ranks the head leaves free
+        form groups of ``fill`` ranks (see the module docstring)."""
+        tables = self.tables
+        b = tables.group_constant
+        rest = self.order[len(heads):]
+        free = np.flatnonzero(~used)
+        node = tables.rank_node[free]
+        first = np.searchsorted(node, node, side="left")  # nodes hold consecutive ranks
+        place = np.arange(free.size) - first
+        whole = np.bincount(node, minlength=int(tables.rank_node.max()) + 1)[node] // fill * fill
+        fills = list(map(tuple, free[place < whole].reshape(-1, fill).tolist()))
         columns = [self._column(fill, True)] + [self._column(len(r), tables.group_span(r)[0]) for r, _ in heads]
         everyone = fills + [r for r, _ in heads]
-        capacity = np.array([len(r) * float(tables.rank_capacity[list(r)].min()) for r in everyone])
+        if tables.homogeneous:
+            capacity = np.array([len(r) for r in everyone], dtype=np.float64) * float(tables.rank_capacity[0])
+        else:
+            capacity = np.array([len(r) * float(tables.rank_capacity[list(r)].min()) for r in everyone])
         load = np.zeros(len(everyone))
         tokens = np.zeros(len(everyone))
         for h, (ranks, samples) in enumerate(heads):
             load[len(fills) + h] = tables.group_time(samples, ranks) - b
             tokens[len(fills) + h] = float(tables.lengths[samples[0]])
         out = np.empty(rest.size, dtype=np.int64)
-        fill_groups(rest, tables.lengths.astype(np.float64), np.ascontiguousarray(np.stack(columns, axis=1)), len(fills),
-                    capacity, load, tokens, t0 - b, out)
+        fill_groups(rest, self._lengths, np.ascontiguousarray(np.stack(columns, axis=1)), len(fills), capacity, load, tokens, t0 - b, out)
         members: list[list[int]] = [[] for _ in everyone]
         for h, (_, samples) in enumerate(heads):
             members[len(fills) + h] += samples
         for s, g in zip(rest.tolist(), out.tolist(), strict=True):
             if g >= 0:
                 members[g].append(s)
-        groups = [(r, tuple(m)) for r, m in zip(everyone, members, strict=True) if m]
-        return t0, groups, rest[out < 0]
+        return [(r, tuple(m)) for r, m in zip(everyone, members, strict=True) if m], rest[out < 0]
 
-    def _free_by_node(self, used: np.ndarray) -> list[list[int]]:
-        return [[r for r in range(lo, hi) if not used[r]] for lo, hi in self.tables.node_ranges]
+    def _matrix(self, intra: bool) -> np.ndarray:
+        if intra not in self._times:
+            self._times[intra] = self.tables.time_matrix(intra, self.speed)
+        return self._times[intra]
 
     def _column(self, d: int, intra: bool) -> np.ndarray:
         """Every sample's time on a group of d ranks (within a node or not; the slowest GPU)."""
-        if intra not in self._times:
-            self._times[intra] = self.tables.time_matrix(intra, self.speed)
-        return self._times[intra][:, self.tables.degree_index[d]]
+        return self._matrix(intra)[:, self.tables.degree_index[d]]
 
     def ranked(self, limit: float, deadline: float | None) -> list[tuple[float, float, list[GroupAssignment], np.ndarray]]:
         """Candidates as (estimate, T0, groups, rest rows), best estimate first; only those whose
-        estimate (T0 plus the rest's lower bound) is below ``limit``."""
-        out: list[tuple[float, float, list[GroupAssignment], np.ndarray]] = []
-        seen: set[tuple] = set()
+        estimate (T0 plus the rest's lower bound) is below ``limit``. The :data:`SHORTLIST` best by a
+        quicker estimate (:meth:`rest_estimate`) get the rest's lower bound."""
+        quick: list[tuple[float, float, list[GroupAssignment], np.ndarray]] = []
         for k in range(1, min(HEAD_MAX, self.tables.n_samples - 1) + 1):
-            head_set = set(self.order[:k].tolist())
-            for budget, fill in product(self.budgets(), self.fill_sizes()):
-                if deadline is not None and time.perf_counter() > deadline:
-                    return sorted(out, key=lambda c: c[0])
-                cand = self.candidate(k, budget, fill)
-                if cand is None:
+            steps = self.widenings(k)
+            chosen: dict[tuple[int, ...], None] = {}
+            for budget in self.budgets():
+                fitting = [sizes for used, sizes in steps if used <= budget]
+                if fitting:
+                    chosen[fitting[-1]] = None
+            for sizes in chosen:
+                head = self.head(k, sizes)
+                if head is None:
                     continue
-                t0, groups, rest = cand
-                key = (fill, *sorted(r for r, s in groups if s[0] in head_set))
-                if key in seen or rest.size == 0:
-                    continue
-                seen.add(key)
-                estimate = t0 + lower_bound(self.tables.subset(rest))
-                if estimate < limit:
-                    out.append((estimate, t0, groups, rest))
+                heads, t0, used = head
+                for fill in self.fill_sizes():
+                    if deadline is not None and time.perf_counter() > deadline:
+                        break
+                    groups, rest = self.fill(heads, t0, used, fill)
+                    if rest.size and t0 + self.rest_estimate(rest) < limit:
+                        quick.append((t0 + self.rest_estimate(rest), t0, groups, rest))
+        quick.sort(key=lambda c: c[0])
+        out = []
+        seen: set[tuple[float, int, int]] = set()
+        for _, t0, groups, rest in quick:
+            key = (t0, rest.size, hash(rest.tobytes()))  # fill sizes that leave the same rest
+            if key in seen:
+                continue
+            seen.add(key)
+            if len(seen) > SHORTLIST or (deadline is not None and time.perf_counter() > deadline):
+                break
+            estimate = t0 + max(lower_bound(self.tables.subset(rest)), self.rest_estimate(rest))
+            if estimate < limit:
+                out.append((estimate, t0, groups, rest))
         return sorted(out, key=lambda c: c[0])
+
+    def rest_estimate(self, rest: np.ndarray) -> float:
+        """A quick lower estimate of the rest's step time: its fewest micro-batches' constants plus its
+        samples' least rank-seconds spread over every rank."""
+        tables = self.tables
+        count = math.ceil(float(self._lengths[rest].sum()) / float(tables.rank_capacity.sum()) * (1 - 1e-12))
+        spanning = int(np.count_nonzero(self._spanning[rest]))
+        if 0 < spanning < rest.size:
+            count = max(count, 2)  # samples that need groups across nodes rarely share a micro-batch with the rest
+        return max(1, count) * tables.group_constant + float(self._area[rest].sum()) / tables.n_ranks
 
     def budgets(self) -> list[int]:
         n = self.tables.n_ranks
