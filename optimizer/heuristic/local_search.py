@@ -29,6 +29,8 @@ from optimizer.costs.tables import CostTables
 from optimizer.heuristic.search_kernels import EPS, best_move, micro_batch_tops, refresh_group
 from optimizer.plan.plan import Assignment
 
+POLISH_ROUNDS = 200
+"""Rounds of the search polishing a whole plan that was built in parts (within the deadline)."""
 SLACK_CANDIDATES = 48
 """On large problems a round looks at this many groups with the most time slack ..."""
 ROOM_CANDIDATES = 16

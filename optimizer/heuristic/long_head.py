@@ -23,10 +23,12 @@ the whole domain (in :data:`BUDGET_STEPS` steps) with every fill size. They are 
 estimate of the rest: first a quick one (the rest's fewest micro-batches by memory, two when it
 still holds samples that need groups across nodes beside others, times the constant, plus its
 samples' least rank-seconds over all ranks), then, for the :data:`SHORTLIST` best distinct ones, the
-larger of that and the rest's lower bound. The rest is planned for the best-ranked candidates in
-that order (:data:`PLANNED` of them for the first head, fewer for the second), while the deadline
-allows and while a candidate's estimate is below the best plan found. The second head is built
-after the best-ranked first head whose rest could be planned.
+larger of that and the rest's lower bound. The rest is planned for the best-ranked candidates
+(:data:`PLANNED` of them for the first head, fewer for the second) and for the best one of every
+micro-batch count of the rest, in the order of their estimates, while the deadline allows and while
+a candidate's estimate is below the best plan found; each planned candidate is polished by the
+local search before it is compared. The second head is built after the best-ranked first head
+whose rest could be planned.
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ from optimizer.costs.tables import CostTables
 from optimizer.errors import InfeasibleError
 from optimizer.heuristic.chunks import join_parts
 from optimizer.heuristic.heap_kernels import pop, push
+from optimizer.heuristic.local_search import POLISH_ROUNDS, LocalSearch
 from optimizer.jit import compiled
-from optimizer.plan.evaluate import assignment_step_time
 from optimizer.plan.plan import Assignment, GroupAssignment
 
 HEAD_MAX = 12
@@ -281,17 +283,36 @@ class LongHead:
     def rest_estimate(self, rest: np.ndarray) -> float:
         """A quick lower estimate of the rest's step time: its fewest micro-batches' constants plus its
         samples' least rank-seconds spread over every rank."""
+        return self.rest_count(rest) * self.tables.group_constant + float(self._area[rest].sum()) / self.tables.n_ranks
+
+    def rest_count(self, rest: np.ndarray) -> int:
+        """The micro-batches :meth:`rest_estimate` counts for the rest."""
         tables = self.tables
         count = math.ceil(float(self._lengths[rest].sum()) / float(tables.rank_capacity.sum()) * (1 - 1e-12))
         spanning = int(np.count_nonzero(self._spanning[rest]))
         if 0 < spanning < rest.size:
             count = max(count, 2)  # samples that need groups across nodes rarely share a micro-batch with the rest
-        return max(1, count) * tables.group_constant + float(self._area[rest].sum()) / tables.n_ranks
+        return max(1, count)
 
     def budgets(self) -> list[int]:
         n = self.tables.n_ranks
         step = max(1, math.ceil(n / BUDGET_STEPS))
         return sorted({min(n, step * i) for i in range(1, BUDGET_STEPS + 1)})
+
+
+def picks(head: LongHead, limit: float, deadline: float | None, planned: int) -> list[tuple[float, float, list[GroupAssignment], np.ndarray]]:
+    """The candidates whose rest is planned, best estimate first: the ``planned`` best, and the best of
+    every micro-batch count of the rest (the count is the plan's largest discrete choice, and the
+    estimates of different counts err differently)."""
+    ranked = head.ranked(limit, deadline)
+    counts: set[int] = set()
+    out = []
+    for i, cand in enumerate(ranked):
+        count = head.rest_count(cand[3])
+        if i < planned or count not in counts:
+            out.append(cand)
+        counts.add(count)
+    return out
 
 
 def long_head_plan(tables: CostTables, plan_rest: RestPlanner, best_time: float, deadline: float | None) -> tuple[Assignment, float] | None:
@@ -314,7 +335,7 @@ def long_head_plan(tables: CostTables, plan_rest: RestPlanner, best_time: float,
         sub = tables if rows.size == n else tables.subset(rows)
         target = best_time if found is None else found[1]
         follow: tuple[float, tuple[GroupAssignment, ...], float, np.ndarray] | None = None
-        for estimate, t0, groups, rest in LongHead(sub).ranked(target - prefix_time, deadline)[:planned]:
+        for estimate, t0, groups, rest in picks(LongHead(sub), target - prefix_time, deadline, planned):
             target = best_time if found is None else found[1]
             if prefix_time + estimate >= target * (1 - 1e-9) or expired():
                 break
@@ -325,7 +346,9 @@ def long_head_plan(tables: CostTables, plan_rest: RestPlanner, best_time: float,
                 continue
             first = tuple((ranks, tuple(int(rows[s]) for s in samples)) for ranks, samples in groups)
             joined = join_parts([(np.arange(n), Assignment((*prefix, first))), (rows[rest], rest_plan)])
-            step = assignment_step_time(tables, joined)
+            search = LocalSearch(tables, joined, max_rounds=POLISH_ROUNDS)  # the parts were planned apart
+            search.run(deadline)
+            joined, step = search.assignment(), search.step_time()
             if follow is None:  # the next head follows the best-estimated candidate that planned
                 follow = (step, first, t0, rest)
             if step < target * (1 - 1e-9):

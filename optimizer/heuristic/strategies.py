@@ -36,7 +36,7 @@ from optimizer.costs.tables import CostTables
 from optimizer.errors import InfeasibleError
 from optimizer.heuristic.chunks import best_chunked
 from optimizer.heuristic.few_samples import few_samples_plan
-from optimizer.heuristic.local_search import LocalSearch
+from optimizer.heuristic.local_search import POLISH_ROUNDS, LocalSearch
 from optimizer.heuristic.long_head import long_head_plan
 from optimizer.heuristic.packing import FAST_ROUNDS, GOOD_ENOUGH, HeuristicPlanner
 from optimizer.heuristic.segments import segmented
@@ -48,8 +48,6 @@ CHUNK_FLOORS = (8, 1)
 """Floors a chunk is planned with (each chunk keeps its best); floor 1 only for chunks of short
 samples (longest at most SHORT_SHARE of one rank's memory), where narrow groups pay no communication."""
 SHORT_SHARE = 0.5
-POLISH_ROUNDS = 200
-"""Local-search rounds over the whole batch on the best plan, within the deadline."""
 
 
 def floors(tables: CostTables) -> tuple[int, ...]:
