@@ -21,6 +21,8 @@ Everything is deterministic for a given input (ties break on index).
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import math
 import time
 from dataclasses import dataclass, field
@@ -252,30 +254,44 @@ class HeuristicPlanner:
         Time is left to the local search.
         """
         n_ranks = self.t.n_ranks
-        free = [n_ranks] * n_micro_batches
+        free = np.full(n_micro_batches, n_ranks, dtype=np.int64)
+        fresh = 0  # micro-batches from here on have all their ranks free
+        most_free: list[tuple[int, int]] = []  # heap of (-free ranks, micro-batch) of the others; stale entries skipped
         groups: list[_Group] = []
-        rooms: list[float] = []
-        for i in sorted(range(self.lengths.shape[0]), key=lambda i: (-self.lengths[i], i)):
-            li = float(self.lengths[i])
-            best, best_room = -1, math.inf
-            for g, room in enumerate(rooms):
-                if li <= room < best_room:
-                    best, best_room = g, room
-            if best < 0:
+        lengths = self.lengths.tolist()
+        rooms = np.empty(len(lengths))  # per group (at most one per sample): tokens it can still take
+        sizes = np.empty(len(lengths), dtype=np.int64)  # per group: its size index
+        places = np.empty(len(lengths), dtype=np.int64)  # per group: its micro-batch
+        by_room: list[tuple[float, int]] = []  # (room, group), sorted: the best fit is the first room that holds the sample
+        for i in np.lexsort((np.arange(len(lengths)), -self.lengths)).tolist():  # longest first, ties by index
+            li = lengths[i]
+            k = bisect.bisect_left(by_room, (li, -1))
+            if k < len(by_room):
+                best = by_room.pop(k)[1]
+            else:
                 j = int(self.min_j[i])
                 d = self.degrees[j]
-                micro_batch = max(range(n_micro_batches), key=lambda m: (free[m], -m))
+                while most_free and -most_free[0][0] != free[most_free[0][1]]:
+                    heapq.heappop(most_free)
+                micro_batch = fresh if fresh < n_micro_batches else most_free[0][1]  # the most free ranks, the first such micro-batch
+                fresh += micro_batch == fresh
                 if free[micro_batch] >= d:
-                    free[micro_batch] -= d
+                    best = len(groups)
                     groups.append(_Group(j, micro_batch=micro_batch))
-                    rooms.append(self.capacity * d)
-                    best = len(groups) - 1
+                    rooms[best], sizes[best], places[best] = self.capacity * d, j, micro_batch
                 else:
-                    best = self._enlarge_for(groups, rooms, free, li)
+                    best, j = self._enlarge_for(rooms[: len(groups)], sizes[: len(groups)], free[places[: len(groups)]], li)
                     if best < 0:
                         return None
+                    by_room.pop(bisect.bisect_left(by_room, (float(rooms[best]), best)))
+                    micro_batch, d = groups[best].micro_batch, self.degrees[j] - self.degrees[int(sizes[best])]
+                    rooms[best] += self.capacity * d
+                    sizes[best] = groups[best].degree_index = j
+                free[micro_batch] -= d
+                heapq.heappush(most_free, (-int(free[micro_batch]), micro_batch))
             groups[best].samples.append(i)
             rooms[best] -= li
+            bisect.insort(by_room, (float(rooms[best]), best))
         members: list[list[int]] = [[] for _ in range(n_micro_batches)]
         for k, grp in enumerate(groups):
             members[grp.micro_batch].append(k)
@@ -288,26 +304,20 @@ class HeuristicPlanner:
                 mbs[micro_batch].append((rs, groups[k].samples))
         return Assignment.of(mbs)
 
-    def _enlarge_for(self, groups: list[_Group], rooms: list[float], free: list[int], li: float) -> int:
-        """Grow the group that needs the fewest extra free ranks of its micro-batch to also hold ``li`` tokens; -1 if none can."""
-        best, best_extra = -1, 0
-        for g, grp in enumerate(groups):
-            d = self.degrees[grp.degree_index]
-            need = math.ceil((self.capacity * d - rooms[g] + li) / self.capacity - 1e-9)
-            j = next((k for k in range(grp.degree_index, len(self.degrees)) if self.degrees[k] >= need), None)
-            if j is None:
-                continue
-            extra = self.degrees[j] - d
-            if extra <= free[grp.micro_batch] and (best < 0 or extra < best_extra):
-                best, best_extra = g, extra
-        if best >= 0:
-            grp = groups[best]
-            d = self.degrees[grp.degree_index]
-            j = next(k for k in range(grp.degree_index, len(self.degrees)) if self.degrees[k] - d == best_extra)
-            free[grp.micro_batch] -= best_extra
-            rooms[best] += self.capacity * best_extra
-            grp.degree_index = j
-        return best
+    def _enlarge_for(self, rooms: np.ndarray, sizes: np.ndarray, free: np.ndarray, li: float) -> tuple[int, int]:
+        """The group (the first on ties) that needs the fewest extra free ranks of its micro-batch
+        (``free``, per group) to also hold ``li`` tokens, and its new size index; (-1, -1) if none can."""
+        degrees = self.t.degrees
+        d = degrees[sizes]
+        need = np.ceil((self.capacity * d - rooms + li) / self.capacity - 1e-9)
+        j = np.maximum(sizes, np.searchsorted(degrees, need, side="left"))
+        fits = j < len(degrees)
+        extra = np.where(fits, degrees[np.minimum(j, len(degrees) - 1)] - d, 0)
+        fits &= extra <= free
+        if not fits.any():
+            return -1, -1
+        best = int(np.argmin(np.where(fits, extra, np.iinfo(np.int64).max)))
+        return best, int(j[best])
 
     def _place(self, g_size: np.ndarray, g_load: np.ndarray, n_micro_batches: int) -> tuple[list[tuple[int, ...]], np.ndarray, list[list[int]]] | None:
         """Spread groups over micro-batches (largest first, then most loaded, to the emptiest micro-batch) and
