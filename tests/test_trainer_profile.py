@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from api.commands import main  # noqa: E402
 from optimizer.problem.documents import problem_from_json, read_json_file  # noqa: E402
-from trainer.profiler import FitRefused, Point, _nnls, check_fit, fit, fit_ring_transfers  # noqa: E402
+from trainer.profiler import FitRefused, Point, _nnls, check_fit, fit, fit_ring_transfers, profile_document  # noqa: E402
 
 A2, A1, A0, B = 3e-9, 2e-6, 4e-4, 1e-3
 
@@ -95,7 +95,37 @@ def test_fit_recovers_the_per_sample_ring_step_term():
     assert old.max_rel_error > 0.1 and f.max_rel_error < 1e-6
 
 
+def test_ring_messages_per_group_and_padded_bytes_are_recovered():
+    """The trainer's form: 3 (d-1) + 1 messages per layer and micro-batch whatever the sample count,
+    the bytes of the sample padded to 2d; the per-sample form cannot say that 16 samples cost what one does."""
+    from optimizer.plan.sharding import padded_length
+
+    points = [Point((L,) * n, d, model_time((L,) * n, d)) for L in (20, 128, 512, 2048) for d in (1, 2, 3, 4) for n in (1, 2, 16)]
+    compute = fit(points)
+    k, bw, lat, layers = 6144.0, 2e9, 1e-4, 2
+    group = (3.0 * layers, float(layers))
+
+    def ring(lengths, d):
+        return model_time(lengths, d) + sum(k * padded_length(L, d) * (d - 1) / d for L in lengths) / bw + (group[0] * (d - 1) + group[1]) * lat
+
+    rings = [Point((L,) * n, d, ring((L,) * n, d)) for L in (20, 37, 512, 2049) for d in (2, 3, 4) for n in (1, 2, 16)]
+    got_bw, got_lat, report = fit_ring_transfers(compute, rings, k, group[0], group)
+    assert got_bw == pytest.approx(bw, rel=1e-6) and got_lat == pytest.approx(lat, rel=1e-6)
+    assert report["ring_max_rel_error"] < 1e-6 and report["ring_r2"] == pytest.approx(1.0)
+    _, _, per_sample = fit_ring_transfers(compute, rings, k, group[0])
+    assert per_sample["ring_max_rel_error"] > 0.3
+    # The profile written for it plans what was measured: the planner's group time equals the ring's.
+    doc = profile_document(compute, k, got_bw, got_lat, 65536, group=group, step_constant=0.004)
+    problem = problem_from_json({"batch": {"samples": [{"id": f"s{i}", "text_tokens": 37} for i in range(16)]},
+                                 "cluster": {"nodes": 1, "gpus_per_node": 4}, "profile": doc})
+    from optimizer.costs.tables import CostTables
+
+    assert CostTables.build(problem).group_time(list(range(16)), (0, 1, 2)) == pytest.approx(ring((37,) * 16, 3), rel=1e-6)
+    assert problem.cost_profile.step_constant == 0.004 and problem.cost_profile.padded_bytes
+
+
 @pytest.mark.parametrize("report, field", [
+    ({"r2": 0.99, "max_rel_error": 0.1, "per_token_s": 0.0}, "--lengths"),
     ({"r2": 0.5, "max_rel_error": 0.1}, "--min-r2"),
     ({"r2": -0.4, "max_rel_error": 0.1}, "--min-r2"),
     ({"r2": 0.99, "max_rel_error": 0.9}, "--max-error"),
@@ -119,7 +149,7 @@ def test_dhp_profile_refuses_a_noisy_fit_with_exit_2(monkeypatch, capsys):
     def noisy(model, settings, device, progress=None):
         # Times that do not follow the lengths at all: no formula explains them.
         values = [0.9, 0.1, 0.5, 0.05, 0.7, 0.02, 0.3, 0.8]
-        return [Point((L,) * n, d, values[(i * 5) % 8]) for i, (L, d, n) in enumerate((L, d, n) for L in (32, 64) for d in (1, 2) for n in (1, 2))], []
+        return [Point((L,) * n, d, values[(i * 5) % 8]) for i, (L, d, n) in enumerate((L, d, n) for L in (32, 64) for d in (1, 2) for n in (1, 2))], [], 0.0
 
     monkeypatch.setattr(profiler, "measure_all", noisy)
     rc = main(["profile", "--lengths", "32,64", "--degrees", "1,2", "--mixes", "1,2", "--device", "cpu", "--no-comm", "--bandwidth", "1e9",

@@ -16,15 +16,22 @@ transfer; the coefficients (a2, a1, a0, b, c) >= 0 come from non-negative least 
 measurements (weighted for relative error). ``c`` is the work each sample adds per extra ring step
 (its chunks are separate tiles in every one of the d blocks a rank computes): many short samples on
 a wide group cost more than on one rank, which the other terms cannot say. The profile carries it
-in its per-sample ring term ``m (d-1) latency`` (with m the exchanges per ring step, the latency is
-the measured per-exchange latency plus c / m). Besides the usual lengths and mixes, each group size
-is measured with many short samples (:attr:`ProfileSettings.short_mix`), the shape that exposes c.
+as ``time.sample_step``. Besides the usual lengths and mixes, each group size is measured with many
+short samples (:attr:`ProfileSettings.short_mix`), the shape that exposes c.
+
+The transfers follow what the trainer does (:mod:`trainer.ring_attention`): per layer and micro-batch
+a group's ring makes d-1 exchanges forward and 2d-1 backward, each carrying all its samples' keys
+and values (or their gradients) at once: ``comm.group_messages`` ``{"per_step": 3 x layers, "fixed":
+layers}`` messages per group and micro-batch, whatever its sample count, each costing the fitted
+latency. The bytes are those of the samples padded to a multiple of 2d (``comm.padded_bytes``):
+keys and values forward once and again backward with their gradients,
+``bytes_per_token = layers x hidden x (4 x element size + 2 x accumulator size)``. Every step ends
+with the gradient all-reduce over the job: timed on its own with several processes, it becomes
+``time.step_constant``.
+
 The fit's quality is reported as R^2 and the largest relative error of predicted against measured
-time; :func:`check_fit` refuses a fit below the stated thresholds or with a transfer rate no
-machine has. The ring sends each layer's keys and values forward once and,
-in the backward pass, the keys and values again with their gradients:
-``bytes_per_token = 6 x layers x hidden x element size`` and ``messages_per_step = 3 x layers``
-exchanges per ring step.
+time; :func:`check_fit` refuses a fit below the stated thresholds, one whose times do not grow with
+the lengths, or one with a transfer rate no machine has (``dhp profile`` exits 2 naming the flag).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from optimizer.plan.sharding import padded_length
 from trainer.ring_attention import LOOPBACK
 from trainer.tiny_model import TinyConfig, TinyTransformer
 
@@ -162,12 +170,15 @@ def time_group(model: TinyTransformer, lengths: Sequence[int], d: int, device: t
     return min(times)
 
 
-def measure_all(model: TinyTransformer, settings: ProfileSettings, device: torch.device, progress: Progress | None = None) -> tuple[list[Point], list[Point]]:
-    """(compute points, real ring points): the second only with several processes, for sizes up to their number."""
+def measure_all(model: TinyTransformer, settings: ProfileSettings, device: torch.device,
+                progress: Progress | None = None) -> tuple[list[Point], list[Point], float]:
+    """(compute points, real ring points, seconds of the step's gradient all-reduce): the last two only
+    with several processes (rings for sizes up to their number; 0 s with one process)."""
     points = []
     combos = _combos(settings)
     together = None
     rings: list[Point] = []
+    reduction = 0.0
     if settings.procs > 1:
         from trainer.launch import spawn
 
@@ -177,6 +188,8 @@ def measure_all(model: TinyTransformer, settings: ProfileSettings, device: torch
         together = [max(r[0][k] for r in runs) for k in range(len(combos))]
         ring_combos = [c for c in combos if 2 <= c[1] <= settings.procs]
         rings = [Point((L,) * n, d, max(r[1][k] for r in runs if k < len(r[1]))) for k, (L, d, n) in enumerate(ring_combos)]
+        # Each run ends when the slowest rank has its sums; the fastest run is the reduction's own cost.
+        reduction = min(max(r[2][k] for r in runs) for k in range(len(runs[0][2])))
     alone = together if together is not None else _sweep(combos, settings, lambda c, w: time_group(model, (c[0],) * c[2], c[1], device, 1, w))
     for k, (L, d, n) in enumerate(combos):
         points.append(Point((L,) * n, d, alone[k]))
@@ -185,7 +198,9 @@ def measure_all(model: TinyTransformer, settings: ProfileSettings, device: torch
     for p in rings:
         if progress:
             progress(f"ring d={p.degree} samples={len(p.lengths)}x{p.lengths[0]}: {p.seconds * 1000:.2f} ms with transfers")
-    return points, rings
+    if progress and settings.procs > 1:
+        progress(f"gradient all-reduce over {settings.procs} processes: {reduction * 1000:.2f} ms")
+    return points, rings, reduction
 
 
 def _combos(settings: ProfileSettings) -> list[tuple[int, int, int]]:
@@ -207,7 +222,7 @@ def _sweep(combos: list[tuple[int, int, int]], settings: ProfileSettings, run: C
     return best
 
 
-def _measure_worker(rank: int, world_size: int, cfg: TinyConfig, settings: ProfileSettings, device_name: str) -> tuple[list[float], list[float]]:
+def _measure_worker(rank: int, world_size: int, cfg: TinyConfig, settings: ProfileSettings, device_name: str) -> tuple[list[float], list[float], list[float]]:
     import torch.distributed as dist
 
     device = torch.device(device_name)
@@ -231,7 +246,26 @@ def _measure_worker(rank: int, world_size: int, cfg: TinyConfig, settings: Profi
         return time_group(model, (c[0],) * c[2], c[1], device, 1, warmup, group=groups[c[1]], position=rank)
 
     rings = _sweep([c for c in combos if c[1] in groups], settings, ring)
-    return out, rings
+    return out, rings, time_reduction(model, device, settings.repeats + settings.warmup + 2)
+
+
+def time_reduction(model: torch.nn.Module, device: torch.device, runs: int) -> list[float]:
+    """Seconds of each run of the step's end on this rank: the gradient all-reduce and the loss's, as
+    :func:`trainer.step.train_step` makes them over the whole job (every rank calls it together)."""
+    import torch.distributed as dist
+
+    from trainer.step import reduce_gradients
+
+    out = []
+    for _ in range(runs):
+        dist.barrier()
+        _sync(device)
+        t0 = time.perf_counter()
+        reduce_gradients(model)
+        dist.all_reduce(torch.zeros((), dtype=torch.float64, device=device))
+        _sync(device)
+        out.append(time.perf_counter() - t0)
+    return out
 
 
 def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -309,14 +343,21 @@ def probe_transfers(sizes: Sequence[int], repeats: int = 5, use_cuda: bool = Fal
     return bandwidth, latency, list(zip(sizes, secs, strict=True))
 
 
-def fit_ring_transfers(compute: Fit, rings: Sequence[Point], bytes_per_token: float, messages: float) -> tuple[float, float, dict[str, Any]]:
+def fit_ring_transfers(compute: Fit, rings: Sequence[Point], bytes_per_token: float, messages: float,
+                       group: tuple[float, float] | None = None) -> tuple[float, float, dict[str, Any]]:
     """Bandwidth and per-exchange latency from real rings: what they took beyond the compute fit.
 
     Each ring point's excess over the fitted compute time is matched to the profile's transfer
-    term, ``sum_i k L_i (d-1)/d / bw + m (d-1) latency``, by non-negative least squares; the
-    report gives the whole formula's R^2 and largest relative error on the ring points.
+    term by non-negative least squares: with ``group`` (g1, g0), the trainer's form
+    ``sum_i k P(L_i, d) (d-1)/d / bw + (g1 (d-1) + g0) latency`` (padded bytes, the group's messages
+    once per micro-batch); without, the per-sample form ``sum_i (k L_i (d-1)/d / bw + m (d-1) latency)``.
+    The report gives the whole formula's R^2 and largest relative error on the ring points.
     """
-    x = np.array([[sum(bytes_per_token * L * (p.degree - 1) / p.degree for L in p.lengths), len(p.lengths) * messages * (p.degree - 1)] for p in rings])
+    if group is None:
+        x = np.array([[sum(bytes_per_token * L * (p.degree - 1) / p.degree for L in p.lengths), len(p.lengths) * messages * (p.degree - 1)] for p in rings])
+    else:
+        x = np.array([[sum(bytes_per_token * padded_length(L, p.degree) * (p.degree - 1) / p.degree for L in p.lengths),
+                       group[0] * (p.degree - 1) + group[1]] for p in rings])
     y = np.array([p.seconds - compute.predict(p.lengths, p.degree) for p in rings])
     w = 1.0 / np.array([p.seconds for p in rings])
     per_byte, latency = (float(v) for v in _nnls(x * w[:, None], y * w))
@@ -327,6 +368,32 @@ def fit_ring_transfers(compute: Fit, rings: Sequence[Point], bytes_per_token: fl
     r2 = 1.0 - float(((measured - total) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
     rows = [{"lengths": list(p.lengths), "degree": p.degree, "measured_s": p.seconds, "predicted_s": float(t)} for p, t in zip(rings, total, strict=True)]
     return bandwidth, latency, {"ring_r2": r2, "ring_max_rel_error": float((np.abs(total - measured) / measured).max()), "ring_points": rows}
+
+
+def group_messages(cfg: TinyConfig) -> tuple[float, float]:
+    """(per ring step, fixed) messages a group of this implementation's ring exchanges per micro-batch:
+    per layer d-1 forward and 2d-1 backward (keys and values, then their gradients once more), 3 (d-1) + 1."""
+    return 3.0 * cfg.layers, float(cfg.layers)
+
+
+def profile_document(f: Fit, bytes_per_token: float, bandwidth: float, latency: float, capacity: float, *, messages: float = 0.0,
+                     group: tuple[float, float] | None = None, step_constant: float = 0.0, source: str = "") -> dict[str, Any]:
+    """The profile of a fit. With ``group`` the trainer's form (per-sample ring-step work in
+    ``time.sample_step``, the group's messages per micro-batch, padded bytes, the step's all-reduce);
+    without, the per-sample form (the ring-step work folded into the per-sample latency of
+    ``messages`` exchanges per ring step), which is what this profiler wrote before."""
+    time_doc: dict[str, Any] = {"quadratic": f.quadratic, "linear": f.linear, "sample_constant": f.sample_constant, "group_constant": f.group_constant}
+    comm: dict[str, Any] = {"scheme": "ring", "bytes_per_token": bytes_per_token, "bandwidth_bytes_per_s": {"intra": bandwidth, "inter": bandwidth}}
+    if group is None:
+        per_sample = latency + f.sample_step / messages
+        comm.update(latency_s={"intra": per_sample, "inter": per_sample}, messages_per_step=messages)
+    else:
+        time_doc.update(sample_step=f.sample_step, step_constant=step_constant)
+        comm.update(latency_s={"intra": latency, "inter": latency}, group_messages={"per_step": group[0], "fixed": group[1]}, padded_bytes=True)
+    out: dict[str, Any] = {"time": time_doc, "comm": comm, "capacity_tokens_per_rank": capacity}
+    if source:
+        out["source"] = source
+    return out
 
 
 def comm_terms(cfg: TinyConfig, dtype: torch.dtype) -> tuple[float, float]:
@@ -357,6 +424,9 @@ BANDWIDTH_RANGE = (1e6, 1e13)
 
 def check_fit(report: dict[str, Any], min_r2: float, max_error: float) -> None:
     """Raise :class:`FitRefused` when the fit is degenerate or below the thresholds (see ``dhp profile --min-r2``)."""
+    if report.get("per_token_s", 1.0) <= 0:
+        raise FitRefused("the compute fit has no term per token: the measured times did not grow with the sample lengths", "--lengths",
+                         "measure lengths far apart (e.g. 128 to 4096 tokens) so that the work per token shows.")
     checks = [("r2", "max_rel_error", "compute")]
     if "ring_r2" in report:
         checks.append(("ring_r2", "ring_max_rel_error", "ring"))
@@ -405,13 +475,14 @@ def measure_profile(cfg: TinyConfig, settings: ProfileSettings, progress: Progre
         torch.set_num_threads(settings.threads)
     if progress:
         progress(f"device {device}, {torch.get_num_threads()} threads x {settings.procs} processes, model {cfg}")
-    points, rings = measure_all(model, settings, device, progress)
+    points, rings, reduction = measure_all(model, settings, device, progress)
     f = fit(points)
     transfers: list[tuple[int, float]] = []
     bpt, msgs = comm_terms(cfg, dtype)
+    group = group_messages(cfg)
     ring_fit: dict[str, Any] = {}
     if settings.comm and rings:
-        bandwidth, latency, ring_fit = fit_ring_transfers(f, rings, bpt, msgs)
+        bandwidth, latency, ring_fit = fit_ring_transfers(f, rings, bpt, msgs, group)
         if progress:
             progress(f"transfers from real rings: {bandwidth / 1e9:.3f} GB/s, {latency * 1e6:.1f} us per exchange")
     elif settings.comm:
@@ -421,20 +492,12 @@ def measure_profile(cfg: TinyConfig, settings: ProfileSettings, progress: Progre
         bandwidth, latency, transfers = probe_transfers(settings.message_bytes, use_cuda=use_cuda)
     if bandwidth is None:
         raise ValueError("give a bandwidth when transfers are not measured")
-    exchange_latency = latency
-    latency = latency + f.sample_step / msgs  # the per-sample ring-step work rides on the profile's per-sample ring term
     capacity = settings.capacity_tokens or default_capacity(model, device)
     source = (f"dhp profile on {device} ({settings.procs} x {torch.get_num_threads()} threads, torch {torch.__version__}), tiny model {cfg.layers}x{cfg.hidden}, "
               f"{len(points)} points, R^2 {f.r2:.4f}, largest relative error {f.max_rel_error:.3f}")
-    profile = {
-        "time": {"quadratic": f.quadratic, "linear": f.linear, "sample_constant": f.sample_constant, "group_constant": f.group_constant},
-        "comm": {"scheme": "ring", "bytes_per_token": bpt, "bandwidth_bytes_per_s": {"intra": bandwidth, "inter": bandwidth},
-                 "latency_s": {"intra": latency, "inter": latency}, "messages_per_step": msgs},
-        "capacity_tokens_per_rank": capacity,
-        "source": source,
-    }
+    profile = profile_document(f, bpt, bandwidth, latency, capacity, group=group, step_constant=reduction, source=source)
     report = {"r2": f.r2, "max_rel_error": f.max_rel_error, "points": f.points, "device": str(device), "sample_step_s": f.sample_step,
-              "exchange_latency_s": exchange_latency, "comm_measured": settings.comm,
+              "per_token_s": f.quadratic + f.linear, "step_constant_s": reduction, "group_messages": list(group), "comm_measured": settings.comm,
               "transfers": [{"bytes": n, "seconds": s} for n, s in transfers], "bandwidth_bytes_per_s": bandwidth, "latency_s": latency, **ring_fit}
     if not all(math.isfinite(v) for v in (f.quadratic, f.linear, f.sample_constant, f.group_constant, f.sample_step)):
         raise ValueError("the fit produced a non-finite coefficient; measure more points")
