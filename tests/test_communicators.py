@@ -91,3 +91,47 @@ def test_bad_reuse_options_name_the_field(options, field):
     with pytest.raises(ProblemError) as exc:
         request(BLOCKS, **options)
     assert exc.value.field == field
+
+
+def _hand(existing, cost, groups, lengths):
+    from optimizer.costs.tables import CostTables
+    from optimizer.plan.plan import Assignment
+
+    doc = {"batch": {"samples": [{"id": f"s{i}", "text_tokens": n} for i, n in enumerate(lengths)]}, "cluster": {"nodes": 1, "gpus_per_node": 8},
+           "profile": {"time": {"quadratic": 1e-8, "linear": 1e-5, "sample_constant": 1e-3, "group_constant": 1e-3},
+                       "comm": {"scheme": "ring", "bytes_per_token": 100.0, "bandwidth_bytes_per_s": {"intra": 1e10, "inter": 1e9}},
+                       "capacity_tokens_per_rank": 4096},
+           "existing_groups": existing, "options": {"group_reuse": "prefer", "new_group_cost_s": cost}}
+    return CostTables.build(problem_from_json(doc)), Assignment.of(groups)
+
+
+def test_prefer_moves_a_new_group_onto_an_existing_group_of_another_size():
+    from optimizer.plan.group_reuse import adapt
+
+    # A larger existing group takes the samples when the micro-batch has ranks to spare (ranks 3, 6, 7 are idle).
+    tables, a = _hand([[0, 1, 2, 3]], 0.5, [[((0, 1, 2), [0]), ((4,), [1]), ((5,), [2])]], [6000, 300, 200])
+    out = adapt(tables, a)
+    assert sorted(r for r, _ in out.micro_batches[0]) == [(0, 1, 2, 3), (4,), (5,)]
+    # No spare rank: the group stays new.
+    tables, a = _hand([[0, 1, 2, 3]], 0.5, [[((0, 1, 2), [0]), ((3,), [1]), ((4,), [2]), ((5,), [3]), ((6,), [4]), ((7,), [5])]],
+                      [6000, 300, 200, 100, 100, 100])
+    assert (0, 1, 2) in [r for r, _ in adapt(tables, a).micro_batches[0]]
+    # A smaller existing group that holds the sample: taken when the slowdown is below the cost of a new group, not otherwise.
+    tables, a = _hand([[0, 1]], 0.5, [[((0, 1, 2), [0])]], [3000])
+    assert [r for r, _ in adapt(tables, a).micro_batches[0]] == [(0, 1)]
+    tables, a = _hand([[0, 1]], 1e-6, [[((0, 1, 2), [0])]], [3000])
+    assert [r for r, _ in adapt(tables, a).micro_batches[0]] == [(0, 1, 2)]
+
+
+def test_group_churn_bench_counts_new_groups_per_step():
+    pytest.importorskip("torch")
+    from trainer.group_churn import run
+
+    out = run(steps=3, samples=24, workload="video", costs=(0.5,), budget_ms=100, cluster_preset="h100-1x8")
+    runs = {r["mode"]: r for r in out["runs"]}
+    assert set(runs) == {"blind", "ignore", "prefer", "prefer-blocks", "only"}
+    assert runs["only"]["new_groups_per_step"] == [0, 0, 0] and runs["only"]["created_at_start"] == 7  # 4 + 2 + 1 aligned blocks of 8 ranks
+    for r in runs.values():
+        assert r["groups_created"] == r["created_at_start"] + sum(r["new_groups_per_step"])
+        assert r["total_s"] == pytest.approx(r["total_step_s"] + r["groups_created"] * 0.5)
+    assert runs["prefer"]["total_s"] <= runs["ignore"]["total_s"] * (1 + 1e-9)

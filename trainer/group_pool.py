@@ -33,6 +33,13 @@ def aligned_blocks(world_size: int, sizes: Iterable[int]) -> list[Ranks]:
     return out
 
 
+def aligned_pow2_blocks(world_size: int) -> list[Ranks]:
+    """The aligned blocks of every power-of-two size from 2 to ``world_size`` (N - 1 groups when N is
+    a power of two): a family from which a planner can take its groups so that a job's pool stops
+    growing (see ``python -m trainer.group_churn``)."""
+    return aligned_blocks(world_size, [1 << k for k in range(1, world_size.bit_length()) if 1 << k <= world_size])
+
+
 def canonical(ranks: Sequence[int]) -> Ranks:
     """The key of a group: its ranks sorted, without repeats."""
     key = tuple(sorted(int(r) for r in ranks))
@@ -116,6 +123,10 @@ class GroupPool:
         if missing:
             self._create(missing)
         return len(missing)
+
+    def mean_create_seconds(self) -> float | None:
+        """Measured seconds per group created so far on this rank (None before the first)."""
+        return self.stats.create_seconds / self.stats.created if self.stats.created else None
 
     def precreate_blocks(self, sizes: Iterable[int]) -> int:
         """Create all aligned contiguous blocks of the given sizes (the groups a plan most often uses)."""

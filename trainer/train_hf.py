@@ -11,8 +11,17 @@ every rank checks its digest (:mod:`trainer.plan_sync`); each rank maps it to it
 samples of its groups through a DataLoader (:mod:`trainer.routing`), creates the plan's new
 groups through the pool, trains the step (:func:`trainer.step.train_step`, ring or Ulysses
 attention in the model of :mod:`trainer.hf_adapter`) and rank 0 posts the measured step time and
-per-group times as feedback. With ``--reference`` rank 0 also trains a second copy of the model on
-the whole batch in one process with the library's own attention and reports both losses.
+per-group times as feedback, with the number of groups the step created. With ``--reference`` rank 0
+also trains a second copy of the model on the whole batch in one process with the library's own
+attention and reports both losses.
+
+Communicators. At start every rank creates the aligned power-of-two blocks of the planned domain
+through the pool (``--no-precreate`` skips it); every request then lists the groups the job holds
+(``existing_groups``, the blocks and every group of earlier plans) and what creating one more costs
+(``options.new_group_cost_s``: the pool's measured mean seconds per group, times the tensor x
+pipeline copies of a planner group; ``--group-cost-s`` overrides it), under ``--group-reuse``
+(``prefer`` by default). So the planner weighs a new group against the step time it saves, and the
+job's pool stops growing (``python -m trainer.group_churn`` gives the figures).
 
 The model is a small Llama built locally with random weights (``--hidden``, ``--layers``,
 ``--heads``, ``--kv-heads``); nothing is downloaded. Batches are seeded synthetic samples of
@@ -48,16 +57,26 @@ def batch_lengths(step: int, n: int, seed: int, shortest: int, longest: int) -> 
     return {f"b{step}s{i}": int(round(shortest * (longest / shortest) ** rng.random())) for i in range(n)}
 
 
-def make_request(lengths: dict[str, int], args: argparse.Namespace, model_doc: dict[str, Any], world: int) -> dict[str, Any]:
+def make_request(lengths: dict[str, int], args: argparse.Namespace, model_doc: dict[str, Any], world: int,
+                 existing: list[tuple[int, ...]] | None = None, group_cost_s: float | None = None) -> dict[str, Any]:
+    """The planning request of one batch; ``existing`` (planner ranks) and ``group_cost_s`` make it
+    communicator-aware (see the module docstring)."""
     profile: dict[str, Any] = json.loads(open(args.profile).read()) if args.profile else json.loads(json.dumps(DEFAULT_PROFILE))
     profile["comm"] = {**profile["comm"], "scheme": args.scheme}
     if args.capacity_tokens:
         profile["capacity_tokens_per_rank"] = args.capacity_tokens
     profile.setdefault("capacity_tokens_per_rank", args.capacity_tokens or 1 << 16)
     domain = world // (args.tp * args.pp)
-    return {"batch": {"samples": [{"id": k, "text_tokens": v} for k, v in lengths.items()]},
-            "cluster": {"nodes": 1, "gpus_per_node": domain * args.tp * args.pp, "tensor_parallel": args.tp, "pipeline_parallel": args.pp},
-            "model": model_doc, "profile": profile, "options": {"time_budget_ms": args.budget_ms}}
+    options: dict[str, Any] = {"time_budget_ms": args.budget_ms, "group_reuse": args.group_reuse}
+    cost = args.group_cost_s if args.group_cost_s is not None else group_cost_s
+    if cost is not None:
+        options["new_group_cost_s"] = cost
+    request: dict[str, Any] = {"batch": {"samples": [{"id": k, "text_tokens": v} for k, v in lengths.items()]},
+               "cluster": {"nodes": 1, "gpus_per_node": domain * args.tp * args.pp, "tensor_parallel": args.tp, "pipeline_parallel": args.pp},
+               "model": model_doc, "profile": profile, "options": options}
+    if existing:
+        request["existing_groups"] = [list(g) for g in existing]
+    return request
 
 
 class Planner:
@@ -120,6 +139,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--reference", action="store_true", help="rank 0 also trains a single-process copy on the whole batch and compares")
     ap.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     ap.add_argument("--ring-timeout", type=float, default=120.0, help="seconds a rank waits for a ring message before failing")
+    ap.add_argument("--group-reuse", choices=["prefer", "only", "ignore"], default="prefer", help="how the planner treats the job's groups (default prefer)")
+    ap.add_argument("--group-cost-s", type=float, help="seconds one new communicator costs (default: the pool's measured mean)")
+    ap.add_argument("--no-precreate", dest="precreate", action="store_false", help="do not create the aligned power-of-two blocks at start")
     ap.add_argument("--out", help="rank 0 writes the run's figures here as JSON")
     args = ap.parse_args(argv)
     for name in ("steps", "samples", "shortest", "longest", "hidden", "layers", "heads", "kv_heads", "tp", "pp", "budget_ms"):
@@ -127,6 +149,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.longest < args.shortest:
         ap.error("--longest must be >= --shortest")
+    if args.group_cost_s is not None and not (args.group_cost_s >= 0 and math.isfinite(args.group_cost_s)):
+        ap.error("--group-cost-s must be a finite number >= 0")
     if args.hidden % args.heads or args.heads % args.kv_heads:
         ap.error("--hidden must be a multiple of --heads, and --heads a multiple of --kv-heads")
     return args
@@ -140,9 +164,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from trainer import ring_attention
     from trainer.apply import apply_plan
-    from trainer.group_pool import GroupPool
+    from trainer.group_pool import GroupPool, aligned_pow2_blocks
     from trainer.hf_adapter import HFCausalLM, model_document, reference_loss, tiny_llama
     from trainer.plan_sync import broadcast_plan
+    from trainer.ranks import RankLayout
     from trainer.routing import PlanBatchSampler, SyntheticTokens, collate_samples
     from trainer.step import train_step
 
@@ -172,18 +197,33 @@ def main(argv: list[str] | None = None) -> int:
     planner = Planner(args.service) if rank == 0 else None
     doc_model = model_document(model.model)
     pool = GroupPool()
+    layout = RankLayout(world // (args.tp * args.pp), args.tp, args.pp)
+    known: dict[tuple[int, ...], None] = {}  # planner-rank groups the job holds
+    if args.precreate and layout.domain_size >= 2:
+        blocks = aligned_pow2_blocks(layout.domain_size)
+        pool.ensure(layout.every_copy(blocks))
+        known.update(dict.fromkeys(blocks))
+    at_start = pool.stats.created
+    copies = args.tp * args.pp
+
+    def group_cost() -> float | None:
+        mean = pool.mean_create_seconds()
+        return None if mean is None else mean * copies
+
     works: list[Any] = []
     loader = iter(DataLoader(dataset, batch_sampler=PlanBatchSampler(works_iter(works)), collate_fn=collate_samples))  # type: ignore[arg-type]
     rows = []
     if planner is not None:
-        planner.submit(0, make_request(lengths[0], args, doc_model, world))
+        planner.submit(0, make_request(lengths[0], args, doc_model, world, list(known), group_cost()))
     for step in range(args.steps):
         t_plan = time.perf_counter()
         doc = None
         if planner is not None:
-            if step + 1 < args.steps:
-                planner.submit(step + 1, make_request(lengths[step + 1], args, doc_model, world))
             doc = planner.get(step)
+            # The next request knows this step's groups too (they exist by the time it is applied).
+            known.update(dict.fromkeys(tuple(sorted(c)) for c in doc.get("communicators", [])))
+            if step + 1 < args.steps:
+                planner.submit(step + 1, make_request(lengths[step + 1], args, doc_model, world, list(known), group_cost()))
         doc, digest = broadcast_plan(doc)
         plan_wait = time.perf_counter() - t_plan
         work = apply_plan(doc, rank, tensor_parallel=args.tp, pipeline_parallel=args.pp)
@@ -221,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
             f"samples loaded per rank {row['samples_loaded']} of {row['batch_samples']}, digest {digest[:12]}")
     summary: dict[str, Any] = {}
     if rank == 0:
-        summary = {"world": world, "steps": rows, "dtype": args.dtype, "scheme": args.scheme}
+        summary = {"world": world, "steps": rows, "dtype": args.dtype, "scheme": args.scheme, "groups_created_at_start": at_start,
+                   "group_cost_s": group_cost(), "new_groups": sum(r["new_groups"] for r in rows)}
         if ref_model is not None:
             with torch.no_grad():
                 diffs = [float((p - q).abs().max()) for p, q in zip(model.model.parameters(), ref_model.parameters(), strict=True)]

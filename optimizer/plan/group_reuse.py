@@ -7,6 +7,8 @@ creating another costs time and device memory. ``options.group_reuse`` says what
 - ``prefer``: after planning, move each group that is not an existing one onto an existing group of
   the same size when that is free in its micro-batch and does not make the micro-batch slower, or
   when the slowdown is smaller than ``options.new_group_cost_s`` saved by not creating the group;
+  when no group of its size qualifies, onto an existing group of another size on the same terms
+  (a larger one only while the micro-batch has that many ranks to spare);
   when new groups remain and they cost something, the planning layer also plans on the existing
   groups alone (as for ``only``) and keeps the one with the smaller step time plus group cost
   (:mod:`planning.group_reuse`);
@@ -85,6 +87,7 @@ def _remap(tables: CostTables, mb: Sequence[GroupAssignment], have: set[Ranks], 
             out.append((tuple(sorted(ranks)), samples))
             used.update(ranks)
     slowest = max((tables.group_time(list(s), r) for r, s in mb), default=0.0)
+    spare = tables.n_ranks - sum(len(r) for r, _ in mb)  # ranks no group of the micro-batch holds
     movable = [(r, s) for r, s in mb if len(r) >= 2 and tuple(sorted(r)) not in have]
     movable.sort(key=lambda g: (-len(g[0]), -tables.group_time(list(g[1]), g[0])))
     singles = [(r, s) for r, s in mb if len(r) == 1]
@@ -103,9 +106,13 @@ def _remap(tables: CostTables, mb: Sequence[GroupAssignment], have: set[Ranks], 
             continue
         key = tuple(sorted(ranks))
         keep_cost = max(slowest, tables.group_time(list(samples), ranks)) + (0.0 if key in paid else cost)
-        if best is not None and (not used.isdisjoint(ranks) or tables.group_time(list(samples), best) <= keep_cost):
+        if best is None or (used.isdisjoint(ranks) and tables.group_time(list(samples), best) > keep_cost):
+            other = _other_size(tables, by_size, d, used, samples, spare, keep_cost)
+            best = other if other is not None else (best if best is not None and not used.isdisjoint(ranks) else None)
+        if best is not None:
             out.append((best, samples))
             used.update(best)
+            spare -= len(best) - d
         else:
             pending.append((ranks, samples))
     # Groups that keep new ranks: their own ranks if still free, else free ranks placed together.
@@ -124,6 +131,22 @@ def _remap(tables: CostTables, mb: Sequence[GroupAssignment], have: set[Ranks], 
         out.append((tuple(ranks), samples))
         used.update(ranks)
     return out, leftovers
+
+
+def _other_size(tables: CostTables, by_size: dict[int, list[Ranks]], d: int, used: set[int], samples: Sequence[int], spare: int,
+                limit: float) -> Ranks | None:
+    """The fastest free existing group of a size other than d (larger by at most ``spare`` ranks)
+    that holds ``samples`` within ``limit`` seconds, or None."""
+    best, best_t = None, limit
+    for size, groups in by_size.items():
+        if size == d or size - d > spare or size not in tables.degree_index:
+            continue
+        for e in groups:
+            if used.isdisjoint(e) and _fits(tables, e, samples):
+                t = tables.group_time(list(samples), e)
+                if t <= best_t:
+                    best, best_t = e, t
+    return best
 
 
 def _free_block(tables: CostTables, used: set[int], d: int) -> Ranks:
