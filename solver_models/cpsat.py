@@ -20,6 +20,7 @@ from optimizer.problem.options import PlanOptions
 from solver_models.base import ImprovementCallback, SolveResult, register
 from solver_models.formulation import SlotModel
 from solver_models.lns import ModelResult, improve
+from solver_models.stop import Stopped, check_stop, current_stop, stop_requested
 
 DETERMINISTIC_SHARE = 0.1
 """Deterministic time limit as a share of the time limit (deterministic mode)."""
@@ -32,16 +33,23 @@ def _name(key: tuple) -> str:
 
 
 def solve_model(model: SlotModel, time_limit_s: float, options: PlanOptions, on_solution: Callable[[int, int | None], None] | None = None) -> ModelResult:
-    """Solve one slot model with CP-SAT within ``time_limit_s`` seconds."""
+    """Solve one slot model with CP-SAT within ``time_limit_s`` seconds of this call (building the
+    model included); ends early when this thread's solve is asked to stop (:mod:`solver_models.stop`)."""
+    called = time.perf_counter()  # loading OR-Tools (the first time) counts too
     from ortools.sat.python import cp_model
 
     cp = cp_model.CpModel()
     var: dict[Any, Any] = {}
-    for key, low, high in model.variables():
-        var[key] = cp.new_bool_var(_name(key)) if high == 1 and low == 0 else cp.new_int_var(low, high, _name(key))
-    for row in model.rows():
-        expr = sum(c * var[key] for key, c in row.terms)
-        cp.add(expr == row.rhs if row.sense == "==" else expr <= row.rhs if row.sense == "<=" else expr >= row.rhs)
+    try:
+        for k, (key, low, high) in enumerate(model.variables()):
+            check_stop(k)
+            var[key] = cp.new_bool_var(_name(key)) if high == 1 and low == 0 else cp.new_int_var(low, high, _name(key))
+        for k, row in enumerate(model.rows()):
+            check_stop(k)
+            expr = sum(c * var[key] for key, c in row.terms)
+            cp.add(expr == row.rhs if row.sense == "==" else expr <= row.rhs if row.sense == "<=" else expr >= row.rhs)
+    except Stopped as exc:
+        return ModelResult("timeout", None, None, None, None, message=str(exc))
     cp.minimize(sum(c * var[key] for key, c in model.objective()))
     y = [var[("y", s)] for s in range(model.n_slots)]
     x = {(q, s): var[("x", q, s)] for q, s, _ in model.arcs}
@@ -57,9 +65,13 @@ def solve_model(model: SlotModel, time_limit_s: float, options: PlanOptions, on_
             if model.tiebreak:
                 cp.add_hint(u_mb[m], v)
 
+    left_s = time_limit_s if options.deterministic else time_limit_s - (time.perf_counter() - called)
+    signal = current_stop()
+    if (left_s < 0.001 and not options.deterministic) or stop_requested():
+        return ModelResult("timeout", None, None, None, None, message="no time left after building the model")
     solver = cp_model.CpSolver()
     params = solver.parameters
-    params.max_time_in_seconds = max(0.001, time_limit_s)
+    params.max_time_in_seconds = max(0.001, left_s)
     params.num_workers = options.solver_workers
     params.log_search_progress = False
     if hasattr(params, "catch_sigint_signal"):
@@ -81,10 +93,17 @@ def solve_model(model: SlotModel, time_limit_s: float, options: PlanOptions, on_
             super().__init__()
 
         def on_solution_callback(self) -> None:
+            if signal is not None and signal.is_set():  # asked before the search had started
+                self.stop_search()
             if on_solution is not None:
                 on_solution(int(round(self.objective_value)), int(round(self.best_objective_bound)))
 
-    status = solver.solve(cp, _Callback())
+    unregister = signal.on_stop(solver.stop_search) if signal is not None else None
+    try:
+        status = solver.solve(cp, _Callback())
+    finally:
+        if unregister is not None:
+            unregister()
     name = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible", cp_model.MODEL_INVALID: "error"}.get(status, "timeout")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         bound = int(solver.best_objective_bound) if status == cp_model.UNKNOWN else None

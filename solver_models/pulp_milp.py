@@ -17,6 +17,7 @@ import functools
 import math
 import os
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +28,7 @@ from optimizer.problem.options import PlanOptions
 from solver_models.base import ImprovementCallback, SolveResult, register
 from solver_models.formulation import SlotModel
 from solver_models.lns import ModelResult, improve
+from solver_models.stop import Stopped, check_stop, current_stop, stop_requested
 
 CBC_OVERHEAD_S = 0.06
 """Seconds CBC needs beyond its time limit (process start, model file, solution file)."""
@@ -69,7 +71,8 @@ def build_problem(model: SlotModel) -> tuple[Any, list[Any], dict[tuple[int, int
         else:
             v[key] = prob.add_variable(name, low, high, cat="Binary" if (low, high) == (0, 1) else "Integer")
     prob += pulp.lpSum(c * v[key] for key, c in model.objective())
-    for row in model.rows():
+    for k, row in enumerate(model.rows()):
+        check_stop(k)
         # Rows rescaled: time rows to scaled seconds (the T and U variables are scaled already), memory rows to a
         # share of the slot's capacity.
         if row.kind == "time":
@@ -118,8 +121,14 @@ def highs_threads(requested: int) -> int:
 
 
 def _highs_solver(time_limit_s: float, options: PlanOptions, warm: bool) -> Any:
-    """PuLP's in-process HiGHS, given the variables' initial values as a starting solution when ``warm``."""
+    """PuLP's in-process HiGHS, given the variables' initial values as a starting solution when ``warm``.
+
+    The time limit counts from this call: PuLP passes the model to HiGHS one column and row at a time
+    after it has set the limit, so the limit is set again, to what is left, just before the run. A
+    stop of this thread's solve (:mod:`solver_models.stop`) cancels the run."""
     import pulp
+
+    ends = time.perf_counter() + time_limit_s
 
     class WarmHiGHS(pulp.HiGHS):  # PuLP's HiGHS interface has no warm start: pass the values through setSolution
         def callSolver(self, lp: Any) -> None:
@@ -131,9 +140,47 @@ def _highs_solver(time_limit_s: float, options: PlanOptions, warm: bool) -> Any:
                     import numpy as np
 
                     lp.solverModel.setSolution(len(index), np.asarray(index, dtype=np.int32), np.asarray(values, dtype=np.float64))
-            lp.solverModel.run()
+            highs = lp.solverModel
+            if not options.deterministic:
+                highs.setOptionValue("time_limit", max(0.001, ends - time.perf_counter()))
+            signal = current_stop()
+            unregister = None
+            if signal is not None and hasattr(highs, "cancelSolve"):
+                highs.HandleUserInterrupt = True
+                unregister = signal.on_stop(highs.cancelSolve)
+            try:
+                highs.run()
+            finally:
+                if unregister is not None:
+                    unregister()
 
     return WarmHiGHS(msg=False, timeLimit=max(0.001, time_limit_s), threads=highs_threads(options.solver_workers), gapRel=HIGHS_GAP)
+
+
+@functools.cache
+def _cbc_processes_stoppable() -> None:
+    """Let a stop end the CBC process of the solve running in a thread (:mod:`solver_models.stop`).
+
+    PuLP starts CBC with ``subprocess.Popen`` in ``pulp.apis.coin_api`` and keeps no handle to it;
+    that module's ``subprocess`` becomes a copy of the real module whose ``Popen`` registers each
+    process it starts with the starting thread's stop signal (a process that has ended ignores it).
+    """
+    import subprocess
+    import types
+
+    from pulp.apis import coin_api
+
+    class StoppablePopen(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            signal = current_stop()
+            if signal is not None:
+                signal.on_stop(self.kill)
+
+    view = types.ModuleType("subprocess", subprocess.__doc__)
+    view.__dict__.update({k: v for k, v in vars(subprocess).items() if not k.startswith("__")})
+    view.Popen = StoppablePopen  # type: ignore[attr-defined]
+    coin_api.subprocess = view  # type: ignore[attr-defined]
 
 
 def _set_start(model: SlotModel, y: list[Any], x: dict[tuple[int, int], Any], t_mb: list[Any]) -> bool:
@@ -151,13 +198,25 @@ def _set_start(model: SlotModel, y: list[Any], x: dict[tuple[int, int], Any], t_
 
 
 def _solve_with(solver_name: str, model: SlotModel, time_limit_s: float, options: PlanOptions) -> ModelResult:
+    called = time.perf_counter()  # the limit counts from here: loading PuLP (the first time) and building the model are part of it
     import pulp
 
     if solver_name == "highs":
         _silence_highs_banner()
-    prob, y, x, t_mb = build_problem(model)
+    else:
+        _cbc_processes_stoppable()
+    try:
+        prob, y, x, t_mb = build_problem(model)
+    except Stopped as exc:
+        return ModelResult("timeout", None, None, None, None, message=str(exc))
     scale = time_scale(model)
     warm = _set_start(model, y, x, t_mb) and not model.tiebreak
+    if not options.deterministic:
+        time_limit_s -= time.perf_counter() - called
+        if time_limit_s < 0.001:
+            return ModelResult("timeout", None, None, None, None, message="no time left after building the model")
+    if stop_requested():
+        return ModelResult("timeout", None, None, None, None, message="stopped at the deadline")
     log = None
     if solver_name == "highs":
         solver = _highs_solver(time_limit_s, options, warm)

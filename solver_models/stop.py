@@ -68,6 +68,17 @@ def stop_requested() -> bool:
     return signal is not None and signal.is_set()
 
 
+class Stopped(Exception):
+    """Raised by :func:`check_stop` in a solve asked to stop (caught by the backend that checks)."""
+
+
+def check_stop(count: int, every: int = 256) -> None:
+    """In a long loop building a model: raise :class:`Stopped` at every ``every``-th ``count`` when
+    this thread's solve has been asked to stop."""
+    if count % every == 0 and stop_requested():
+        raise Stopped("stopped at the deadline")
+
+
 @contextmanager
 def stopping(signal: StopSignal) -> Iterator[StopSignal]:
     """Make ``signal`` this thread's :func:`current_stop` for the duration."""
