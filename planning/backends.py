@@ -3,6 +3,8 @@
 Backends come in as a mapping from name to :class:`solver_models.Backend` (the built-in ones by
 default; tests and embedders pass their own). A backend is chosen from what it says of itself:
 ``available()`` (installed) and ``load_ms()`` (what loading its library would still cost here).
+Every solve runs under :mod:`planning.solve_watch`: its answer is awaited until the solver's
+deadline and no longer (status ``stopped`` then, and the plan found before it stands).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from optimizer.errors import InfeasibleError, PlannerError
 from optimizer.plan.evaluate import assignment_step_time
 from optimizer.plan.plan import Assignment, SolverStats, TracePoint
 from optimizer.verify.verifier import check_assignment
+from planning.solve_watch import GRACE_MS, busy, hard_stop_for, solve_watched
 from solver_models.base import Backend
 from solver_models.lns import FULL_MODEL_PAIRS, full_model_pairs
 
@@ -43,6 +46,14 @@ def reserve_ms(tables: CostTables, eval_ms: float | None = None) -> float:
     return RESERVE_MS + RESERVE_EVALS * eval_ms
 
 
+def stopped_reason(name: str) -> str:
+    return f"{name} was stopped at the deadline ({GRACE_MS:.0f} ms after it, without an answer): the plan is the best found before it"
+
+
+def busy_reason(name: str) -> str:
+    return f"{name} is still running solves stopped at earlier deadlines in this process: not started again until they end"
+
+
 def _load_ms(backends: Backends, name: str) -> float:
     backend = backends.get(name)
     return backend.load_ms() if backend is not None else 0.0
@@ -65,7 +76,7 @@ def choose_backend(tables: CostTables, requested: str, remaining_ms: float, back
         return "heuristic"
     for name in AUTO_ORDER:
         backend = backends.get(name)
-        if backend is not None and backend.available() and solver_ms - backend.load_ms() >= MIN_SOLVER_MS:
+        if backend is not None and backend.available() and solver_ms - backend.load_ms() >= MIN_SOLVER_MS and not busy(name):
             return name
     return "heuristic"
 
@@ -106,10 +117,18 @@ def run_backend(tables: CostTables, name: str, backends: Backends, hint: Assignm
     backend = backends.get(name)
     if backend is None or not backend.available():
         return hint, SolverStats(**{**stats.__dict__, "backend": name, "status": "fallback", "fallback_reason": f"backend {name!r} is not installed (pip install 'dhp-planner[solver]')"})
-    try:
-        result = backend.solve(tables, tables.problem.options, hint, deadline, on_improvement)
-    except Exception as exc:  # a solver crash must never lose the heuristic plan
-        return hint, SolverStats(**{**stats.__dict__, "backend": name, "status": "fallback", "fallback_reason": f"{type(exc).__name__}: {exc}"})
+    if busy(name):
+        return hint, SolverStats(**{**stats.__dict__, "backend": name, "status": "fallback", "fallback_reason": busy_reason(name)})
+    options = tables.problem.options
+    watched = solve_watched(name, backend, tables, hint, deadline, hard_stop_for(deadline, options.deterministic, options.time_budget_ms), on_improvement, clock)
+    if watched.stopped:
+        return hint, SolverStats(**{**stats.__dict__, "backend": name, "status": "stopped", "details": {**stats.details, "stopped_after_ms": round(watched.waited_ms, 3)},
+                                    "fallback_reason": stopped_reason(name)})
+    result = watched.result
+    if result is None:  # a solver crash must never lose the heuristic plan
+        exc = watched.error
+        why = f"{type(exc).__name__}: {exc}" if exc is not None else f"{name} returned nothing"
+        return hint, SolverStats(**{**stats.__dict__, "backend": name, "status": "fallback", "fallback_reason": why})
     best_bound = max(bound, result.bound_s or 0.0)
     base = dict(backend=name, status=result.status, objective_s=h_time, bound_s=best_bound, trace=tuple(trace), details=dict(result.details))
     if result.assignment is None:
@@ -143,14 +162,18 @@ def rescue(tables: CostTables, error: InfeasibleError, backends: Backends, deadl
         why = "the batch is too large for the whole exact model"
     elif backend is None or not backend.available():
         why = f"no exact backend could run in the {left_ms:.0f} ms left" if name in ("heuristic", "auto") else f"backend {name!r} is not installed"
+    elif busy(name):
+        why = busy_reason(name)
     else:
         why = no_time_for(name, left_ms, backends)
     result = None
     if why is None and backend is not None:
-        try:
-            result = backend.solve(tables, options, None, deadline, None)  # type: ignore[arg-type]
-        except Exception as exc:  # a solver crash must not hide the heuristic's explanation
-            why = f"{name} failed: {type(exc).__name__}: {exc}"
+        watched = solve_watched(name, backend, tables, None, deadline, hard_stop_for(deadline, options.deterministic, options.time_budget_ms), None, clock)
+        result = watched.result
+        if watched.stopped:
+            why = f"the whole exact model ({name}) had not answered at the deadline (stopped there)"
+        elif watched.error is not None:  # a solver crash must not hide the heuristic's explanation
+            why = f"{name} failed: {type(watched.error).__name__}: {watched.error}"
     if result is not None and result.assignment is not None and check_assignment(tables.problem, result.assignment).ok:
         objective = assignment_step_time(tables, result.assignment)
         elapsed = (clock() - start) * 1000.0

@@ -28,7 +28,7 @@ from typing import Any
 from optimizer.bounds.lower_bounds import bound_parts
 from optimizer.costs.tables import CostTables
 from optimizer.errors import InfeasibleError, ProblemError
-from optimizer.gc_pause import collector_paused, collector_running
+from optimizer.gc_pause import collector_paused
 from optimizer.heuristic.static_layout import best_static
 from optimizer.heuristic.strategies import heuristic_plan
 from optimizer.plan.evaluate import assignment_step_time, build_plan
@@ -110,8 +110,7 @@ def _plan(problem: Problem, compare_static: bool, deadline: Deadline, backends: 
         hint = heuristic_plan(tables, deadline=h_deadline, bound=bound, report=strategies)
     except InfeasibleError as exc:
         # The heuristic found no packing; on a small problem the whole exact model may still find one.
-        with collector_running():
-            hint, rescued = rescue(tables, exc, backends, deadline.due - reserve_ms(tables) / 1000.0, start, clock)
+        hint, rescued = rescue(tables, exc, backends, deadline.due - reserve_ms(tables) / 1000.0, start, clock)
     lap("heuristic_ms")
     eval_start = clock()
     h_time = assignment_step_time(tables, hint)
@@ -139,8 +138,7 @@ def _plan(problem: Problem, compare_static: bool, deadline: Deadline, backends: 
         first, first_time = hint, h_time
         if static is not None and static[0].predicted_step_time_s < h_time * (1 - 1e-9):
             first, first_time = static[1], static[0].predicted_step_time_s
-        with collector_running():
-            chosen, stats = run_backend(tables, backend_name, backends, first, first_time, bound, deadline.due - reserve / 1000.0, stats, start, clock)
+        chosen, stats = run_backend(tables, backend_name, backends, first, first_time, bound, deadline.due - reserve / 1000.0, stats, start, clock)
         if first is not hint:
             stats = SolverStats(**{**stats.__dict__, "details": {**stats.details, "solver_start": f"static layout CP {static[0].degree}"}})  # type: ignore[index]
         lap("solver_ms")
@@ -193,7 +191,13 @@ solver libraries' import time (the planner's ``auto`` avoids CP-SAT while OR-Too
 
 def warm_up_service() -> list[str]:
     """Load the planner's compiled kernels and import the installed solver libraries and backends
-    (for a long-running process, at start-up); returns the solver modules now loaded."""
+    (for a long-running process, at start-up); returns the solver modules now loaded.
+
+    Then everything loaded so far is frozen out of the cyclic collector (``gc.freeze``): code and
+    libraries live as long as the process, and a full collection that walks them (60 to 130 ms once
+    OR-Tools, HiGHS and PuLP are loaded, measured on the 2-core development machine) would stall every
+    planning thread past its budget."""
+    import gc
     import importlib
 
     warm_up()
@@ -207,4 +211,6 @@ def warm_up_service() -> list[str]:
     from solver_models import available_backends
 
     available_backends()
+    gc.collect()
+    gc.freeze()
     return loaded

@@ -1,0 +1,158 @@
+"""Exact backends run so that the plan never waits for them past its deadline.
+
+:func:`solve_watched` runs a backend's ``solve`` in a thread of its own and waits for the answer
+until the solver's deadline plus GRACE_MS. An answer in time is used as before. A backend that has
+not answered by then is *stopped*: the planner stops waiting and goes on with the plan it has (the
+heuristic's, the best so far), and the solve's :class:`solver_models.stop.StopSignal` is set, so
+that a built-in backend ends its work (CP-SAT stops its search, HiGHS cancels its run, CBC's
+process is killed, the neighbourhood search starts no further round). A backend that does not look
+at the signal, or is stuck, runs on in its thread; while MAX_LATE such solves of one backend run,
+that backend is not started again in this process (:func:`busy`): a stuck backend costs a thread or
+two, not one per plan.
+
+While the solver runs, the cyclic garbage collector stays paused as for the rest of the plan, and
+the waiting thread collects the youngest generation itself (every POLL_S, when it has grown past
+the collector's own threshold): solver libraries build objects with reference cycles that must not
+pile up for the whole budget, while a full collection (60 to 75 ms on the heap of a process that has
+loaded OR-Tools, HiGHS and PuLP, measured on the 2-core development machine) would hold every thread,
+the waiting one included, past the deadline.
+
+With ``options.deterministic`` the plan must not depend on the clock: the wait then ends only at a
+safety net, DETERMINISTIC_SAFETY budgets after the deadline.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import gc
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from optimizer.costs.tables import CostTables
+from optimizer.plan.plan import Assignment
+from solver_models.base import Backend, ImprovementCallback, SolveResult
+from solver_models.stop import StopSignal, stopping
+
+GRACE_MS = 5.0
+"""How long after its deadline a backend's answer is still awaited (the backends aim to answer by
+the deadline itself; this covers the last round's usual lateness)."""
+POLL_S = 0.01
+"""How often the waiting thread wakes to collect young garbage while the solver runs."""
+EXIT_WAIT_S = 5.0
+"""How long the process waits at exit for solves that were stopped but still run (see :func:`_settle_at_exit`)."""
+DETERMINISTIC_SAFETY = 4.0
+"""Deterministic mode: the wait ends this many budgets after the deadline (a safety net only)."""
+
+MAX_LATE = 2
+"""Solves of one backend that may run on after their stop before the backend is no longer started."""
+
+_lock = threading.Lock()
+_running_late: dict[str, int] = {}
+"""Backend name -> solves stopped at their deadline whose thread has not ended yet."""
+
+
+@dataclass
+class Watched:
+    """A backend's answer (``result``), the exception it raised (``error``), or neither when it was
+    ``stopped`` at the deadline, still running."""
+
+    result: SolveResult | None = None
+    error: BaseException | None = None
+    stopped: bool = False
+    waited_ms: float = 0.0
+
+
+def still_running(name: str) -> int:
+    """Solves of backend ``name`` stopped at an earlier deadline whose thread is still running."""
+    with _lock:
+        return _running_late.get(name, 0)
+
+
+def busy(name: str) -> bool:
+    """Whether backend ``name`` has MAX_LATE stopped solves still running (then it is not started)."""
+    return still_running(name) >= MAX_LATE
+
+
+def settle(timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for every stopped solve's thread to end; True when none is left."""
+    end = time.perf_counter() + timeout_s
+    while True:
+        with _lock:
+            if not any(_running_late.values()):
+                return True
+        if time.perf_counter() >= end:
+            return False
+        time.sleep(0.005)
+
+
+@functools.cache
+def _settle_at_exit() -> None:
+    """Before the interpreter exits, give stopped solves up to EXIT_WAIT_S to end: a solver library
+    still running in a thread while the process tears down its native state can abort the process
+    (HiGHS does: "terminate called without an active exception") after the plan was written."""
+    atexit.register(settle, EXIT_WAIT_S)
+
+
+def _collect_young() -> None:
+    """Collect the youngest generation when it has grown past the collector's threshold (the cycles a
+    solver builds die young; survivors wait, as during the rest of the plan, for the collector to resume)."""
+    if gc.get_count()[0] >= gc.get_threshold()[0]:
+        gc.collect(0)
+
+
+def solve_watched(name: str, backend: Backend, tables: CostTables, hint: Assignment | None, deadline: float, hard_stop: float,
+                  on_improvement: ImprovementCallback | None, clock: Callable[[], float]) -> Watched:
+    """``backend.solve(tables, options, hint, deadline, on_improvement)`` in a thread, awaited until
+    ``hard_stop`` (a ``clock()`` instant; see the module docstring); ``name`` is the backend's name
+    for :func:`busy`."""
+    signal = StopSignal()
+    done = threading.Event()
+    box = Watched()
+    lock = threading.Lock()
+
+    def run() -> None:
+        try:
+            with stopping(signal):
+                result = backend.solve(tables, tables.problem.options, hint, deadline, on_improvement)  # type: ignore[arg-type]
+            with lock:
+                box.result = result
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, which decides
+            with lock:
+                box.error = exc
+        finally:
+            with lock:
+                done.set()
+                late = box.stopped
+            if late:
+                with _lock:
+                    _running_late[name] = _running_late.get(name, 1) - 1
+
+    start = clock()
+    thread = threading.Thread(target=run, name=f"dhp-solve-{name}", daemon=True)
+    thread.start()
+    while not done.wait(max(0.0, min(POLL_S, hard_stop - clock()))):
+        _collect_young()
+        if clock() >= hard_stop:
+            with lock:
+                if not done.is_set():
+                    box.stopped = True
+                    with _lock:
+                        _running_late[name] = _running_late.get(name, 0) + 1
+            break
+    _collect_young()
+    if box.stopped:
+        signal.set()
+        _settle_at_exit()
+        return Watched(stopped=True, waited_ms=(clock() - start) * 1000.0)
+    box.waited_ms = (clock() - start) * 1000.0
+    return box
+
+
+def hard_stop_for(deadline: float, deterministic: bool, budget_ms: float) -> float:
+    """The instant the wait for a backend answering by ``deadline`` ends."""
+    if deterministic:
+        return deadline + DETERMINISTIC_SAFETY * budget_ms / 1000.0
+    return deadline + GRACE_MS / 1000.0
