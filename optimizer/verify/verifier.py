@@ -9,7 +9,8 @@ This module recomputes every time from the profile with the scalar formula
 3. group sizes obey the degree rules (policy, maximum, Ulysses head divisibility);
 4. memory: a group's tokens divided by its size fit the smallest capacity among its ranks;
 5. at most ``max_micro_batches`` micro-batches;
-6. predicted group, micro-batch and step times match the recomputed ones;
+6. predicted group, micro-batch and step times match the recomputed ones (the step: the sum of the
+   micro-batches plus the profile's per-step constant ``time.step_constant``);
 7. the lower bound does not exceed the predicted step time;
 8. with ``options.group_reuse`` ``only``, every group of two or more ranks is one of the request's
    ``existing_groups``; the plan's new communicators and their cost match the recomputed ones.
