@@ -72,7 +72,7 @@ def _rounds_worker(rank: int, world_size: int, cfg: Any, settings: Any, plan_doc
 
     from trainer.apply import apply_plan
     from trainer.group_pool import GroupPool
-    from trainer.profiler import _combos, time_group, time_reduction
+    from trainer.profiler import _combos, time_group, time_step_overhead
     from trainer.step import train_step
     from trainer.tiny_model import TinyTransformer
 
@@ -102,7 +102,7 @@ def _rounds_worker(rank: int, world_size: int, cfg: Any, settings: Any, plan_doc
             t = time_group(model, (L,) * n, d, device, 1, 0, group=rings[d], position=rank) if rank < d else 0.0
             if keep:
                 out["rings"][k].append(t)
-        t_reduce = time_reduction(model, device, 1)
+        t_reduce = time_step_overhead(model, device, 1)
         if keep:
             out["reduce"].extend(t_reduce)
         for c, work in enumerate(works):

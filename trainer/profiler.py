@@ -26,7 +26,8 @@ layers}`` messages per group and micro-batch, whatever its sample count, each co
 latency. The bytes are those of the samples padded to a multiple of 2d (``comm.padded_bytes``):
 keys and values forward once and again backward with their gradients,
 ``bytes_per_token = layers x hidden x (4 x element size + 2 x accumulator size)``. Every step ends
-with the gradient all-reduce over the job: timed on its own with several processes, it becomes
+with the gradient all-reduce over the job: with several processes the time a real step spends
+beyond its micro-batches (the all-reduces and the step's own work) is timed and becomes
 ``time.step_constant``.
 
 The fit's quality is reported as R^2 and the largest relative error of predicted against measured
@@ -188,7 +189,7 @@ def measure_all(model: TinyTransformer, settings: ProfileSettings, device: torch
         together = [max(r[0][k] for r in runs) for k in range(len(combos))]
         ring_combos = [c for c in combos if 2 <= c[1] <= settings.procs]
         rings = [Point((L,) * n, d, max(r[1][k] for r in runs if k < len(r[1]))) for k, (L, d, n) in enumerate(ring_combos)]
-        # Each run ends when the slowest rank has its sums; the fastest run is the reduction's own cost.
+        # Each run ends when the slowest rank has its sums; the fastest run is the step's own cost.
         reduction = min(max(r[2][k] for r in runs) for k in range(len(runs[0][2])))
     alone = together if together is not None else _sweep(combos, settings, lambda c, w: time_group(model, (c[0],) * c[2], c[1], device, 1, w))
     for k, (L, d, n) in enumerate(combos):
@@ -199,7 +200,7 @@ def measure_all(model: TinyTransformer, settings: ProfileSettings, device: torch
         if progress:
             progress(f"ring d={p.degree} samples={len(p.lengths)}x{p.lengths[0]}: {p.seconds * 1000:.2f} ms with transfers")
     if progress and settings.procs > 1:
-        progress(f"gradient all-reduce over {settings.procs} processes: {reduction * 1000:.2f} ms")
+        progress(f"step beyond its micro-batches (gradient all-reduce) over {settings.procs} processes: {reduction * 1000:.2f} ms")
     return points, rings, reduction
 
 
@@ -246,25 +247,32 @@ def _measure_worker(rank: int, world_size: int, cfg: TinyConfig, settings: Profi
         return time_group(model, (c[0],) * c[2], c[1], device, 1, warmup, group=groups[c[1]], position=rank)
 
     rings = _sweep([c for c in combos if c[1] in groups], settings, ring)
-    return out, rings, time_reduction(model, device, settings.repeats + settings.warmup + 2)
+    return out, rings, time_step_overhead(model, device, settings.repeats + settings.warmup + 2)
 
 
-def time_reduction(model: torch.nn.Module, device: torch.device, runs: int) -> list[float]:
-    """Seconds of each run of the step's end on this rank: the gradient all-reduce and the loss's, as
-    :func:`trainer.step.train_step` makes them over the whole job (every rank calls it together)."""
+def time_step_overhead(model: TinyTransformer, device: torch.device, runs: int) -> list[float]:
+    """Seconds each run of a step spends on this rank beyond its micro-batches: the gradient
+    all-reduce, the loss's, and the step's own work (:func:`trainer.step.train_step` on a plan giving
+    every rank one short sample alone; every rank calls it together)."""
     import torch.distributed as dist
 
-    from trainer.step import reduce_gradients
+    from trainer.apply import apply_plan
+    from trainer.group_pool import GroupPool
+    from trainer.step import train_step
 
+    world = dist.get_world_size()
+    doc = {"scheme": "ring", "micro_batches": [{"groups": [{"ranks": [r], "samples": [f"o{r}"], "lengths": [16]} for r in range(world)]}]}
+    work = apply_plan(doc, dist.get_rank())
+    pool = GroupPool()
+    gen = torch.Generator().manual_seed(0)
+    samples = {f"o{r}": torch.randint(model.cfg.vocab, (16,), generator=gen).to(device) for r in range(world)}
     out = []
     for _ in range(runs):
+        model.zero_grad(set_to_none=True)
         dist.barrier()
         _sync(device)
-        t0 = time.perf_counter()
-        reduce_gradients(model)
-        dist.all_reduce(torch.zeros((), dtype=torch.float64, device=device))
-        _sync(device)
-        out.append(time.perf_counter() - t0)
+        result = train_step(model, work, pool, samples)
+        out.append(result.seconds - sum(result.micro_batch_seconds))
     return out
 
 
