@@ -7,7 +7,8 @@ import pytest
 
 from bench.runner import make_problem
 from bench.workloads import WORKLOADS
-from optimizer.bounds.lower_bounds import area_bound, lower_bound, micro_batch_bound, single_sample_bound
+from optimizer.bounds.lower_bounds import area_bound, fewest_micro_batches, lower_bound, micro_batch_bound, single_sample_bound
+from optimizer.bounds.speed_bound import speed_weighted_bound
 from optimizer.costs.tables import CostTables
 from optimizer.heuristic.strategies import heuristic_plan
 from optimizer.plan.evaluate import assignment_step_time
@@ -72,7 +73,9 @@ def test_bound_equals_the_numpy_reference():
         assert single_sample_bound(tables) == reference_single(tables)
         got = area_bound(tables)
         assert got == pytest.approx(reference_area(tables), rel=1e-12, abs=0.0)
-        assert lower_bound(tables) == max(got, micro_batch_bound(tables))
+        speed = speed_weighted_bound(tables, fewest_micro_batches(tables))
+        assert (speed is None) == bool(np.all(tables.rank_speed == tables.rank_speed[0]))
+        assert lower_bound(tables) == max(got, micro_batch_bound(tables), speed or 0.0)
         floor = got * 1.3
         assert area_bound(tables, floor=floor) == pytest.approx(reference_area(tables, floor=floor), rel=1e-12, abs=0.0)
         checked += 1
@@ -94,3 +97,23 @@ def test_micro_batch_bound_is_the_stronger_when_the_per_micro_batch_constant_dom
     # A plan: two samples side by side (5.1 s), then one on both ranks (5.05 s and a negligible transfer).
     plan_time = assignment_step_time(tables, heuristic_plan(tables))
     assert lower_bound(tables) <= plan_time <= 10.2 + 1e-9
+
+
+def test_speed_weighted_bound_holds_for_plans_on_mixed_gpus():
+    """On clusters of two GPU types the speed-weighted bound rises above the area bounds and stays
+    below every verified plan (the heuristic's and CP-SAT's)."""
+    from planning.planner import plan
+
+    rose = 0
+    for seed in range(4):
+        batch = WORKLOADS["video"].batch(48, seed)
+        problem = problem_from_json({"batch": batch, "cluster_preset": "mixed-h100-a100", "model_preset": "qwen2-vl-7b",
+                                     "options": {"deterministic": True, "time_budget_ms": 300}})
+        tables = CostTables.build(problem)
+        speed = speed_weighted_bound(tables, fewest_micro_batches(tables))
+        assert speed is not None
+        rose += speed > max(area_bound(tables), micro_batch_bound(tables))
+        for backend in ("heuristic", "cpsat"):
+            result = plan(problem.with_options(backend=backend))
+            assert result.predicted_step_time_s >= speed * (1 - 1e-9)
+    assert rose >= 3
