@@ -2,6 +2,8 @@
 
     python -m trainer.attention_check                     # d = 1..6, ring and Ulysses, fp32/bf16/fp16, GQA
     python -m trainer.attention_check --degrees 1,2 --dtypes bfloat16 --json
+    python -m trainer.attention_check --kernel matmul     # the plain-product tiles instead of the fused kernel
+    python -m trainer.attention_check --time-kernels      # one process: a block's forward with each kernel
 
 For each group size d (d gloo processes on this machine), scheme and dtype, the inputs are float64
 values rounded to the dtype; the group computes attention and its gradients in that dtype, and
@@ -47,18 +49,73 @@ def error_table(degrees: list[int], dtypes: list[str], schemes: list[str], lengt
     return rows
 
 
+TIMED_BATCHES = {"one sample of 2048": [2048], "16 mixed (40-300)": [300, 200, 60, 40] * 4, "64 x 32": [32] * 64}
+"""Key blocks timed by --time-kernels (query and key tokens of one rank)."""
+
+
+def kernel_times(repeats: int = 5, kv_heads: int = 2, group: int = 3, dim: int = 64) -> list[dict[str, Any]]:
+    """Milliseconds of one block's forward (the fastest of ``repeats``) with each kernel, float32, one thread."""
+    import time
+
+    import torch
+
+    from trainer.attention_tiles import block_forward_into, tiles
+
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for name, lengths in TIMED_BATCHES.items():
+        total = sum(lengths)
+        seg = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])
+        pos = torch.cat([torch.arange(n) for n in lengths])
+        block = tiles(pos, seg, pos, seg)
+        q = torch.randn(kv_heads, group, total, dim, generator=gen)
+        k, v = torch.randn(kv_heads, total, dim, generator=gen), torch.randn(kv_heads, total, dim, generator=gen)
+        row: dict[str, Any] = {"block": name, "tokens": total}
+        for kernel in ("matmul", "fused"):
+            best = float("inf")
+            for _ in range(repeats):
+                out, lse = torch.zeros_like(q), torch.full(q.shape[:-1], -torch.inf)
+                start = time.perf_counter()
+                block_forward_into(out, lse, q, k, v, block, dim ** -0.5, kernel=kernel)
+                best = min(best, time.perf_counter() - start)
+            row[f"{kernel}_ms"] = best * 1000
+        rows.append(row)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--degrees", default="1,2,3,4,5,6")
     ap.add_argument("--dtypes", default="float32,bfloat16,float16")
     ap.add_argument("--schemes", default="ring,ulysses")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    ap.add_argument("--kernel", choices=("auto", "fused", "matmul"), default=None, help="tile kernel (sets DHP_ATTENTION_KERNEL)")
+    ap.add_argument("--time-kernels", action="store_true", help="time one block's forward with each kernel instead")
     args = ap.parse_args(argv)
+    if args.kernel:
+        import os
+
+        os.environ["DHP_ATTENTION_KERNEL"] = args.kernel  # the spawned processes inherit it
+    if args.time_kernels:
+        timed = kernel_times()
+        if args.json:
+            print(json.dumps(timed))
+            return 0
+        print("one block's forward, float32, one thread, 2 key/value heads x 3 query heads, head dim 64 (fastest of 5)")
+        for r in timed:
+            print(f"{r['block']:20} {r['tokens']:5} tokens | matmul {r['matmul_ms']:8.1f} ms | fused {r['fused_ms']:8.1f} ms | {r['matmul_ms'] / r['fused_ms']:.1f}x")
+        return 0
     rows = error_table([int(x) for x in args.degrees.split(",")], args.dtypes.split(","), args.schemes.split(","))
     if args.json:
         print(json.dumps(rows))
         return 0
-    print(f"heads {HEADS}, key/value heads {KV_HEADS}, head dim {DIM}, sample lengths {LENGTHS}; largest absolute error against float64")
+    import torch
+
+    from trainer.attention_tiles import kernel_for
+
+    print(f"heads {HEADS}, key/value heads {KV_HEADS}, head dim {DIM}, sample lengths {LENGTHS}, tile kernel {kernel_for(torch.device('cpu'))}; "
+          "largest absolute error against float64")
     print(f"{'d':>2} {'scheme':8} {'dtype':9} | {'out':>9} {'dq':>9} {'dk':>9} {'dv':>9} | SDPA {'out':>9} {'dq':>9} {'dk':>9} {'dv':>9} | worst ratio")
     for r in rows:
         ratio = max(o / s if s > 0 else (0.0 if o == 0 else float("inf")) for o, s in zip(r["ours"], r["sdpa"], strict=True))

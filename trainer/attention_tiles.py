@@ -21,9 +21,14 @@ are small together (at most :data:`TILE` rows and :data:`MERGE_COLUMNS` key colu
 one tile whose mask is recomputed from positions and samples (block-diagonal across samples): a few
 masked products cost less than one more round of small kernels, which is what many short samples
 on a wide group would otherwise pay per sample and ring step. A merged tile lists each key column once.
+
+Kernels. A tile's forward runs either as plain products or through torch's fused attention kernel
+where torch offers one that returns the log-sum-exp (:data:`KERNELS`); both in the accumulator dtype.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -34,6 +39,27 @@ MERGE_COLUMNS = 256
 """Most key columns of a tile merged from several samples' tiles."""
 
 Tiles = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+KERNELS = ("auto", "fused", "matmul")
+"""How a tile's forward runs: ``matmul`` (scores, log-sum-exp and output from plain products, in the
+accumulator dtype), ``fused`` (torch's fused attention kernel that also returns the log-sum-exp,
+run on the tile in the accumulator dtype with the tile's mask as an additive bias; today the CPU
+flash kernel, ``aten._scaled_dot_product_flash_attention_for_cpu``) or ``auto`` (fused where torch
+offers it for the tensors' device, else matmul). ``DHP_ATTENTION_KERNEL`` chooses; auto by default.
+The backward always recomputes the probabilities from the saved log-sum-exp (both give the same)."""
+
+_CPU_FUSED = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def kernel_for(device: torch.device, choice: str | None = None) -> str:
+    """The kernel a tile on ``device`` runs: ``fused`` or ``matmul`` (see :data:`KERNELS`)."""
+    choice = choice or os.environ.get("DHP_ATTENTION_KERNEL", "auto")
+    if choice not in KERNELS:
+        raise ValueError(f"DHP_ATTENTION_KERNEL must be one of {KERNELS}, got {choice!r}")
+    fused_here = device.type == "cpu" and _CPU_FUSED is not None
+    if choice == "fused" and not fused_here:
+        raise ValueError(f"no fused attention kernel with a log-sum-exp for {device.type} tensors in torch {torch.__version__}; use matmul or auto")
+    return "fused" if choice == "fused" or (choice == "auto" and fused_here) else "matmul"
 
 
 def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -113,17 +139,34 @@ def grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return x.view(kv_heads, h // kv_heads, t, d)
 
 
-def block_forward_into(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_tiles: Tiles, scale: float) -> None:
+def _fused_tile(qr: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, m: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One tile through the fused kernel: (output [Hkv,G,R,D], log-sum-exp [Hkv,G,R]) of queries
+    ``qr`` [Hkv,G,R,D] over keys and values [Hkv,C,D] under mask ``m`` [R,C]. The G query heads of
+    a key/value head are stacked as rows, so keys and values are never copied per query head."""
+    assert _CPU_FUSED is not None  # kernel_for chose it
+    hkv, g, r, d = qr.shape
+    bias = torch.zeros(m.shape, dtype=qr.dtype, device=qr.device).masked_fill_(~m, -torch.inf).repeat(g, 1)
+    out, lse = _CPU_FUSED(qr.reshape(1, hkv, g * r, d), kc.unsqueeze(0), vc.unsqueeze(0), 0.0, False, attn_mask=bias, scale=scale)
+    return out.view(hkv, g, r, d), lse.view(hkv, g, r).to(qr.dtype)
+
+
+def block_forward_into(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_tiles: Tiles, scale: float,
+                       kernel: str | None = None) -> None:
     """Merge one key block into the running (out [Hkv,G,T,D], lse [Hkv,G,T]) in place.
 
-    ``q`` is [Hkv, G, T, D] and ``k``, ``v`` [Hkv, Tk, D], all in the accumulator dtype.
+    ``q`` is [Hkv, G, T, D] and ``k``, ``v`` [Hkv, Tk, D], all in the accumulator dtype;
+    ``kernel`` as :data:`KERNELS` (None: ``DHP_ATTENTION_KERNEL``, auto by default).
     """
+    fused = kernel_for(q.device, kernel) == "fused"
     for rows, cols, m in block_tiles:
-        kc, vc = k[:, cols].unsqueeze(1), v[:, cols].unsqueeze(1)
-        s = torch.matmul(q[:, :, rows], kc.transpose(-1, -2)) * scale
-        s = s.masked_fill(~m, -torch.inf)
-        b_lse = torch.logsumexp(s, dim=-1)
-        b_out = torch.matmul(torch.exp(s - b_lse.unsqueeze(-1)), vc)
+        if fused:
+            b_out, b_lse = _fused_tile(q[:, :, rows], k[:, cols], v[:, cols], m, scale)
+        else:
+            kc, vc = k[:, cols].unsqueeze(1), v[:, cols].unsqueeze(1)
+            s = torch.matmul(q[:, :, rows], kc.transpose(-1, -2)) * scale
+            s = s.masked_fill(~m, -torch.inf)
+            b_lse = torch.logsumexp(s, dim=-1)
+            b_out = torch.matmul(torch.exp(s - b_lse.unsqueeze(-1)), vc)
         old = lse[:, :, rows]
         new = torch.logaddexp(old, b_lse)
         out[:, :, rows] = out[:, :, rows] * torch.exp(old - new).unsqueeze(-1) + b_out * torch.exp(b_lse - new).unsqueeze(-1)
