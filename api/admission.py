@@ -2,21 +2,32 @@
 
 At most ``solve_workers`` solves run and ``queue_limit`` wait in one process; a request beyond that is
 refused at once with 503 and Retry-After (:class:`api.errors.Overloaded`) instead of piling up. A
-request with a deadline is also refused at once when the waiting line ahead of it, at the recent time
-per solve, would leave too little of its budget by the time a worker could take it, and refused when a
-worker takes it after waiting that long anyway (a request that found a free worker is always run). Retry-After is computed from the
-waiting line: the time the solves admitted now take to drain at the recent time per solve.
+request with a deadline that has to wait for a worker is also refused at once when the solves ahead of it
+would leave it less than its share of the budget (one that finds a free worker is always run). Each solve ahead is expected to hold its worker until the earlier of its own
+deadline (plus the recent overrun past deadlines) and its start plus a high estimate of a solve's time
+(the recent mean plus four mean deviations, as TCP estimates a timeout), so the estimate errs on the
+long side: a request admitted is not refused later; one a worker takes late (a solve overran every
+estimate) is solved with what is left of its budget, and counted (``dhp_late_starts_total``).
+Retry-After is the time the solves admitted now are expected to take to drain.
+
+Solve threads run at a lower CPU priority (``nice``, Linux) than the event loop, so that on a machine
+whose cores the solves fill, answers (refusals included) are not kept waiting for a core.
 """
 
 from __future__ import annotations
 
 import asyncio
 import heapq
+import itertools
+import logging
 import math
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from api.errors import Overloaded
@@ -24,149 +35,188 @@ from api.metrics import Metrics
 
 T = TypeVar("T")
 SMOOTHING = 0.2
-"""Weight of the newest solve in the running mean of solve times."""
+"""Weight of the newest solve in the running mean and mean deviation of solve times (and of overruns)."""
+DEVIATIONS = 4.0
+"""A solve is expected to end within the mean plus this many mean deviations (when its deadline is later)."""
+log = logging.getLogger("api.admission")
+
+
+@dataclass
+class _Job:
+    deadline: float | None
+    """``time.perf_counter()`` instant by which the solve should end (None: no budget, e.g. a replan)."""
+    start: float | None = None
+    """When a worker took it (None while it waits)."""
+
+
+def lower_priority(nice: int) -> None:
+    """Lower the CPU priority of the calling thread (Linux threads have their own nice value); nothing elsewhere."""
+    if nice <= 0 or not sys.platform.startswith("linux"):
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except OSError as exc:  # not allowed here: run at the process's priority
+        log.warning("could not lower the solve threads' priority: %s", exc)
 
 
 class SolvePool:
     """A fixed set of solve threads with a bounded waiting line."""
 
-    def __init__(self, workers: int, queue_limit: int, retry_after_s: int, metrics: Metrics) -> None:
+    def __init__(self, workers: int, queue_limit: int, retry_after_s: int, metrics: Metrics, nice: int = 0) -> None:
         self.workers = workers
         self.capacity = workers + queue_limit
         self.retry_after_s = retry_after_s
+        self.nice = nice
         self._metrics = metrics
         self._executor: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
-        self._admitted = 0
-        self._running = 0
+        self._lock = threading.RLock()
+        self._jobs: dict[int, _Job] = {}
+        """Admitted jobs in admission order: running (``start`` set) and waiting."""
+        self._ids = itertools.count()
         self._mean_s: float | None = None
-        self._starts: dict[int, float] = {}
-        """When each running job started, by worker thread."""
+        self._dev_s = 0.0
+        self._overrun_s = 0.0
 
     @property
     def in_flight(self) -> int:
-        return self._running
+        with self._lock:
+            return sum(1 for job in self._jobs.values() if job.start is not None)
 
     @property
     def queue_depth(self) -> int:
-        return self._admitted - self._running
+        with self._lock:
+            return len(self._jobs) - self.in_flight
 
     @property
     def full(self) -> bool:
-        return self._admitted >= self.capacity
+        return len(self._jobs) >= self.capacity
 
     @property
     def mean_solve_s(self) -> float | None:
         """Running mean of the time a job holds a worker (None before the first one ends)."""
         return self._mean_s
 
-    def _wait_s(self, now: float) -> float:
-        """Expected wait before a worker is free for a job admitted now: the running jobs end at their start plus the
-        mean time per solve (or now, when overdue), then the jobs waiting ahead take the workers in turn."""
-        if self._mean_s is None or self._admitted < self.workers:
-            return 0.0
-        free = [max(now, start + self._mean_s) for start in self._starts.values()]
-        free += [now] * (self.workers - len(free))
+    def _end(self, start: float, deadline: float | None) -> float:
+        """When a job that starts at ``start`` is expected to give its worker back (an estimate on the long side)."""
+        long_s = self._mean_s + DEVIATIONS * self._dev_s if self._mean_s is not None else None
+        if deadline is None:
+            return start + (long_s if long_s is not None else self.retry_after_s)
+        due = deadline + self._overrun_s
+        return max(start, due if long_s is None else min(due, start + long_s))
+
+    def _free_times(self, now: float) -> list[float]:
+        """When each worker is expected to be free for a job admitted now (a heap), after the jobs admitted before it."""
+        free = [max(now, self._end(job.start, job.deadline)) for job in self._jobs.values() if job.start is not None]
+        free += [now] * max(0, self.workers - len(free))
         heapq.heapify(free)
-        for _ in range(self._admitted - len(self._starts)):
-            heapq.heappush(free, heapq.heappop(free) + self._mean_s)
-        return free[0] - now
+        for job in self._jobs.values():
+            if job.start is None:
+                heapq.heappush(free, self._end(heapq.heappop(free), job.deadline))
+        return free
+
+    def wait_s(self, now: float | None = None) -> float:
+        """Expected wait before a worker takes a job admitted now."""
+        now = time.perf_counter() if now is None else now
+        with self._lock:
+            return self._free_times(now)[0] - now
 
     def retry_after(self) -> int:
         """Seconds after which the solves admitted now should have drained (the configured value until a solve has been timed)."""
         if self._mean_s is None:
             return self.retry_after_s
-        return max(1, min(3600, math.ceil(self._admitted / self.workers * self._mean_s)))
+        now = time.perf_counter()
+        with self._lock:
+            drained = max(self._free_times(now)) - now
+        return max(1, min(3600, math.ceil(drained)))
 
     def refused(self, detail: str | None = None) -> Overloaded:
         """The 503 to answer with (counted)."""
         self._metrics.rejected.inc()
         return Overloaded(self.retry_after(), detail)
 
-    def _admit(self, deadline: float | None = None, min_left_s: float = 0.0) -> bool:
-        """Take a place (or raise Overloaded); whether every worker was busy, so that the job waits."""
+    def _admit(self, deadline: float | None = None, min_left_s: float = 0.0, refuse_late: bool = True) -> int:
+        """Take a place (or raise Overloaded); the job's id. With ``refuse_late``, a job the solves ahead would start
+        with less than ``min_left_s`` before its ``deadline`` is refused."""
         with self._lock:
-            if self._admitted >= self.capacity:
+            if len(self._jobs) >= self.capacity:
                 raise self.refused()
-            if deadline is not None:
+            if deadline is not None and refuse_late and len(self._jobs) >= self.workers:  # one that finds a free worker is always run
                 now = time.perf_counter()
-                wait = self._wait_s(now)
+                wait = self._free_times(now)[0] - now
                 if now + wait + min_left_s > deadline:
                     raise self.refused(f"the solves ahead would use up this request's time budget (about {wait * 1000:.0f} ms of waiting)")
-            queued = self._admitted >= self.workers
-            self._admitted += 1
-            self._metrics.queue_depth.inc()
-            return queued
+            job_id = next(self._ids)
+            self._jobs[job_id] = _Job(deadline)
+        self._metrics.queue_depth.inc()
+        return job_id
 
-    def _wrap(self, fn: Callable[..., T], *args: Any, late_after: float | None = None) -> Callable[[], T]:
+    def _wrap(self, job_id: int, fn: Callable[..., T], *args: Any) -> Callable[[], T]:
         def job() -> T:
+            start = time.perf_counter()
             with self._lock:
-                self._running += 1
+                entry = self._jobs[job_id]
+                entry.start = start
             self._metrics.queue_depth.dec()
             self._metrics.in_flight.inc()
-            start = time.perf_counter()
-            if late_after is not None and start > late_after:  # it waited for a worker until too little of its budget was left
-                with self._lock:
-                    self._running -= 1
-                    self._admitted -= 1
-                self._metrics.in_flight.dec()
-                raise self.refused("this request waited past its time budget for a free solve worker")
-            me = threading.get_ident()
-            with self._lock:
-                self._starts[me] = start
+            if entry.deadline is not None and start > entry.deadline:
+                self._metrics.late_starts.inc()
             try:
                 return fn(*args)
             finally:
-                took = time.perf_counter() - start
+                end = time.perf_counter()
+                took = end - start
                 with self._lock:
-                    self._starts.pop(me, None)
-                    self._running -= 1
-                    self._admitted -= 1
-                    self._mean_s = took if self._mean_s is None else (1 - SMOOTHING) * self._mean_s + SMOOTHING * took
+                    del self._jobs[job_id]
+                    if self._mean_s is None:
+                        self._mean_s = took
+                    else:
+                        self._dev_s = (1 - SMOOTHING) * self._dev_s + SMOOTHING * abs(took - self._mean_s)
+                        self._mean_s = (1 - SMOOTHING) * self._mean_s + SMOOTHING * took
+                    if entry.deadline is not None and end > entry.deadline:
+                        self._overrun_s = (1 - SMOOTHING) * self._overrun_s + SMOOTHING * (end - entry.deadline)
                 self._metrics.in_flight.dec()
         return job
 
     def _pool(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dhp-solve")
+                self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dhp-solve", initializer=lower_priority,
+                                                    initargs=(self.nice,))
             return self._executor
 
-    def release(self) -> None:
+    def release(self, job_id: int) -> None:
         """Give back a place taken with :meth:`reserve` that will not be used."""
         with self._lock:
-            self._admitted -= 1
+            self._jobs.pop(job_id, None)
         self._metrics.queue_depth.dec()
 
     async def run(self, fn: Callable[..., T], *args: Any, deadline: float | None = None, min_left_s: float = 0.0) -> T:
-        """Run ``fn(*args)`` on a solve thread and wait for it; raises Overloaded when full, or when the
-        waiting line would leave it less than ``min_left_s`` before ``deadline`` (a ``time.perf_counter`` instant); a job that
-        had to wait for a worker and is taken with less than that left is refused then instead of run."""
-        queued = self._admit(deadline, min_left_s)
-        late_after = deadline - min_left_s if queued and deadline is not None else None
+        """Run ``fn(*args)`` on a solve thread and wait for it; raises Overloaded when full, or when the solves ahead
+        would leave it less than ``min_left_s`` before ``deadline`` (a ``time.perf_counter`` instant)."""
+        job_id = self._admit(deadline, min_left_s)
         try:
-            future = asyncio.get_running_loop().run_in_executor(self._pool(), self._wrap(fn, *args, late_after=late_after))
+            future = asyncio.get_running_loop().run_in_executor(self._pool(), self._wrap(job_id, fn, *args))
         except BaseException:
-            self.release()
+            self.release(job_id)
             raise
         return await future
 
-    def reserve(self) -> None:
-        """Take a place in the waiting line now (raises Overloaded when full); :meth:`submit_reserved` uses it, :meth:`release` gives it back."""
-        self._admit()
+    def reserve(self, deadline: float | None = None) -> int:
+        """Take a place in the waiting line now (raises Overloaded when full) for a job to end by ``deadline``;
+        :meth:`submit_reserved` uses it, :meth:`release` gives it back."""
+        return self._admit(deadline, refuse_late=False)
 
-    def submit_reserved(self, fn: Callable[..., Any], *args: Any) -> None:
+    def submit_reserved(self, job_id: int, fn: Callable[..., Any], *args: Any) -> None:
         """Start ``fn(*args)`` on a solve thread in a place taken with :meth:`reserve`, without waiting."""
         try:
-            self._pool().submit(self._wrap(fn, *args))
+            self._pool().submit(self._wrap(job_id, fn, *args))
         except BaseException:
-            self.release()
+            self.release(job_id)
             raise
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+    def submit(self, fn: Callable[..., Any], *args: Any, deadline: float | None = None) -> None:
         """Start ``fn(*args)`` on a solve thread without waiting; raises Overloaded when full."""
-        self.reserve()
-        self.submit_reserved(fn, *args)
+        self.submit_reserved(self.reserve(deadline), fn, *args)
 
     def shutdown(self) -> None:
         """Wait for the running and waiting solves; a later request starts a fresh pool."""

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
@@ -22,8 +23,10 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 from api import errors
+from api.intake import BodyBudget
 from api.metrics import Metrics, multiprocess_dir
 from api.middleware import AdmissionPrecheck, ArrivalAndMetrics, BodyLimit
+from api.openapi_limits import with_deployment_limits
 from api.routes import dashboard, health, jobs, plans, presets
 from api.service import PlanningService
 from api.settings import Settings
@@ -97,7 +100,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                    swagger_js_url="/static/swagger-ui-bundle.js", swagger_css_url="/static/swagger-ui.css",
                                    swagger_favicon_url="/static/favicon-32x32.png")
 
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(AdmissionPrecheck, pool=service.pool)
+    plain_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = with_deployment_limits(plain_openapi(), settings)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, budget=BodyBudget(settings.max_body_bytes_in_flight), pool=service.pool)
+    app.add_middleware(AdmissionPrecheck, pool=service.pool, max_budget_s=settings.max_budget_ms / 1000.0)
     app.add_middleware(ArrivalAndMetrics, metrics=metrics)
     return app

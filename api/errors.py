@@ -22,6 +22,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
+from starlette.routing import Match
 
 from optimizer.errors import InfeasibleError, PlannerError, ProblemError, VerificationError
 
@@ -110,6 +111,12 @@ _STATUS_HINTS = {404: "see /docs for the endpoints; plan ids come from POST /v1/
                  405: "see /docs for the methods each endpoint accepts."}
 
 
+def allowed_methods(request: Request) -> list[str]:
+    """The methods some route of the app answers on this request's path."""
+    return [method for method in ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
+            if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in request.app.router.routes)]
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers that turn every error into problem+json."""
 
@@ -141,8 +148,11 @@ def install(app: FastAPI) -> None:
                                     hint="send a JSON body with content-type application/json; see /docs.", instance=request.url.path)
         title = _STATUS_TITLES.get(exc.status_code, "HTTP error")
         detail = exc.detail if isinstance(exc.detail, str) else title
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:  # every method of the path, not only those of the first route that matched it
+            headers["Allow"] = ", ".join(allowed_methods(request))
         return problem_response(exc.status_code, title, detail, kind=f"http-{exc.status_code}", hint=_STATUS_HINTS.get(exc.status_code),
-                                headers=getattr(exc, "headers", None), instance=request.url.path)
+                                headers=headers, instance=request.url.path)
 
     async def _store_down(request: Request, exc: Exception) -> JSONResponse:
         log.warning("plan store unavailable on %s %s: %s", request.method, request.url.path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)

@@ -33,6 +33,7 @@ class Metrics:
         self.fallbacks = Counter("dhp_solver_fallbacks_total", "solves that fell back to the heuristic plan", ["backend"], registry=r)
         self.cache_hits = Counter("dhp_plan_cache_hits_total", "plan requests answered from the plan cache", registry=r)
         self.rejected = Counter("dhp_rejected_total", "plan requests refused with 503 because the service was at capacity", registry=r)
+        self.late_starts = Counter("dhp_late_starts_total", "admitted solves a worker took after their deadline (solved with what was left)", registry=r)
         self.failures = Counter("dhp_plan_failures_total", "plan requests that ended in a domain error", ["kind"], registry=r)
         self.prediction_ratio = Histogram("dhp_measured_over_predicted", "measured / predicted step time of the feedback received (1 = exact prediction)",
                                           buckets=RATIO_BUCKETS, registry=r)

@@ -31,6 +31,7 @@ from api.plan_cache import Flight, InFlight, PlanCache
 from api.settings import Settings
 from api.store.repository import PlanRecord, Store, solved_columns, utcnow
 from optimizer.errors import PlannerError
+from optimizer.gc_pause import collector_paused
 from planning.deadline import Deadline
 from planning.planner import plan as run_planner
 
@@ -59,7 +60,7 @@ class PlanningService:
         self.settings = settings
         self.store = store
         self.metrics = metrics
-        self.pool = SolvePool(settings.solve_workers, settings.queue_limit, settings.retry_after_s, metrics)
+        self.pool = SolvePool(settings.solve_workers, settings.queue_limit, settings.retry_after_s, metrics, nice=settings.solve_nice)
         self.cache = PlanCache(settings.plan_cache_size)
         self.flights = InFlight()
         self.resumed = threading.Event()
@@ -82,7 +83,8 @@ class PlanningService:
                 self.metrics.cache_hits.inc()
                 return None, hit.request_hash, hit, raw
         try:
-            problem = translate.to_problem(doc, self.settings)
+            with collector_paused():  # tens of thousands of new sample objects, no reference cycles
+                problem = translate.to_problem(doc, self.settings)
         except PlannerError as exc:
             self.metrics.failures.labels(kind=type(exc).__name__).inc()
             raise
@@ -289,10 +291,11 @@ class PlanningService:
             task.add_done_callback(done)
         return task, False
 
-    async def plan(self, doc: dict[str, Any], arrival: float, use_cache: bool = True) -> tuple[PlanRecord, bool, dict[str, float]]:
+    async def plan(self, doc: dict[str, Any], arrival: float, use_cache: bool = True, raw: str | None = None) -> tuple[PlanRecord, bool, dict[str, float]]:
         """Solve now; returns the stored record, whether it came from the cache (or an identical request
-        in flight), and where the time went (``handoff``: from the solve thread's end until this coroutine runs again)."""
-        raw = translate.raw_hash(doc) if use_cache else None
+        in flight), and where the time went (``handoff``: from the solve thread's end until this coroutine runs again).
+        ``raw`` identifies the request as sent (the body's hash); computed from ``doc`` when not given."""
+        raw = (raw or translate.raw_hash(doc)) if use_cache else None
         budget_s = translate.budget_ms(doc) / 1000.0
         task, joined = self._shared(self._asked, raw, lambda: self.pool.run(self.plan_now, doc, arrival, use_cache, raw, deadline=arrival + budget_s,
                                                                             min_left_s=MIN_BUDGET_SHARE * budget_s))
@@ -303,10 +306,10 @@ class PlanningService:
         timings["handoff"] = (time.perf_counter() - timings.pop("done_at")) * 1000.0
         return record, cached or joined, timings
 
-    async def plan_ahead(self, doc: dict[str, Any], arrival: float, use_cache: bool = True) -> tuple[PlanRecord, bool]:
+    async def plan_ahead(self, doc: dict[str, Any], arrival: float, use_cache: bool = True, raw: str | None = None) -> tuple[PlanRecord, bool]:
         """Validate and store as pending, answer, and solve in the background. Identical requests in flight
         get the same pending plan."""
-        raw = translate.raw_hash(doc) if use_cache else None
+        raw = (raw or translate.raw_hash(doc)) if use_cache else None
         task, _ = self._shared(self._accepting, raw, lambda: self._accept(doc, arrival, use_cache, raw))
         return await asyncio.shield(task)
 
@@ -315,19 +318,19 @@ class PlanningService:
         pending off the event loop and answered, without waiting for a free solve worker."""
         loop = asyncio.get_running_loop()
         plan_id = uuid.uuid4().hex
-        self.pool.reserve()
+        job = self.pool.reserve(arrival + translate.budget_ms(doc) / 1000.0)
         self._waiters[plan_id] = asyncio.Event()
         try:
             record, cached, context = await asyncio.to_thread(self._accept_ahead, plan_id, doc, use_cache, raw)
         except BaseException:
-            self.pool.release()
+            self.pool.release(job)
             self._waiters.pop(plan_id, None)
             raise
         if context is None:
-            self.pool.release()
+            self.pool.release(job)
             self._waiters.pop(plan_id, None)
         else:
-            self.pool.submit_reserved(self._solve_ahead, plan_id, context, arrival, loop)
+            self.pool.submit_reserved(job, self._solve_ahead, plan_id, context, arrival, loop)
         return record, cached
 
     async def get(self, plan_id: str, wait_ms: int = 0) -> PlanRecord | None:

@@ -46,6 +46,8 @@ class Settings(BaseSettings):
     """Comma-separated bearer tokens; when any is set, every /v1 call needs one."""
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     """Largest request body; larger ones get 413."""
+    max_body_bytes_in_flight: int = Field(32 * 1024 * 1024, ge=1024)
+    """Request bodies held at once in one process (from the first byte read until the answer); beyond it 503 with Retry-After."""
     max_samples: int = Field(65_536, ge=1)
     max_ranks: int = Field(16_384, ge=1)
     max_budget_ms: float = Field(60_000.0, ge=1.0)
@@ -54,6 +56,8 @@ class Settings(BaseSettings):
     """Solves that run at once in one server process (threads off the event loop)."""
     queue_limit: int = Field(4, ge=0, le=10_000)
     """Solves that may wait for a free worker; beyond running + waiting the answer is 503."""
+    solve_nice: int = Field(10, ge=0, le=19)
+    """CPU priority (Linux ``nice``) of the solve threads below the event loop's, so that answers are not kept waiting for a core; 0 turns it off."""
     solver_threads: int = Field(1, ge=1, le=64)
     """Cap on ``options.solver_workers`` (threads one exact solve may use)."""
     retry_after_s: int = Field(1, ge=1, le=3600)

@@ -102,13 +102,41 @@ def request_hash(doc: dict[str, Any], problem: Problem) -> str:
     return hashlib.sha256(_HASH_VERSION + b"\x00" + batch + b"\x00" + resolved).hexdigest()
 
 
+RAW_STEPS = 3
+"""The request, its documents and their lists are hashed element by element (a sample at a time): no single
+encoding call holds the interpreter for long on a large batch."""
+
+
 def raw_hash(doc: dict[str, Any]) -> str:
     """Hash of the request document as sent (keys in canonical order), before any validation."""
+    digest = hashlib.sha256()
+    _feed(digest, doc, 0)
+    return digest.hexdigest()
+
+
+def _feed(digest: Any, value: Any, depth: int) -> None:
+    if depth < RAW_STEPS and isinstance(value, dict):
+        digest.update(b"{")
+        for key in sorted(value, key=str):
+            digest.update(_sorted_json(str(key)) + b":")
+            _feed(digest, value[key], depth + 1)
+            digest.update(b",")
+        digest.update(b"}")
+    elif depth < RAW_STEPS and isinstance(value, list):
+        digest.update(b"[")
+        for item in value:
+            _feed(digest, item, depth + 1)
+            digest.update(b",")
+        digest.update(b"]")
+    else:
+        digest.update(_sorted_json(value))
+
+
+def _sorted_json(value: Any) -> bytes:
     try:
-        text = orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
     except (orjson.JSONEncodeError, TypeError):
-        text = json.dumps(doc, sort_keys=True, default=str).encode()
-    return hashlib.sha256(text).hexdigest()
+        return json.dumps(value, sort_keys=True, default=str).encode()
 
 
 def plan_text(plan: Plan) -> str:

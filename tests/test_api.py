@@ -412,3 +412,23 @@ def test_existing_groups_and_reuse_options_reach_the_planner(client):
     bad = dict(req, existing_groups=[[0, 999]])
     r = client.post("/v1/plans", json=bad)
     assert r.status_code == 422 and "existing_groups" in r.json()["field"]
+
+
+def test_a_wrong_method_lists_every_method_of_the_path(client):
+    r = client.options("/v1/plans")
+    assert r.status_code == 405 and r.headers["allow"] == "GET, POST"
+    assert client.delete("/v1/presets").headers["allow"] == "GET"
+
+
+def test_time_filters_take_dates_and_times_only(client):
+    for value in ("0.5", "1700000000", "2026-01-31"):
+        r = client.get("/v1/plans", params={"created_before": value})
+        assert r.status_code == 422 and r.json()["field"] == "created_before", value
+    assert client.get("/v1/plans", params={"created_before": "2026-01-31T12:00:00Z"}).status_code == 200
+
+
+def test_the_openapi_document_states_this_deployments_limits(make_client):
+    schemas = make_client(max_budget_ms=200, max_samples=64).get("/openapi.json").json()["components"]["schemas"]
+    budget = schemas["OptionsIn"]["properties"]["time_budget_ms"]["anyOf"][0]
+    samples = schemas["PlanRequest"]["properties"]["batch"]["properties"]["samples"]
+    assert budget["maximum"] == 200 and samples["minItems"] == 1 and samples["maxItems"] == 64

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import SettingsDep, require_token
 from api.errors import ServiceError
+from api.intake import ParsedOffLoop
 from api.routes.plans import _ERRORS, NOT_FOUND, problem_responses
 from api.settings import Settings
 from api.store.repository import is_id
@@ -49,7 +50,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(manager.close)
 
 
-router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[Depends(require_token)], responses=_ERRORS, lifespan=_lifespan)
+router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[Depends(require_token)], responses=_ERRORS, lifespan=_lifespan, route_class=ParsedOffLoop)
 
 
 class JobRequest(BaseModel):

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Header, Path, Query, Response
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
+from pydantic import BeforeValidator
 
 from api import translate
 from api.deps import ArrivalDep, ServiceDep, SettingsDep, StoreDep, require_token
 from api.errors import ServiceError
+from api.intake import ParsedOffLoop, for_body
 from api.schemas import FeedbackIn, FeedbackOut, PlanList, PlanOut, PlanRequest, ProblemDetail
 from api.store.repository import is_id
 
@@ -43,7 +46,7 @@ def problem_responses(*statuses: tuple[int, str]) -> dict[int | str, dict[str, A
 
 
 NOT_FOUND = problem_responses((404, "no such id (an id that cannot exist is not looked up)"))
-router = APIRouter(prefix="/v1", tags=["plans"], dependencies=[Depends(require_token)], responses=_ERRORS)
+router = APIRouter(prefix="/v1", tags=["plans"], dependencies=[Depends(require_token)], responses=_ERRORS, route_class=ParsedOffLoop)
 
 
 def _not_found(plan_id: str) -> ServiceError:
@@ -63,15 +66,16 @@ def _plan_response(record: Any, status: int, cached: bool | None = None, timings
 @router.post("/plans", status_code=201, response_model=PlanOut, summary="Plan a batch (now, or ahead with wait=false)",
              responses={200: {"model": PlanOut, "description": "an identical request was planned before (plan cache)"},
                         202: {"model": PlanOut, "description": "plan-ahead: accepted and pending; poll GET /v1/plans/{id}"}})
-async def create_plan(body: PlanRequest, service: ServiceDep, arrived: ArrivalDep) -> Response:
+async def create_plan(body: PlanRequest, service: ServiceDep, arrived: ArrivalDep, request: Request) -> Response:
     """Return the verified plan (201), the cached plan of an identical request (200), or with
     ``"wait": false`` the pending plan's id at once (202). The time budget counts from arrival.
     The ``Server-Timing`` header says where the time went: queue, translate, solve, encode, store, handoff, app (ms)."""
     doc = translate.request_document(body)
+    raw = await for_body(len(await request.body()), translate.raw_hash, doc) if body.cache else None  # the request as sent
     if body.wait:
-        record, cached, timings = await service.plan(doc, arrived, body.cache)
+        record, cached, timings = await service.plan(doc, arrived, body.cache, raw)
         return _plan_response(record, 200 if cached else 201, cached, timings)
-    record, cached = await service.plan_ahead(doc, arrived, body.cache)
+    record, cached = await service.plan_ahead(doc, arrived, body.cache, raw)
     return _plan_response(record, 200 if cached else 202, cached)
 
 
@@ -93,6 +97,16 @@ def _utc(value: datetime | None, field: str) -> datetime | None:
         raise ServiceError(422, "Invalid request", "is out of range", kind="invalid-request", field=field, hint="give a date between years 1 and 9999 (UTC).") from None
 
 
+DATE_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}")
+
+
+def _date_time(value: Any) -> Any:
+    """A date and time as the OpenAPI says (RFC 3339), not a number of seconds or a bare date."""
+    if isinstance(value, str) and not DATE_TIME.match(value):
+        raise ValueError("give an ISO 8601 date and time, e.g. 2026-01-31T12:00:00Z")
+    return value
+
+
 @dataclass(frozen=True)
 class PlanFilterArgs:
     """The filters of a plan listing, as the query gives them (times in UTC)."""
@@ -109,8 +123,8 @@ def plan_filter_args(status: Annotated[Literal["pending", "done", "failed"] | No
                      backend: Annotated[str | None, text_query(32)] = None,
                      cluster: Annotated[str | None, text_query(128)] = None,
                      model: Annotated[str | None, text_query(128)] = None,
-                     created_after: Annotated[datetime | None, Query(description="ISO 8601; inclusive")] = None,
-                     created_before: Annotated[datetime | None, Query(description="ISO 8601; exclusive")] = None) -> PlanFilterArgs:
+                     created_after: Annotated[datetime | None, BeforeValidator(_date_time), Query(description="ISO 8601 date and time; inclusive")] = None,
+                     created_before: Annotated[datetime | None, BeforeValidator(_date_time), Query(description="ISO 8601 date and time; exclusive")] = None) -> PlanFilterArgs:
     """The filter query parameters every plan listing takes (the plan list and the dashboard's table)."""
     return PlanFilterArgs(status, backend, cluster, model, _utc(created_after, "created_after"), _utc(created_before, "created_before"))
 
