@@ -1,7 +1,11 @@
-"""The trainer's client: retries with backoff, Retry-After, errors that name the field, local fallback."""
+"""The trainer's clients, blocking and asyncio (each test runs on both): retries with backoff, Retry-After, errors
+that name the field, one idempotency key per POST, the token from the environment, failed plans raising, feedback
+kept while the service is down, local fallback; and both against a real server."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import subprocess
 import sys
 
@@ -9,16 +13,38 @@ import httpx
 import pytest
 from api_support import ROOT, ServerProcess, assert_verified, free_port, small_request
 
-from api.client import PlannerClient, PlannerServiceError, ServiceUnavailable
+from api.client import AsyncPlannerClient, PlannerClient, PlannerServiceError, ServiceUnavailable
+
+CLIENTS = {"sync": PlannerClient, "async": AsyncPlannerClient}
 
 
-def mock_client(handler, **kwargs):
+@pytest.fixture(params=sorted(CLIENTS))
+def kind(request):
+    return request.param
+
+
+def call(value):
+    """The value of a client call: awaited when the client is the asyncio one."""
+    return asyncio.run(value) if inspect.isawaitable(value) else value
+
+
+def new_client(kind, url="http://planner.test", handler=None, **kwargs):
+    if handler is not None:
+        kwargs["transport"] = httpx.MockTransport(handler)
+    return CLIENTS[kind](url, **kwargs)
+
+
+def mock_client(handler, kind="sync", **kwargs):
     sleeps = []
-    client = PlannerClient("http://planner.test", transport=httpx.MockTransport(handler), sleep=sleeps.append, **kwargs)
+
+    async def pause(seconds):
+        sleeps.append(seconds)
+
+    client = new_client(kind, handler=handler, sleep=pause if kind == "async" else sleeps.append, **kwargs)
     return client, sleeps
 
 
-def test_retries_with_backoff_then_succeeds():
+def test_retries_with_backoff_then_succeeds(kind):
     calls = []
 
     def handler(request):
@@ -27,20 +53,20 @@ def test_retries_with_backoff_then_succeeds():
             raise httpx.ConnectError("refused", request=request)
         return httpx.Response(201, json={"id": "abc", "status": "done"})
 
-    client, sleeps = mock_client(handler, retries=4, backoff_s=0.1)
-    assert client.plan(small_request(n=2))["id"] == "abc"
+    client, sleeps = mock_client(handler, kind, retries=4, backoff_s=0.1)
+    assert call(client.plan(small_request(n=2)))["id"] == "abc"
     assert len(calls) == 3 and len(sleeps) == 2
     assert 0.05 <= sleeps[0] <= 0.1 and 0.1 <= sleeps[1] <= 0.2  # exponential, with jitter
 
 
-def test_honours_retry_after_on_503():
+def test_honours_retry_after_on_503(kind):
     answers = [httpx.Response(503, headers={"Retry-After": "1"}, json={"title": "busy"}), httpx.Response(201, json={"id": "x", "status": "done"})]
-    client, sleeps = mock_client(lambda request: answers.pop(0))
-    assert client.plan(small_request(n=2))["id"] == "x"
+    client, sleeps = mock_client(lambda request: answers.pop(0), kind)
+    assert call(client.plan(small_request(n=2)))["id"] == "x"
     assert sleeps == [1.0]
 
 
-def test_request_errors_are_not_retried_and_name_the_field():
+def test_request_errors_are_not_retried_and_name_the_field(kind):
     calls = []
 
     def handler(request):
@@ -48,45 +74,44 @@ def test_request_errors_are_not_retried_and_name_the_field():
         return httpx.Response(422, json={"title": "Invalid planning request", "detail": "must be >= 0", "field": "batch.samples[0].text_tokens",
                                          "hint": "give the number of text tokens."})
 
-    client, _ = mock_client(handler)
+    client, _ = mock_client(handler, kind)
     with pytest.raises(PlannerServiceError) as info:
-        client.plan(small_request(n=2))
+        call(client.plan(small_request(n=2)))
     assert len(calls) == 1
     assert info.value.status == 422 and info.value.field == "batch.samples[0].text_tokens"
     assert "To fix: give the number of text tokens." in str(info.value)
 
 
-def test_token_is_sent():
+def test_token_is_sent(kind):
     seen = []
 
     def handler(request):
         seen.append(request.headers.get("authorization"))
         return httpx.Response(200, json={"clusters": {}})
 
-    client = PlannerClient("http://planner.test", token="secret-token", transport=httpx.MockTransport(handler))
-    client.presets()
+    call(new_client(kind, handler=handler, token="secret-token").presets())
     assert seen == ["Bearer secret-token"]
 
 
-def test_unreachable_without_fallback_raises():
-    client = PlannerClient(f"http://127.0.0.1:{free_port()}", retries=1, backoff_s=0.001)
+def test_unreachable_without_fallback_raises(kind):
+    client = new_client(kind, f"http://127.0.0.1:{free_port()}", retries=1, backoff_s=0.001)
     with pytest.raises(ServiceUnavailable):
-        client.plan(small_request(n=2))
-    assert not client.healthy()
+        call(client.plan(small_request(n=2)))
+    assert not call(client.healthy())
 
 
-def test_unreachable_with_fallback_plans_locally():
-    client = PlannerClient(f"http://127.0.0.1:{free_port()}", retries=1, backoff_s=0.001, local_fallback=True)
+def test_unreachable_with_fallback_plans_locally(kind):
+    client = new_client(kind, f"http://127.0.0.1:{free_port()}", retries=1, backoff_s=0.001, local_fallback=True)
     req = small_request(n=12, backend="auto")
-    plan = client.plan(req)
+    plan = call(client.plan(req))
     assert plan["status"] == "local" and plan["id"].startswith("local-")
     assert plan["solver"]["backend"] == "heuristic"
     assert_verified(plan, req)
-    ahead = client.plan_ahead(small_request(n=6, seed=1))
-    later = client.result(ahead)
+    ahead = call(client.plan_ahead(small_request(n=6, seed=1)))
+    later = call(client.result(ahead))
     assert later["status"] == "local"
     assert_verified(later, small_request(n=6, seed=1))
-    assert client.feedback(plan["id"], 1.0) is None
+    assert call(client.feedback(plan["id"], 1.0)) is None
     assert client.fallbacks == 2
 
 
@@ -115,14 +140,14 @@ def test_importable_without_the_web_stack():
     code = ("import sys\n"
             "for m in ('fastapi', 'starlette', 'sqlalchemy', 'pydantic', 'pydantic_settings', 'uvicorn', 'alembic', 'prometheus_client'):\n"
             "    sys.modules[m] = None\n"
-            "from api.client import PlannerClient\n"
-            "print(PlannerClient.__name__)\n")
+            "from api.client import AsyncPlannerClient, PlannerClient\n"
+            "print(PlannerClient.__name__, AsyncPlannerClient.__name__)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "PlannerClient"
+    assert out.stdout.strip() == "PlannerClient AsyncPlannerClient"
 
 
-def test_a_failed_plan_ahead_raises_from_result():
+def test_a_failed_plan_ahead_raises_from_result(kind):
     error = {"type": "https://dhp-planner.dev/problems/infeasible", "title": "No plan satisfies the request", "status": 422,
              "detail": "sample 'x' does not fit", "field": "batch.samples", "hint": "use more ranks."}
 
@@ -131,14 +156,14 @@ def test_a_failed_plan_ahead_raises_from_result():
             return httpx.Response(202, json={"id": "p1", "status": "pending"})
         return httpx.Response(200, json={"id": "p1", "status": "failed", "error": error})
 
-    client, _ = mock_client(handler)
-    plan_id = client.plan_ahead(small_request(n=2))
+    client, _ = mock_client(handler, kind)
+    plan_id = call(client.plan_ahead(small_request(n=2)))
     with pytest.raises(PlannerServiceError) as info:
-        client.result(plan_id)
+        call(client.result(plan_id))
     assert info.value.status == 422 and info.value.field == "batch.samples"
 
 
-def test_token_from_the_environment(monkeypatch):
+def test_token_from_the_environment(kind, monkeypatch):
     seen = []
 
     def handler(request):
@@ -146,12 +171,12 @@ def test_token_from_the_environment(monkeypatch):
         return httpx.Response(200, json={})
 
     monkeypatch.setenv("DHP_TOKEN", "token-from-env-0123")
-    PlannerClient("http://planner.test", transport=httpx.MockTransport(handler)).presets()
-    PlannerClient("http://planner.test", token="given-token-0123", transport=httpx.MockTransport(handler)).presets()
+    call(new_client(kind, handler=handler).presets())
+    call(new_client(kind, handler=handler, token="given-token-0123").presets())
     assert seen == ["Bearer token-from-env-0123", "Bearer given-token-0123"]
 
 
-def test_retried_posts_carry_one_idempotency_key():
+def test_retried_posts_carry_one_idempotency_key(kind):
     keys = []
 
     def handler(request):
@@ -160,13 +185,13 @@ def test_retried_posts_carry_one_idempotency_key():
             return httpx.Response(503, headers={"Retry-After": "1"}, json={"title": "busy"})
         return httpx.Response(201, json={"id": "x", "status": "done"})
 
-    client, _ = mock_client(handler)
-    client.plan(small_request(n=2))
-    client.plan(small_request(n=2))
+    client, _ = mock_client(handler, kind)
+    call(client.plan(small_request(n=2)))
+    call(client.plan(small_request(n=2)))
     assert len(keys) == 4 and keys[0] and keys[0] == keys[1] == keys[2] and keys[3] != keys[0]
 
 
-def test_feedback_is_kept_while_the_service_is_down_and_sent_later():
+def test_feedback_is_kept_while_the_service_is_down_and_sent_later(kind):
     up = [False]
     delivered = []
 
@@ -176,17 +201,17 @@ def test_feedback_is_kept_while_the_service_is_down_and_sent_later():
         delivered.append((request.url.path, request.read()))
         return httpx.Response(201, json={"id": len(delivered)})
 
-    client, _ = mock_client(handler, retries=1, local_fallback=True)
-    assert client.feedback("p1", 1.5, step=1) is None
-    assert client.feedback("p2", 1.6, step=2) is None
+    client, _ = mock_client(handler, kind, retries=1, local_fallback=True)
+    assert call(client.feedback("p1", 1.5, step=1)) is None
+    assert call(client.feedback("p2", 1.6, step=2)) is None
     assert len(client.unsent_feedback) == 2
     up[0] = True
-    assert client.feedback("p3", 1.7, step=3) == {"id": 3}
+    assert call(client.feedback("p3", 1.7, step=3)) == {"id": 3}
     assert [path for path, _ in delivered] == ["/v1/plans/p1/feedback", "/v1/plans/p2/feedback", "/v1/plans/p3/feedback"]
     assert not client.unsent_feedback
 
 
-def test_the_local_fallback_is_deterministic(monkeypatch):
+def test_the_local_fallback_is_deterministic(kind, monkeypatch):
     import planning.planner
 
     seen = []
@@ -197,8 +222,33 @@ def test_the_local_fallback_is_deterministic(monkeypatch):
         return real(problem, *args, **kwargs)
 
     monkeypatch.setattr(planning.planner, "plan", spy)
-    client = PlannerClient(f"http://127.0.0.1:{free_port()}", retries=0, local_fallback=True)
+    client = new_client(kind, f"http://127.0.0.1:{free_port()}", retries=0, local_fallback=True)
     req = small_request(n=40, time_budget_ms=30)
-    plans = [client.plan(req) for _ in range(2)]
+    plans = [call(client.plan(req)) for _ in range(2)]
     assert seen == [True, True]
     assert plans[0]["micro_batches"] == plans[1]["micro_batches"]
+
+
+def test_async_client_against_a_real_server(tmp_path):
+    async def session(url):
+        async with AsyncPlannerClient(url, local_fallback=True) as client:
+            req = small_request(n=10, seed=2)
+            plans = await asyncio.gather(*(client.plan(small_request(n=10, seed=s)) for s in (2, 3)))  # concurrent calls share the client
+            plan = plans[0]
+            assert plan["status"] == "done" and not plan["id"].startswith("local-")
+            assert_verified(plan, req)
+            ahead = await client.plan_ahead(small_request(n=10, seed=5))
+            assert (await client.result(ahead, wait_ms=20_000))["status"] == "done"
+            shape = [[0.1] * len(mb["groups"]) for mb in plan["micro_batches"]]
+            fb = await client.feedback(plan["id"], 1.25, group_times_s=shape, step=3)
+            assert fb["measured_step_time_s"] == 1.25 and fb["predicted_step_time_s"] == pytest.approx(plan["predicted_step_time_s"])
+            with pytest.raises(PlannerServiceError) as info:
+                await client.plan({**req, "cluster": {"nodes": -1}})
+            assert info.value.field == "cluster.nodes"
+            assert await client.healthy() and client.fallbacks == 0
+
+    server = ServerProcess(tmp_path)
+    try:
+        asyncio.run(session(server.url))
+    finally:
+        server.stop()
