@@ -129,7 +129,7 @@ def overload(root: Path, clients: int, seconds: float, workers: int, queue_limit
         refused = [a for a in answers if a.status == 503]
         reasons: dict[str, list[Answer]] = {}
         for a in refused:
-            reasons.setdefault(json.loads(a.body).get("detail", "")[:70], []).append(a)
+            reasons.setdefault(json.loads(a.body).get("detail", "").split(" (")[0], []).append(a)  # without its figures
         time.sleep(0.5)
         t0 = time.perf_counter()
         after = httpx.post(srv.url + "/v1/plans", json=request(seed=99_999), timeout=60)
