@@ -29,7 +29,7 @@ from api.errors import STORE_DOWN, ServiceError, StoreUnavailable, planner_error
 from api.metrics import Metrics
 from api.plan_cache import Flight, InFlight, PlanCache
 from api.settings import Settings
-from api.store.repository import PlanRecord, Store, solved_columns, utcnow
+from api.store.repository import PlanRecord, Store, plan_speedup, request_columns, solved_columns, utcnow
 from optimizer.errors import PlannerError
 from optimizer.gc_pause import collector_paused
 from planning.deadline import Deadline
@@ -97,27 +97,30 @@ class PlanningService:
                 self.cache.put(key, hit, raw if caching else None)
         return problem, key, hit, raw if caching else None
 
-    def _solve(self, problem: Any, arrival: float) -> tuple[Any, str]:
+    def _solve(self, problem: Any, arrival: float) -> tuple[Any, str, float]:
+        """The plan, its text, and the planner's own time in this call (ms)."""
         # The budget counts from the request's arrival: queueing and validation are part of it.
         deadline = Deadline.after_ms(problem.options.time_budget_ms, start=arrival)
+        began = time.perf_counter()
         try:
             result = run_planner(problem, deadline=deadline)
         except PlannerError as exc:
             self.metrics.failures.labels(kind=type(exc).__name__).inc()
             raise
+        solve_ms = (time.perf_counter() - began) * 1000.0
         stats = result.solver
         self.metrics.solve_latency.labels(backend=stats.backend).observe(stats.wall_ms / 1000.0)
         self.metrics.gap.labels(backend=stats.backend).observe(result.gap)
         if stats.fallback_reason:
             self.metrics.fallbacks.labels(backend=stats.backend).inc()
-        return result, translate.plan_text(result)
+        return result, translate.plan_text(result, len(problem.batch)), solve_ms
 
     def _record(self, plan_id: str, doc: dict[str, Any], problem: Any, key: str, status: str, result: Any = None, text: str | None = None) -> PlanRecord:
         cluster, model = translate.names(doc, problem)
         base = dict(id=plan_id, created_at=utcnow(), status=status, request_hash=key, n_samples=len(problem.batch), n_ranks=problem.cluster.total_gpus,
-                    cluster=cluster, model=model, request_json=translate.request_text(doc))
+                    cluster=cluster, model=model, request_json=translate.request_text(doc), **request_columns(doc))
         if result is not None:
-            base.update(finished_at=base["created_at"], plan_json=text, **solved_columns(result))
+            base.update(finished_at=base["created_at"], plan_json=text, speedup=plan_speedup(result), **solved_columns(result))
         else:
             base.update(claimed_at=base["created_at"])
         return PlanRecord(**base)
@@ -148,10 +151,10 @@ class PlanningService:
             timings["done_at"] = time.perf_counter()
             return record, True, timings
         try:
-            result, text = self._solve(problem, arrival)
+            result, text, solve_ms = self._solve(problem, arrival)
             t2 = time.perf_counter()
-            timings["solve"] = result.solver.wall_ms
-            timings["encode"] = (t2 - t1) * 1000.0 - result.solver.wall_ms
+            timings["solve"] = solve_ms
+            timings["encode"] = (t2 - t1) * 1000.0 - solve_ms
             record = self._record(uuid.uuid4().hex, doc, problem, key, "done", result, text)
             self.store.add(record)
         except BaseException as exc:
@@ -207,7 +210,7 @@ class PlanningService:
     def _solve_pending(self, plan_id: str, problem: Any, arrival: float, pending: PlanRecord) -> tuple[PlanRecord | None, BaseException | None]:
         """Solve a pending plan and store the answer (retried while the store is down); the stored record or the error."""
         try:
-            result, text = self._solve(problem, arrival)
+            result, text, _ = self._solve(problem, arrival)
         except PlannerError as exc:
             self._write(self.store.fail, plan_id, planner_error_document(exc))
             return None, exc

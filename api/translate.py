@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -103,57 +104,65 @@ def request_hash(doc: dict[str, Any], problem: Problem) -> str:
 
 
 RAW_STEPS = 3
-"""The request, its documents and their lists are hashed element by element (a sample at a time): no single
-encoding call holds the interpreter for long on a large batch."""
+"""The request, its documents and their lists are hashed element by element (a sample at a time)."""
+TEXT_STEPS = 5
+"""Plans are encoded element by element down to each group's members."""
 
 
 def raw_hash(doc: dict[str, Any]) -> str:
     """Hash of the request document as sent (keys in canonical order), before any validation."""
     digest = hashlib.sha256()
-    _feed(digest, doc, 0)
+    for piece in _pieces(doc, RAW_STEPS, sort=True):
+        digest.update(piece)
     return digest.hexdigest()
 
 
-def _feed(digest: Any, value: Any, depth: int) -> None:
-    if depth < RAW_STEPS and isinstance(value, dict):
-        digest.update(b"{")
-        for key in sorted(value, key=str):
-            digest.update(_sorted_json(str(key)) + b":")
-            _feed(digest, value[key], depth + 1)
-            digest.update(b",")
-        digest.update(b"}")
-    elif depth < RAW_STEPS and isinstance(value, list):
-        digest.update(b"[")
+def _pieces(value: Any, steps: int, sort: bool = False) -> Iterator[bytes]:
+    """Compact JSON of ``value`` in pieces: the containers of its first ``steps`` levels are written element by element,
+    so that no single encoding call holds the interpreter for long on a large document (the joined pieces are what
+    one call would write)."""
+    if steps > 0 and isinstance(value, dict) and value:
+        opening = b"{"
+        for key in (sorted(value, key=str) if sort else value):
+            yield opening + _json(str(key), sort) + b":"
+            yield from _pieces(value[key], steps - 1, sort)
+            opening = b","
+        yield b"}"
+    elif steps > 0 and isinstance(value, list) and value:
+        opening = b"["
         for item in value:
-            _feed(digest, item, depth + 1)
-            digest.update(b",")
-        digest.update(b"]")
+            yield opening
+            yield from _pieces(item, steps - 1, sort)
+            opening = b","
+        yield b"]"
     else:
-        digest.update(_sorted_json(value))
+        yield _json(value, sort)
 
 
-def _sorted_json(value: Any) -> bytes:
+def _json(value: Any, sort: bool) -> bytes:
     try:
-        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
-    except (orjson.JSONEncodeError, TypeError):
-        return json.dumps(value, sort_keys=True, default=str).encode()
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS if sort else 0)
+    except (orjson.JSONEncodeError, TypeError):  # e.g. an integer beyond 64 bits, which the standard encoder writes
+        return json.dumps(value, sort_keys=sort, separators=(",", ":"), default=str).encode()
 
 
-def plan_text(plan: Plan) -> str:
-    """The plan document as stored and returned (the JSON ``dhp plan`` prints, compact)."""
-    return _dumps(plan.to_json(shards=True))
+STEPWISE_SAMPLES = 2048
+"""Documents of larger batches are encoded in pieces; smaller ones in one call (faster, and short anyway)."""
+
+
+def plan_text(plan: Plan, samples: int = 0) -> str:
+    """The plan document as stored and returned (the JSON ``dhp plan`` prints, compact); ``samples``: the batch's size."""
+    return _dumps(plan.to_json(shards=True), samples)
 
 
 def request_text(doc: dict[str, Any]) -> str:
     """The request document as stored (compact JSON)."""
-    return _dumps(doc)
+    samples = doc.get("batch", {}).get("samples") if isinstance(doc.get("batch"), dict) else None
+    return _dumps(doc, len(samples) if isinstance(samples, list) else 0)
 
 
-def _dumps(doc: Any) -> str:
-    try:
-        return orjson.dumps(doc).decode()
-    except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits, which the standard encoder writes
-        return json.dumps(doc, separators=(",", ":"))
+def _dumps(doc: Any, samples: int) -> str:
+    return b"".join(_pieces(doc, TEXT_STEPS if samples > STEPWISE_SAMPLES else 0)).decode()
 
 
 def names(doc: dict[str, Any], problem: Problem) -> tuple[str, str]:

@@ -8,6 +8,7 @@ worker threads.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
@@ -81,18 +82,30 @@ DEFAULT_BUDGET_MS = PlanOptions().time_budget_ms
 PROFILE_LABEL_LENGTH = 200
 
 
+def request_columns(request: Any) -> dict[str, Any]:
+    """``budget_ms`` and ``profile`` from a request document."""
+    options = request.get("options") if isinstance(request, dict) else None
+    budget = options.get("time_budget_ms") if isinstance(options, dict) else None
+    profile = request.get("profile") if isinstance(request, dict) else None
+    return {"budget_ms": float(budget) if isinstance(budget, (int, float)) and not isinstance(budget, bool) else DEFAULT_BUDGET_MS,
+            "profile": "analytical" if not isinstance(profile, dict) else str(profile.get("source") or "given")[:PROFILE_LABEL_LENGTH]}
+
+
+def plan_speedup(plan: Plan) -> float | None:
+    """The ``speedup`` column of a plan (its speedup over the static baseline, when finite)."""
+    speedup = plan.speedup_over_static
+    return float(speedup) if speedup is not None and math.isfinite(speedup) else None
+
+
 def document_columns(request_json: str | None, plan_json: str | None) -> dict[str, Any]:
     """The columns that repeat figures of the stored documents, so that lists sort and filter on them in the
     database: ``budget_ms`` and ``profile`` from the request, ``speedup`` from the plan (each only when its
-    document is given). Written with the documents, never edited apart from them."""
+    document is given). Written with the documents, never edited apart from them. This parses the documents:
+    a caller that holds them parsed (the service) fills the record's columns itself (:func:`request_columns`,
+    :func:`plan_speedup`)."""
     out: dict[str, Any] = {}
     if request_json is not None:
-        request = json.loads(request_json)
-        options = request.get("options") if isinstance(request, dict) else None
-        budget = options.get("time_budget_ms") if isinstance(options, dict) else None
-        out["budget_ms"] = float(budget) if isinstance(budget, (int, float)) and not isinstance(budget, bool) else DEFAULT_BUDGET_MS
-        profile = request.get("profile") if isinstance(request, dict) else None
-        out["profile"] = "analytical" if not isinstance(profile, dict) else str(profile.get("source") or "given")[:PROFILE_LABEL_LENGTH]
+        out.update(request_columns(json.loads(request_json)))
     if plan_json is not None:
         plan = json.loads(plan_json)
         baseline = plan.get("static_baseline") if isinstance(plan, dict) else None
@@ -181,18 +194,21 @@ class Store:
     # -- plans ------------------------------------------------------------------------------
 
     def add(self, record: PlanRecord) -> None:
+        """Store a record; its figure columns are read from its documents unless it carries them (``budget_ms`` set)."""
+        columns = {} if record.budget_ms is not None else document_columns(record.request_json, record.plan_json)
         with self.engine.begin() as conn:
-            conn.execute(insert(_PLANS), [{**record.__dict__, **document_columns(record.request_json, record.plan_json)}])
+            conn.execute(insert(_PLANS), [{**record.__dict__, **columns}])
 
     def finish(self, plan_id: str, plan_json: str, plan: Plan) -> bool:
         """Mark a pending plan done with its plan document and :func:`solved_columns`. The first answer
         stored wins: a plan that is no longer pending is left as it is (False)."""
-        return self._settle(plan_id, status="done", plan_json=plan_json, **solved_columns(plan), **document_columns(None, plan_json))
+        speedup = plan_speedup(plan) if hasattr(plan, "speedup_over_static") else document_columns(None, plan_json)["speedup"]
+        return self._settle(plan_id, status="done", plan_json=plan_json, **solved_columns(plan), speedup=speedup)
 
     def finish_from(self, plan_id: str, done: PlanRecord) -> bool:
         """Mark a pending plan done with the plan of another record (an identical request solved once)."""
         columns = {name: getattr(done, name) for name in SOLVED_FIELDS}
-        return self._settle(plan_id, status="done", plan_json=done.plan_json, **columns, **document_columns(None, done.plan_json))
+        return self._settle(plan_id, status="done", plan_json=done.plan_json, **columns, speedup=done.speedup)
 
     def fail(self, plan_id: str, error: dict[str, Any]) -> bool:
         return self._settle(plan_id, status="failed", error_json=json.dumps(error))
