@@ -117,3 +117,21 @@ def test_keeper_takes_apart_only_what_nothing_else_refers_to_and_resumes_the_col
     assert keeper.sweep() == 0 and len(keeper) == 1  # referred to here: kept
     del held
     assert keeper.sweep() == 1
+
+
+JSON64 = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+                      lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5), max_leaves=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(JSON64)
+def test_documents_encoded_in_pieces_are_the_bytes_of_one_call(value):
+    import hashlib
+
+    import orjson
+
+    from api import translate
+
+    assert translate._dumps(value, samples=translate.STEPWISE_SAMPLES + 1) == orjson.dumps(value).decode()
+    if isinstance(value, dict):
+        assert translate.raw_hash(value) == hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
