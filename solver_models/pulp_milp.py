@@ -184,16 +184,21 @@ def _cbc_processes_stoppable() -> None:
 
 
 def _set_start(model: SlotModel, y: list[Any], x: dict[tuple[int, int], Any], t_mb: list[Any]) -> bool:
-    """Give the hint's values to the variables (the starting solution); False when the model has no complete hint."""
+    """Give the hint's values to the variables (the starting solution); False when the model has no
+    complete hint, or when a hinted micro-batch time lies above its variable's bound (a neighbourhood's
+    times rounded up to the model's units can pass the incumbent's; PuLP refuses such a start)."""
     if not model.hint_x:
         return False
     scale = time_scale(model)
+    times = [max(v, model.floor[m]) / scale for m, v in enumerate(model.hint_t)]
+    if any(t_mb[m].upBound is not None and value > t_mb[m].upBound for m, value in enumerate(times)):
+        return False
     for s, v in enumerate(model.hint_y):
         y[s].setInitialValue(v)
     for key, var in x.items():
         var.setInitialValue(model.hint_x.get(key, 0))
-    for m, v in enumerate(model.hint_t):
-        t_mb[m].setInitialValue(max(v, model.floor[m]) / scale)
+    for m, value in enumerate(times):
+        t_mb[m].setInitialValue(value)
     return True
 
 

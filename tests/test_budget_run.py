@@ -168,3 +168,15 @@ def test_a_small_budget_run_gives_valid_plans_only(tmp_path: Path, deaf):
     assert records[4].solver_status == "stopped"
     assert records[5].via == "cli" and not math.isnan(records[5].wall_ms)
     assert sum(v["calls"] for v in summary["by_backend"].values()) == 6
+
+
+def test_a_neighbourhood_whose_hinted_times_pass_the_bound_still_solves():
+    """Times rounded up to the model's units can put a neighbourhood's hinted micro-batch time above the
+    incumbent's bound: HiGHS then starts without the hint instead of failing every round."""
+    if "highs" not in available_backends():
+        pytest.skip("highs is not installed")
+    p = problem_from_json({"batch": WORKLOADS["image-sft"](600, seed=0), "cluster": {"nodes": 16, "gpus_per_node": 8}, "model_preset": "qwen2-vl-7b"})
+    tables = CostTables.build(p)
+    result = builtin_backends()["highs"].solve(tables, p.options, heuristic_plan(tables), time.perf_counter() + 0.6)
+    assert result.details["mode"] == "lns" and result.details["rounds"] >= 1
+    assert "errors" not in result.details, result.details.get("last_error")
