@@ -5,8 +5,8 @@ refused at once with 503 and Retry-After (:class:`api.errors.Overloaded`) instea
 request with a deadline that has to wait for a worker is also refused at once when the solves ahead of it
 would leave it less than its share of the budget (one that finds a free worker is always run). Each solve ahead is expected to hold its worker until the earlier of its own
 deadline (plus the recent overrun past deadlines) and its start plus a high estimate of a solve's time
-(the recent mean plus four mean deviations, as TCP estimates a timeout), so the estimate errs on the
-long side: a request admitted is not refused later; one a worker takes late (a solve overran every
+(the 90th percentile of the latest 64; before the first solve of the process ends, none is expected to wait),
+so the estimate errs on the long side: a request admitted is not refused later; one a worker takes late (a solve overran every
 estimate) is solved with what is left of its budget, and counted (``dhp_late_starts_total``).
 Retry-After is the time the solves admitted now are expected to take to drain.
 
@@ -25,6 +25,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,9 +36,10 @@ from api.metrics import Metrics
 
 T = TypeVar("T")
 SMOOTHING = 0.2
-"""Weight of the newest solve in the running mean and mean deviation of solve times (and of overruns)."""
-DEVIATIONS = 4.0
-"""A solve is expected to end within the mean plus this many mean deviations (when its deadline is later)."""
+"""Weight of the newest solve in the running mean of solve times (and of overruns past deadlines)."""
+RECENT = 64
+LONG_QUANTILE = 0.9
+"""A solve is expected to end within this quantile of the latest RECENT solve times (when its deadline is later)."""
 log = logging.getLogger("api.admission")
 
 
@@ -74,7 +76,8 @@ class SolvePool:
         """Admitted jobs in admission order: running (``start`` set) and waiting."""
         self._ids = itertools.count()
         self._mean_s: float | None = None
-        self._dev_s = 0.0
+        self._recent: deque[float] = deque(maxlen=RECENT)
+        """The times of the latest solves."""
         self._overrun_s = 0.0
 
     @property
@@ -98,11 +101,13 @@ class SolvePool:
 
     def _end(self, start: float, deadline: float | None) -> float:
         """When a job that starts at ``start`` is expected to give its worker back (an estimate on the long side)."""
-        long_s = self._mean_s + DEVIATIONS * self._dev_s if self._mean_s is not None else None
+        if not self._recent:  # nothing timed yet in this process: no wait is assumed (the first solves give the estimate)
+            return start
+        ordered = sorted(self._recent)
+        long_s = ordered[max(0, math.ceil(LONG_QUANTILE * len(ordered)) - 1)]
         if deadline is None:
-            return start + (long_s if long_s is not None else self.retry_after_s)
-        due = deadline + self._overrun_s
-        return max(start, due if long_s is None else min(due, start + long_s))
+            return start + long_s
+        return max(start, min(deadline + self._overrun_s, start + long_s))
 
     def _free_times(self, now: float) -> list[float]:
         """When each worker is expected to be free for a job admitted now (a heap), after the jobs admitted before it."""
@@ -167,11 +172,8 @@ class SolvePool:
                 took = end - start
                 with self._lock:
                     del self._jobs[job_id]
-                    if self._mean_s is None:
-                        self._mean_s = took
-                    else:
-                        self._dev_s = (1 - SMOOTHING) * self._dev_s + SMOOTHING * abs(took - self._mean_s)
-                        self._mean_s = (1 - SMOOTHING) * self._mean_s + SMOOTHING * took
+                    self._mean_s = took if self._mean_s is None else (1 - SMOOTHING) * self._mean_s + SMOOTHING * took
+                    self._recent.append(took)
                     if entry.deadline is not None and end > entry.deadline:
                         self._overrun_s = (1 - SMOOTHING) * self._overrun_s + SMOOTHING * (end - entry.deadline)
                 self._metrics.in_flight.dec()

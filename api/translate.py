@@ -105,8 +105,10 @@ def request_hash(doc: dict[str, Any], problem: Problem) -> str:
 
 RAW_STEPS = 3
 """The request, its documents and their lists are hashed element by element (a sample at a time)."""
-TEXT_STEPS = 5
-"""Plans are encoded element by element down to each group's members."""
+TEXT_STEPS = 6
+"""Plans are encoded in pieces down to each group's members."""
+PIECE_ITEMS = 256
+"""Elements of a long list written by one encoding call."""
 
 
 def raw_hash(doc: dict[str, Any]) -> str:
@@ -118,9 +120,10 @@ def raw_hash(doc: dict[str, Any]) -> str:
 
 
 def _pieces(value: Any, steps: int, sort: bool = False) -> Iterator[bytes]:
-    """Compact JSON of ``value`` in pieces: the containers of its first ``steps`` levels are written element by element,
-    so that no single encoding call holds the interpreter for long on a large document (the joined pieces are what
-    one call would write)."""
+    """Compact JSON of ``value`` in pieces: the containers of its first ``steps`` levels are written a key or a few
+    elements at a time (a long list :data:`PIECE_ITEMS` elements per piece, a short one element by element), so that
+    no single encoding call holds the interpreter for long on a large document; the joined pieces are what one
+    call would write."""
     if steps > 0 and isinstance(value, dict) and value:
         opening = b"{"
         for key in (sorted(value, key=str) if sort else value):
@@ -128,6 +131,11 @@ def _pieces(value: Any, steps: int, sort: bool = False) -> Iterator[bytes]:
             yield from _pieces(value[key], steps - 1, sort)
             opening = b","
         yield b"}"
+    elif steps > 0 and isinstance(value, list) and len(value) > PIECE_ITEMS:
+        for start in range(0, len(value), PIECE_ITEMS):
+            part = _json(value[start:start + PIECE_ITEMS], sort)
+            yield (b"[" if start == 0 else b",") + part[1:-1]
+        yield b"]"
     elif steps > 0 and isinstance(value, list) and value:
         opening = b"["
         for item in value:

@@ -58,21 +58,11 @@ def occupy(client, pool, started, seed):
     return future
 
 
-def test_a_request_the_running_solve_would_keep_past_its_budget_is_refused_at_once_before_any_solve_is_timed(client, slow):
-    with ThreadPoolExecutor(2) as pool:
-        first = occupy(client, pool, slow, seed=1)  # its deadline is 5 s away: the estimate of when the worker frees
-        r, took = timed_post(client, small_request(n=6, seed=2, time_budget_ms=100))
-        assert first.result().status_code == 201
-    assert r.status_code == 503, r.text
-    assert r.json()["type"].endswith("/overloaded") and "time budget" in r.json()["detail"]
-    assert int(r.headers["retry-after"]) >= 1
-    assert took < 0.5, took  # at once, not when the worker took it
-
-
 def test_a_request_a_worker_takes_late_after_an_overrun_is_solved_not_refused(client, slow):
-    """The solve ahead was expected to end at its deadline (300 ms) but ran SOLVE_S: the request it held up was admitted
+    """The solve ahead was expected to end by its deadline (300 ms) but ran SOLVE_S: the request it held up was admitted
     on that estimate, so it is solved with what is left of its budget (and counted), not refused after waiting."""
     with ThreadPoolExecutor(2) as pool:
+        occupy(client, pool, slow, seed=20).result()  # one solve timed (SOLVE_S): from now on the estimate is min(deadline, about SOLVE_S)
         slow.clear()
         first = pool.submit(client.post, "/v1/plans", json=small_request(n=6, seed=21, time_budget_ms=300))
         assert slow.wait(10)

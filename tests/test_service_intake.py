@@ -132,6 +132,8 @@ def test_documents_encoded_in_pieces_are_the_bytes_of_one_call(value):
 
     from api import translate
 
-    assert translate._dumps(value, samples=translate.STEPWISE_SAMPLES + 1) == orjson.dumps(value).decode()
-    if isinstance(value, dict):
-        assert translate.raw_hash(value) == hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    long = {"batch": {"samples": [value] * (translate.PIECE_ITEMS * 2 + 3), "other": [[value]]}}  # long lists go in pieces of elements
+    for doc in (value, long):
+        assert translate._dumps(doc, samples=translate.STEPWISE_SAMPLES + 1) == orjson.dumps(doc).decode()
+        if isinstance(doc, dict):
+            assert translate.raw_hash(doc) == hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).hexdigest()
