@@ -190,13 +190,49 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
     return paths
 
 
+def bound_plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
+    """One PNG: each case's step time over its lower bound, per profile, for dhp at 200 ms and 1 s
+    (and FlexSP where it ran); the worst cases of each profile are the points furthest up."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    profiles = list(dict.fromkeys(r["profile"] for r in rows if r["lower_bound_s"]))
+    if not profiles:
+        return []
+    series = [(DEFAULT, "dhp @ 200 ms", "o", -0.2), (ONE_S, "dhp @ 1 s", "x", 0.0), (FLEXSP, "FlexSP (real solver)", "^", 0.2)]
+    fig, ax = plt.subplots(figsize=(max(5.5, 1.6 + 1.5 * len(profiles)), 4.8))
+    for key, label, marker, shift in series:
+        xs, ys = [], []
+        for i, prof in enumerate(profiles):
+            for r in rows:
+                if r["profile"] == prof and r[f"{key}_s"] is not None and r["lower_bound_s"]:
+                    xs.append(i + shift)
+                    ys.append(r[f"{key}_s"] / r["lower_bound_s"])
+        if ys:
+            ax.scatter(xs, ys, marker=marker, label=label, alpha=0.7)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(profiles)))
+    ax.set_xticklabels(profiles, rotation=20, fontsize=8)
+    ax.set_ylabel("step time / lower bound")
+    ax.set_title("How far each plan is from its lower bound, per case", fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "to_bound.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [str(path)]
+
+
 def write(doc: dict[str, Any], out: Path, command: str, plots: bool = True) -> tuple[dict[str, Any], list[str]]:
     """results.json, report.md and the plots in ``out``; returns the summary and the text printed."""
     out.mkdir(parents=True, exist_ok=True)
     rows = cases(doc)
     s = summarize(doc)
     (out / "results.json").write_text(json.dumps({**doc, "cases": rows, "summary": s, "command": command}, indent=1, default=str))
-    paths = plot(rows, out) if plots else []
+    paths = plot(rows, out) + bound_plot(rows, out) if plots else []
     spec = doc["spec"]
     text = table(rows) + [""] + summary_lines(s)
     md = ["# dhp against the real FlexSP solver", "", f"Command: `{command}`", "",
