@@ -26,8 +26,8 @@ samples' least rank-seconds over all ranks), then, for the :data:`SHORTLIST` bes
 larger of that and the rest's lower bound. The rest is planned for the best-ranked candidates
 (:data:`PLANNED` of them for the first head, fewer for the second) and for the best one of every
 micro-batch count of the rest, in the order of their estimates, while the deadline allows and while
-a candidate's estimate is below the best plan found; each planned candidate is polished by the
-local search before it is compared. The second head is built after the best-ranked first head
+a candidate's estimate is below the best plan found and the time left exceeds what the previous
+candidate took; each planned candidate is polished by the local search before it is compared. The second head is built after the best-ranked first head
 whose rest could be planned.
 """
 
@@ -325,6 +325,7 @@ def long_head_plan(tables: CostTables, plan_rest: RestPlanner, best_time: float,
     prefix: list[tuple[GroupAssignment, ...]] = []
     prefix_time = 0.0
     found: tuple[Assignment, float] | None = None
+    last_s = 0.0  # seconds the last candidate's rest took to plan and polish
 
     def expired() -> bool:
         return deadline is not None and time.perf_counter() > deadline
@@ -339,6 +340,9 @@ def long_head_plan(tables: CostTables, plan_rest: RestPlanner, best_time: float,
             target = best_time if found is None else found[1]
             if prefix_time + estimate >= target * (1 - 1e-9) or expired():
                 break
+            if deadline is not None and time.perf_counter() + last_s > deadline:
+                break  # the last rest took longer than the time left: this one would overrun the deadline
+            started = time.perf_counter()
             options = {} if cap is None else {"max_micro_batches": cap - len(prefix) - 1}
             try:
                 rest_plan = plan_rest(tables.subset(rows[rest], **options), deadline)
@@ -349,6 +353,7 @@ def long_head_plan(tables: CostTables, plan_rest: RestPlanner, best_time: float,
             search = LocalSearch(tables, joined, max_rounds=POLISH_ROUNDS)  # the parts were planned apart
             search.run(deadline)
             joined, step = search.assignment(), search.step_time()
+            last_s = time.perf_counter() - started
             if follow is None:  # the next head follows the best-estimated candidate that planned
                 follow = (step, first, t0, rest)
             if step < target * (1 - 1e-9):
