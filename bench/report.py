@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.planners import LABELS
+from bench.plots import pyplot, save_figure
 from bench.runner import percentile
 
 PLANNER = "dhp-heuristic"
@@ -174,10 +175,7 @@ def markdown(doc: dict[str, Any], summary: dict[str, Any], command: str, plots: 
 
 def plot(doc: dict[str, Any], summary: dict[str, Any], out: Path) -> list[str]:
     """speedup.png, ratio_to_bound.png and planning_time.png in ``out``; returns their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     planners = _planners(doc)
     pw = summary["per_workload"]
@@ -198,11 +196,7 @@ def plot(doc: dict[str, Any], summary: dict[str, Any], out: Path) -> list[str]:
             top = max((pw[w][p][key] or 1.0) for w in workloads for p in planners)
             ax.set_ylim(0.9, min(top * 1.05, 3.0))
         ax.legend(fontsize=8, ncol=3)
-        fig.tight_layout()
-        path = out / name
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(str(path))
+        paths.append(save_figure(fig, out / name))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for p in planners:
         pts = sorted((int(k), v["median_ms"]) for k, v in summary["timing"][p].items() if v["median_ms"])
@@ -215,11 +209,7 @@ def plot(doc: dict[str, Any], summary: dict[str, Any], out: Path) -> list[str]:
     ax.set_title("Planning time against cluster size")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "planning_time.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    paths.append(str(path))
+    paths.append(save_figure(fig, out / "planning_time.png"))
     return paths
 
 

@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.plots import pyplot, save_figure
+
 DIAGONAL = ((64, 512), (256, 2048), (1024, 8192), (4096, 32768), (8192, 65536))
 TARGETS_MS = {(64, 512): 5.0, (1024, 8192): 50.0, (8192, 65536): 500.0}
 """Planning-time goals of the issue (median, heuristic)."""
@@ -179,10 +181,7 @@ def markdown(doc: dict[str, Any]) -> str:
 
 
 def plot(doc: dict[str, Any], path: Path) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ok = [p for p in doc["points"] if p.get("median_ms")]
@@ -200,10 +199,7 @@ def plot(doc: dict[str, Any], path: Path) -> str:
     ax.set_title("Heuristic planning time" + ("" if k is None else f" (~ samples^{k:.2f})"))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from bench.plots import pyplot, save_figure
+
 HEURISTIC, DEFAULT, ONE_S, FLEXSP = "dhp-heuristic-default", "dhp-default", "dhp-1s", "flexsp"
 PLANNERS = (HEURISTIC, DEFAULT, ONE_S, FLEXSP)
 GAP_FOR_EXACT = 1.03
@@ -154,10 +156,7 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
 
 def plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
     """One PNG per profile with FlexSP results: dhp's step time (200 ms and 1 s) against FlexSP's, per case."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import FormatStrFormatter
 
     paths = []
@@ -182,21 +181,14 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
         ax.set_title(f"{prof}: dhp against FlexSP, per case\n(below the line: dhp faster)", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = out / f"versus_{prof}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(str(path))
+        paths.append(save_figure(fig, out / f"versus_{prof}.png"))
     return paths
 
 
 def bound_plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
     """One PNG: each case's step time over its lower bound, per profile, for dhp at 200 ms and 1 s
     (and FlexSP where it ran); the worst cases of each profile are the points furthest up."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     profiles = list(dict.fromkeys(r["profile"] for r in rows if r["lower_bound_s"]))
     if not profiles:
@@ -219,11 +211,7 @@ def bound_plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
     ax.set_title("How far each plan is from its lower bound, per case", fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "to_bound.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [str(path)]
+    return [save_figure(fig, out / "to_bound.png")]
 
 
 def write(doc: dict[str, Any], out: Path, command: str, plots: bool = True) -> tuple[dict[str, Any], list[str]]:
