@@ -132,3 +132,20 @@ def test_memory_tight_batch_the_whole_batch_packing_misses_is_planned_by_the_str
         HeuristicPlanner(tables).plan()
     plan = heuristic_plan(tables)
     assert check_assignment(problem, plan).ok and len(plan.micro_batches) <= 3
+
+
+def test_pace_starts_a_step_only_while_the_last_one_still_fits(monkeypatch):
+    from optimizer.heuristic import pace as pace_module
+    from optimizer.heuristic.pace import Pace
+
+    now = [100.0]
+    monkeypatch.setattr(pace_module.time, "perf_counter", lambda: now[0])
+    assert all(Pace(None, first_s=1e9).room() for _ in range(3))  # no deadline: always room (deterministic plans)
+    pace = Pace(100.5, first_s=0.2)
+    assert pace.room()  # 0.5 s left, the estimate 0.2 s fits
+    now[0] += 0.3
+    pace.done()  # that step took 0.3 s
+    assert not pace.room()  # 0.2 s left < 0.3 s
+    late = Pace(100.5, first_s=0.6)
+    now[0] = 100.0
+    assert not late.room()  # the estimate alone does not fit

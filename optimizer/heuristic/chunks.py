@@ -10,13 +10,13 @@ caller tries a few counts from the least memory allows and keeps the fastest pla
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import numpy as np
 
 from optimizer.costs.tables import CostTables
 from optimizer.errors import InfeasibleError
+from optimizer.heuristic.pace import Pace
 from optimizer.jit import compiled
 from optimizer.plan.evaluate import assignment_step_time
 from optimizer.plan.plan import Assignment
@@ -55,14 +55,16 @@ def token_chunks(tokens: np.ndarray, count: int) -> np.ndarray:
 
 
 def chunked_plan(tables: CostTables, plan_one: SubPlanner, order: np.ndarray, count: int, deadline: float | None,
-                 give_up_above: float = np.inf) -> Assignment | None:
+                 give_up_above: float = np.inf, whole_s: float = 0.0) -> Assignment | None:
     """The plan of ``count`` token-balanced chunks of ``order`` (longest first), or None when a chunk
-    cannot be planned in time or the chunks planned so far already take ``give_up_above`` seconds."""
+    cannot be planned in time or the chunks planned so far already take ``give_up_above`` seconds
+    (``whole_s``: seconds one plan of the whole batch took, the estimate of the chunks' time)."""
     starts = token_chunks(tables.lengths[order].astype(np.float64), count)
     parts: list[tuple[np.ndarray, Assignment]] = []
     spent = 0.0
+    pace = Pace(deadline, whole_s / max(1, count))
     for a, b in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True):
-        if deadline is not None and time.perf_counter() > deadline:
+        if not pace.room():
             return None
         rows = order[a:b]
         part = None
@@ -73,6 +75,7 @@ def chunked_plan(tables: CostTables, plan_one: SubPlanner, order: np.ndarray, co
                 break
             except InfeasibleError:
                 continue
+        pace.done()
         if part is None:
             return None
         spent += assignment_step_time(sub, part)
@@ -93,21 +96,25 @@ def join_parts(parts: list[tuple[np.ndarray, Assignment]]) -> Assignment:
     return Assignment(tuple(mbs))
 
 
-def best_chunked(tables: CostTables, plan_one: SubPlanner, least: int, deadline: float | None, tries: int = 5) -> tuple[Assignment, float] | None:
+def best_chunked(tables: CostTables, plan_one: SubPlanner, least: int, deadline: float | None, tries: int = 5,
+                 whole_s: float = 0.0) -> tuple[Assignment, float] | None:
     """The fastest chunked plan over a few counts, from ``least`` (the fewest micro-batches memory allows).
 
     Counts go up by one; a count whose chunks do not each fit one micro-batch gives a plan with more
     micro-batches than chunks. Once a count gives exactly one micro-batch per chunk, one count more
-    is tried and the search stops (and after ``tries`` counts in any case).
+    is tried and the search stops (and after ``tries`` counts in any case). A count starts only while
+    the last one's time (at first ``whole_s``, one plan of the whole batch) is left before ``deadline``.
     """
     order = np.lexsort((np.arange(tables.n_samples), -tables.lengths))
     best: tuple[Assignment, float] | None = None
     count = max(1, least)
     settled = False
+    pace = Pace(deadline, whole_s)
     for _ in range(tries):
-        if count > tables.n_samples or (deadline is not None and time.perf_counter() > deadline):
+        if count > tables.n_samples or not pace.room():
             break
-        plan = chunked_plan(tables, plan_one, order, count, deadline, best[1] if best else np.inf)
+        plan = chunked_plan(tables, plan_one, order, count, deadline, best[1] if best else np.inf, whole_s)
+        pace.done()
         used = count if plan is None else len(plan.micro_batches)
         if plan is not None:
             step = assignment_step_time(tables, plan)

@@ -46,6 +46,7 @@ from optimizer.errors import InfeasibleError
 from optimizer.heuristic.chunks import join_parts
 from optimizer.heuristic.heap_kernels import pop, push
 from optimizer.heuristic.local_search import POLISH_ROUNDS, LocalSearch
+from optimizer.heuristic.pace import Pace
 from optimizer.jit import compiled
 from optimizer.plan.plan import Assignment, GroupAssignment
 
@@ -315,8 +316,10 @@ def picks(head: LongHead, limit: float, deadline: float | None, planned: int) ->
     return out
 
 
-def long_head_plan(tables: CostTables, plan_rest: RestPlanner, best_time: float, deadline: float | None) -> tuple[Assignment, float] | None:
-    """The best plan of the module docstring's candidates that beats ``best_time``, or None."""
+def long_head_plan(tables: CostTables, plan_rest: RestPlanner, best_time: float, deadline: float | None,
+                   whole_s: float = 0.0) -> tuple[Assignment, float] | None:
+    """The best plan of the module docstring's candidates that beats ``best_time``, or None
+    (``whole_s``: seconds one plan of the whole batch took, the estimate of a first rest's time)."""
     if tables.n_samples < 3 or tables.problem.options.micro_batch_limit < 2:
         return None
     n = tables.n_samples
@@ -325,7 +328,7 @@ def long_head_plan(tables: CostTables, plan_rest: RestPlanner, best_time: float,
     prefix: list[tuple[GroupAssignment, ...]] = []
     prefix_time = 0.0
     found: tuple[Assignment, float] | None = None
-    last_s = 0.0  # seconds the last candidate's rest took to plan and polish
+    pace = Pace(deadline, whole_s)  # a rest started just before the deadline would run past it
 
     def expired() -> bool:
         return deadline is not None and time.perf_counter() > deadline
@@ -340,20 +343,20 @@ def long_head_plan(tables: CostTables, plan_rest: RestPlanner, best_time: float,
             target = best_time if found is None else found[1]
             if prefix_time + estimate >= target * (1 - 1e-9) or expired():
                 break
-            if deadline is not None and time.perf_counter() + last_s > deadline:
-                break  # the last rest took longer than the time left: this one would overrun the deadline
-            started = time.perf_counter()
+            if not pace.room():
+                break
             options = {} if cap is None else {"max_micro_batches": cap - len(prefix) - 1}
             try:
                 rest_plan = plan_rest(tables.subset(rows[rest], **options), deadline)
             except InfeasibleError:
+                pace.done()
                 continue
             first = tuple((ranks, tuple(int(rows[s]) for s in samples)) for ranks, samples in groups)
             joined = join_parts([(np.arange(n), Assignment((*prefix, first))), (rows[rest], rest_plan)])
             search = LocalSearch(tables, joined, max_rounds=POLISH_ROUNDS)  # the parts were planned apart
             search.run(deadline)
             joined, step = search.assignment(), search.step_time()
-            last_s = time.perf_counter() - started
+            pace.done()
             if follow is None:  # the next head follows the best-estimated candidate that planned
                 follow = (step, first, t0, rest)
             if step < target * (1 - 1e-9):

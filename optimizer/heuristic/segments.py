@@ -22,14 +22,13 @@ Search (greedy, within the heuristic's deadline):
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from optimizer.bounds.lower_bounds import lower_bound
 from optimizer.costs.tables import CostTables
 from optimizer.errors import InfeasibleError
 from optimizer.heuristic.chunks import SubPlanner, join_parts
+from optimizer.heuristic.pace import Pace
 from optimizer.plan.evaluate import assignment_step_time
 from optimizer.plan.plan import Assignment
 
@@ -52,36 +51,42 @@ def _cuts(tables: CostTables, order: np.ndarray, node_size: int) -> list[int]:
     return sorted(k for k in cuts if 1 <= k < n)
 
 
-def segmented(tables: CostTables, plan_one: SubPlanner, first: Assignment, first_time: float, deadline: float | None) -> tuple[Assignment, float]:
+def segmented(tables: CostTables, plan_one: SubPlanner, first: Assignment, first_time: float, deadline: float | None,
+              whole_s: float = 0.0) -> tuple[Assignment, float]:
     """The best plan found by cutting the batch into segments (see the module docstring), or
-    ``first`` when no cut beats it. ``plan_one(tables, deadline)`` plans one segment."""
+    ``first`` when no cut beats it. ``plan_one(tables, deadline)`` plans one segment; a cut is tried
+    only while the last cut's time (at first ``whole_s``, one plan of the whole batch) is left."""
     order = np.lexsort((np.arange(tables.n_samples), -tables.lengths))
     fixed: list[tuple[np.ndarray, Assignment]] = []
     rest = order
     fixed_mbs = 0
     limit = tables.problem.options.micro_batch_limit
     rest_plan, rest_time = first, first_time  # the plan of ``rest`` (the whole batch at first)
+    pace = Pace(deadline, whole_s)
     for _ in range(MAX_SEGMENTS - 1):
         best = None
         for k in _cuts(tables, rest, tables.node_size):
-            if deadline is not None and time.perf_counter() > deadline:
+            if not pace.room():
                 break
-            head, tail = rest[:k], rest[k:]
             try:
-                head_t, tail_t = tables.subset(head), tables.subset(tail)
-                head_a = plan_one(head_t, deadline)
-                head_time = assignment_step_time(head_t, head_a)
-                target = rest_time if best is None else min(rest_time, best[0])
-                if head_time + lower_bound(tail_t) >= target * (1 - 1e-9):
-                    continue  # the rest cannot make up for this head
-                tail_a = plan_one(tail_t, deadline)
-                if fixed_mbs + len(head_a.micro_batches) + len(tail_a.micro_batches) > limit:
-                    continue  # the caller's cap on micro-batches
-                total = head_time + assignment_step_time(tail_t, tail_a)
-            except InfeasibleError:
-                continue
-            if total < rest_time * (1 - 1e-9) and (best is None or total < best[0]):
-                best = (total, head, head_a, tail, tail_a, head_time)
+                head, tail = rest[:k], rest[k:]
+                try:
+                    head_t, tail_t = tables.subset(head), tables.subset(tail)
+                    head_a = plan_one(head_t, deadline)
+                    head_time = assignment_step_time(head_t, head_a)
+                    target = rest_time if best is None else min(rest_time, best[0])
+                    if head_time + lower_bound(tail_t) >= target * (1 - 1e-9):
+                        continue  # the rest cannot make up for this head
+                    tail_a = plan_one(tail_t, deadline)
+                    if fixed_mbs + len(head_a.micro_batches) + len(tail_a.micro_batches) > limit:
+                        continue  # the caller's cap on micro-batches
+                    total = head_time + assignment_step_time(tail_t, tail_a)
+                except InfeasibleError:
+                    continue
+                if total < rest_time * (1 - 1e-9) and (best is None or total < best[0]):
+                    best = (total, head, head_a, tail, tail_a, head_time)
+            finally:
+                pace.done()
         if best is None:
             break
         total, head, head_a, tail, tail_a, head_time = best

@@ -117,6 +117,7 @@ def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: flo
         # memory (floors) or chunk by chunk: the strategies below get their turn before giving up.
         best, first_error = None, exc
     lap("whole batch")
+    whole_s = spent["whole batch"] / 1000.0  # what later strategies take per piece, roughly
     if best is not None and tables.n_samples < 2:
         return best
     best_time = math.inf if best is None else assignment_step_time(tables, best)
@@ -150,7 +151,7 @@ def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: flo
         if best_time < before:
             floor_of_best = floor
     if not expired():
-        chunked = best_chunked(tables, lambda sub, d: plan_piece(sub, d, CHUNK_FLOORS), fewest_micro_batches(tables), deadline)
+        chunked = best_chunked(tables, lambda sub, d: plan_piece(sub, d, CHUNK_FLOORS), fewest_micro_batches(tables), deadline, whole_s=whole_s)
         keep("sorted chunks", *(chunked or (None,)))
 
     if best is None:
@@ -168,11 +169,11 @@ def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: flo
     if not expired():
         tried = (1,) if floor_of_best == 1 else (1, floor_of_best)
         before = best_time
-        keep("segments", *segmented(tables, lambda sub, d: plan_piece(sub, d, tried), best, best_time, deadline))
+        keep("segments", *segmented(tables, lambda sub, d: plan_piece(sub, d, tried), best, best_time, deadline, whole_s))
         if best_time < before:
             polish()
     if long_head and not expired():
-        found = long_head_plan(tables, lambda sub, d: heuristic_plan(sub, d, long_head=False), best_time, deadline)
+        found = long_head_plan(tables, lambda sub, d: heuristic_plan(sub, d, long_head=False), best_time, deadline, whole_s)
         keep("long head", *(found or (None,)))
         if found is not None and best_time <= found[1]:
             polish()
