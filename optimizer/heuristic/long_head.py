@@ -248,7 +248,13 @@ class LongHead:
         estimate (T0 plus the rest's lower bound) is below ``limit``. The :data:`SHORTLIST` best by a
         quicker estimate (:meth:`rest_estimate`) get the rest's lower bound."""
         quick: list[tuple[float, float, list[GroupAssignment], np.ndarray]] = []
+
+        def late() -> bool:
+            return deadline is not None and time.perf_counter() > deadline
+
         for k in range(1, min(HEAD_MAX, self.tables.n_samples - 1) + 1):
+            if late():
+                break
             steps = self.widenings(k)
             chosen: dict[tuple[int, ...], None] = {}
             for budget in self.budgets():
@@ -256,12 +262,14 @@ class LongHead:
                 if fitting:
                     chosen[fitting[-1]] = None
             for sizes in chosen:
+                if late():
+                    break
                 head = self.head(k, sizes)
                 if head is None:
                     continue
                 heads, t0, used = head
                 for fill in self.fill_sizes():
-                    if deadline is not None and time.perf_counter() > deadline:
+                    if late():
                         break
                     groups, rest = self.fill(heads, t0, used, fill)
                     if rest.size and t0 + self.rest_estimate(rest) < limit:
@@ -274,7 +282,7 @@ class LongHead:
             if key in seen:
                 continue
             seen.add(key)
-            if len(seen) > SHORTLIST or (deadline is not None and time.perf_counter() > deadline):
+            if len(seen) > SHORTLIST or late():
                 break
             estimate = t0 + max(lower_bound(self.tables.subset(rest)), self.rest_estimate(rest))
             if estimate < limit:
@@ -329,6 +337,8 @@ def long_head_plan(tables: CostTables, plan_rest: RestPlanner, best_time: float,
     prefix_time = 0.0
     found: tuple[Assignment, float] | None = None
     pace = Pace(deadline, whole_s)  # a rest started just before the deadline would run past it
+    if deadline is not None and time.perf_counter() + whole_s > deadline:
+        return None  # ranking the candidates alone takes about one plan of the whole batch
 
     def expired() -> bool:
         return deadline is not None and time.perf_counter() > deadline
