@@ -29,3 +29,15 @@ def assert_verified(plan_doc: dict[str, Any], request_doc: dict[str, Any]) -> No
 
 
 
+
+
+def empty_postgres(url: str) -> Any:
+    """A store on the PostgreSQL server at ``url`` with its tables dropped (a clean schema for one test)."""
+    from sqlalchemy import text
+
+    from api.store import Store
+
+    store = Store(url)
+    with store.engine.begin() as conn:
+        conn.execute(text("DROP TABLE IF EXISTS feedback, plans, jobs, alembic_version CASCADE"))
+    return store

@@ -17,22 +17,6 @@ from planning.planner import plan as run_planner
 
 
 @pytest.fixture
-def make_client(tmp_path):
-    clients = []
-
-    def make(**settings):
-        app = create_app(Settings(data_dir=tmp_path / "data", **settings))
-        client = TestClient(app, raise_server_exceptions=False)
-        client.__enter__()
-        clients.append(client)
-        return client
-
-    yield make
-    for c in clients:
-        c.__exit__(None, None, None)
-
-
-@pytest.fixture
 def client(make_client):
     return make_client()
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import schemathesis
+from api_support import empty_postgres
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -24,11 +25,9 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
-from sqlalchemy import text
 
 from api.app import create_app
 from api.settings import Settings
-from api.store import Store
 
 PG_URL = os.environ.get("DHP_TEST_DATABASE_URL")
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance, response_schema_conformance,
@@ -53,10 +52,7 @@ class BearerToken:
 
 def _schema(database_url: str | None):  # type: ignore[no-untyped-def]
     if database_url:
-        store = Store(database_url)
-        with store.engine.begin() as conn:  # a clean schema
-            conn.execute(text("DROP TABLE IF EXISTS feedback, plans, jobs, alembic_version CASCADE"))
-        store.close()
+        empty_postgres(database_url).close()  # a clean schema
     app = create_app(Settings(data_dir=Path(tempfile.mkdtemp(prefix="dhp-schemathesis-")), database_url=database_url, **LIMITS))
     return schemathesis.openapi.from_asgi("/openapi.json", app)
 

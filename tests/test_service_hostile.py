@@ -7,14 +7,12 @@ import json
 import os
 
 import pytest
-from api_support import small_request
+from api_support import empty_postgres, small_request
 from fastapi.testclient import TestClient
-from sqlalchemy import text
 
 from api.app import create_app
 from api.commands import main
 from api.settings import Settings
-from api.store import Store
 from optimizer.costs.zoo import load_profile
 
 PG_URL = os.environ.get("DHP_TEST_DATABASE_URL")
@@ -28,10 +26,7 @@ def client(request, tmp_path):
     else:
         if not PG_URL:
             pytest.skip("DHP_TEST_DATABASE_URL is not set: no PostgreSQL server to test against (.ci/run starts one)")
-        store = Store(PG_URL)
-        with store.engine.begin() as conn:  # a clean schema for every test
-            conn.execute(text("DROP TABLE IF EXISTS feedback, plans, jobs, alembic_version CASCADE"))
-        store.close()
+        empty_postgres(PG_URL).close()  # a clean schema for every test
         settings = Settings(database_url=PG_URL, data_dir=tmp_path / "data")
     with TestClient(create_app(settings), raise_server_exceptions=False) as c:
         yield c

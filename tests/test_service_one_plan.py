@@ -34,21 +34,6 @@ def counted(monkeypatch):
     return calls
 
 
-@pytest.fixture
-def make_client(tmp_path):
-    clients = []
-
-    def make(**settings):
-        client = TestClient(create_app(Settings(data_dir=tmp_path / "data", **settings)), raise_server_exceptions=False)
-        client.__enter__()
-        clients.append(client)
-        return client
-
-    yield make
-    for c in clients:
-        c.__exit__(None, None, None)
-
-
 def test_request_hash_holds_the_existing_groups():
     req = small_request(n=8)
     other = {**req, "existing_groups": [[0, 1], [2, 3]]}

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
+from api_support import empty_postgres
 from sqlalchemy import inspect, text
 
 from api.store import PlanRecord, Store
@@ -26,9 +27,7 @@ def store(request, tmp_path):
     else:
         if not PG_URL:
             pytest.skip("DHP_TEST_DATABASE_URL is not set: no PostgreSQL server to test against (.ci/run starts one)")
-        s = Store(PG_URL)
-        with s.engine.begin() as conn:  # a clean schema for every test
-            conn.execute(text("DROP TABLE IF EXISTS feedback, plans, jobs, alembic_version CASCADE"))
+        s = empty_postgres(PG_URL)  # a clean schema for every test
     upgrade(s.engine)
     yield s
     s.close()
@@ -153,10 +152,7 @@ def test_service_keeps_plans_in_postgres(tmp_path):
     from api.app import create_app
     from api.settings import Settings
 
-    s = Store(PG_URL)
-    with s.engine.begin() as conn:
-        conn.execute(text("DROP TABLE IF EXISTS feedback, plans, jobs, alembic_version CASCADE"))
-    s.close()
+    empty_postgres(PG_URL).close()
     settings = Settings(database_url=PG_URL, data_dir=tmp_path)
     req = small_request(n=8)
     with TestClient(create_app(settings)) as c:
