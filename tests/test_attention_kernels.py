@@ -70,3 +70,31 @@ def test_kernel_choice_is_checked(monkeypatch):
     assert kernel_for(torch.device("cpu")) == "matmul"
     with pytest.raises(ValueError, match="no fused attention kernel"):
         kernel_for(torch.device("meta"), "fused")
+
+
+def _efficient_attention_stand_in(q, k, v, bias, compute_lse, dropout, causal, scale):
+    """What CUDA's memory-efficient kernel returns, computed on CPU: the output and a log-sum-exp whose rows are padded to 32."""
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale + bias
+    lse = torch.logsumexp(s, dim=-1)
+    rows = lse.shape[-1]
+    padded = torch.full((*lse.shape[:-1], -(-rows // 32) * 32), float("nan"))
+    padded[..., :rows] = lse
+    return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v), padded, None, None
+
+
+def test_cuda_tile_wrapper_lays_out_heads_bias_and_log_sum_exp(monkeypatch):
+    """The CUDA tile path (GQA heads stacked as rows, the bias padded to 16 columns and sliced back, the
+    log-sum-exp cut to the rows) checked on CPU with a stand-in for the kernel: the probe accepts it,
+    and a stand-in that drops the mask is refused with the reason."""
+    from trainer import attention_tiles
+
+    monkeypatch.setattr(attention_tiles, "_CUDA_FUSED", _efficient_attention_stand_in)
+    assert attention_tiles._probe_cuda(torch.device("cpu")) is None
+
+    def unmasked(q, k, v, bias, *rest, scale):
+        return _efficient_attention_stand_in(q, k, v, torch.zeros_like(bias), *rest, scale)
+
+    monkeypatch.setattr(attention_tiles, "_CUDA_FUSED", unmasked)
+    assert "differs from the plain products" in attention_tiles._probe_cuda(torch.device("cpu"))
+    monkeypatch.setattr(attention_tiles, "_CUDA_FUSED", None)
+    assert "has no" in attention_tiles._probe_cuda(torch.device("cpu"))

@@ -43,12 +43,44 @@ Tiles = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 KERNELS = ("auto", "fused", "matmul")
 """How a tile's forward runs: ``matmul`` (scores, log-sum-exp and output from plain products, in the
 accumulator dtype), ``fused`` (torch's fused attention kernel that also returns the log-sum-exp,
-run on the tile in the accumulator dtype with the tile's mask as an additive bias; today the CPU
-flash kernel, ``aten._scaled_dot_product_flash_attention_for_cpu``) or ``auto`` (fused where torch
-offers it for the tensors' device, else matmul). ``DHP_ATTENTION_KERNEL`` chooses; auto by default.
+run on the tile in the accumulator dtype with the tile's mask as an additive bias: on CPU the flash
+kernel ``aten._scaled_dot_product_flash_attention_for_cpu``, on CUDA the memory-efficient kernel
+``aten._scaled_dot_product_efficient_attention``, used only once a small tile computed by it matched
+the plain products on that device) or ``auto`` (fused where torch offers it for the tensors' device,
+else matmul). ``DHP_ATTENTION_KERNEL`` chooses; auto by default.
 The backward always recomputes the probabilities from the saved log-sum-exp (both give the same)."""
 
 _CPU_FUSED = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_CUDA_FUSED = getattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", None)
+_CUDA_CHECKED: dict[str, str | None] = {}
+"""Per CUDA device: None when its fused kernel matched the plain products on a probe tile, else why not."""
+
+
+def cuda_fused_problem(device: torch.device) -> str | None:
+    """None when the CUDA fused kernel works on ``device`` (checked once on a probe tile), else the reason it is not used."""
+    key = str(device)
+    if key not in _CUDA_CHECKED:
+        _CUDA_CHECKED[key] = _probe_cuda(device)
+    return _CUDA_CHECKED[key]
+
+
+def _probe_cuda(device: torch.device) -> str | None:
+    if _CUDA_FUSED is None:
+        return f"torch {torch.__version__} has no aten._scaled_dot_product_efficient_attention"
+    try:
+        g = torch.Generator(device="cpu").manual_seed(0)
+        q, k, v = (torch.randn(s, generator=g).to(device) for s in ((2, 3, 40, 16), (2, 37, 16), (2, 37, 16)))
+        m = (torch.arange(37).unsqueeze(0) <= torch.arange(40).unsqueeze(1) - 3).to(device)
+        m[:3, 0] = True
+        got_out, got_lse = _cuda_tile(q, k, v, m, 0.25)
+        s = torch.matmul(q, k.unsqueeze(1).transpose(-1, -2)) * 0.25
+        s = s.masked_fill(~m, -torch.inf)
+        lse = torch.logsumexp(s, dim=-1)
+        out = torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.unsqueeze(1))
+        err = max(float((got_out - out).abs().max()), float((got_lse - lse).abs().max()))
+    except Exception as exc:  # noqa: BLE001 - any failure means: use the plain products
+        return f"the fused kernel failed on a probe tile: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else exc!r}"
+    return None if err < 1e-4 else f"the fused kernel differs from the plain products by {err:.2e} on a probe tile"
 
 
 def kernel_for(device: torch.device, choice: str | None = None) -> str:
@@ -56,9 +88,16 @@ def kernel_for(device: torch.device, choice: str | None = None) -> str:
     choice = choice or os.environ.get("DHP_ATTENTION_KERNEL", "auto")
     if choice not in KERNELS:
         raise ValueError(f"DHP_ATTENTION_KERNEL must be one of {KERNELS}, got {choice!r}")
-    fused_here = device.type == "cpu" and _CPU_FUSED is not None
+    if choice == "matmul":
+        return "matmul"
+    if device.type == "cuda":
+        problem = cuda_fused_problem(device)
+        fused_here = problem is None
+    else:
+        fused_here = device.type == "cpu" and _CPU_FUSED is not None
+        problem = f"no fused attention kernel with a log-sum-exp for {device.type} tensors in torch {torch.__version__}"
     if choice == "fused" and not fused_here:
-        raise ValueError(f"no fused attention kernel with a log-sum-exp for {device.type} tensors in torch {torch.__version__}; use matmul or auto")
+        raise ValueError(f"{problem}; use matmul or auto")
     return "fused" if choice == "fused" or (choice == "auto" and fused_here) else "matmul"
 
 
@@ -143,11 +182,27 @@ def _fused_tile(qr: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, m: torch.T
     """One tile through the fused kernel: (output [Hkv,G,R,D], log-sum-exp [Hkv,G,R]) of queries
     ``qr`` [Hkv,G,R,D] over keys and values [Hkv,C,D] under mask ``m`` [R,C]. The G query heads of
     a key/value head are stacked as rows, so keys and values are never copied per query head."""
+    if qr.device.type == "cuda":
+        return _cuda_tile(qr, kc, vc, m, scale)
     assert _CPU_FUSED is not None  # kernel_for chose it
     hkv, g, r, d = qr.shape
     bias = torch.zeros(m.shape, dtype=qr.dtype, device=qr.device).masked_fill_(~m, -torch.inf).repeat(g, 1)
     out, lse = _CPU_FUSED(qr.reshape(1, hkv, g * r, d), kc.unsqueeze(0), vc.unsqueeze(0), 0.0, False, attn_mask=bias, scale=scale)
     return out.view(hkv, g, r, d), lse.view(hkv, g, r).to(qr.dtype)
+
+
+def _cuda_tile(qr: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, m: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_fused_tile` on CUDA: the memory-efficient kernel, its bias padded to 16 columns (the
+    kernel's alignment) and sliced back, its log-sum-exp (rows padded to its block) cut to the rows."""
+    assert _CUDA_FUSED is not None
+    hkv, g, r, d = qr.shape
+    c = kc.shape[1]
+    padded = -(-c // 16) * 16
+    bias = torch.full((g * r, padded), -torch.inf, dtype=qr.dtype, device=qr.device)
+    bias[:, :c].masked_fill_(m.repeat(g, 1), 0.0)
+    bias4 = bias[:, :c].unsqueeze(0).unsqueeze(0).expand(1, hkv, g * r, c)
+    out, lse = _CUDA_FUSED(qr.reshape(1, hkv, g * r, d), kc.unsqueeze(0), vc.unsqueeze(0), bias4, True, 0.0, False, scale=scale)[:2]
+    return out.view(hkv, g, r, d), lse[..., : g * r].reshape(hkv, g, r).to(qr.dtype)
 
 
 def block_forward_into(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_tiles: Tiles, scale: float,

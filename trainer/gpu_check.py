@@ -106,6 +106,47 @@ def cost_model(device: Any, dtype_name: str, lengths: list[int], degrees: list[i
             "mean_abs_error_without_term": statistics.mean(before_errors), "worst_abs_error_without_term": max(before_errors)}
 
 
+def _shape(text: str) -> tuple[tuple[int, ...], int]:
+    """``COUNTxLENGTH@DEGREE`` -> (lengths, degree)."""
+    try:
+        mix, degree = text.split("@")
+        count, length = mix.split("x")
+        return (int(length),) * int(count), int(degree)
+    except ValueError:
+        raise ValueError(f"--kernel-shapes takes COUNTxLENGTH@DEGREE items such as 4x8192@1, got {text!r}") from None
+
+
+def kernel_times(device: Any, dtype_name: str, cfg: Any, shapes: list[tuple[tuple[int, ...], int]], repeats: int, progress: Any) -> list[dict[str, Any]]:
+    """One rank's share of each micro-batch timed with the plain-product tiles and with the fused kernel (where the device has one)."""
+    import os
+
+    import torch
+
+    from trainer import attention_tiles
+    from trainer.profiler import time_group
+    from trainer.tiny_model import TinyTransformer
+
+    torch.manual_seed(0)
+    model = TinyTransformer(cfg).to(device=device, dtype=getattr(torch, dtype_name))
+    choices = ["matmul"] + (["fused"] if attention_tiles.kernel_for(device, "auto") == "fused" else [])
+    rows = []
+    before = os.environ.get("DHP_ATTENTION_KERNEL")
+    try:
+        for lengths, d in shapes:
+            row: dict[str, Any] = {"lengths": len(lengths), "length": lengths[0], "degree": d}
+            for choice in choices:
+                os.environ["DHP_ATTENTION_KERNEL"] = choice
+                row[f"{choice}_s"] = time_group(model, lengths, d, device, repeats, 1)
+            rows.append(row)
+            progress(f"kernels, {len(lengths)} x {lengths[0]} tokens on d={d}: " + ", ".join(f"{c} {row[c + '_s'] * 1000:.2f} ms" for c in choices))
+    finally:
+        if before is None:
+            os.environ.pop("DHP_ATTENTION_KERNEL", None)
+        else:
+            os.environ["DHP_ATTENTION_KERNEL"] = before
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
@@ -121,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ffn-hidden", type=int, default=4096)
     ap.add_argument("--tile", type=int, help="query rows per attention tile (default 128 on CPU, 1024 on CUDA)")
     ap.add_argument("--exact-tokens", type=int, default=4096, help="tokens of the exactness check (default 4096)")
+    ap.add_argument("--exact-dtypes", default="float32,bfloat16,float16", help="dtypes of the exactness check (default all three)")
+    ap.add_argument("--kernel-shapes", default="4x8192@1,1x32768@1,32x512@4",
+                    help="micro-batches timed with each tile kernel, as COUNTxLENGTH@DEGREE (default 4x8192@1,1x32768@1,32x512@4; empty: none)")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args(argv)
 
@@ -135,6 +179,11 @@ def main(argv: list[str] | None = None) -> int:
         lengths = [int(x) for x in args.lengths.split(",")]
         degrees = [int(x) for x in args.degrees.split(",")]
         mixes = [int(x) for x in args.mixes.split(",")]
+        exact_dtypes = [x for x in args.exact_dtypes.split(",") if x]
+        for name in exact_dtypes:
+            if name not in ("float32", "bfloat16", "float16"):
+                raise ValueError(f"--exact-dtypes takes float32, bfloat16 and float16, got {name!r}")
+        kernel_shapes = [_shape(x) for x in args.kernel_shapes.split(",") if x]
         cfg = TinyConfig(vocab=96, hidden=args.hidden, heads=args.heads, layers=args.layers, ffn_hidden=args.ffn_hidden, max_positions=max(lengths) + 1)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -145,20 +194,26 @@ def main(argv: list[str] | None = None) -> int:
         print(message, file=sys.stderr, flush=True)
 
     say(f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), {args.dtype}, tile {attention_tiles.TILE}")
-    dtype = getattr(torch, args.dtype)
+    kernel = attention_tiles.kernel_for(device)
+    why = attention_tiles.cuda_fused_problem(device) if device.type == "cuda" else None
+    say(f"tile kernel: {kernel}" + (f" ({why})" if why else ""))
     kv = max(1, args.heads // 4)
-    exact = exactness(device, dtype, args.exact_tokens, args.heads, kv, args.hidden // args.heads)
     names = ("out", "dq", "dk", "dv")
-    say(f"exactness at {args.exact_tokens} tokens, {args.heads} query / {kv} key-value heads, {args.dtype} (largest absolute error against float64):")
-    for who in ("ring_d1", "sdpa"):
-        say(f"  {who:8} " + "  ".join(f"{n} {e:.2e}" for n, e in zip(names, exact[who], strict=True)))
+    exact: dict[str, dict[str, list[float]]] = {}
+    for name in exact_dtypes:
+        exact[name] = exactness(device, getattr(torch, name), args.exact_tokens, args.heads, kv, args.hidden // args.heads)
+        say(f"exactness at {args.exact_tokens} tokens, {args.heads} query / {kv} key-value heads, {name} (largest absolute error against float64):")
+        for who in ("ring_d1", "sdpa"):
+            say(f"  {who:8} " + "  ".join(f"{n} {e:.2e}" for n, e in zip(names, exact[name][who], strict=True)))
+    kernels = kernel_times(device, args.dtype, cfg, kernel_shapes, args.repeats, say) if kernel_shapes else []
     costs = cost_model(device, args.dtype, lengths, degrees, mixes, cfg, args.repeats, args.held_out, say)
     say(f"held-out micro-batches: mean |error| {costs['mean_abs_error'] * 100:.1f}%, worst {costs['worst_abs_error'] * 100:.1f}% "
         f"(without the ring-step term: mean {costs['mean_abs_error_without_term'] * 100:.1f}%, worst {costs['worst_abs_error_without_term'] * 100:.1f}%)")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"device": str(device), "dtype": args.dtype, "exactness": exact, "cost_model": costs}, fh, indent=1)
-    ok = all(math.isfinite(x) for x in exact["ring_d1"])
+            json.dump({"device": str(device), "dtype": args.dtype, "tile_kernel": kernel, "fused_problem": why, "exactness": exact,
+                       "kernel_times": kernels, "cost_model": costs}, fh, indent=1)
+    ok = all(math.isfinite(x) for e in exact.values() for x in e["ring_d1"])
     return 0 if ok else 1
 
 
