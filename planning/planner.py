@@ -25,10 +25,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from optimizer.bounds.lower_bounds import bound_parts
+from optimizer.bounds.lower_bounds import bound_parts, memory_proof
 from optimizer.costs.tables import CostTables
 from optimizer.errors import InfeasibleError, ProblemError
 from optimizer.gc_pause import collector_paused
+from optimizer.heuristic.roomy_ranks import roomy_plan
 from optimizer.heuristic.static_layout import best_static
 from optimizer.heuristic.strategies import heuristic_plan
 from optimizer.plan.evaluate import assignment_step_time, build_plan
@@ -109,8 +110,14 @@ def _plan(problem: Problem, compare_static: bool, deadline: Deadline, backends: 
     try:
         hint = heuristic_plan(tables, deadline=h_deadline, bound=bound, report=strategies)
     except InfeasibleError as exc:
-        # The heuristic found no packing; on a small problem the whole exact model may still find one.
-        hint, rescued = rescue(tables, exc, backends, deadline.due - reserve_ms(tables) / 1000.0, start, clock)
+        # The heuristic found no packing at the smallest rank capacity: on a mixed cluster the roomiest
+        # nodes alone may hold the batch; else, on a small problem, the whole exact model may find a plan.
+        roomy = None if memory_proof(tables) else roomy_plan(tables, h_deadline)
+        if roomy is not None:
+            hint = roomy[0]
+            strategies.update(strategy="roomiest nodes", roomiest_nodes=roomy[1])
+        else:
+            hint, rescued = rescue(tables, exc, backends, deadline.due - reserve_ms(tables) / 1000.0, start, clock)
     lap("heuristic_ms")
     eval_start = clock()
     h_time = assignment_step_time(tables, hint)

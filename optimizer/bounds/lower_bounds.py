@@ -32,7 +32,7 @@ import numpy as np
 
 from optimizer.bounds.bound_kernels import area_frontiers, area_search, sample_extremes
 from optimizer.bounds.speed_bound import speed_weighted_bound
-from optimizer.costs.tables import CostTables
+from optimizer.costs.tables import CostTables, group_capacities
 
 
 def _extremes(tables: CostTables) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -107,8 +107,9 @@ def lower_bound(tables: CostTables) -> float:
 
 def memory_proof(tables: CostTables) -> bool:
     """Whether the batch provably cannot fit: more tokens than every rank of every allowed micro-batch
-    holds, or a sample longer than the largest group of the roomiest ranks holds."""
+    holds, or a sample longer than any allowed group holds (d times its d-th roomiest rank's capacity:
+    a group's tokens are split evenly over its ranks)."""
     limit = min(tables.problem.options.micro_batch_limit, tables.n_samples)
     capacity = tables.rank_capacity
-    largest = float(np.sort(capacity)[::-1][: int(tables.degrees.max())].sum())
+    largest = float(group_capacities(capacity, tables.degrees).max())
     return bool(tables.lengths.sum() > limit * capacity.sum() * (1 + 1e-9) or tables.lengths.max() > largest * (1 + 1e-9))

@@ -65,6 +65,15 @@ def vision_work_array(profile: CostProfile, samples: Sequence[Sample]) -> np.nda
     return np.bincount(np.repeat(np.arange(n), counts), weights=work, minlength=n)
 
 
+def group_capacities(rank_capacity: np.ndarray, degrees: Sequence[int] | np.ndarray) -> np.ndarray:
+    """The most tokens a group of each allowed size can hold: d times the capacity of the d-th
+    roomiest rank (a group's tokens are split evenly, so its smallest member's capacity binds)."""
+    roomiest = np.sort(np.asarray(rank_capacity, dtype=np.float64))[::-1]
+    d = np.asarray(degrees, dtype=np.int64)
+    d = d[d <= roomiest.shape[0]]
+    return d * roomiest[d - 1] if d.shape[0] else np.zeros(1)
+
+
 @dataclass(frozen=True)
 class CostTables:
     """Everything planners need, as arrays. Built once per problem by :meth:`build`."""
@@ -94,14 +103,26 @@ class CostTables:
         best_capacity = float(rank_capacity.max())
         need = int(math.ceil(int(lengths.max()) / best_capacity))
         degrees = allowed_degrees(problem)
-        # The longest sample must fit on some allowed group size.
-        if not any(int(lengths.max()) / d <= best_capacity for d in degrees):
+        # The longest sample must fit on some allowed group size: a group's tokens are split evenly
+        # over its ranks, so a group of size d holds at most d times the capacity of its d-th roomiest rank.
+        holds = group_capacities(rank_capacity, degrees)
+        if int(lengths.max()) > float(holds.max()) * (1 + 1e-9):
             worst = problem.batch.samples[int(lengths.argmax())]
+            if float(rank_capacity.min()) == best_capacity:
+                message = (f"sample {worst.id!r} has {worst.length} tokens and needs a group of at least {need} ranks "
+                           f"({best_capacity:.0f} tokens per rank), but the largest allowed group size is {max(degrees)}")
+            else:
+                d = int(degrees[int(holds.argmax())])
+                message = (f"sample {worst.id!r} has {worst.length} tokens, but no allowed group holds it: a sample is split evenly over its "
+                           f"group, so a group of d ranks holds at most d times its smallest rank's capacity; the most any group holds is "
+                           f"{float(holds.max()):.0f} tokens ({d} ranks; the largest allowed size is {max(degrees)}, "
+                           f"{int((rank_capacity == best_capacity).sum())} ranks hold {best_capacity:.0f} tokens each)")
             raise InfeasibleError(
-                f"sample {worst.id!r} has {worst.length} tokens and needs a group of at least {need} ranks "
-                f"({best_capacity:.0f} tokens per rank), but the largest allowed group size is {max(degrees)}",
+                message,
                 field="batch.samples",
-                hint=f"raise options.max_degree to >= {need}, use more ranks, enable recomputation, or shorten the sample.",
+                hint=f"raise options.max_degree to >= {need}, use more ranks, enable recomputation, or shorten the sample."
+                if float(rank_capacity.min()) == best_capacity else
+                "add ranks of the roomiest GPU type, raise options.max_degree, enable recomputation, or shorten the sample.",
             )
         return cls(
             problem=problem,
