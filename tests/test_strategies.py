@@ -149,3 +149,28 @@ def test_pace_starts_a_step_only_while_the_last_one_still_fits(monkeypatch):
     late = Pace(100.5, first_s=0.6)
     now[0] = 100.0
     assert not late.room()  # the estimate alone does not fit
+
+
+def test_memory_first_in_one_pass_opens_micro_batches_as_needed_and_the_search_stops_at_the_deadline():
+    """A memory-tight batch (many long samples on few ranks): the one-pass packing (micro-batches opened only when
+    needed) holds every sample within memory and uses no more micro-batches than the count search would try; with a
+    deadline already past, the search returns at once with that packing; without a deadline it finds the fewest count."""
+    import time
+
+    from optimizer.bounds.lower_bounds import fewest_micro_batches
+
+    rng = np.random.default_rng(3)
+    batch = {"samples": [{"id": f"s{i}", "text_tokens": int(n)} for i, n in enumerate(rng.integers(2000, 20000, size=400))]}
+    problem = problem_from_json({"batch": batch, "cluster": {"nodes": 1, "gpus_per_node": 6}, "model": MODEL_64_HEADS, "profile": FLEXSP_7B})
+    tables = CostTables.build(problem)
+    planner = HeuristicPlanner(tables)
+    counts = list(range(fewest_micro_batches(tables), tables.n_samples + 1))
+    quick = planner.pack_memory_first(counts[-1], spread=False)
+    assert quick is not None and check_assignment(problem, quick).ok
+    assert len(quick.micro_batches) < len(counts)
+    searched = planner._fewest_memory_first(counts)
+    assert searched is not None and check_assignment(problem, searched).ok
+    assert len(searched.micro_batches) <= len(quick.micro_batches) * 1.5
+    t0 = time.perf_counter()
+    hurried = planner._fewest_memory_first(counts, deadline=t0)
+    assert hurried == quick
