@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from oracle import brute_force_optimum
 
 from bench.runner import make_problem
 from bench.workloads import WORKLOADS
-from optimizer.bounds.lower_bounds import area_bound, fewest_micro_batches, lower_bound, micro_batch_bound, single_sample_bound
+from optimizer.bounds.long_sample import long_sample_bound
+from optimizer.bounds.lower_bounds import _extremes, area_bound, fewest_micro_batches, lower_bound, micro_batch_bound, single_sample_bound
 from optimizer.bounds.speed_bound import speed_weighted_bound
 from optimizer.costs.tables import CostTables
 from optimizer.heuristic.strategies import heuristic_plan
@@ -75,7 +77,9 @@ def test_bound_equals_the_numpy_reference():
         assert got == pytest.approx(reference_area(tables), rel=1e-12, abs=0.0)
         speed = speed_weighted_bound(tables, fewest_micro_batches(tables))
         assert (speed is None) == bool(np.all(tables.rank_speed == tables.rank_speed[0]))
-        assert lower_bound(tables) == max(got, micro_batch_bound(tables), speed or 0.0)
+        fastest, least, _ = _extremes(tables)
+        longest = long_sample_bound(tables, fewest_micro_batches(tables), fastest, least)
+        assert lower_bound(tables) == max(got, micro_batch_bound(tables), longest, speed or 0.0)
         floor = got * 1.3
         assert area_bound(tables, floor=floor) == pytest.approx(reference_area(tables, floor=floor), rel=1e-12, abs=0.0)
         checked += 1
@@ -93,10 +97,36 @@ def test_micro_batch_bound_is_the_stronger_when_the_per_micro_batch_constant_dom
     # The area bound only charges b per 100 tokens of memory: 2 S >= 15 s + 0.3 s.
     assert micro_batch_bound(tables) == pytest.approx(10.15, rel=1e-4)
     assert area_bound(tables) == pytest.approx(7.65, rel=1e-4)
-    assert lower_bound(tables) == micro_batch_bound(tables)
+    # The long-sample part is the same sum here (no rank waits: any sample fills its rank's memory).
+    assert lower_bound(tables) == pytest.approx(micro_batch_bound(tables), rel=1e-4)
     # A plan: two samples side by side (5.1 s), then one on both ranks (5.05 s and a negligible transfer).
     plan_time = assignment_step_time(tables, heuristic_plan(tables))
     assert lower_bound(tables) <= plan_time <= 10.2 + 1e-9
+
+
+def test_long_sample_bound_by_hand():
+    """Bound 5 against a hand computation: two ranks of 100 tokens, b = 1 s, attention only; one slow
+    sample that fills a rank (2 s alone, 1 s + 0.3 s of transfer on both ranks), three of 50 tokens
+    (0.5 s alone) and four of 25 (0.125 s alone)."""
+    profile = {"time": {"quadratic": 2e-4, "linear": 0.0, "sample_constant": 0.0, "group_constant": 1.0},
+               "comm": {"scheme": "ring", "bytes_per_token": 6.0, "bandwidth_bytes_per_s": {"intra": 1e3, "inter": 1e3}},
+               "capacity_tokens_per_rank": 100}
+    lengths = [100, 50, 50, 50, 25, 25, 25, 25]
+    samples = [{"id": f"s{i}", "text_tokens": x} for i, x in enumerate(lengths)]
+    problem = problem_from_json({"batch": {"samples": samples}, "cluster": {"nodes": 1, "gpus_per_node": 2}, "model_preset": "llama3-8b",
+                                 "profile": profile, "options": {"max_micro_batches": 4}})
+    tables = CostTables.build(problem)
+    fastest, least, _ = _extremes(tables)
+    # Two micro-batches at least (350 tokens, 200 per micro-batch) and 4 rank-seconds of least area:
+    # 1 s + S', 2 S' >= 2 x 1 s + 4 s, and the slow sample still finishes alone on one rank at S' = 3 s.
+    assert micro_batch_bound(tables) == pytest.approx(4.0, rel=1e-4)
+    # Alone on a rank the slow sample keeps the other rank 2 s, and the 100 tokens left there carry at
+    # most 1 s of work (two samples of 50): 1 s waited, 2 + (2 + 2 + 1) / 2 = 4.5 s. On both ranks it
+    # takes 2.6 rank-seconds: 2 + (2 + 2.6) / 2 = 4.3 s, the lesser.
+    assert long_sample_bound(tables, fewest_micro_batches(tables), fastest, least) == pytest.approx(4.3, rel=1e-12)
+    assert lower_bound(tables) == pytest.approx(4.3, rel=1e-12)
+    # The optimum (brute force) is 4.45 s: 1.11 times the micro-batch bound, 1.035 times this one.
+    assert brute_force_optimum(problem) == pytest.approx(4.45, rel=1e-9)
 
 
 def test_speed_weighted_bound_holds_for_plans_on_mixed_gpus():

@@ -21,6 +21,8 @@ micro-batches; the profile's per-step constant is added to the plan and its boun
    T_m <= S - (M - 1) b. So S >= (M - 1) b + S' with N S' >= N b + sum_i e_i(S') (e_i as in 2,
    evaluated at S'). It is the stronger bound when the per-micro-batch constant b is large.
 4. Mixed GPU types: rank-seconds weighted by each rank's speed (:mod:`optimizer.bounds.speed_bound`).
+5. The micro-batch of a slow sample: its ranks wait for it unless memory lets other samples fill
+   them, or it runs on a larger, costlier group (:mod:`optimizer.bounds.long_sample`).
 The solver backends add LP-relaxation bounds on top of these.
 """
 
@@ -31,6 +33,7 @@ import math
 import numpy as np
 
 from optimizer.bounds.bound_kernels import area_frontiers, area_search, sample_extremes
+from optimizer.bounds.long_sample import long_sample_bound
 from optimizer.bounds.speed_bound import speed_weighted_bound
 from optimizer.costs.tables import CostTables, group_capacities
 
@@ -95,7 +98,9 @@ def bound_parts(tables: CostTables) -> dict[str, float]:
     parts = {"area": area_bound(tables, extremes=extremes)}
     if tables.group_constant > 0:  # without a per-micro-batch constant bound 3 is bound 2 without its memory term
         parts["micro_batches"] = micro_batch_bound(tables, extremes=extremes)
-    speed = speed_weighted_bound(tables, fewest_micro_batches(tables))  # mixed GPU types only
+    fewest = fewest_micro_batches(tables)
+    parts["long_sample"] = long_sample_bound(tables, fewest, extremes[0], extremes[1])
+    speed = speed_weighted_bound(tables, fewest)  # mixed GPU types only
     if speed is not None:
         parts["speed"] = speed
     return parts

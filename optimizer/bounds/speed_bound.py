@@ -17,8 +17,13 @@ communication s times its time) and s_r >= s_g >= s_min. Let e_i = s_min min_{d 
 
 - memory: W S >= sum_i e_i + s_min b (sum_i L_i) / C, the groups' sizes adding up to at least the
   batch's tokens over the largest capacity;
-- micro-batches: W S >= sum_i e_i + M s_min b N, every rank busy or waiting at least b in each of at
-  least M micro-batches (a rank left out of a micro-batch still waits for it).
+- micro-batches: S >= M b + sum_i e_i / W. Micro-batch m lasts T_m = b + tau_m (tau_m >= 0: every
+  group lasts at least its constant b_d >= b), so S = sum_m T_m >= M b + sum_m tau_m over at least
+  M micro-batches. A rank r of group g waits tau_m >= t_g - b >= sum of g's t_i(d_g, s_g) (the group
+  constant is not divided by the speed), so sum_r s_r tau_m >= d_g s_g sum_i t_i(d_g, s_g) summed over
+  the groups of m, and over all micro-batches W sum_m tau_m >= sum_i e_i. (The constant b is counted
+  once per micro-batch in wall-clock time, not once per rank in rank-seconds, where the slow ranks
+  would discount it by s_min N / W.)
 
 On a cluster of one GPU type W = N and s_min = 1, and both are weaker forms of the area bounds, so
 the bound is only computed when speeds differ.
@@ -47,5 +52,5 @@ def speed_weighted_bound(tables: CostTables, fewest: int) -> float | None:
     work = slow * float(area.min(axis=1).sum())
     b = tables.group_constant
     memory = work + slow * b * float(tables.lengths.sum()) / float(tables.rank_capacity.max())
-    micro_batches = work + fewest * slow * b * tables.n_ranks
-    return max(memory, micro_batches) / float(speeds.sum())
+    weight = float(speeds.sum())
+    return max(memory / weight, fewest * b + work / weight)

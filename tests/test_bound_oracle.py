@@ -1,0 +1,142 @@
+"""Every part of the lower bound against the brute-force optimum and against verified plans.
+
+The oracle (tests/oracle.py) enumerates every plan of a tiny instance with the scalar cost formula
+alone; a bound part above its optimum is invalid. The instances span the profiles of
+tests/oracle_instances.py (mixed GPU types among them) and variants with the optional profile terms
+(per-sample ring steps, group messages, padded bytes) and tight memory. A deliberately wrong
+variant of the long-sample part is caught on the same instances, so the check can fail.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+from oracle import brute_force_optimum
+from oracle_instances import instance
+
+from bench.runner import make_problem, resolve_profile
+from bench.workloads import WORKLOADS
+from optimizer.bounds.long_sample import long_sample_bound, other_fill
+from optimizer.bounds.lower_bounds import _extremes, bound_parts, fewest_micro_batches
+from optimizer.costs.tables import CostTables
+from optimizer.errors import PlannerError
+from optimizer.problem.documents import problem_from_json
+from optimizer.verify.verifier import verify
+from planning.planner import plan
+
+SEEDS = 240
+
+
+def _variant(doc: dict, seed: int) -> dict:
+    """The instance with one optional profile term switched on (by seed), when it has a profile."""
+    prof = doc.get("profile")
+    if prof is None:
+        return doc
+    out = copy.deepcopy(doc)
+    prof = out["profile"]
+    kind = seed % 4
+    if kind == 1:
+        prof["time"]["sample_step"] = 2e-3
+    elif kind == 2:
+        prof["comm"]["latency_s"] = {"intra": 2e-4, "inter": 2e-3}
+        prof["comm"]["messages_per_step"] = 1.0
+        prof["comm"]["group_messages"] = {"per_step": 40.0, "fixed": 30.0}
+    elif kind == 3:
+        prof["comm"]["padded_bytes"] = True
+        prof["time"]["group_constant"] = prof["time"]["group_constant"] * 20
+    return out
+
+
+def _cases():
+    for seed in range(SEEDS):
+        doc, tags = instance(seed)
+        try:
+            problem = problem_from_json(_variant(doc, seed))
+            tables = CostTables.build(problem)
+        except PlannerError:
+            continue
+        yield seed, tags, problem, tables
+
+
+def _wrong_long_sample(tables: CostTables) -> float:
+    """The long-sample part if the slow sample had to run on its least-area size (invalid: a plan
+    may put it on a wider, costlier group that finishes sooner)."""
+    fastest, least, _ = _extremes(tables)
+    b, n = tables.group_constant, float(tables.n_ranks)
+    lengths = tables.lengths.astype(np.float64)
+    t = tables.best_time
+    out = 0.0
+    for h in range(tables.n_samples):
+        j = int(tables.min_degree_index[h]) + int(np.argmin(t[h, tables.min_degree_index[h]:] * tables.degrees[tables.min_degree_index[h]:]))
+        wait = n * (float(tables.best_group_constants[j]) - b + float(t[h, j]))
+        fill = other_fill(lengths, least, h, float(tables.rank_capacity.sum()) - float(lengths[h]))
+        out = max(out, fewest_micro_batches(tables) * b + (float(least.sum()) + max(0.0, wait - float(least[h]) - fill)) / n)
+    return out
+
+
+def test_no_bound_part_exceeds_the_optimum():
+    checked = binding_long = binding_speed = wrong_caught = 0
+    for seed, tags, problem, tables in _cases():
+        optimum = brute_force_optimum(problem)
+        if math.isinf(optimum):
+            continue
+        parts = bound_parts(tables)
+        for name, value in parts.items():
+            assert value <= optimum * (1 + 1e-9), f"seed {seed} {tags}: bound part {name} {value} above the optimum {optimum}"
+        others = max(v for k, v in parts.items() if k != "long_sample")
+        binding_long += parts["long_sample"] > others * 1.001
+        binding_speed += "speed" in parts and parts["speed"] >= max(parts.values())
+        wrong_caught += _wrong_long_sample(tables) > optimum * (1 + 1e-9)
+        checked += 1
+    assert checked >= 150
+    # The new parts are the largest on some instances, so the check above tests them.
+    assert binding_long >= 4, binding_long
+    assert binding_speed >= 3, binding_speed
+    # And the oracle tells a wrong variant of the long-sample part.
+    assert wrong_caught >= 1
+
+
+def test_long_sample_part_matches_a_plain_greedy_reading():
+    """The part's fractional knapsack and size minimum against a loop over samples in Python."""
+    for _, _, _, tables in list(_cases())[:60]:
+        fastest, least, _ = _extremes(tables)
+        got = long_sample_bound(tables, fewest_micro_batches(tables), fastest, least)
+        b, n = tables.group_constant, tables.n_ranks
+        lengths = tables.lengths.tolist()
+        best = 0.0
+        for h in range(tables.n_samples):
+            others = sorted((j for j in range(tables.n_samples) if j != h), key=lambda j: -least[j] / lengths[j])
+            room, fill = float(tables.rank_capacity.sum()) - lengths[h], 0.0
+            for j in others:
+                take = min(1.0, max(0.0, room) / lengths[j])
+                fill += take * least[j]
+                room -= take * lengths[j]
+            heads = []
+            for j in range(int(tables.min_degree_index[h]), len(tables.degrees)):
+                t = float(tables.best_time[h, j])
+                a = float(tables.degrees[j]) * t
+                heads.append(a + max(0.0, n * (float(tables.best_group_constants[j]) - b + t) - a - fill))
+            best = max(best, fewest_micro_batches(tables) * b + (float(least.sum()) - float(least[h]) + min(heads)) / n)
+        # The part tries the slowest and longest samples only: never above the all-samples maximum.
+        assert got <= best * (1 + 1e-12)
+        assert got >= fewest_micro_batches(tables) * b + float(least.sum()) / n * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("profile,workload,ranks,seed", [("flexsp-gpt7b", "mixed", 64, 1), ("stress-memory-tight", "mixed", 64, 1),
+                                                          ("stress-mixed-gpu", "image-sft", 64, 1)])
+def test_raised_bound_stays_below_verified_plans(profile, workload, ranks, seed):
+    problem = make_problem(WORKLOADS[workload], ranks, 512, seed, 200.0, resolve_profile(profile), 512, False)
+    tables = CostTables.build(problem)
+    parts = bound_parts(tables)
+    result = plan(problem)
+    report = verify(result, problem)
+    assert report.ok, report.violations
+    assert max(parts.values()) + problem.cost_profile.step_constant <= report.step_time_s * (1 + 1e-9)
+    # Each of these cases is one where the new reasoning raises the bound.
+    if "speed" in parts:
+        assert parts["speed"] > parts["micro_batches"]
+    else:
+        assert parts["long_sample"] > parts["micro_batches"] * 1.003
