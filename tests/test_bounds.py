@@ -79,7 +79,7 @@ def test_bound_equals_the_numpy_reference():
         assert (speed is None) == bool(np.all(tables.rank_speed == tables.rank_speed[0]))
         fastest, least, _ = _extremes(tables)
         longest = long_sample_bound(tables, fewest_micro_batches(tables), fastest, least)
-        assert lower_bound(tables) == max(got, micro_batch_bound(tables), longest, speed or 0.0)
+        assert lower_bound(tables) == max(got, micro_batch_bound(tables), longest or 0.0, speed or 0.0)
         floor = got * 1.3
         assert area_bound(tables, floor=floor) == pytest.approx(reference_area(tables, floor=floor), rel=1e-12, abs=0.0)
         checked += 1

@@ -46,28 +46,49 @@ CANDIDATES = 4
 """Samples tried as h: this many of the slowest (earliest finish) and as many of the longest."""
 
 
-def other_fill(lengths: np.ndarray, area: np.ndarray, h: int, budget: float) -> float:
-    """Fractional knapsack of every sample but ``h`` by area per token: the most least-area the other
-    samples can bring within ``budget`` tokens (an upper bound on F_h of the module docstring)."""
-    if budget <= 0:
-        return 0.0
-    keep = np.ones(lengths.shape[0], dtype=bool)
-    keep[h] = False
-    tokens, value = lengths[keep], area[keep]
-    order = np.argsort(-(value / tokens), kind="stable")
-    cum_tokens = np.cumsum(tokens[order])
-    whole = int(np.searchsorted(cum_tokens, budget, side="right"))
-    taken = float(value[order[:whole]].sum())
-    if whole < order.shape[0]:
-        room = budget - (float(cum_tokens[whole - 1]) if whole else 0.0)
-        nxt = order[whole]
-        taken += float(value[nxt]) * room / float(tokens[nxt])
-    return taken
+class OtherFill:
+    """Fractional knapsack of the samples by least area per token, sorted once: :meth:`without` is the
+    most least-area the samples other than h bring within a token budget (an upper bound on F_h of
+    the module docstring)."""
+
+    def __init__(self, lengths: np.ndarray, area: np.ndarray) -> None:
+        self.order = np.argsort(-(area / lengths), kind="stable")
+        self.position = np.empty_like(self.order)
+        self.position[self.order] = np.arange(self.order.shape[0])
+        self.tokens = lengths[self.order]
+        self.value = area[self.order]
+        self.cum_tokens = np.cumsum(self.tokens)
+        self.cum_value = np.cumsum(self.value)
+
+    def _whole(self, budget: float) -> int:
+        """How many samples, in order, fit whole within ``budget`` tokens."""
+        return int(np.searchsorted(self.cum_tokens, budget, side="right"))
+
+    def _all(self, budget: float) -> float:
+        whole = self._whole(budget)
+        taken = float(self.cum_value[whole - 1]) if whole else 0.0
+        if whole < self.order.shape[0]:
+            room = budget - (float(self.cum_tokens[whole - 1]) if whole else 0.0)
+            taken += float(self.value[whole]) * room / float(self.tokens[whole])
+        return taken
+
+    def without(self, h: int, budget: float) -> float:
+        """The knapsack of every sample but ``h`` within ``budget`` tokens. When h comes after the last
+        (partly) taken sample it changes nothing; else the others take what all samples take within
+        ``budget`` plus h's tokens, h (then taken whole) left out."""
+        if budget <= 0:
+            return 0.0
+        pos = int(self.position[h])
+        if pos > self._whole(budget):
+            return self._all(budget)
+        return self._all(budget + float(self.tokens[pos])) - float(self.value[pos])
 
 
-def long_sample_bound(tables: CostTables, fewest: int, fastest: np.ndarray, least_area: np.ndarray) -> float:
+def long_sample_bound(tables: CostTables, fewest: int, fastest: np.ndarray, least_area: np.ndarray) -> float | None:
     """The bound of the module docstring, the largest over the candidate samples (``fewest``: M;
-    ``fastest`` and ``least_area``: each sample's earliest finish and least area e_i)."""
+    ``fastest`` and ``least_area``: each sample's earliest finish and least area e_i); None when no
+    candidate has to wait or run wider than its least-area size (the bound is then M b + sum e_i / N,
+    which the micro-batch bound already gives)."""
     n = tables.n_samples
     b = tables.group_constant
     n_ranks = float(tables.n_ranks)
@@ -79,14 +100,17 @@ def long_sample_bound(tables: CostTables, fewest: int, fastest: np.ndarray, leas
     constants = tables.best_group_constants
     degrees = tables.degrees.astype(np.float64)
     total = float(least_area.sum())
-    best = 0.0
+    others = OtherFill(lengths, least_area)
+    best: float | None = None
     for h in candidates.tolist():
         j0 = int(tables.min_degree_index[h])
         row_intra, row_inter = intra[h, j0:], inter[h, j0:]
         t = np.where(fits[j0:] & (row_intra < row_inter), row_intra, row_inter)
         area = degrees[j0:] * t
         wait = n_ranks * (constants[j0:] - b + t)
-        fill = other_fill(lengths, least_area, h, capacity - float(lengths[h]))
+        fill = others.without(h, capacity - float(lengths[h]))
         head = float(np.min(area + np.maximum(0.0, wait - area - fill)))
-        best = max(best, fewest * b + (total - float(least_area[h]) + head) / n_ranks)
+        if head > float(least_area[h]) * (1 + 1e-9):
+            value = fewest * b + (total - float(least_area[h]) + head) / n_ranks
+            best = value if best is None else max(best, value)
     return best

@@ -99,7 +99,9 @@ def bound_parts(tables: CostTables) -> dict[str, float]:
     if tables.group_constant > 0:  # without a per-micro-batch constant bound 3 is bound 2 without its memory term
         parts["micro_batches"] = micro_batch_bound(tables, extremes=extremes)
     fewest = fewest_micro_batches(tables)
-    parts["long_sample"] = long_sample_bound(tables, fewest, extremes[0], extremes[1])
+    slow = long_sample_bound(tables, fewest, extremes[0], extremes[1])
+    if slow is not None:
+        parts["long_sample"] = slow
     speed = speed_weighted_bound(tables, fewest)  # mixed GPU types only
     if speed is not None:
         parts["speed"] = speed
