@@ -252,8 +252,8 @@ class HeuristicPlanner:
         Each sample joins the group (any micro-batch) with the least memory room that still holds it,
         or opens a group of its memory-minimal size in the micro-batch with the most free ranks
         (``spread``: every one of the ``n_micro_batches`` is opened first, so the longest samples are
-        spread over them; else a micro-batch is opened only when no open one has the ranks and no
-        group can grow to take the sample, so one pass finds its own count, at most ``n_micro_batches``).
+        spread over them; else a micro-batch is opened only when no open one has the free ranks for the
+        new group, so one pass finds its own count, at most ``n_micro_batches``).
         Time is left to the local search.
         """
         n_ranks = self.t.n_ranks
@@ -280,16 +280,13 @@ class HeuristicPlanner:
                     micro_batch = fresh if fresh < n_micro_batches else most_free[0][1]  # the most free ranks, the first such micro-batch
                 else:
                     micro_batch = most_free[0][1]
-                grow = -1, -1
-                if not spread and micro_batch == fresh and groups:  # growing a group keeps the count: try it before opening one
-                    grow = self._enlarge_for(rooms[: len(groups)], sizes[: len(groups)], free[places[: len(groups)]], li)
-                fresh += micro_batch == fresh and grow[0] < 0
-                if grow[0] < 0 and free[micro_batch] >= d:
+                fresh += micro_batch == fresh
+                if free[micro_batch] >= d:
                     best = len(groups)
                     groups.append(_Group(j, micro_batch=micro_batch))
                     rooms[best], sizes[best], places[best] = self.capacity * d, j, micro_batch
                 else:
-                    best, j = grow if grow[0] >= 0 else self._enlarge_for(rooms[: len(groups)], sizes[: len(groups)], free[places[: len(groups)]], li)
+                    best, j = self._enlarge_for(rooms[: len(groups)], sizes[: len(groups)], free[places[: len(groups)]], li)
                     if best < 0:
                         return None
                     by_room.pop(bisect.bisect_left(by_room, (float(rooms[best]), best)))
