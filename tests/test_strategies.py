@@ -93,6 +93,28 @@ def test_few_samples_plan_is_the_best_split_into_runs():
         assert assignment_step_time(tables, plan) <= best * (1 + 1e-9)
 
 
+def test_few_samples_search_stops_at_the_deadline_after_its_first_block(monkeypatch):
+    """12 samples: 2,048 splits in blocks; past the deadline only the first block runs, and its best split is a plan
+    no faster than the whole search's."""
+    import time
+
+    from optimizer.heuristic import few_samples
+
+    problem = _problem("video", 12, 1, nodes=2)
+    tables = CostTables.build(problem)
+    calls = []
+    real = few_samples.best_split
+    monkeypatch.setattr(few_samples, "best_split", lambda *a: calls.append(a[-3]) or real(*a))
+    whole = few_samples_plan(tables)
+    assert len(calls) == (1 << 11) // few_samples.MASKS_PER_CALL
+    calls.clear()
+    hurried = few_samples_plan(tables, deadline=time.perf_counter())
+    assert calls == [0]
+    if hurried is not None:
+        assert check_assignment(problem, hurried).ok
+        assert assignment_step_time(tables, hurried) >= assignment_step_time(tables, whole) * (1 - 1e-12)
+
+
 @pytest.mark.parametrize("workload,seed", [("video", 3), ("mixed", 3), ("long-text", 2), ("anyres", 0)])
 def test_strategies_beat_the_whole_batch_heuristic_under_flexsp_profile(workload, seed):
     problem = _problem(workload, 512, seed)

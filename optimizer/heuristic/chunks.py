@@ -10,6 +10,7 @@ caller tries a few counts from the least memory allows and keeps the fastest pla
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -69,6 +70,8 @@ def chunked_plan(tables: CostTables, plan_one: SubPlanner, order: np.ndarray, co
         rows = order[a:b]
         part = None
         for most in (1, 2):
+            if most > 1 and deadline is not None and time.perf_counter() > deadline:
+                break  # no time for the second try
             try:
                 sub = tables.subset(rows, max_micro_batches=most)
                 part = plan_one(sub, deadline)

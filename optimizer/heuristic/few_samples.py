@@ -13,6 +13,8 @@ Groups up to a node's size are timed inside a node and laid out with
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from optimizer.costs.tables import CostTables
@@ -81,23 +83,31 @@ def _run_sizes(prefix: np.ndarray, tokens: np.ndarray, degrees: np.ndarray, capa
 
 @compiled
 def best_split(prefix: np.ndarray, tokens: np.ndarray, degrees: np.ndarray, capacity: float, b: np.ndarray, n_ranks: int,
-               k: int, sizes_out: np.ndarray) -> int:
-    """The split (a mask) with the least T, its run sizes in ``sizes_out``; -1 when none fits."""
+               k: int, sizes_out: np.ndarray, first: int, stop: int, best_t: float) -> tuple[int, float]:
+    """The split (a mask in [``first``, ``stop``)) with a T below ``best_t`` and least, its run sizes in
+    ``sizes_out``; (-1, ``best_t``) when none is better."""
     cand = np.empty(k * degrees.shape[0])
     sizes = np.empty(k, dtype=np.int64)
-    best_t = np.inf
     best_mask = -1
-    for mask in range(1 << (k - 1)):
+    for mask in range(first, stop):
         t = _run_sizes(prefix, tokens, degrees, capacity, b, n_ranks, mask, k, cand, sizes)
         if t < best_t:
             best_t = t
             best_mask = mask
             sizes_out[:] = sizes
-    return best_mask
+    return best_mask, best_t
 
 
-def few_samples_plan(tables: CostTables) -> Assignment | None:
-    """The best one-micro-batch plan of the module docstring, or None (too many samples, or no split fits)."""
+MASKS_PER_CALL = 128
+"""Splits tried between two looks at the clock (a few milliseconds at most on a 1,024-rank domain)."""
+
+
+def few_samples_plan(tables: CostTables, deadline: float | None = None) -> Assignment | None:
+    """The best one-micro-batch plan of the module docstring, or None (too many samples, or no split fits).
+
+    With a ``deadline`` the splits are tried in blocks of MASKS_PER_CALL and the search stops at the
+    deadline with the best split so far, or None when none fitted by then (the caller's other plans
+    stand in)."""
     k = tables.n_samples
     if not 1 <= k <= MAX_SAMPLES:
         return None
@@ -110,7 +120,15 @@ def few_samples_plan(tables: CostTables) -> Assignment | None:
     tokens = np.zeros(k + 1)
     np.cumsum(tables.lengths[order].astype(np.float64), out=tokens[1:])
     sizes = np.empty(k, dtype=np.int64)
-    mask = best_split(prefix, tokens, tables.degrees, float(tables.rank_capacity.min()), tables.placed_group_constants, tables.n_ranks, k, sizes)
+    found = np.empty(k, dtype=np.int64)
+    mask, best_t = -1, np.inf
+    for first in range(0, 1 << (k - 1), MASKS_PER_CALL):
+        if first and deadline is not None and time.perf_counter() > deadline:
+            break
+        m, best_t = best_split(prefix, tokens, tables.degrees, float(tables.rank_capacity.min()), tables.placed_group_constants, tables.n_ranks, k,
+                               found, first, min(1 << (k - 1), first + MASKS_PER_CALL), best_t)
+        if m >= 0:
+            mask, sizes[:] = m, found
     if mask < 0:
         return None
     runs: list[list[int]] = [[]]

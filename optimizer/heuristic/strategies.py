@@ -60,7 +60,7 @@ def plan_piece(tables: CostTables, deadline: float | None, tried: tuple[int, ...
     """The best plan of a chunk or segment (see the module docstring); raises InfeasibleError when none is found."""
     best: Assignment | None = None
     best_time = math.inf
-    few = few_samples_plan(tables)
+    few = few_samples_plan(tables, deadline)
     if few is not None:
         search = LocalSearch(tables, few, max_rounds=FAST_ROUNDS)
         search.run(deadline)
