@@ -303,8 +303,12 @@ class HeuristicPlanner:
         for k, grp in enumerate(groups):
             members[grp.micro_batch].append(k)
         mbs: list[list[tuple[list[int] | tuple[int, ...], list[int] | tuple[int, ...]]]] = [[] for _ in range(opened)]
+        layouts: dict[tuple[int, ...], list[tuple[int, ...]] | None] = {}  # many micro-batches hold the same group sizes
         for micro_batch in range(opened):
-            ranks, _ = place_groups([self.degrees[groups[k].degree_index] for k in members[micro_batch]], self.t.node_ranges)
+            key = tuple(self.degrees[groups[k].degree_index] for k in members[micro_batch])
+            if key not in layouts:
+                layouts[key] = place_groups(key, self.t.node_ranges)[0]
+            ranks = layouts[key]
             if ranks is None:
                 return None
             for k, rs in zip(members[micro_batch], ranks, strict=True):
