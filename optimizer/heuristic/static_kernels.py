@@ -3,7 +3,9 @@
 ``micro_batches`` x G static groups form bins; bin ``m * G + k`` is group k in micro-batch m. The
 bins sit in one min-heap by (load, bin), which orders as (load, micro-batch, group) does. Each
 sample, in the given order, goes to the least-loaded bin whose group has memory room for it: bins
-without room are taken off the heap while the sample is placed, then put back.
+without room are taken off the heap while the sample is placed, then put back, unless even the
+shortest sample still to come would not fit them (then no later sample can go there, and leaving
+them out spares every later sample the same pops on memory-tight batches).
 
 :func:`sort_ties_by_index` turns a quick (unstable) sort into the stable one, and
 :func:`members_by_bin` lists each bin's samples in placement order.
@@ -19,10 +21,11 @@ from optimizer.jit import compiled
 
 @compiled
 def balance_static(order: np.ndarray, lengths: np.ndarray, times: np.ndarray, group_class: np.ndarray, limit: np.ndarray,
-                   micro_batches: int, group_constant: np.ndarray, out_bin: np.ndarray, load: np.ndarray, mb_time: np.ndarray) -> bool:
+                   micro_batches: int, group_constant: np.ndarray, out_bin: np.ndarray, load: np.ndarray, mb_time: np.ndarray,
+                   rest_min: np.ndarray) -> bool:
     """Place ``order`` (sample indices); ``times[c, i]`` is sample i's time on a group of class c,
     ``group_constant[c]`` the group constant of class c, ``group_class[k]`` and ``limit[k]`` group k's
-    class and token limit.
+    class and token limit; ``rest_min[p]`` is the shortest length among ``order[p:]``.
 
     ``out_bin[i]`` receives sample i's bin, ``load[bin]`` the bin's summed time (in placement
     order), ``mb_time[m]`` the slowest non-empty group of micro-batch m (group constant included;
@@ -56,9 +59,13 @@ def balance_static(order: np.ndarray, lengths: np.ndarray, times: np.ndarray, gr
         count[g] += 1
         ld += times[group_class[g % n_groups], i]
         load[g] = ld
-        size = push(h1, h2, hid, 0, size, ld, 0.0, g)
-        for q in range(stashed):
-            size = push(h1, h2, hid, 0, size, s1[q], 0.0, sid[q])
+        if pos + 1 < order.shape[0]:
+            shortest = rest_min[pos + 1]
+            if tokens[g] + shortest <= limit[g % n_groups]:
+                size = push(h1, h2, hid, 0, size, ld, 0.0, g)
+            for q in range(stashed):
+                if tokens[sid[q]] + shortest <= limit[sid[q] % n_groups]:
+                    size = push(h1, h2, hid, 0, size, s1[q], 0.0, sid[q])
     for m in range(micro_batches):
         slowest = 0.0
         for k in range(n_groups):

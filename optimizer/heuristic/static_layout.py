@@ -30,6 +30,7 @@ class _Layout:
     group_class: np.ndarray  # [G] class of each group: its (intra-node?, slowest speed)
     limit: np.ndarray  # [G] tokens each group holds per micro-batch
     constant: np.ndarray  # [classes] group constant of each class
+    rest_min: np.ndarray  # [n] the shortest length among order[p:], for every p
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ def _layout(tables: CostTables, c: int) -> _Layout | None:
     keys = -times[group_class[0]]
     order = np.argsort(keys)
     sort_ties_by_index(keys, order)  # as np.argsort(keys, kind="stable"), faster
-    return _Layout(c, n_groups, order, times, group_class.reshape(-1).astype(np.int64), capacity * c, constant)
+    rest_min = np.minimum.accumulate(tables.lengths[order][::-1].astype(np.float64))[::-1].copy()
+    return _Layout(c, n_groups, order, times, group_class.reshape(-1).astype(np.int64), capacity * c, constant, rest_min)
 
 
 def _balance(tables: CostTables, layout: _Layout, micro_batches: int) -> _Balanced | None:
@@ -69,7 +71,7 @@ def _balance(tables: CostTables, layout: _Layout, micro_batches: int) -> _Balanc
     load = np.empty(micro_batches * layout.n_groups)
     mb_time = np.empty(micro_batches)
     if not balance_static(layout.order, tables.lengths, layout.times, layout.group_class, layout.limit, micro_batches,
-                          layout.constant, sample_bin, load, mb_time):
+                          layout.constant, sample_bin, load, mb_time, layout.rest_min):
         return None
     used = [t for t in mb_time.tolist() if t > 0.0]
     # The step time as :func:`optimizer.plan.evaluate.assignment_step_time` adds it up: slowest group per micro-batch, summed in order.
