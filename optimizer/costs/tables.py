@@ -108,7 +108,8 @@ class CostTables:
         holds = group_capacities(rank_capacity, degrees)
         if int(lengths.max()) > float(holds.max()) * (1 + 1e-9):
             worst = problem.batch.samples[int(lengths.argmax())]
-            if float(rank_capacity.min()) == best_capacity:
+            uniform = float(rank_capacity.min()) == best_capacity
+            if uniform:
                 message = (f"sample {worst.id!r} has {worst.length} tokens and needs a group of at least {need} ranks "
                            f"({best_capacity:.0f} tokens per rank), but the largest allowed group size is {max(degrees)}")
             else:
@@ -121,7 +122,7 @@ class CostTables:
                 message,
                 field="batch.samples",
                 hint=f"raise options.max_degree to >= {need}, use more ranks, enable recomputation, or shorten the sample."
-                if float(rank_capacity.min()) == best_capacity else
+                if uniform else
                 "add ranks of the roomiest GPU type, raise options.max_degree, enable recomputation, or shorten the sample.",
             )
         return cls(

@@ -24,6 +24,7 @@ import numpy as np
 
 from optimizer.costs.tables import CostTables
 from optimizer.errors import PlannerError
+from optimizer.heuristic.strategies import heuristic_plan
 from optimizer.plan.evaluate import assignment_step_time
 from optimizer.plan.plan import Assignment
 from optimizer.problem.batch import Batch
@@ -32,8 +33,6 @@ from optimizer.problem.problem import Problem
 
 def roomy_plan(tables: CostTables, deadline: float | None) -> tuple[Assignment, str] | None:
     """(plan, what was done) on the roomiest nodes that hold the batch, or None when no cut helps."""
-    from optimizer.heuristic.strategies import heuristic_plan
-
     problem = tables.problem
     cluster = problem.cluster
     if cluster.pipeline_parallel != 1:
@@ -79,13 +78,11 @@ def _mapped(plan: Assignment, ranks: np.ndarray, samples: list[int] | None = Non
 
 def _split_plan(tables: CostTables, sub: Problem, ranks: np.ndarray, deadline: float | None) -> Assignment | None:
     """Roomy-needing samples on the cut cluster, the rest on the whole one, micro-batches one after the other."""
-    from optimizer.heuristic.strategies import heuristic_plan
-
     problem = tables.problem
     smallest = float(tables.rank_capacity.min())
     fits_small = max(int(d) * smallest for d in tables.degrees)
     big = [i for i, n in enumerate(tables.lengths.tolist()) if n > fits_small]
-    small = [i for i in range(tables.n_samples) if i not in set(big)]
+    small = [i for i, n in enumerate(tables.lengths.tolist()) if n <= fits_small]
     if not big or not small:
         return None
     samples = problem.batch.samples
