@@ -106,6 +106,11 @@ def test_device_check_runs_on_cpu(tmp_path):
                "--exact-tokens", "96", "--held-out", "3", "--repeats", "1", "--json", str(out)])
     assert rc == 0
     doc = json.loads(out.read_text())
-    ours, sdpa = doc["exactness"]["ring_d1"], doc["exactness"]["sdpa"]
-    assert len(ours) == len(sdpa) == 4 and max(ours) <= 1.5 * max(sdpa)
+    assert set(doc["exactness"]) == {"float32", "bfloat16", "float16"}
+    for name in ("bfloat16", "float16"):
+        ours, sdpa = doc["exactness"][name]["ring_d1"], doc["exactness"][name]["sdpa"]
+        assert len(ours) == len(sdpa) == 4 and max(ours) <= 1.5 * max(sdpa)
+    assert max(doc["exactness"]["float32"]["ring_d1"]) < 1e-4
+    assert [(k["lengths"], k["length"], k["degree"]) for k in doc["kernel_times"]] == [(2, 48, 1), (8, 16, 2)]
+    assert all(k["matmul_s"] > 0 for k in doc["kernel_times"])
     assert len(doc["cost_model"]["held_out"]) == 3 and doc["cost_model"]["mean_abs_error"] >= 0

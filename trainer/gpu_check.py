@@ -106,6 +106,15 @@ def cost_model(device: Any, dtype_name: str, lengths: list[int], degrees: list[i
             "mean_abs_error_without_term": statistics.mean(before_errors), "worst_abs_error_without_term": max(before_errors)}
 
 
+CUDA_KERNEL_SHAPES = "4x8192@1,1x32768@1,32x512@4"
+
+
+def _cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 def _shape(text: str) -> tuple[tuple[int, ...], int]:
     """``COUNTxLENGTH@DEGREE`` -> (lengths, degree)."""
     try:
@@ -163,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tile", type=int, help="query rows per attention tile (default 128 on CPU, 1024 on CUDA)")
     ap.add_argument("--exact-tokens", type=int, default=4096, help="tokens of the exactness check (default 4096)")
     ap.add_argument("--exact-dtypes", default="float32,bfloat16,float16", help="dtypes of the exactness check (default all three)")
-    ap.add_argument("--kernel-shapes", default="4x8192@1,1x32768@1,32x512@4",
-                    help="micro-batches timed with each tile kernel, as COUNTxLENGTH@DEGREE (default 4x8192@1,1x32768@1,32x512@4; empty: none)")
+    ap.add_argument("--kernel-shapes", default=None,
+                    help="micro-batches timed with each tile kernel, as COUNTxLENGTH@DEGREE (default on CUDA 4x8192@1,1x32768@1,32x512@4, "
+                         "elsewhere 2xLONGEST@1,8xSHORTEST@2 of --lengths; empty: none)")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args(argv)
 
@@ -183,7 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         for name in exact_dtypes:
             if name not in ("float32", "bfloat16", "float16"):
                 raise ValueError(f"--exact-dtypes takes float32, bfloat16 and float16, got {name!r}")
-        kernel_shapes = [_shape(x) for x in args.kernel_shapes.split(",") if x]
+        shapes_text = args.kernel_shapes
+        if shapes_text is None:
+            shapes_text = CUDA_KERNEL_SHAPES if args.device == "cuda" or (args.device == "auto" and _cuda()) else f"2x{max(lengths)}@1,8x{min(lengths)}@2"
+        kernel_shapes = [_shape(x) for x in shapes_text.split(",") if x]
         cfg = TinyConfig(vocab=96, hidden=args.hidden, heads=args.heads, layers=args.layers, ffn_hidden=args.ffn_hidden, max_positions=max(lengths) + 1)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
