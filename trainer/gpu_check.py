@@ -109,12 +109,6 @@ def cost_model(device: Any, dtype_name: str, lengths: list[int], degrees: list[i
 CUDA_KERNEL_SHAPES = "4x8192@1,1x32768@1,32x512@4"
 
 
-def _cuda() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
-
-
 def _shape(text: str) -> tuple[tuple[int, ...], int]:
     """``COUNTxLENGTH@DEGREE`` -> (lengths, degree)."""
     try:
@@ -195,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--exact-dtypes takes float32, bfloat16 and float16, got {name!r}")
         shapes_text = args.kernel_shapes
         if shapes_text is None:
-            shapes_text = CUDA_KERNEL_SHAPES if args.device == "cuda" or (args.device == "auto" and _cuda()) else f"2x{max(lengths)}@1,8x{min(lengths)}@2"
+            shapes_text = CUDA_KERNEL_SHAPES if device.type == "cuda" else f"2x{max(lengths)}@1,8x{min(lengths)}@2"
         kernel_shapes = [_shape(x) for x in shapes_text.split(",") if x]
         cfg = TinyConfig(vocab=96, hidden=args.hidden, heads=args.heads, layers=args.layers, ffn_hidden=args.ffn_hidden, max_positions=max(lengths) + 1)
     except ValueError as exc:
