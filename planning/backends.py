@@ -31,7 +31,9 @@ RESERVE_MS_PER_SAMPLE = 0.005
 """Milliseconds kept back from the solver for checking its answer, building and verifying the plan:
 a constant plus RESERVE_EVALS times what one evaluation of the heuristic's plan took (the work after
 the solver is about five such passes: measured 0.6 ms of building and verifying after a 0.15 ms
-evaluation at 512 samples, 105 ms after 15 ms at 65,536; eight leave room for a busy machine)."""
+evaluation at 512 samples, 105 ms after 15 ms at 65,536; eight leave room for a busy machine), plus
+the GRACE_MS a late answer is awaited (so that a solve stopped at its deadline still leaves this work
+its time before the caller's deadline)."""
 MIN_SEARCH_MS = 60.0
 """Least solver milliseconds for which ``auto`` starts a neighbourhood search on a large problem."""
 AUTO_ORDER = ("cpsat", "highs", "cbc")
@@ -42,8 +44,8 @@ whole-problem model and the neighbourhoods; CBC's process start makes it the slo
 def reserve_ms(tables: CostTables, eval_ms: float | None = None) -> float:
     """Time the planner needs after the solver returns (from one evaluation's time when known)."""
     if eval_ms is None:
-        return RESERVE_MS + RESERVE_MS_PER_SAMPLE * tables.n_samples
-    return RESERVE_MS + RESERVE_EVALS * eval_ms
+        return GRACE_MS + RESERVE_MS + RESERVE_MS_PER_SAMPLE * tables.n_samples
+    return GRACE_MS + RESERVE_MS + RESERVE_EVALS * eval_ms
 
 
 def stopped_reason(name: str) -> str:

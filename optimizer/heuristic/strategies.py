@@ -138,9 +138,12 @@ def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: flo
     def expired() -> bool:
         return deadline is not None and time.perf_counter() > deadline
 
+    def too_late(estimate_s: float) -> bool:
+        return deadline is not None and time.perf_counter() + estimate_s > deadline
+
     floor_of_best = 1
     for floor in floors(tables)[1:]:
-        if expired():
+        if too_late(whole_s):  # a floor's packing takes about as long as the whole batch's
             break
         before = best_time
         try:
