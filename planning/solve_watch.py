@@ -41,6 +41,9 @@ GRACE_MS = 5.0
 the deadline itself; this covers the last round's usual lateness)."""
 POLL_S = 0.01
 """How often the waiting thread wakes to collect young garbage while the solver runs."""
+MIDDLE_EARLY = 3
+"""The middle generation is collected while this many young collections are still short of its threshold
+(the young collections of the last YOUNG_MARGIN_S, skipped, cannot then reach it)."""
 YOUNG_MARGIN_S = 0.025
 """No young collection closer than this to the end of the wait: one can take 10 ms when the heuristic
 left many objects behind (measured on the 2-core development machine), and the plan's last steps
@@ -102,8 +105,16 @@ def _settle_at_exit() -> None:
 
 def _collect_young() -> None:
     """Collect the youngest generation when it has grown past the collector's threshold (the cycles a
-    solver builds die young; survivors wait, as during the rest of the plan, for the collector to resume)."""
-    if gc.get_count()[0] >= gc.get_threshold()[0]:
+    solver builds die young; survivors wait, as during the rest of the plan, for the collector to resume).
+
+    Each such collection counts towards the middle generation's threshold; once that is near, the
+    middle generation is collected here too. Otherwise the collector, resumed at the end of the plan,
+    would start with it: a pass over every object the solve promoted (11 ms over a stopped HiGHS
+    model's 27,000 objects, measured on the 2-core development machine) after the plan's last step."""
+    count, threshold = gc.get_count(), gc.get_threshold()
+    if count[1] >= threshold[1] - MIDDLE_EARLY:
+        gc.collect(1)
+    elif count[0] >= threshold[0]:
         gc.collect(0)
 
 
