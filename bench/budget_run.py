@@ -30,6 +30,7 @@ record and the summary as JSON. Figures depend on the machine and on what else r
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -96,6 +97,11 @@ class Record:
     """Exact solves stopped at an earlier deadline still running when this call started (they share the machine)."""
     cpu_ms: float | None = None
     """CPU time of this process (all its threads) during the call: far below the wall time when the machine was busy elsewhere."""
+    plan_ms: float | None = None
+    """The plan's own ``solver.wall_ms`` (its deadline's start to its last step); the rest of ``wall_ms`` was spent around it."""
+    gc_ms: float | None = None
+    """The longest pass of Python's cyclic garbage collector during the call, and its generation (``gc_generation``)."""
+    gc_generation: int | None = None
 
 
 def draw_budget(rng: random.Random) -> float:
@@ -165,6 +171,7 @@ def run_python(case: Case, planner: Callable[..., Any] | None = None, backends: 
     problem = problem_from_json(case.doc)
     call = planner or plan
     late = late_solves()
+    collections.clear()
     cpu = time.process_time()
     start = time.perf_counter()
     try:
@@ -180,7 +187,27 @@ def run_python(case: Case, planner: Callable[..., Any] | None = None, backends: 
     details = result.solver.details
     return _record(case, "python", wall, "plan", valid=valid, solver_backend=result.solver.backend, solver_status=result.solver.status,
                    note=(result.solver.fallback_reason or None if valid else "; ".join(report.violations[:2]) or "check_assignment failed"),
-                   phases=dict(details.get("phases") or {}), strategies=dict((details.get("heuristic") or {}).get("strategies_ms") or {}), late_solves=late, cpu_ms=cpu_ms)
+                   phases=dict(details.get("phases") or {}), strategies=dict((details.get("heuristic") or {}).get("strategies_ms") or {}), late_solves=late, cpu_ms=cpu_ms,
+                   plan_ms=round(result.solver.wall_ms, 3), **longest_collection())
+
+
+collections: list[tuple[int, float]] = []
+"""(generation, milliseconds) of every garbage collection since the current call started."""
+_collection_start: list[float] = [0.0]
+
+
+def _on_collection(phase: str, info: dict[str, Any]) -> None:
+    if phase == "start":
+        _collection_start[0] = time.perf_counter()
+    else:
+        collections.append((int(info["generation"]), (time.perf_counter() - _collection_start[0]) * 1000.0))
+
+
+def longest_collection() -> dict[str, Any]:
+    if not collections:
+        return {}
+    generation, ms = max(collections, key=lambda c: c[1])
+    return {"gc_ms": round(ms, 3), "gc_generation": generation}
 
 
 def late_solves() -> int:
@@ -281,6 +308,11 @@ def print_summary(s: dict[str, Any], records: list[Record]) -> None:
     if s["cli_calls"]:
         p(f"dhp plan in fresh processes: {s['cli_calls']} calls, whole process p50 {s['cli_process_ms_p50']:.0f} ms, max {s['cli_process_ms_max']:.0f} ms")
     for r in records:
+        if not math.isnan(r.wall_ms) and r.wall_ms > r.budget_ms + s["margin_ms"]:
+            p(f"  over: problem {r.index} ({r.via}, {r.backend}, {r.budget_ms} ms, {r.ranks} ranks, {r.samples} samples): {r.wall_ms:.1f} ms"
+              + (f", {r.plan_ms:.1f} ms on the plan's own clock" if r.plan_ms is not None else "")
+              + (f", longest garbage collection {r.gc_ms:.1f} ms (generation {r.gc_generation})" if r.gc_ms is not None else "")
+              + (f", {r.solver_status}" if r.solver_status else ""))
         if r.valid is False or r.outcome == "error":
             p(f"  problem {r.index} ({r.via}, {r.backend}, {r.budget_ms} ms): {r.outcome} {r.note}")
 
@@ -308,6 +340,8 @@ def run(problems: int, seed: int = 0, cli_share: float = 0.0, margin_ms: float =
     from planning.planner import warm_up_service
 
     warm_up_service()  # code and solver libraries loaded before the first budget, as a program planning repeatedly has them
+    if _on_collection not in gc.callbacks:
+        gc.callbacks.append(_on_collection)
     indices = only if only is not None else list(range(problems))
     picker = random.Random(seed ^ 0x5EED)
     records: list[Record] = []

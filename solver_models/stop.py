@@ -72,7 +72,7 @@ class Stopped(Exception):
     """Raised by :func:`check_stop` in a solve asked to stop (caught by the backend that checks)."""
 
 
-def check_stop(count: int, every: int = 256) -> None:
+def check_stop(count: int, every: int = 32) -> None:
     """In a long loop building a model: raise :class:`Stopped` at every ``every``-th ``count`` when
     this thread's solve has been asked to stop."""
     if count % every == 0 and stop_requested():
