@@ -159,8 +159,13 @@ def _neighbourhood(tables: CostTables, current: list[list[Group]], times: list[l
     if light:
         free[m].update(int(k) for k in rng.choice(light, size=min(extra, len(light)), replace=False))
     if len(current) > 1 and rng.random() < 0.35:
-        other = int(rng.choice([k for k in range(len(current)) if k != m]))
-        free[other].update(int(k) for k in np.argsort(times[other], kind="stable")[: max(1, extra // 2)])
+        if rng.random() < 0.5:
+            # The slowest groups of the next-slowest micro-batch: long samples can trade places and sizes.
+            other = max((k for k in range(len(current)) if k != m), key=lambda k: max(times[k], default=0.0))
+            free[other].update(int(k) for k in np.argsort(times[other], kind="stable")[::-1][: max(1, extra // 3)])
+        else:
+            other = int(rng.choice([k for k in range(len(current)) if k != m]))
+            free[other].update(int(k) for k in np.argsort(times[other], kind="stable")[: max(1, extra // 2)])
     # Keep the model small: drop the slowest group's node mates first, then light groups, never the slowest.
     cap = SAMPLES_PER_EXTRA * extra
     count = sum(len(current[k][g][1]) for k in range(len(current)) for g in free[k])
