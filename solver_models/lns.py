@@ -8,7 +8,8 @@ A backend supplies ``solve_model(model, seconds, options, on_solution)`` for one
   proven bound is a bound of the problem on homogeneous clusters (less the rounding slack);
 - *large-neighbourhood search* otherwise: starting from the heuristic's plan, each round frees the
   slowest group of one micro-batch together with the groups sharing its nodes and a few of the
-  lightest groups (sometimes of a second micro-batch), and re-solves their samples and, on two
+  lightest groups, sometimes with groups of a second micro-batch (its lightest, or the slowest of the
+  slowest other micro-batch, so that long samples can trade micro-batches), and re-solves their samples and, on two
   rounds out of three, their group sizes (idle ranks included), with everything else fixed. A round is kept when the
   re-computed step time falls, so the incumbent never gets worse than the hint. The neighbourhood
   grows after rounds solved to optimality and shrinks after time-outs. No global bound comes out of
@@ -145,7 +146,8 @@ def _mb_times(tables: CostTables, current: list[list[Group]]) -> list[list[float
 
 def _neighbourhood(tables: CostTables, current: list[list[Group]], times: list[list[float]], rng: np.random.Generator, extra: int, m: int) -> list[list[int]]:
     """Group indices to free per micro-batch: the slowest groups of ``m``, the slowest one's node mates
-    and ``extra`` light groups (sometimes of a second micro-batch), at most ``extra`` x 16 samples."""
+    and ``extra`` light groups, sometimes with groups of a second micro-batch (see the module
+    docstring), at most SAMPLES_PER_EXTRA x ``extra`` samples."""
     free: list[set[int]] = [set() for _ in current]
     node_of = tables.rank_node
     mb = current[m]
@@ -160,7 +162,7 @@ def _neighbourhood(tables: CostTables, current: list[list[Group]], times: list[l
         free[m].update(int(k) for k in rng.choice(light, size=min(extra, len(light)), replace=False))
     if len(current) > 1 and rng.random() < 0.35:
         if rng.random() < 0.5:
-            # The slowest groups of the next-slowest micro-batch: long samples can trade places and sizes.
+            # The slowest groups of the slowest other micro-batch: long samples can trade places and sizes.
             other = max((k for k in range(len(current)) if k != m), key=lambda k: max(times[k], default=0.0))
             free[other].update(int(k) for k in np.argsort(times[other], kind="stable")[::-1][: max(1, extra // 3)])
         else:

@@ -167,6 +167,7 @@ def test_a_small_budget_run_gives_valid_plans_only(tmp_path: Path, deaf):
     assert summary["plans"] + summary["refused"] == len(records) == 6
     assert records[4].solver_status == "stopped"
     assert records[5].via == "cli" and not math.isnan(records[5].wall_ms)
+    assert all(r.plan_ms is not None and r.plan_ms <= r.wall_ms for r in records[:5])  # the plan's own clock, inside the call's
     assert sum(v["calls"] for v in summary["by_backend"].values()) == 6
 
 
