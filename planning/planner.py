@@ -104,7 +104,10 @@ def _plan(problem: Problem, compare_static: bool, deadline: Deadline, backends: 
     bound = parts[binding]
     lap("bound_ms")
     solver_follows = solver_may_follow(tables, options.backend, deadline.budget_ms, HEURISTIC_SHARE, HEURISTIC_MS_PER_SAMPLE)
-    h_deadline = None if deterministic else deadline.at(HEURISTIC_SHARE if solver_follows else HEURISTIC_ALONE)
+    # The heuristic's strategies after its first plan stop in time for the work after them (the static
+    # comparison, building and verifying the plan: the reserve estimated from the batch's size).
+    h_deadline = None if deterministic else min(deadline.at(HEURISTIC_SHARE if solver_follows else HEURISTIC_ALONE),
+                                                deadline.due - reserve_ms(tables) / 1000.0)
     rescued: SolverStats | None = None
     strategies: dict[str, Any] = {}
     try:

@@ -8,8 +8,9 @@ A backend supplies ``solve_model(model, seconds, options, on_solution)`` for one
   proven bound is a bound of the problem on homogeneous clusters (less the rounding slack);
 - *large-neighbourhood search* otherwise: starting from the heuristic's plan, each round frees the
   slowest group of one micro-batch together with the groups sharing its nodes and a few of the
-  lightest groups, sometimes with groups of a second micro-batch (its lightest, or the slowest of the
-  slowest other micro-batch, so that long samples can trade micro-batches), and re-solves their samples and, on two
+  lightest groups, sometimes with the lightest groups of a second micro-batch, and every TRADE_EVERY
+  rounds with the slowest groups of the slowest other micro-batch (so that long samples can trade
+  micro-batches), and re-solves their samples and, on two
   rounds out of three, their group sizes (idle ranks included), with everything else fixed. A round is kept when the
   re-computed step time falls, so the incumbent never gets worse than the hint. The neighbourhood
   grows after rounds solved to optimality and shrinks after time-outs. No global bound comes out of
@@ -48,6 +49,8 @@ DETERMINISTIC_ROUND_SHARE = 1.5
 """Deterministic mode runs one round per this many round caps of the budget (options.time_budget_ms)."""
 DETERMINISTIC_WHOLE_SHARE = 0.5
 """Deterministic mode: the whole-problem model's time limit as a share of the budget option."""
+TRADE_EVERY = 3
+"""Every this many rounds, the neighbourhood also frees the slowest groups of the slowest other micro-batch."""
 SAMPLES_PER_EXTRA = 8
 """Most samples a neighbourhood frees, per light group it frees (the size adapts)."""
 
@@ -144,10 +147,11 @@ def _mb_times(tables: CostTables, current: list[list[Group]]) -> list[list[float
     return [[tables.group_time(list(s), r) for r, s in mb] for mb in current]
 
 
-def _neighbourhood(tables: CostTables, current: list[list[Group]], times: list[list[float]], rng: np.random.Generator, extra: int, m: int) -> list[list[int]]:
+def _neighbourhood(tables: CostTables, current: list[list[Group]], times: list[list[float]], rng: np.random.Generator, extra: int, m: int,
+                   trade: bool = False) -> list[list[int]]:
     """Group indices to free per micro-batch: the slowest groups of ``m``, the slowest one's node mates
-    and ``extra`` light groups, sometimes with groups of a second micro-batch (see the module
-    docstring), at most SAMPLES_PER_EXTRA x ``extra`` samples."""
+    and ``extra`` light groups, sometimes with groups of a second micro-batch (with ``trade``, the
+    slowest of the slowest other one), at most SAMPLES_PER_EXTRA x ``extra`` samples."""
     free: list[set[int]] = [set() for _ in current]
     node_of = tables.rank_node
     mb = current[m]
@@ -161,13 +165,12 @@ def _neighbourhood(tables: CostTables, current: list[list[Group]], times: list[l
     if light:
         free[m].update(int(k) for k in rng.choice(light, size=min(extra, len(light)), replace=False))
     if len(current) > 1 and rng.random() < 0.35:
-        if rng.random() < 0.5:
-            # The slowest groups of the slowest other micro-batch: long samples can trade places and sizes.
-            other = max((k for k in range(len(current)) if k != m), key=lambda k: max(times[k], default=0.0))
-            free[other].update(int(k) for k in np.argsort(times[other], kind="stable")[::-1][: max(1, extra // 3)])
-        else:
-            other = int(rng.choice([k for k in range(len(current)) if k != m]))
-            free[other].update(int(k) for k in np.argsort(times[other], kind="stable")[: max(1, extra // 2)])
+        other = int(rng.choice([k for k in range(len(current)) if k != m]))
+        free[other].update(int(k) for k in np.argsort(times[other], kind="stable")[: max(1, extra // 2)])
+    if trade and len(current) > 1:
+        # The slowest groups of the slowest other micro-batch: long samples can trade places and sizes.
+        slowest = max((k for k in range(len(current)) if k != m), key=lambda k: max(times[k], default=0.0))
+        free[slowest].update(int(k) for k in np.argsort(times[slowest], kind="stable")[::-1][: max(1, extra // 3)])
     # Keep the model small: drop the slowest group's node mates first, then light groups, never the slowest.
     cap = SAMPLES_PER_EXTRA * extra
     count = sum(len(current[k][g][1]) for k in range(len(current)) for g in free[k])
@@ -212,7 +215,7 @@ def _lns(tables: CostTables, options: PlanOptions, hint: Assignment, deadline: f
     while ((rounds < max_rounds) if max_rounds is not None else (deadline - clock() > min_round_s)) and not stop_requested():
         mb_time = np.array([max(t) for t in times])
         m = int(rng.choice(len(current), p=mb_time / mb_time.sum())) if rounds % 2 else int(np.argmax(mb_time))
-        free = _neighbourhood(tables, current, times, rng, extra, m)
+        free = _neighbourhood(tables, current, times, rng, extra, m, trade=rounds % TRADE_EVERY == TRADE_EVERY - 1)
         t0 = clock()
         model = neighbourhood_model(tables, current, free, best, resize=rounds % 3 != 0)
         t1 = clock()
