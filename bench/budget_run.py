@@ -171,7 +171,7 @@ def run_python(case: Case, planner: Callable[..., Any] | None = None, backends: 
     problem = problem_from_json(case.doc)
     call = planner or plan
     late = late_solves()
-    collections.clear()
+    gc_passes.clear()
     cpu = time.process_time()
     start = time.perf_counter()
     try:
@@ -191,7 +191,7 @@ def run_python(case: Case, planner: Callable[..., Any] | None = None, backends: 
                    plan_ms=round(result.solver.wall_ms, 3), **longest_collection())
 
 
-collections: list[tuple[int, float]] = []
+gc_passes: list[tuple[int, float]] = []
 """(generation, milliseconds) of every garbage collection since the current call started."""
 _collection_start: list[float] = [0.0]
 
@@ -200,13 +200,13 @@ def _on_collection(phase: str, info: dict[str, Any]) -> None:
     if phase == "start":
         _collection_start[0] = time.perf_counter()
     else:
-        collections.append((int(info["generation"]), (time.perf_counter() - _collection_start[0]) * 1000.0))
+        gc_passes.append((int(info["generation"]), (time.perf_counter() - _collection_start[0]) * 1000.0))
 
 
 def longest_collection() -> dict[str, Any]:
-    if not collections:
+    if not gc_passes:
         return {}
-    generation, ms = max(collections, key=lambda c: c[1])
+    generation, ms = max(gc_passes, key=lambda c: c[1])
     return {"gc_ms": round(ms, 3), "gc_generation": generation}
 
 
