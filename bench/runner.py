@@ -5,7 +5,7 @@ from the same :class:`~optimizer.problem.problem.Problem`. Its answer is evaluat
 :func:`optimizer.plan.evaluate.assignment_step_time` and verified with
 :func:`optimizer.verify.verifier.check_assignment` (an answer that fails verification is recorded as
 invalid and never counted). Recorded per planner and batch: predicted step time, speedup over
-static at its best, ratio to :func:`optimizer.bounds.lower_bounds.lower_bound`, planning wall times (one
+static at its best, ratio to the best lower bound proven (:func:`best_bound`), planning wall times (one
 warm-up call on the cell's first batch, then ``repeats`` timed calls per batch) and peak Python
 memory of one extra call under :mod:`tracemalloc` (kept apart so tracing does not slow the timed
 calls). The real FlexSP solver (planner ``flexsp``) is called once per batch, without warm-up or
@@ -178,6 +178,19 @@ def _peak_mb(fn: Callable[[], Outcome]) -> float:
     return peak / 2**20
 
 
+def best_bound(tables: CostTables) -> float:
+    """The best lower bound the project proves for the batch, without a time limit: the engine's
+    (:func:`optimizer.bounds.lower_bounds.lower_bound`) or the group-size LP of
+    :mod:`solver_models.size_bound` when HiGHS is installed and the LP is higher."""
+    bound = lower_bound(tables)
+    try:
+        from solver_models.size_bound import size_bound
+    except ImportError:
+        return bound
+    lp = size_bound(tables)
+    return bound if lp is None else max(bound, lp)
+
+
 def run_cell(spec: GridSpec, workload_name: str, ranks: int, n: int, tick: Callable[[], None] = lambda: None,
              profile: str = ANALYTICAL) -> Iterator[dict[str, Any]]:
     """Records (one per planner and batch) of one cell; an infeasible batch gives one record per planner saying so."""
@@ -193,7 +206,7 @@ def run_cell(spec: GridSpec, workload_name: str, ranks: int, n: int, tick: Calla
                 tick()
                 yield {**base, "planner": name, "status": "infeasible", "note": str(exc)}
             continue
-        bound = lower_bound(tables)
+        bound = best_bound(tables)
         steps: dict[str, float] = {}
         rows = []
         for name in spec.planners:

@@ -3,7 +3,8 @@
 ``plan(problem)`` always returns a verified plan or raises a domain error:
 
 1. build the cost tables and the lower bound;
-2. run the heuristic (it answers in milliseconds and is the fallback);
+2. run the heuristic (it answers in milliseconds and is the fallback); when its plan is more than 1%
+   above the bound, raise the bound with the group-size LP if time allows (:mod:`planning.size_bound_step`);
 3. if the options ask for it and time is left, run an exact backend (:mod:`planning.backends`)
    with the heuristic's assignment as a full hint, until the deadline;
 4. verify the candidates independently and keep the best valid one; a solver failure, time-out
@@ -39,6 +40,7 @@ from optimizer.verify.verifier import verify
 from planning.backends import Backends, choose_backend, no_time_for, rescue, reserve_ms, run_backend, solver_may_follow
 from planning.deadline import Deadline
 from planning.group_reuse import reuse_groups
+from planning.size_bound_step import size_bound_within
 from planning.warm import warm_up_with
 
 HEURISTIC_SHARE = 0.75
@@ -137,8 +139,16 @@ def _plan(problem: Problem, compare_static: bool, deadline: Deadline, backends: 
 
     static = best_static(tables) if compare_static else None
     lap("static_ms")
-    remaining_ms = deadline.left_ms()
     reserve = reserve_ms(tables, eval_ms)
+    upper = min(h_time, static[0].predicted_step_time_s) if static is not None else h_time
+    solver_next = rescued is None and choose_backend(tables, options.backend, deadline.left_ms(), backends, reserve) != "heuristic"
+    sized = size_bound_within(tables, upper, bound, deadline, reserve, deterministic, solver_next)
+    if sized is not None:
+        if sized > bound:
+            bound, binding = sized, "group_sizes"
+            stats = replace(stats, bound_s=max(bound, stats.bound_s or 0.0))
+        lap("size_bound_ms")
+    remaining_ms = deadline.left_ms()
     backend_name = "heuristic" if rescued is not None else choose_backend(tables, options.backend, remaining_ms, backends, reserve)
     skip = no_time_for(backend_name, remaining_ms - reserve, backends) if backend_name != "heuristic" else None
     if skip:

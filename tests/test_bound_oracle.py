@@ -145,3 +145,30 @@ def test_raised_bound_stays_below_verified_plans(profile, workload, ranks, seed)
         assert parts["speed"] > parts["micro_batches"]
     else:
         assert parts.get("long_sample", 0.0) > parts["micro_batches"] * 1.003
+
+
+def test_group_size_lp_never_exceeds_the_optimum(monkeypatch):
+    """The LP bound of solver_models.size_bound, without and with an incumbent, against the oracle;
+    it is the largest bound on some instances, and a wrong variant (samples over a third of a group
+    never share it) exceeds the optimum on some, so the check can fail."""
+    pytest.importorskip("highspy")
+    from solver_models import size_bound as sb
+
+    checked = binding = wrong_caught = 0
+    for seed, tags, problem, tables in _cases():
+        optimum = brute_force_optimum(problem)
+        if math.isinf(optimum):
+            continue
+        for upper in (math.inf, optimum * 1.5):
+            value = sb.size_bound(tables, upper)
+            assert value is not None, f"seed {seed} {tags}: no LP bound"
+            assert value <= optimum * (1 + 1e-9), f"seed {seed} {tags}: LP bound {value} above the optimum {optimum} (upper {upper})"
+        binding += value > max(bound_parts(tables).values()) * 1.001
+        with monkeypatch.context() as patched:
+            patched.setattr(sb, "HALF", 1 / 3)
+            wrong = sb.size_bound(tables)
+        wrong_caught += wrong is not None and wrong > optimum * (1 + 1e-9)
+        checked += 1
+    assert checked >= 150
+    assert binding >= 3, binding
+    assert wrong_caught >= 1

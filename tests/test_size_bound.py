@@ -1,0 +1,82 @@
+"""The group-size LP bound (solver_models.size_bound) and how the planner runs it.
+
+Its validity against the brute-force optimum is checked in tests/test_bound_oracle.py; here: it
+raises the bound where memory-tight micro-batches waste the memory of wide groups, stays below the
+verified plan, keeps to its deadline, and the planner runs it only when it may pay and time allows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.runner import make_problem, resolve_profile
+from bench.workloads import WORKLOADS
+from optimizer.bounds.lower_bounds import lower_bound
+from optimizer.costs.tables import CostTables
+from optimizer.verify.verifier import verify
+from planning import size_bound_step
+from planning.deadline import Deadline
+from planning.planner import plan
+
+pytest.importorskip("highspy")
+from solver_models import size_bound as sb  # noqa: E402
+
+
+def _case(budget_ms: float = 200.0, **options):
+    # FlexSP's GPT-7B fit, long text on 64 ranks: six micro-batches by memory, a 0.63 s constant
+    # per group, samples of 17 ranks' memory on groups of 32.
+    problem = make_problem(WORKLOADS["long-text"], 64, 512, 2, budget_ms, resolve_profile("flexsp-gpt7b"))
+    return problem.with_options(**options) if options else problem
+
+
+def test_raises_the_bound_and_stays_below_the_verified_plan():
+    problem = _case(backend="heuristic")
+    tables = CostTables.build(problem)
+    result = plan(problem.with_options(deterministic=True))  # the plan alone, without the LP
+    report = verify(result, problem)
+    assert report.ok, report.violations
+    engine = lower_bound(tables)
+    lp = sb.size_bound(tables)
+    assert lp is not None
+    assert lp > engine * 1.01  # 18.08 s to 18.40 s when measured
+    assert lp <= report.step_time_s - problem.cost_profile.step_constant
+    # The incumbent's step time only removes choices no better plan makes: never a lower bound.
+    assert sb.size_bound(tables, report.step_time_s) >= lp * (1 - 1e-9)
+
+
+def test_answers_nothing_past_its_deadline():
+    tables = CostTables.build(_case())
+    assert sb.size_bound(tables, deadline=0.0, clock=lambda: 1.0) is None
+
+
+def test_without_highs_the_plan_keeps_the_engine_bound(monkeypatch):
+    monkeypatch.setattr(sb, "_highs", lambda: None)
+    result = plan(_case(1000.0, backend="heuristic"))
+    assert result.solver.details["bound"] != "group_sizes"
+    assert "size_bound_ms" not in result.solver.details["phases"]
+
+
+def test_the_planner_reports_it_as_the_binding_bound():
+    problem = _case(1000.0, backend="heuristic")
+    result = plan(problem)
+    assert result.solver.details["bound"] == "group_sizes"
+    assert "size_bound_ms" in result.solver.details["phases"]
+    engine = lower_bound(CostTables.build(problem)) + problem.cost_profile.step_constant
+    assert result.lower_bound_s > engine * 1.01
+    assert result.lower_bound_s <= result.predicted_step_time_s
+
+
+def test_skipped_when_the_gap_is_small_deterministic_or_out_of_time(monkeypatch):
+    tables = CostTables.build(_case())
+    roomy = Deadline.after_ms(10_000.0)
+    assert size_bound_step.size_bound_within(tables, 10.05, 10.0, roomy, 5.0, False, True) is None  # 0.5% gap
+    assert size_bound_step.size_bound_within(tables, 20.0, 10.0, roomy, 5.0, True, True) is None  # deterministic
+    spent = Deadline.after_ms(0.0)
+    assert size_bound_step.size_bound_within(tables, 20.0, 10.0, spent, 5.0, False, False) is None
+    got = size_bound_step.size_bound_within(tables, 20.0, 10.0, roomy, 5.0, False, True)
+    assert got is not None and math.isfinite(got)
+    # An LP larger than the time allows to build is not started.
+    monkeypatch.setattr(size_bound_step, "COLUMNS_PER_MS", 1e-3)
+    assert size_bound_step.size_bound_within(tables, 20.0, 10.0, roomy, 5.0, False, True) is None
