@@ -146,3 +146,19 @@ def test_unknown_profile_is_a_clear_error(tmp_path, capsys):
     assert exc.value.field == "--profiles"
     assert main(["bench", "--quick", "--profiles", "nope", "--out", str(tmp_path)]) == 2
     assert "--profiles" in capsys.readouterr().err
+
+
+def test_bench_scores_against_the_best_bound_proven(monkeypatch):
+    """The bench's bound is the engine's or, when higher, the group-size LP's; without HiGHS the engine's."""
+    pytest.importorskip("highspy")
+    from bench.runner import best_bound
+    from optimizer.bounds.lower_bounds import lower_bound
+    from optimizer.costs.tables import CostTables
+    from solver_models import size_bound
+
+    tables = CostTables.build(make_problem(get_workload("long-text"), 64, 512, 2, 200.0, resolve_profile("flexsp-gpt7b")))
+    engine = lower_bound(tables)
+    assert best_bound(tables) == pytest.approx(size_bound.size_bound(tables))
+    assert best_bound(tables) > engine * 1.01
+    monkeypatch.setattr(size_bound, "_highs", lambda: None)
+    assert best_bound(tables) == engine
