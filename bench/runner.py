@@ -178,17 +178,16 @@ def _peak_mb(fn: Callable[[], Outcome]) -> float:
     return peak / 2**20
 
 
-def best_bound(tables: CostTables) -> float:
-    """The best lower bound the project proves for the batch, without a time limit: the engine's
-    (:func:`optimizer.bounds.lower_bounds.lower_bound`) or the group-size LP of
-    :mod:`solver_models.size_bound` when HiGHS is installed and the LP is higher."""
+def best_bound(tables: CostTables) -> tuple[float, str]:
+    """The best lower bound the project proves for the batch, without a time limit, and where it
+    comes from: the engine's (:func:`optimizer.bounds.lower_bounds.lower_bound`, ``engine``) or the
+    group-size LP of :mod:`solver_models.size_bound` (``group_sizes``) when HiGHS is installed and the
+    LP is higher."""
     bound = lower_bound(tables)
-    try:
-        from solver_models.size_bound import size_bound
-    except ImportError:
-        return bound
+    from solver_models.size_bound import size_bound
+
     lp = size_bound(tables)
-    return bound if lp is None else max(bound, lp)
+    return (lp, "group_sizes") if lp is not None and lp > bound else (bound, "engine")
 
 
 def run_cell(spec: GridSpec, workload_name: str, ranks: int, n: int, tick: Callable[[], None] = lambda: None,
@@ -206,7 +205,7 @@ def run_cell(spec: GridSpec, workload_name: str, ranks: int, n: int, tick: Calla
                 tick()
                 yield {**base, "planner": name, "status": "infeasible", "note": str(exc)}
             continue
-        bound = best_bound(tables)
+        bound, bound_source = best_bound(tables)
         steps: dict[str, float] = {}
         rows = []
         for name in spec.planners:
@@ -224,7 +223,7 @@ def run_cell(spec: GridSpec, workload_name: str, ranks: int, n: int, tick: Calla
             for _ in range(1 if once else spec.repeats):
                 out, ms, error = _timed(call)
                 walls.append(ms)
-            row: dict[str, Any] = {**base, "planner": name, "wall_ms": walls, "lower_bound_s": bound}
+            row: dict[str, Any] = {**base, "planner": name, "wall_ms": walls, "lower_bound_s": bound, "bound_source": bound_source}
             if spec.memory and seed == 0 and not once:
                 row["peak_mb"] = _peak_mb(call)
             if error is not None or out is None:
