@@ -54,13 +54,11 @@ BUCKET_STEP = 0.02
 
 def level_bound(tables: CostTables, upper_s: float) -> tuple[float, dict[str, int]] | None:
     """The LP bound in seconds and the LP size, or None when HiGHS is missing or fails."""
-    try:
-        import highspy
+    from solver_models.pulp_milp import highs_module
 
-        from solver_models.pulp_milp import _silence_highs_banner
-    except ImportError:
+    highspy = highs_module()
+    if highspy is None:
         return None
-    _silence_highs_banner()
     b = tables.group_constant
     n_ranks = tables.n_ranks
     cap = float(tables.rank_capacity.max())

@@ -109,6 +109,16 @@ def _silence_highs_banner() -> None:
         os.close(saved)
 
 
+def highs_module() -> Any:
+    """The ``highspy`` module with its banner already muted, or None when it is not installed."""
+    try:
+        import highspy
+    except ImportError:
+        return None
+    _silence_highs_banner()
+    return highspy
+
+
 def highs_threads(requested: int) -> int:
     """The thread count HiGHS runs with in this process: the first one asked for.
 

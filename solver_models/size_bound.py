@@ -57,14 +57,9 @@ HALF = 0.5
 
 
 def _highs() -> Any:
-    try:
-        import highspy
+    from solver_models.pulp_milp import highs_module
 
-        from solver_models.pulp_milp import _silence_highs_banner
-    except ImportError:
-        return None
-    _silence_highs_banner()
-    return highspy
+    return highs_module()
 
 
 def column_count(tables: CostTables) -> int:
@@ -170,11 +165,6 @@ def size_bound(tables: CostTables, upper_s: float = math.inf, deadline: float | 
         h.changeRowBounds(rank_row, -inf, float(n_ranks * m))
         h.run()
         status = h.getModelStatus()
-        if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kInfeasible, highspy.HighsModelStatus.kTimeLimit):
-            # A warm re-solve after the bound changes may end undecided; solving from scratch decides it.
-            h.clearSolver()
-            h.run()
-            status = h.getModelStatus()
         if status == highspy.HighsModelStatus.kInfeasible:
             continue  # no plan better than the incumbent with m micro-batches
         if status != highspy.HighsModelStatus.kOptimal:
