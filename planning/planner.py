@@ -33,6 +33,7 @@ from optimizer.gc_pause import collector_paused
 from optimizer.heuristic.roomy_ranks import roomy_plan
 from optimizer.heuristic.static_layout import best_static
 from optimizer.heuristic.strategies import heuristic_plan
+from optimizer.plan.aligned import align_blocks
 from optimizer.plan.evaluate import assignment_step_time, build_plan
 from optimizer.plan.plan import Assignment, Plan, SolverStats, TracePoint
 from optimizer.problem.problem import Problem
@@ -123,6 +124,7 @@ def _plan(problem: Problem, compare_static: bool, deadline: Deadline, backends: 
             strategies.update(strategy="roomiest nodes", roomiest_nodes=roomy[1])
         else:
             hint, rescued = rescue(tables, exc, backends, deadline.due - reserve_ms(tables) / 1000.0, start, clock)
+    hint = align_blocks(tables, hint)
     lap("heuristic_ms")
     eval_start = clock()
     h_time = assignment_step_time(tables, hint)
@@ -167,6 +169,7 @@ def _plan(problem: Problem, compare_static: bool, deadline: Deadline, backends: 
         # The static layout is a plan like any other: never return something slower.
         chosen = static[1]
         stats = SolverStats(**{**stats.__dict__, "details": {**stats.details, "chosen": f"static layout CP {static[0].degree}"}})
+    chosen = align_blocks(tables, chosen)
     reuse_deadline = None if deterministic else deadline.due
     reused, hint_reused = reuse_groups(tables, chosen, reuse_deadline), reuse_groups(tables, hint, reuse_deadline)
     if reused is not chosen or hint_reused is not hint:

@@ -21,7 +21,7 @@ LAYERS: dict[str, int] = {
     "solver_models": 1,  # exact backends: read cost tables, return assignments
     "planning": 2,  # orchestration: the only layer that knows the engine and the solvers
     "trainer": 5,  # applies plans on the training ranks (gets them through the client, or plans locally)
-    "bench": 5,  # benchmarks and baselines (the service benchmark drives the HTTP service)
+    "bench": 6,  # benchmarks and baselines (they drive the service, the trainer and its framework integrations)
     "jobs": 3,  # epoch planning jobs
     "api": 4,  # HTTP service, client, and the command line
 }

@@ -74,6 +74,7 @@ def size_bound(tables: CostTables, upper_s: float = math.inf, deadline: float | 
     highspy = _highs()
     if highspy is None:
         return None
+    tables = tables.for_bounds
     b = float(tables.group_constant)
     n_ranks = tables.n_ranks
     cap = float(tables.rank_capacity.max())

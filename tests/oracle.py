@@ -1,9 +1,10 @@
 """Brute-force optimum for tiny problems (<= 8 samples, <= 6 ranks), the oracle of the tests.
 
 It shares nothing with the planners but the scalar cost formula: every way to cut the ranks into
-groups (set partitions, idle ranks allowed) is enumerated, every split of the samples over those
-groups is searched by dynamic programming over sample subsets, and micro-batches are combined by a
-subset DP. Exponential; only for tests.
+groups (set partitions, idle ranks allowed; under ``degree_policy`` ``aligned`` only aligned
+blocks) is enumerated, every split of the samples over those groups is searched by dynamic
+programming over sample subsets (memory per micro-batch, or per sample under ``memory`` ``sample``),
+and micro-batches are combined by a subset DP. Exponential; only for tests.
 """
 
 from __future__ import annotations
@@ -32,9 +33,20 @@ def _degree_ok(problem: Problem, d: int) -> bool:
         return False
     if o.degree_policy == "pow2" and d & (d - 1):
         return False
+    n = problem.cluster.domain_size
+    if o.degree_policy == "aligned" and d not in (1, n) and (d & (d - 1) or 2 * d > 1 << (n.bit_length() - 1)):
+        return False  # a power of two below the domain's largest power of two, one rank, or the domain
     if problem.scheme == "ulysses" and (problem.model.llm.heads // problem.cluster.tensor_parallel) % d:
         return False
     return True
+
+
+def _block_ok(problem: Problem, block: list[int]) -> bool:
+    """Under the aligned policy a group below the domain is ranks k d .. k d + d - 1."""
+    d = len(block)
+    if problem.options.degree_policy != "aligned" or d in (1, problem.cluster.domain_size):
+        return True
+    return min(block) % d == 0 and max(block) - min(block) == d - 1
 
 
 def brute_force_optimum(problem: Problem) -> float:
@@ -66,9 +78,11 @@ def brute_force_optimum(problem: Problem) -> float:
                 prev = mask ^ low
                 times[mask] = (times[prev] if prev else profile.group_constant + profile.group_exchange_time(d, intra)) + t[i]
             tokens = [0] * (1 << n)
+            per_sample = problem.options.memory == "sample"  # samples run one at a time: the longest binds
             for mask in range(1, 1 << n):
                 low = mask & -mask
-                tokens[mask] = tokens[mask ^ low] + lengths[low.bit_length() - 1]
+                one = lengths[low.bit_length() - 1]
+                tokens[mask] = max(tokens[mask ^ low], one) if per_sample else tokens[mask ^ low] + one
             classes[key] = [times[m] if tokens[m] / d <= cap * (1 + 1e-9) else math.inf for m in range(1 << n)]
         return classes[key]
 
@@ -80,7 +94,7 @@ def brute_force_optimum(problem: Problem) -> float:
         ok = True
         for block in part:
             d = len(block)
-            if not _degree_ok(problem, d):
+            if not _degree_ok(problem, d) or not _block_ok(problem, block):
                 ok = False
                 break
             intra = len({node[r] for r in block}) == 1
@@ -92,7 +106,7 @@ def brute_force_optimum(problem: Problem) -> float:
             keys = []
             for block in part:
                 d = len(block)
-                if _degree_ok(problem, d):
+                if _degree_ok(problem, d) and _block_ok(problem, block):
                     intra = len({node[r] for r in block}) == 1
                     keys.append((d, intra, min(speed_of[r] for r in block), min(cap_of[r] for r in block)))
             if keys:

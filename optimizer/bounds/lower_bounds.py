@@ -94,6 +94,7 @@ def micro_batch_bound(tables: CostTables, rel_tol: float = 1e-5, extremes: tuple
 
 def bound_parts(tables: CostTables) -> dict[str, float]:
     """Every lower bound of the module docstring by name (the largest is the problem's bound)."""
+    tables = tables.for_bounds
     extremes = _extremes(tables)
     parts = {"area": area_bound(tables, extremes=extremes)}
     if tables.group_constant > 0:  # without a per-micro-batch constant bound 3 is bound 2 without its memory term

@@ -26,6 +26,13 @@ from optimizer.problem.batch import Sample
 from optimizer.problem.degrees import allowed_degrees
 from optimizer.problem.problem import Problem
 
+UNFIT_S = 1e9
+"""Seconds a sample is charged on a group too small to hold it, under ``options.memory = "sample"``
+(each sample alone must fit: its length over the group's size within a rank's capacity). There the
+tables' per-rank capacity does not bind (a rank runs its samples one after another), so this charge
+is what keeps a sample off the sizes it does not fit: every planner minimises time, none keeps such
+a placement, and the verifier, which checks the memory rule itself, refuses any plan that did."""
+
 
 def vision_work(profile: CostProfile, sample: Sample) -> float:
     """Vision-encoder seconds of one sample on one rank (before splitting over the group)."""
@@ -85,9 +92,10 @@ class CostTables:
     degrees: np.ndarray  # int64 [D], ascending, allowed group sizes
     rank_node: np.ndarray  # int64 [N]
     rank_speed: np.ndarray  # float64 [N]
-    rank_capacity: np.ndarray  # float64 [N], tokens per rank per micro-batch
+    rank_capacity: np.ndarray  # float64 [N], tokens a rank holds in one micro-batch (unbounded under the sample rule)
     node_ranges: tuple[tuple[int, int], ...]
     group_constant: float
+    sample_capacity: np.ndarray  # float64 [N], tokens of one sample a rank holds (its capacity)
 
     @classmethod
     def build(cls, problem: Problem) -> CostTables:
@@ -125,6 +133,12 @@ class CostTables:
                 if uniform else
                 "add ranks of the roomiest GPU type, raise options.max_degree, enable recomputation, or shorten the sample.",
             )
+        sample_capacity = rank_capacity
+        if problem.options.memory == "sample":
+            # A rank runs its samples one after another and holds one at a time: the tokens of a
+            # micro-batch never bind (the batch's whole token count stands for "unbounded"), and each
+            # sample keeps to the sizes it fits alone through UNFIT_S in the time matrices.
+            rank_capacity = np.full_like(rank_capacity, max(float(lengths.sum()) + 1.0, best_capacity))
         return cls(
             problem=problem,
             profile=profile,
@@ -136,6 +150,7 @@ class CostTables:
             rank_capacity=rank_capacity,
             node_ranges=cluster.node_rank_ranges,
             group_constant=profile.group_constant,
+            sample_capacity=sample_capacity,
         )
 
     def subset(self, rows: np.ndarray, **options: Any) -> CostTables:
@@ -155,6 +170,19 @@ class CostTables:
         out = replace(self, problem=problem, lengths=self.lengths[rows], vision=self.vision[rows])
         out._matrices.update({key: m[rows] for key, m in self._matrices.items()})
         return out
+
+    @cached_property
+    def for_bounds(self) -> CostTables:
+        """The tables lower bounds read: these, except under the sample rule on ranks of different
+        capacities, where a sample is charged UNFIT_S only on the sizes that cannot hold it even at
+        the roomiest rank's capacity (a plan may put it on roomy ranks; planners judge fit at the
+        smallest capacity, which every rank has)."""
+        cap = self.sample_capacity
+        if self.problem.options.memory != "sample" or float(cap.min()) == float(cap.max()):
+            return self
+        from dataclasses import replace
+
+        return replace(self, sample_capacity=np.full_like(cap, float(cap.max())))
 
     # -- sizes --------------------------------------------------------------------------------
     @property
@@ -201,6 +229,10 @@ class CostTables:
         pad_unit = (2 if p.scheme == "ring" else 1) if p.padded_bytes else 0
         fill_time_matrix(self.lengths, self.vision, d, share, bw, latency, float(p.quadratic), float(p.linear), float(p.sample_constant),
                          float(p.bytes_per_token), float(speed), bool(p.overlap_with_attention), float(p.sample_step), pad_unit, out)
+        if self.problem.options.memory == "sample":
+            # Sizes below the first that holds the sample alone, at the capacity every rank has.
+            fits = np.searchsorted(float(self.sample_capacity.min()) * self.degrees, self.lengths, side="left")
+            out[np.arange(d.shape[0])[None, :] < fits[:, None]] = UNFIT_S
         return out
 
     # -- per-group constants ------------------------------------------------------------------
@@ -260,8 +292,9 @@ class CostTables:
 
     @cached_property
     def min_degree_index(self) -> np.ndarray:
-        """[n] index into ``degrees`` of the smallest size on which each sample fits in memory."""
-        cap = float(self.rank_capacity.max())
+        """[n] index into ``degrees`` of the smallest size on which each sample fits in memory (alone, at
+        the roomiest rank's capacity: no plan puts it on a smaller group under either memory rule)."""
+        cap = float(self.sample_capacity.max())
         # The first size with lengths <= cap * size; 0 where none fits (build refuses such batches).
         first = np.searchsorted(cap * self.degrees, self.lengths, side="left")
         return np.where(first < len(self.degrees), first, 0)

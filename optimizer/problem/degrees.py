@@ -4,6 +4,13 @@ A size d is allowed when it is at most the domain (and at most ``options.max_deg
 caller sets one), a power of two under ``degree_policy = "pow2"``, a divisor of the attention heads
 per rank under Ulysses, and, with ``group_reuse = "only"``, the size of an existing group (or 1).
 
+Under ``degree_policy = "aligned"`` the rank sets themselves are fixed: the sizes are 1, the powers
+of two from 2 to ``2^(floor(log2 N) - 1)`` (N/2 on a power-of-two domain of N ranks) and N itself,
+and a group of size d < N holds the ranks ``k d .. k d + d - 1`` for some k (:func:`rank_set_problem`).
+These are the process groups Megatron-Core creates for hybrid context parallelism
+(``parallel_state.create_hybrid_dp_cp_groups``: aligned blocks of every power of two from 2 below
+the domain's largest power of two, the whole data x context-parallel group, and a rank alone).
+
 On large domains every size would make the cost tables (samples x sizes) too big to plan in
 milliseconds, so the sizes are all integers up to :data:`DENSE_SIZES` and, above it, a ladder: whole
 multiples of the node size growing by at most :data:`LADDER_STEP` from one to the next, and always
@@ -15,6 +22,7 @@ so a bound holds for every plan the verifier accepts.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -54,10 +62,18 @@ def _ladder(top: int, node: int) -> tuple[int, ...]:
     return (*sizes, top)
 
 
+def aligned_sizes(n: int) -> list[int]:
+    """The sizes of the aligned blocks of a domain of ``n`` ranks, ascending (see the module docstring)."""
+    below = [1 << k for k in range(1, n.bit_length() - 1)]
+    return [1, *below, n] if n > 1 else [1]
+
+
 def allowed_degrees(problem: Problem) -> list[int]:
     """Every allowed group size, ascending (see the module docstring)."""
     top = largest_size(problem)
-    if problem.options.degree_policy == "pow2":
+    if problem.options.degree_policy == "aligned":
+        sizes = [d for d in aligned_sizes(problem.cluster.domain_size) if d <= top]
+    elif problem.options.degree_policy == "pow2":
         sizes = [1 << k for k in range(top.bit_length()) if (1 << k) <= top]
     elif top <= DENSE_SIZES:
         sizes = list(range(1, top + 1))
@@ -82,10 +98,24 @@ def size_problem(problem: Problem, d: int) -> str | None:
         return f"size {d} exceeds options.max_degree {opts.max_degree}"
     if opts.degree_policy == "pow2" and d & (d - 1):
         return f"size {d} is not a power of two"
+    if opts.degree_policy == "aligned" and d not in aligned_sizes(n):
+        return f"size {d} is not an aligned block size of the {n}-rank domain (1, powers of two up to {aligned_sizes(n)[-2]}, or {n})"
     if problem.scheme == "ulysses":
         heads = problem.model.llm.heads // problem.cluster.tensor_parallel
         if heads % d:
             return f"size {d} does not divide the {heads} attention heads per rank (Ulysses)"
-    if opts.degree_policy != "pow2" and d > DENSE_SIZES and d not in _ladder(largest_size(problem), _node_size(problem)):
+    if opts.degree_policy == "any" and d > DENSE_SIZES and d not in _ladder(largest_size(problem), _node_size(problem)):
         return f"size {d} is not one of the sizes planned above {DENSE_SIZES} ranks (multiples of the node size, see optimizer.problem.degrees)"
+    return None
+
+
+def rank_set_problem(problem: Problem, ranks: Sequence[int]) -> str | None:
+    """Why the rank set ``ranks`` (of an allowed size) is not allowed, or None when it is: under
+    ``degree_policy = "aligned"`` a group smaller than the domain must be an aligned block."""
+    d = len(ranks)
+    if problem.options.degree_policy != "aligned" or d == 1 or d == problem.cluster.domain_size:
+        return None
+    low = min(ranks)
+    if low % d or max(ranks) - low != d - 1:
+        return f"ranks {low}..{max(ranks)} are not an aligned block of {d} (a group of {d} ranks starts at a multiple of {d} and is contiguous)"
     return None

@@ -8,7 +8,8 @@ from typing import Any
 
 from optimizer.errors import ProblemError
 
-DEGREE_POLICIES = ("any", "pow2")
+DEGREE_POLICIES = ("any", "pow2", "aligned")
+MEMORY_RULES = ("micro_batch", "sample")
 CP_SCHEMES = ("ring", "ulysses")
 BACKENDS = ("auto", "heuristic", "cpsat", "highs", "cbc")
 GROUP_REUSE = ("prefer", "only", "ignore")
@@ -65,7 +66,14 @@ class PlanOptions:
     """Validated planner options; each field's metadata is its :class:`OptionSpec`."""
 
     degree_policy: str = _option("any", kind="str", choices=DEGREE_POLICIES, flag="--degree-policy",
-                                 help="group sizes: any integer or powers of two", hint="use 'any' for any group size or 'pow2' for powers of two.")
+                                 help="group sizes: any integer, powers of two, or aligned (powers of two up to half the domain on blocks "
+                                      "that start at a multiple of their size, or the whole domain: the groups Megatron-Core creates)",
+                                 hint="use 'any' for any group size, 'pow2' for powers of two, 'aligned' for Megatron-Core's hybrid CP groups.")
+    memory: str = _option("micro_batch", kind="str", choices=MEMORY_RULES, flag="--memory",
+                          help="what a rank's memory holds at once: the tokens of all its group's samples in a micro-batch (they run packed, "
+                               "in one forward and backward), or one sample (each sample runs its own forward and backward, one after "
+                               "another, as Megatron-Core's hybrid context parallel runs sub-samples)",
+                          hint="use 'micro_batch' for packed micro-batches or 'sample' when samples run one at a time.")
     max_degree: int | None = _option(None, kind="int", low=1, flag="--max-degree",
                                      help="largest group size (default: the whole domain)", hint="give the largest group size, or leave it out.")
     max_micro_batches: int | None = _option(None, kind="int", low=1, high=MICRO_BATCH_CEILING, flag="--max-micro-batches",

@@ -7,7 +7,9 @@ This module recomputes every time from the profile with the scalar formula
 1. every sample of the batch appears exactly once, and no unknown sample appears;
 2. ranks are in range, distinct within a group and disjoint between the groups of a micro-batch;
 3. group sizes obey the degree rules (policy, maximum, Ulysses head divisibility);
-4. memory: a group's tokens divided by its size fit the smallest capacity among its ranks;
+4. memory: a group's tokens divided by its size fit the smallest capacity among its ranks (under
+   ``options.memory = "sample"`` its longest sample's tokens: samples run one at a time); under
+   ``degree_policy = "aligned"`` every group is one of the aligned blocks;
 5. at most ``max_micro_batches`` micro-batches;
 6. predicted group, micro-batch and step times match the recomputed ones (the step: the sum of the
    micro-batches plus the profile's per-step constant ``time.step_constant``);
@@ -33,7 +35,7 @@ import numpy as np
 
 from optimizer.errors import VerificationError
 from optimizer.plan.plan import Assignment, Plan
-from optimizer.problem.degrees import size_problem
+from optimizer.problem.degrees import rank_set_problem, size_problem
 from optimizer.problem.problem import Problem
 from optimizer.verify.verify_kernels import recompute_groups, vision_seconds
 
@@ -147,6 +149,7 @@ class _Facts:
                               profile.messages_per_step, profile.latency(False), profile.latency(True), profile.sample_step,
                               profile.group_messages_per_step, profile.group_messages_fixed], dtype=np.float64)
         self.pad_unit = (2 if profile.scheme == "ring" else 1) if profile.padded_bytes else 0
+        self.per_sample = problem.options.memory == "sample"
 
     def recompute(self, flat: _Flat) -> _Recomputed:
         """Every group of ``flat`` recomputed from the profile (see :func:`optimizer.verify.verify_kernels.recompute_groups`)."""
@@ -160,7 +163,7 @@ class _Facts:
         step, repeats = recompute_groups(flat.ranks, flat.rank_start, flat.samples, flat.sample_start, flat.mb_start,
                                          self.rank_node, self.rank_speed, self.rank_capacity, self.lengths, self.vision,
                                          self.coef, self.profile.scheme == "ring", bool(self.profile.overlap_with_attention), bandwidth,
-                                         self.pad_unit, seconds, per_rank, capacity, intra)
+                                         self.pad_unit, self.per_sample, seconds, per_rank, capacity, intra)
         return _Recomputed(float(step), int(repeats), seconds, per_rank, capacity, intra)
 
 
@@ -184,10 +187,22 @@ def _clean(problem: Problem, flat: _Flat, rec: _Recomputed) -> bool:
         return False
     if any(size_problem(problem, d) for d in np.unique(sizes).tolist()):
         return False
+    if problem.options.degree_policy == "aligned" and len(sizes) and not _aligned(flat, sizes, n_ranks):
+        return False
     s = flat.samples
     if len(s) != n_samples or s.min() < 0 or s.max() >= n_samples or np.bincount(s, minlength=n_samples).min() != 1:
         return False
     return not np.any(rec.per_rank > rec.capacity * (1 + REL_TOL))
+
+
+def _aligned(flat: _Flat, sizes: np.ndarray, n_ranks: int) -> bool:
+    """Whether every group smaller than the domain is an aligned block (ranks are in range and
+    distinct within a group when this is asked, so contiguity is max - min = size - 1)."""
+    starts = flat.rank_start[:-1]
+    low = np.minimum.reduceat(flat.ranks, starts)
+    high = np.maximum.reduceat(flat.ranks, starts)
+    block = (sizes == 1) | (sizes == n_ranks) | ((low % sizes == 0) & (high - low == sizes - 1))
+    return bool(block.all())
 
 
 def _violations(problem: Problem, groups: Groups, rec: _Recomputed) -> list[str]:
@@ -217,7 +232,7 @@ def _violations(problem: Problem, groups: Groups, rec: _Recomputed) -> list[str]
             if overlap:
                 out.append(f"{where}: ranks {sorted(overlap)[:5]} already used in this micro-batch")
             used.update(ranks)
-            why = size_problem(problem, len(ranks))
+            why = size_problem(problem, len(ranks)) or rank_set_problem(problem, ranks)
             if why:
                 out.append(f"{where}: {why}")
             for i in sample_indices:
@@ -227,7 +242,8 @@ def _violations(problem: Problem, groups: Groups, rec: _Recomputed) -> list[str]
                     out.append(f"{where}: unknown sample index {i}")
             per_rank, capacity = float(rec.per_rank[g]), float(rec.capacity[g])
             if per_rank > capacity * (1 + REL_TOL):
-                out.append(f"{where}: {per_rank:.0f} tokens per rank exceed the capacity of {capacity:.0f}")
+                whose = "its longest sample's " if problem.options.memory == "sample" else ""
+                out.append(f"{where}: {whose}{per_rank:.0f} tokens per rank exceed the capacity of {capacity:.0f}")
     ids = problem.batch.samples
     missing = [ids[i].id for i, c in enumerate(seen) if c == 0]
     twice = [ids[i].id for i, c in enumerate(seen) if c > 1]

@@ -10,7 +10,8 @@ sample indices, and ``mb_start`` the first group of each micro-batch.
 ``coef`` holds the profile's numbers: quadratic, linear, sample_constant, group_constant,
 bytes_per_token, messages_per_step, inter-node latency, intra-node latency, sample_step, and the
 group messages per ring step and fixed (indices below); ``pad_unit`` > 0 sends the bytes of each
-sample padded to a multiple of ``pad_unit`` times the group size.
+sample padded to a multiple of ``pad_unit`` times the group size; ``per_sample`` makes a group's
+tokens per rank those of its longest sample (memory per sample) instead of all its samples'.
 ``bandwidth[1, d]`` is the intra-node bandwidth of a group of size d and ``bandwidth[0, d]`` the
 inter-node one, read from the profile for the sizes in the plan.
 """
@@ -62,7 +63,7 @@ def sample_seconds(length: int, vision: float, d: int, intra: bool, speed: float
 @compiled
 def recompute_groups(ranks: np.ndarray, rank_start: np.ndarray, samples: np.ndarray, sample_start: np.ndarray, mb_start: np.ndarray,
                      rank_node: np.ndarray, rank_speed: np.ndarray, rank_capacity: np.ndarray, lengths: np.ndarray, vision: np.ndarray,
-                     coef: np.ndarray, ring: bool, overlap: bool, bandwidth: np.ndarray, pad_unit: int,
+                     coef: np.ndarray, ring: bool, overlap: bool, bandwidth: np.ndarray, pad_unit: int, per_sample: bool,
                      seconds: np.ndarray, per_rank: np.ndarray, capacity: np.ndarray, intra: np.ndarray) -> tuple[float, int]:
     """Every group's seconds, tokens per rank, smallest capacity and span, into the output arrays.
 
@@ -114,7 +115,7 @@ def recompute_groups(ranks: np.ndarray, rank_start: np.ndarray, samples: np.ndar
                 i = samples[j]
                 if 0 <= i < n_samples:
                     total += sample_seconds(lengths[i], vision[i], d, same_node, speed, coef, ring, overlap, bandwidth, pad_unit)
-                    tokens += lengths[i]
+                    tokens = max(tokens, lengths[i]) if per_sample else tokens + lengths[i]
                     counted += 1
             if counted == 0:
                 total = 0.0
