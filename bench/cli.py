@@ -8,6 +8,10 @@ Writes ``results.json``, ``report.md`` and PNG plots into ``--out`` (``scaling.j
 workloads x 3 seeds x 64 and 256 ranks x 512 samples x five profiles, printing a table per case and
 the summary lines; with ``--quick`` one small case (the CI test runs it). ``--profiles`` runs any
 grid under zoo profiles or profile files (``analytical`` is the default).
+
+``--suite megatron`` runs dhp as Megatron-Core's scheduler against Megatron-Core's own
+(:mod:`bench.versus_megatron`; needs megatron-core): five workloads x 3 seeds x 64 and 256 ranks x
+512 samples x three profiles, under Megatron's rules; with ``--quick`` one small case.
 """
 
 from __future__ import annotations
@@ -51,8 +55,9 @@ def register(subparsers: Any) -> None:
     b.add_argument("--seeds", type=int, help="seeded batches per cell (default 3)")
     b.add_argument("--repeats", type=int, help="timed calls per batch after the warm-up (default 3)")
     b.add_argument("--budget-ms", type=float, help="budget of the exact backend and of the bucket MILP (default 1000)")
-    b.add_argument("--suite", choices=["baselines", "flexsp"], default="baselines",
-                   help="baselines: every planner on the workload grid (default); flexsp: dhp against the real FlexSP solver (see above)")
+    b.add_argument("--suite", choices=["baselines", "flexsp", "megatron"], default="baselines",
+                   help="baselines: every planner on the workload grid (default); flexsp: dhp against the real "
+                        "FlexSP solver; megatron: dhp against Megatron-Core's scheduler (see above)")
     b.add_argument("--profiles", type=_csv, help="comma-separated cost profiles: analytical, zoo names (dhp presets) or profile files (.json)")
     b.add_argument("--samples", type=_csv_ints, help="batch sizes in samples (replace --samples-per-rank)")
     b.add_argument("--flexsp-src", help="folder holding FlexSP's galvatron/flexsp_solver (default ../shared/peers/flexsp beside the repository)")
@@ -80,11 +85,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from bench.flexsp_real import FlexSPSettings, require
 
     out = Path(args.out)
-    from bench import versus
+    from bench import versus, versus_megatron
 
     suite = getattr(args, "suite", "baselines")
     if suite == "flexsp":
         kwargs: dict[str, Any] = dict(versus.QUICK if args.quick else versus.FULL)
+    elif suite == "megatron":
+        kwargs = dict(versus_megatron.QUICK if args.quick else versus_megatron.FULL)
     else:
         kwargs = dict(QUICK) if args.quick else {}
     for key in ("workloads", "ranks", "samples_per_rank", "samples", "max_samples", "seeds", "repeats", "budget_ms", "planners", "profiles"):
@@ -109,8 +116,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                       cache=args.flexsp_cache)
     if "flexsp" in kwargs.get("planners", ()) and not args.scaling_only:
         require(kwargs["flexsp"])
+    if suite == "megatron" and "megatron" in kwargs["planners"] and not args.scaling_only:
+        from bench.baselines.megatron_real import INSTALL_HINT, available
+
+        if not available():
+            raise ProblemError("the megatron suite needs megatron-core, which is not installed", field="--suite",
+                               hint=INSTALL_HINT + ".")
     out.mkdir(parents=True, exist_ok=True)
-    if not args.scaling_only and suite == "flexsp":
+    if not args.scaling_only and suite == "megatron":
+        spec = GridSpec(**kwargs)
+        with tqdm(total=total_steps(spec), desc="bench megatron", unit="plan", file=sys.stderr,
+                  dynamic_ncols=True) as bar:
+            doc = run_grid(spec, progress=bar.update)
+        _, lines = versus_megatron.write(doc, out, command)
+        print("\n".join(lines))
+        print(f"wrote {out / 'results.json'}, {out / 'report.md'} and plots")
+    elif not args.scaling_only and suite == "flexsp":
         spec = GridSpec(**kwargs)
         with tqdm(total=total_steps(spec), desc="bench flexsp", unit="plan", file=sys.stderr, dynamic_ncols=True) as bar:
             doc = run_grid(spec, progress=bar.update)

@@ -8,8 +8,10 @@ invalid and never counted). Recorded per planner and batch: predicted step time,
 static at its best, ratio to the best lower bound proven (:func:`best_bound`), planning wall times (one
 warm-up call on the cell's first batch, then ``repeats`` timed calls per batch) and peak Python
 memory of one extra call under :mod:`tracemalloc` (kept apart so tracing does not slow the timed
-calls). The real FlexSP solver (planner ``flexsp``) is called once per batch, without warm-up or
-memory tracing: one call takes seconds to minutes.
+calls). The real FlexSP solver and Megatron-Core's scheduler (planners of :data:`CALLED_ONCE`) are
+called once per batch, without warm-up or memory tracing: a FlexSP call takes seconds to minutes,
+and Megatron's pure-Python scheduler takes seconds per call on thousands of ranks, where the
+grid's repeats would multiply that.
 
 Profiles (``--profiles``): ``analytical`` is the analytical profile of the bench's model on the
 bench's cluster (the default); any other name is a profile of the zoo (:func:`optimizer.presets.load_profile`)
@@ -19,6 +21,15 @@ power-of-two group size divides them (FlexSP places no head limit on its sizes).
 ``speed_by_gpu`` gets a mixed cluster: the first half of the nodes H100, the second half the first GPU
 type the profile lists. With ``flexsp`` among the planners, groups may span the whole domain
 (``max_degree`` = ranks) as FlexSP's may; the bound is taken under that rule.
+
+Rules (:func:`bench.planners.rules_of`): a planner of a runtime's rules (Megatron-Core's:
+``megatron``, ``dhp-megatron``, ``static-best-megatron``) gets the batch's problem under those rules
+(:func:`bench.planners.under_rules`), is verified and scored under them, and its ratio to the bound is
+to the best bound proven under them (one per rules and batch). Every record names its ``rules``. A
+batch the rules' problem cannot hold is infeasible for those planners only. A planner that times its
+own call (a scheduler's call inside the conversion around it, ``Outcome.wall_ms``) has that as its
+wall time, and the whole call in ``call_ms``. The speedup over static at its best is against the
+``static-best`` record for every planner: the static mesh as it runs.
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bench.flexsp_real import FlexSPSettings
-from bench.planners import PLANNERS, Outcome, default_planners, planner_for
+from bench.planners import NAMES, Outcome, Planner, default_planners, planner_for, rules_of, under_rules
 from bench.workloads import Workload, get_workload
 from optimizer.bounds.lower_bounds import lower_bound
 from optimizer.costs.tables import CostTables
@@ -42,6 +53,8 @@ from optimizer.problem.problem import Problem
 from optimizer.verify.verifier import check_assignment
 
 GPUS_PER_NODE = 8
+CALLED_ONCE = ("flexsp", "megatron")
+"""Planners called once per batch (see the module docstring)."""
 MODEL_PRESET = "qwen2-vl-7b"
 MAX_MICRO_BATCHES = 16
 """Most micro-batches per step for every planner: above the engine's default of 8 so that a static
@@ -79,9 +92,9 @@ class GridSpec:
         for r in self.ranks:
             if r < 1 or (r > GPUS_PER_NODE and r % GPUS_PER_NODE):
                 raise ProblemError(f"{r} ranks is not a whole number of {GPUS_PER_NODE}-GPU nodes", field="--ranks", hint=f"use 1..{GPUS_PER_NODE} or a multiple of {GPUS_PER_NODE}.")
-        unknown = [p for p in self.planners if p not in PLANNERS]
+        unknown = [p for p in self.planners if p not in NAMES]
         if unknown:
-            raise ProblemError(f"unknown planner(s) {unknown}", field="--planners", hint=f"use some of {list(PLANNERS)}.")
+            raise ProblemError(f"unknown planner(s) {unknown}", field="--planners", hint=f"use some of {list(NAMES)}.")
         if self.seeds < 1 or self.repeats < 1:
             raise ProblemError("seeds and repeats must be >= 1", field="--seeds", hint="e.g. --seeds 3 --repeats 3.")
 
@@ -134,8 +147,11 @@ def model_doc(ranks: int, profile: dict[str, Any] | None) -> dict[str, Any]:
     return doc
 
 
-def make_problem(workload: Workload, ranks: int, n: int, seed: int, budget_ms: float, profile: dict[str, Any] | None = None,
-                 max_micro_batches: int = MAX_MICRO_BATCHES, whole_domain_groups: bool = False) -> Problem:
+def make_request(workload: Workload, ranks: int, n: int, seed: int, budget_ms: float,
+                 profile: dict[str, Any] | None = None, max_micro_batches: int = MAX_MICRO_BATCHES,
+                 whole_domain_groups: bool = False) -> dict[str, Any]:
+    """The request document of one seeded batch of ``workload`` on ``ranks`` GPUs: batch, cluster, options, and
+    the bench's model (its preset name under the analytical profile, ``profile`` None) with the profile."""
     options: dict[str, Any] = {"time_budget_ms": budget_ms, "solver_workers": 1, "max_micro_batches": max_micro_batches}
     if whole_domain_groups:
         options["max_degree"] = ranks
@@ -145,6 +161,14 @@ def make_problem(workload: Workload, ranks: int, n: int, seed: int, budget_ms: f
     else:
         doc["model"] = model_doc(ranks, profile)
         doc["profile"] = profile
+    return doc
+
+
+def make_problem(workload: Workload, ranks: int, n: int, seed: int, budget_ms: float,
+                 profile: dict[str, Any] | None = None, max_micro_batches: int = MAX_MICRO_BATCHES,
+                 whole_domain_groups: bool = False) -> Problem:
+    """The problem of :func:`make_request`'s document."""
+    doc = make_request(workload, ranks, n, seed, budget_ms, profile, max_micro_batches, whole_domain_groups)
     return problem_from_json(doc)
 
 
@@ -190,40 +214,80 @@ def best_bound(tables: CostTables) -> tuple[float, str]:
     return (lp, "group_sizes") if lp is not None and lp > bound else (bound, "engine")
 
 
+@dataclass(frozen=True)
+class RulesCase:
+    """One batch under one set of rules: its problem, cost tables and the best bound proven for them."""
+
+    problem: Problem
+    tables: CostTables
+    bound: float
+    bound_source: str
+
+
+def rules_case(problem: Problem, rules: str) -> RulesCase:
+    """The batch of ``problem`` under ``rules``; PlannerError when those rules cannot hold it."""
+    under = under_rules(problem, rules)
+    tables = CostTables.build(under)
+    bound, source = best_bound(tables)
+    return RulesCase(under, tables, bound, source)
+
+
 def run_cell(spec: GridSpec, workload_name: str, ranks: int, n: int, tick: Callable[[], None] = lambda: None,
              profile: str = ANALYTICAL) -> Iterator[dict[str, Any]]:
-    """Records (one per planner and batch) of one cell; an infeasible batch gives one record per planner saying so."""
+    """Records (one per planner and batch) of one cell; a batch infeasible under a planner's rules gives a record
+    saying so."""
     workload = get_workload(workload_name)
     profile_doc = resolve_profile(profile)
+    planners: dict[str, Planner] = {}  # made once per cell, from its first request (cluster, model, profile)
     for seed in range(spec.seeds):
         base = {"workload": workload.name, "ranks": ranks, "samples": n, "seed": seed, "profile": profile}
+        request = make_request(workload, ranks, n, seed, spec.budget_ms, profile_doc, spec.max_micro_batches,
+                               "flexsp" in spec.planners)
+        cases: dict[str, RulesCase | str] = {}
         try:
-            problem = make_problem(workload, ranks, n, seed, spec.budget_ms, profile_doc, spec.max_micro_batches, "flexsp" in spec.planners)
-            tables = CostTables.build(problem)
+            problem = problem_from_json(request)
         except PlannerError as exc:
             for name in spec.planners:
                 tick()
-                yield {**base, "planner": name, "status": "infeasible", "note": str(exc)}
+                yield {**base, "planner": name, "rules": rules_of(name), "status": "infeasible", "note": str(exc)}
             continue
-        bound, bound_source = best_bound(tables)
         steps: dict[str, float] = {}
-        rows = []
+        rows: list[dict[str, Any]] = []
         for name in spec.planners:
-            planner = planner_for(name, spec.flexsp)
-            once = name == "flexsp"  # minutes per call: no warm-up, no repeats, no traced call
+            rules = rules_of(name)
+            if rules not in cases:
+                try:
+                    cases[rules] = rules_case(problem, rules)
+                except PlannerError as exc:
+                    cases[rules] = str(exc)
+            case = cases[rules]
+            if isinstance(case, str):
+                rows.append({**base, "planner": name, "rules": rules, "status": "infeasible", "note": case})
+                tick()
+                continue
+            if name not in planners:
+                planners[name] = planner_for(name, spec.flexsp, request)
+            once = name in CALLED_ONCE  # no warm-up, no repeats, no traced call
 
-            def call(planner=planner, problem=problem) -> Outcome:
+            def call(planner=planners[name], problem=case.problem) -> Outcome:
                 return planner(problem, workload)
 
             if seed == 0 and not once:
                 _timed(call)  # warm-up
-            walls = []
+            walls: list[float] = []
+            calls: list[float] = []
             out: Outcome | None = None
             error = None
             for _ in range(1 if once else spec.repeats):
                 out, ms, error = _timed(call)
-                walls.append(ms)
-            row: dict[str, Any] = {**base, "planner": name, "wall_ms": walls, "lower_bound_s": bound, "bound_source": bound_source}
+                own = out.wall_ms if out is not None else None
+                walls.append(ms if own is None else own)
+                if own is not None:
+                    calls.append(ms)
+            row: dict[str, Any] = {**base, "planner": name, "rules": rules, "wall_ms": walls,
+                                   "lower_bound_s": case.bound, "bound_source": case.bound_source}
+            if calls:
+                row["call_ms"] = calls
             if spec.memory and seed == 0 and not once:
                 row["peak_mb"] = _peak_mb(call)
             if error is not None or out is None:
@@ -233,11 +297,13 @@ def run_cell(spec: GridSpec, workload_name: str, ranks: int, n: int, tick: Calla
             elif out.assignment is None:
                 row.update(status="no-plan", note=out.note, details=out.details)
             else:
-                report = check_assignment(problem, out.assignment)
-                step = assignment_step_time(tables, out.assignment)
+                report = check_assignment(case.problem, out.assignment)
+                step = assignment_step_time(case.tables, out.assignment)
                 row.update(details=out.details, note=out.note, micro_batches=len(out.assignment.micro_batches))
                 if report.ok:
-                    row.update(status="ok", step_time_s=step, ratio_to_bound=step / bound if bound > 0 else 1.0, verified_step_time_s=report.step_time_s)
+                    ratio = step / case.bound if case.bound > 0 else 1.0
+                    row.update(status="ok", step_time_s=step, ratio_to_bound=ratio,
+                               verified_step_time_s=report.step_time_s)
                     steps[name] = step
                 else:
                     row.update(status="invalid", step_time_s=step, note="; ".join(report.violations[:3]))

@@ -15,7 +15,7 @@ from optimizer.errors import ProblemError
 from optimizer.problem.documents import batch_from_json
 
 TINY = dict(workloads=("video", "image-sft"), ranks=(8, 16), samples_per_rank=(2,), seeds=1, repeats=1, budget_ms=100.0,
-            planners=("static-deployed", "static-best", "megatron-dcp", "bucket-milp", "dhp-heuristic"))
+            planners=("static-deployed", "static-best", "bucket-milp", "dhp-heuristic"))
 
 
 def test_generated_batches_respect_the_workload_longest_allowed_sample():
@@ -96,7 +96,8 @@ def test_fit_exponent_recovers_a_power_law():
 def test_dhp_bench_writes_json_markdown_and_plots(tmp_path, capsys):
     out = tmp_path / "res"
     code = main(["bench", "--out", str(out), "--workloads", "video", "--ranks", "8", "--samples-per-rank", "2", "--seeds", "1",
-                 "--repeats", "1", "--budget-ms", "100", "--planners", "static-deployed,static-best,megatron-dcp,dhp-heuristic"])
+                 "--repeats", "1", "--budget-ms", "100",
+                 "--planners", "static-deployed,static-best,static-best-megatron,dhp-heuristic"])
     assert code == 0
     for name in ("results.json", "report.md", "speedup.png", "ratio_to_bound.png", "planning_time.png"):
         assert (out / name).stat().st_size > 0, name
@@ -104,6 +105,8 @@ def test_dhp_bench_writes_json_markdown_and_plots(tmp_path, capsys):
     assert doc["summary"]["per_workload"]["video"]["dhp-heuristic"]["valid"] == 1
     report = (out / "report.md").read_text()
     assert "Median speedup over static at its best" in report and "dhp bench" in report
+    assert "Under Megatron-Core's rules (static at its best (Megatron's rules)): planned, verified and scored" in report
+    assert {r["rules"] for r in doc["records"]} == {"default", "megatron"}
 
 
 def test_dhp_bench_rejects_bad_flags(tmp_path, capsys):
