@@ -198,3 +198,19 @@ def test_build_plan_charges_each_group_its_own_constant():
     assert not spanning.intra_node
     assert spanning.predicted_time_s == pytest.approx(tables.group_time([0, 1], (0, 2)), rel=1e-12)
     assert verify(result, problem).ok
+
+
+def test_fixed_messages_per_sample():
+    """``comm.messages_fixed``: each sample on a group of two or more ranks exchanges that many messages more."""
+    doc = {**TRAINER, "comm": {**TRAINER["comm"], "messages_fixed": 3}}
+    p, q = profile_from_json(doc), profile_from_json(TRAINER)
+    for d, intra, latency in ((2, True, 1e-4), (3, False, 1e-3)):
+        assert sample_time(p, 100, 0.0, d, intra) - sample_time(q, 100, 0.0, d, intra) == pytest.approx(3 * latency, rel=1e-9)
+    assert sample_time(p, 100, 0.0, 1, True) == sample_time(q, 100, 0.0, 1, True)  # no ring on one rank
+    assert profile_from_json(p.to_json()) == p and p.to_json()["comm"]["messages_fixed"] == 3
+    problem = _problem(doc, [100, 40, 7, 500], nodes=2, per_node=2)
+    tables = CostTables.build(problem)
+    assert group_time(problem, (1, 2), (0, 1))[0] == pytest.approx(tables.group_time([0, 1], (1, 2)), rel=1e-12)  # the verifier agrees
+    with pytest.raises(ProblemError) as info:
+        profile_from_json({**TRAINER, "comm": {**TRAINER["comm"], "messages_fixed": -1}})
+    assert info.value.field == "profile.comm.messages_fixed"

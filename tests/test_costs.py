@@ -109,7 +109,7 @@ def _numpy_matrix(tables: CostTables, intra: bool, speed: float) -> np.ndarray:
     share = (d - 1) / d if p.scheme == "ring" else 1.0 / d
     unit = (2 if p.scheme == "ring" else 1) * tables.degrees[None, :]
     sent = (-(-tables.lengths[:, None] // unit) * unit).astype(np.float64) if p.padded_bytes else L
-    comm = p.bytes_per_token * sent * share / bw + p.messages_per_step * (d - 1) * p.latency(intra)
+    comm = p.bytes_per_token * sent * share / bw + (p.messages_per_step * (d - 1) + p.messages_fixed) * p.latency(intra)
     if p.overlap_with_attention:
         comm = np.maximum(0.0, comm - attention)
     comm = np.where(d == 1, 0.0, comm)
@@ -129,7 +129,8 @@ def _table_cases():
            "options": {"cp_scheme": "ulysses", "degree_policy": "any"}}
     trainer = dict(PROFILE, time={**PROFILE["time"], "sample_step": 3e-4, "step_constant": 0.02},
                    comm={**PROFILE["comm"], "latency_s": {"intra": 3e-6, "inter": 2e-5}, "group_messages": {"per_step": 6, "fixed": 2}, "padded_bytes": True})
-    trainer_ulysses = dict(trainer, comm={**ulysses["comm"], "padded_bytes": True, "messages_per_step": 2, "latency_s": {"intra": 1e-6, "inter": 1e-5}},
+    trainer_ulysses = dict(trainer, comm={**ulysses["comm"], "padded_bytes": True, "messages_per_step": 2, "messages_fixed": 3,
+                                          "latency_s": {"intra": 1e-6, "inter": 1e-5}},
                            speed_by_gpu={"A100-80GB": 0.4})
     for profile in (overlap_off, overlap_on, ulysses, trainer, trainer_ulysses):
         yield {"batch": WORKLOADS["dynamic-res"](30, seed=4), "cluster_preset": "mixed-h100-a100", "profile": profile}

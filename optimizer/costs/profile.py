@@ -23,7 +23,9 @@ formula above):
 - ``time.vision_linear`` v1 and ``time.vision_quadratic`` v2: V = sum over the sample's images of
   v1 P + v2 P^2, P the image's visual tokens (the vision encoder's work, spread over the group).
 - ``comm.latency_s`` ``{"intra": s, "inter": s}`` and ``comm.messages_per_step`` m: adds
-  ``m (d-1) latency`` (alpha-beta model: d-1 ring steps, each m messages).
+  ``m (d-1) latency`` (alpha-beta model: d-1 ring steps, each m messages); ``comm.messages_fixed``
+  f adds ``f latency`` more to a sample on a group of d >= 2 ranks (messages a sample's own ring
+  exchanges whatever d, as when each sample runs alone).
 - ``comm.overlap_with_attention``: when true the ring transfer hides behind the attention it feeds,
   so only ``max(0, comm - a2 L^2 / d)`` is exposed.
 - ``time.sample_step`` c: each sample adds ``c (d-1)`` (divided by the speed) to a group of d >= 2
@@ -42,6 +44,13 @@ formula above):
   profile's own GPU is 1.0); compute terms are divided by the slowest speed in the group.
 - ``capacity_tokens_per_rank`` may be a table by GPU type name for mixed clusters.
 - ``source``: free text saying where the numbers come from.
+
+A trainer that runs each sample on its own (``options.memory = "sample"``: Megatron-Core's hybrid
+context parallelism runs every sub-sample's forward and backward alone, with a barrier between
+barrier groups) is described by the same terms: ``time.sample_constant`` is what one sub-sample pays
+alone (its own launch), ``time.group_constant`` what each barrier group (micro-batch) pays, and the
+ring's messages are the sample's own (``comm.messages_per_step`` and ``comm.messages_fixed``), not
+the group's (:func:`trainer.per_sample_costs.per_sample_profile` derives such a profile from a packed fit).
 """
 
 from __future__ import annotations
@@ -102,6 +111,7 @@ _NUMBER_FIELDS = {
     "vision_linear": "time.vision_linear", "vision_quadratic": "time.vision_quadratic", "sample_step": "time.sample_step",
     "step_constant": "time.step_constant", "bytes_per_token": "comm.bytes_per_token", "intra_latency": "comm.latency_s.intra",
     "inter_latency": "comm.latency_s.inter", "messages_per_step": "comm.messages_per_step",
+    "messages_fixed": "comm.messages_fixed",
     "group_messages_per_step": "comm.group_messages.per_step", "group_messages_fixed": "comm.group_messages.fixed",
 }
 """The profile's numbers that must be finite and >= 0, with their place in the JSON form."""
@@ -126,6 +136,7 @@ class CostProfile:
     intra_latency: float = 0.0
     inter_latency: float = 0.0
     messages_per_step: float = 0.0
+    messages_fixed: float = 0.0
     overlap_with_attention: bool = False
     sample_step: float = 0.0
     group_messages_per_step: float = 0.0
@@ -191,6 +202,8 @@ class CostProfile:
         }
         if self.intra_latency or self.inter_latency or self.messages_per_step:
             comm.update(latency_s={"intra": self.intra_latency, "inter": self.inter_latency}, messages_per_step=self.messages_per_step)
+        if self.messages_fixed:
+            comm["messages_fixed"] = self.messages_fixed
         if self.overlap_with_attention:
             comm["overlap_with_attention"] = True
         if self.group_messages_per_step or self.group_messages_fixed:

@@ -49,7 +49,7 @@ def sample_time(profile: CostProfile, length: int, vision: float, d: int, intra:
     bw = profile.bandwidth(d, intra)
     share = (d - 1) / d if profile.scheme == "ring" else 1.0 / d
     sent = padded_length(length, d, profile.scheme) if profile.padded_bytes else length
-    comm = profile.bytes_per_token * sent * share / bw + profile.messages_per_step * (d - 1) * profile.latency(intra)
+    comm = profile.bytes_per_token * sent * share / bw + (profile.messages_per_step * (d - 1) + profile.messages_fixed) * profile.latency(intra)
     if profile.overlap_with_attention:
         comm = max(0.0, comm - attention)
     return compute + comm
@@ -224,7 +224,7 @@ class CostTables:
         d = self.degrees.astype(np.float64)
         share = (d - 1) / d if p.scheme == "ring" else 1.0 / d
         bw = np.array([p.bandwidth(int(x), intra) for x in self.degrees], dtype=np.float64)
-        latency = p.messages_per_step * (d - 1) * p.latency(intra)
+        latency = (p.messages_per_step * (d - 1) + p.messages_fixed) * p.latency(intra)
         out = np.empty((self.n_samples, d.shape[0]))
         pad_unit = (2 if p.scheme == "ring" else 1) if p.padded_bytes else 0
         fill_time_matrix(self.lengths, self.vision, d, share, bw, latency, float(p.quadratic), float(p.linear), float(p.sample_constant),

@@ -338,7 +338,7 @@ def profile_from_json(doc: Any, where: str = "profile") -> CostProfile:
     _unknown(t, {"quadratic", "linear", "sample_constant", "group_constant", "vision_linear", "vision_quadratic", "sample_step", "step_constant"}, wt)
     c = _get(doc, "comm", where, "object")
     wc = f"{where}.comm"
-    _unknown(c, {"scheme", "bytes_per_token", "bandwidth_bytes_per_s", "latency_s", "messages_per_step", "overlap_with_attention", "group_messages", "padded_bytes"}, wc)
+    _unknown(c, {"scheme", "bytes_per_token", "bandwidth_bytes_per_s", "latency_s", "messages_per_step", "messages_fixed", "overlap_with_attention", "group_messages", "padded_bytes"}, wc)
     bw = _get(c, "bandwidth_bytes_per_s", wc, "object")
     wb = f"{wc}.bandwidth_bytes_per_s"
     _unknown(bw, {"intra", "inter"}, wb)
@@ -378,6 +378,7 @@ def profile_from_json(doc: Any, where: str = "profile") -> CostProfile:
             intra_latency=num(lat, "intra", f"{wc}.latency_s", 0.0),
             inter_latency=num(lat, "inter", f"{wc}.latency_s", 0.0),
             messages_per_step=num(c, "messages_per_step", wc, 0.0),
+            messages_fixed=num(c, "messages_fixed", wc, 0.0),
             overlap_with_attention=_get(c, "overlap_with_attention", wc, "bool", False),
             sample_step=num(t, "sample_step", wt, 0.0),
             step_constant=num(t, "step_constant", wt, 0.0),

@@ -147,7 +147,7 @@ class _Facts:
         self.rank_capacity = np.array([profile.capacity_for(nm) for nm in names], dtype=np.float64)[self.rank_node]
         self.coef = np.array([profile.quadratic, profile.linear, profile.sample_constant, profile.group_constant, profile.bytes_per_token,
                               profile.messages_per_step, profile.latency(False), profile.latency(True), profile.sample_step,
-                              profile.group_messages_per_step, profile.group_messages_fixed], dtype=np.float64)
+                              profile.group_messages_per_step, profile.group_messages_fixed, profile.messages_fixed], dtype=np.float64)
         self.pad_unit = (2 if profile.scheme == "ring" else 1) if profile.padded_bytes else 0
         self.per_sample = problem.options.memory == "sample"
 

@@ -8,8 +8,8 @@ groups concatenated, with offsets (``rank_start[g]:rank_start[g + 1]`` are group
 sample indices, and ``mb_start`` the first group of each micro-batch.
 
 ``coef`` holds the profile's numbers: quadratic, linear, sample_constant, group_constant,
-bytes_per_token, messages_per_step, inter-node latency, intra-node latency, sample_step, and the
-group messages per ring step and fixed (indices below); ``pad_unit`` > 0 sends the bytes of each
+bytes_per_token, messages_per_step, inter-node latency, intra-node latency, sample_step, the
+group messages per ring step and fixed, and the fixed messages per sample (indices below); ``pad_unit`` > 0 sends the bytes of each
 sample padded to a multiple of ``pad_unit`` times the group size; ``per_sample`` makes a group's
 tokens per rank those of its longest sample (memory per sample) instead of all its samples'.
 ``bandwidth[1, d]`` is the intra-node bandwidth of a group of size d and ``bandwidth[0, d]`` the
@@ -23,7 +23,7 @@ import numpy as np
 from optimizer.jit import compiled
 
 (QUADRATIC, LINEAR, SAMPLE_CONSTANT, GROUP_CONSTANT, BYTES_PER_TOKEN, MESSAGES_PER_STEP, INTER_LATENCY, INTRA_LATENCY,
- SAMPLE_STEP, GROUP_MESSAGES_PER_STEP, GROUP_MESSAGES_FIXED) = range(11)
+ SAMPLE_STEP, GROUP_MESSAGES_PER_STEP, GROUP_MESSAGES_FIXED, MESSAGES_FIXED) = range(12)
 
 
 @compiled
@@ -54,7 +54,7 @@ def sample_seconds(length: int, vision: float, d: int, intra: bool, speed: float
     if pad_unit > 0:
         unit = pad_unit * d
         sent = -(-length // unit) * unit
-    comm = coef[BYTES_PER_TOKEN] * sent * share / bw + coef[MESSAGES_PER_STEP] * (d - 1) * latency
+    comm = coef[BYTES_PER_TOKEN] * sent * share / bw + (coef[MESSAGES_PER_STEP] * (d - 1) + coef[MESSAGES_FIXED]) * latency
     if overlap:
         comm = max(0.0, comm - attention)
     return compute + comm
