@@ -146,7 +146,7 @@ def test_check_fit_accepts_a_good_fit():
 def test_dhp_profile_refuses_a_noisy_fit_with_exit_2(monkeypatch, capsys):
     import trainer.profiler as profiler
 
-    def noisy(model, settings, device, progress=None):
+    def noisy(model, cfg, settings, device, progress=None):
         # Times that do not follow the lengths at all: no formula explains them.
         values = [0.9, 0.1, 0.5, 0.05, 0.7, 0.02, 0.3, 0.8]
         return [Point((L,) * n, d, values[(i * 5) % 8]) for i, (L, d, n) in enumerate((L, d, n) for L in (32, 64) for d in (1, 2) for n in (1, 2))], [], 0.0
@@ -176,3 +176,26 @@ def test_cost_check_batches_are_valid_plans(procs):
         assert doc["predicted_step_time_s"] > 0
     with pytest.raises(ValueError):
         cases(3)
+
+
+def test_dhp_profile_times_the_hf_llama_that_train_hf_trains(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from trainer.profiler import ProfileSettings, build_model, comm_terms
+    from trainer.tiny_model import TinyConfig
+
+    out = tmp_path / "profile.json"
+    rc = main(["profile", "--arch", "llama", "--kv-heads", "2", "--lengths", "32,64,96", "--degrees", "1,2",
+               "--mixes", "1,2", "--repeats", "1", "--warmup", "0", "--threads", "1", "--device", "cpu", "--no-comm",
+               "--bandwidth", "1e9", "--hidden", "32", "--heads", "4", "--ffn-hidden", "64", "--short-mix", "0",
+               "--min-r2=-inf", "--max-error=inf", "--out", str(out)])
+    assert rc == 0
+    assert "llama model" in capsys.readouterr().err
+    profile = read_json_file(out, "profile")
+    assert "llama model 2x32 (4/2 heads, MLP 64)" in profile["source"]
+    cfg = TinyConfig(hidden=32, heads=4, ffn_hidden=64)
+    # Keys and values of 2 of 4 heads: half the bytes per token of full attention.
+    assert profile["comm"]["bytes_per_token"] == pytest.approx(comm_terms(cfg, torch.float32)[0] / 2)
+    model = build_model(cfg, ProfileSettings(architecture="llama", kv_heads=2, device="cpu"), torch.device("cpu"))
+    assert model.model.config.num_key_value_heads == 2 and model.model.config.intermediate_size == 64
+    with pytest.raises(ValueError, match="kv_heads"):
+        ProfileSettings(kv_heads=2)  # key/value heads belong to the llama architecture

@@ -28,24 +28,26 @@ def flat_grad(model: torch.nn.Module) -> torch.Tensor:
 
 
 def step_worker(rank: int, world_size: int, plan_doc: dict[str, Any], cfg: TinyConfig, samples: dict[str, list[int]],
-                seed: int = 0, dtype: str = "float64", steps: int = 1, warmup: int = 0) -> dict[str, Any]:
-    """One process of a planned step (see the module docstring); returns loss, gradient and seconds."""
+                seed: int = 0, dtype: str = "float64", steps: int = 1, warmup: int = 0,
+                execution: str = "packed") -> dict[str, Any]:
+    """One process of a planned step (see the module docstring), run ``packed`` or ``per-sample``
+    (:mod:`trainer.step`); returns loss, gradient and seconds."""
     model = build_model(cfg, seed, getattr(torch, dtype))
     tensors = {k: torch.tensor(v, dtype=torch.int64) for k, v in samples.items()}
     work = apply_plan(plan_doc, rank)
     pool = GroupPool()
     pool.ensure(work.communicators)
-    times, mb_times, loss, grad = [], [], 0.0, None
+    times, mb_times, loss, grad, barrier = [], [], 0.0, None, 0.0
     for i in range(warmup + steps):
         model.zero_grad(set_to_none=True)
         torch.distributed.barrier()
-        result = train_step(model, work, pool, tensors)
+        result = train_step(model, work, pool, tensors, execution=execution)
         if i >= warmup:
             times.append(result.seconds)
             mb_times.append(result.micro_batch_seconds)
-        loss = result.loss
+        loss, barrier = result.loss, result.barrier_seconds
         grad = flat_grad(model)
-    return {"loss": loss, "grad": grad, "seconds": times, "micro_batch_seconds": mb_times,
+    return {"loss": loss, "grad": grad, "seconds": times, "micro_batch_seconds": mb_times, "barrier_seconds": barrier,
             "groups_created": pool.stats.created, "create_seconds": pool.stats.create_seconds}
 
 

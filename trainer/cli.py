@@ -41,6 +41,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--layers", type=int, default=2, help="transformer blocks (default 2)")
     p.add_argument("--ffn-hidden", type=int, default=512, help="MLP width (default 512)")
     p.add_argument("--vocab", type=int, default=96, help="vocabulary size (default 96)")
+    p.add_argument("--arch", choices=["tiny", "llama"], default="tiny",
+                   help="model timed: the tiny transformer or train_hf's Hugging Face Llama (default tiny)")
+    p.add_argument("--kv-heads", type=int, help="key/value heads of --arch llama (default: --heads)")
     p.add_argument("--no-comm", action="store_true", help="do not measure transfers; take --bandwidth instead")
     p.add_argument("--bandwidth", type=float, help="bytes per second between ranks when --no-comm is given")
     p.add_argument("--capacity-tokens", type=int, help="tokens per rank per micro-batch (default: from free GPU memory, 65536 on CPU)")
@@ -73,7 +76,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
                          max_positions=max(4096, max(_ints("--lengths", args.lengths)) + 1))
         settings = ProfileSettings(lengths=_ints("--lengths", args.lengths), degrees=_ints("--degrees", args.degrees), mixes=_ints("--mixes", args.mixes),
                                    repeats=args.repeats, warmup=args.warmup, device=args.device, dtype=args.dtype, comm=not args.no_comm,
-                                   capacity_tokens=args.capacity_tokens, procs=args.procs, threads=args.threads, short_mix=args.short_mix)
+                                   capacity_tokens=args.capacity_tokens, procs=args.procs, threads=args.threads,
+                                   short_mix=args.short_mix, architecture=args.arch, kv_heads=args.kv_heads)
     except ValueError as exc:
         raise ProblemError(str(exc), field="profile", hint="see dhp profile --help.") from None
 

@@ -8,7 +8,9 @@ Runs are taken in rounds over all points and the fastest run of each point is ke
 ``procs`` > 1 that many processes time together (sharing the machine as the job's ranks will), and
 then run real rings over the job's backend (gloo on CPU, NCCL on GPUs) for the group sizes up to
 ``procs``; their excess over the compute gives the transfer terms. With one process a ping-pong
-between two processes, fitted to ``latency + bytes / bandwidth``, gives them instead.
+between two processes, fitted to ``latency + bytes / bandwidth``, gives them instead. The model
+timed is the tiny model or the Hugging Face Llama that ``trainer.train_hf`` trains, with the same
+dimensions (:attr:`ProfileSettings.architecture`, ``dhp profile --arch``).
 
 What is fitted. The profile's formula (:mod:`optimizer.costs.profile`) for one group of size d holding
 samples of lengths L_i is ``b + sum_i ((a2 L_i^2 + a1 L_i) / d + a0 + c (d-1))`` plus the ring
@@ -25,10 +27,10 @@ and values (or their gradients) at once: ``comm.group_messages`` ``{"per_step": 
 layers}`` messages per group and micro-batch, whatever its sample count, each costing the fitted
 latency. The bytes are those of the samples padded to a multiple of 2d (``comm.padded_bytes``):
 keys and values forward once and again backward with their gradients,
-``bytes_per_token = layers x hidden x (4 x element size + 2 x accumulator size)``. Every step ends
-with the gradient all-reduce over the job: with several processes the time a real step spends
-beyond its micro-batches (the all-reduces and the step's own work) is timed and becomes
-``time.step_constant``.
+``bytes_per_token = layers x kv width x (4 x element size + 2 x accumulator size)``, the kv width
+being ``hidden x kv_heads / heads``. Every step ends with the gradient all-reduce over the job:
+with several processes the time a real step spends beyond its micro-batches (the all-reduces and
+the step's own work) is timed and becomes ``time.step_constant``.
 
 The fit's quality is reported as R^2 and the largest relative error of predicted against measured
 time; :func:`check_fit` refuses a fit below the stated thresholds, one whose times do not grow with
@@ -87,6 +89,12 @@ class ProfileSettings:
     """CPU threads per process (None: torch's choice)."""
     short_mix: int = 16
     """Also time this many samples of the shortest length on every group size (0: not)."""
+    architecture: str = "tiny"
+    """The model timed: ``tiny`` (:class:`trainer.tiny_model.TinyTransformer`) or ``llama`` (the Hugging
+    Face Llama of :func:`trainer.hf_adapter.tiny_llama` that ``trainer.train_hf`` trains, with the
+    config's dimensions, ``ffn_hidden`` as its MLP width and ``kv_heads`` key/value heads)."""
+    kv_heads: int | None = None
+    """Key/value heads of the ``llama`` architecture (None: as many as query heads)."""
 
     def __post_init__(self) -> None:
         for name in ("lengths", "degrees", "mixes", "message_bytes"):
@@ -101,6 +109,38 @@ class ProfileSettings:
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.dtype not in ("float32", "float64", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, float64, bfloat16 or float16, got {self.dtype!r}")
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {self.architecture!r}")
+        if self.kv_heads is not None and (self.architecture != "llama" or self.kv_heads < 1):
+            raise ValueError(f"kv_heads {self.kv_heads!r} needs the llama architecture and a positive count")
+
+
+ARCHITECTURES = ("tiny", "llama")
+"""The models :func:`build_model` builds."""
+
+
+def build_model(cfg: TinyConfig, settings: ProfileSettings, device: torch.device) -> torch.nn.Module:
+    """The model the profile is measured on (:attr:`ProfileSettings.architecture`), seeded, on ``device``."""
+    dtype = getattr(torch, settings.dtype)
+    torch.manual_seed(0)
+    if settings.architecture == "tiny":
+        return TinyTransformer(cfg).to(device=device, dtype=dtype)
+    from trainer.hf_adapter import HFCausalLM, tiny_llama
+
+    kv = settings.kv_heads or cfg.heads
+    if cfg.heads % kv:
+        raise ValueError(f"heads {cfg.heads} must be a multiple of kv_heads {kv}")
+    llama = tiny_llama(0, dtype, vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.ffn_hidden,
+                       num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=kv,
+                       max_position_embeddings=cfg.max_positions)
+    return HFCausalLM(llama.to(device))
+
+
+def vocab_of(model: torch.nn.Module) -> int:
+    """Vocabulary size of a profiled model (the tiny model's config, or the wrapped model's)."""
+    vocab: Any = getattr(model, "vocab", None)
+    cfg: Any = getattr(model, "cfg", None)
+    return int(vocab) if vocab is not None else int(cfg.vocab)
 
 
 @dataclass(frozen=True)
@@ -141,8 +181,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_group(model: TinyTransformer, lengths: Sequence[int], d: int, device: torch.device, repeats: int = 3, warmup: int = 1,
-               group: Any = LOOPBACK, position: int = 0) -> float:
+def time_group(model: torch.nn.Module, lengths: Sequence[int], d: int, device: torch.device, repeats: int = 3,
+               warmup: int = 1, group: Any = LOOPBACK, position: int = 0) -> float:
     """Fastest seconds of one rank's part of a micro-batch: a group of size d holding these samples.
 
     It runs the trainer's own micro-batch code (:func:`trainer.step.run_micro_batch`: token
@@ -157,7 +197,7 @@ def time_group(model: TinyTransformer, lengths: Sequence[int], d: int, device: t
     doc = {"scheme": "ring", "micro_batches": [{"groups": [{"ranks": list(range(d)), "samples": ids, "lengths": [int(x) for x in lengths]}]}]}
     mb = apply_plan(doc, position).micro_batches[0]
     gen = torch.Generator().manual_seed(0)
-    samples = {k: torch.randint(model.cfg.vocab, (int(n),), generator=gen) for k, n in zip(ids, lengths, strict=True)}
+    samples = {k: torch.randint(vocab_of(model), (int(n),), generator=gen) for k, n in zip(ids, lengths, strict=True)}
     total = label_count(samples)
     times = []
     for i in range(warmup + repeats):
@@ -171,7 +211,7 @@ def time_group(model: TinyTransformer, lengths: Sequence[int], d: int, device: t
     return min(times)
 
 
-def measure_all(model: TinyTransformer, settings: ProfileSettings, device: torch.device,
+def measure_all(model: torch.nn.Module, cfg: TinyConfig, settings: ProfileSettings, device: torch.device,
                 progress: Progress | None = None) -> tuple[list[Point], list[Point], float]:
     """(compute points, real ring points, seconds of the step's gradient all-reduce): the last two only
     with several processes (rings for sizes up to their number; 0 s with one process)."""
@@ -185,7 +225,7 @@ def measure_all(model: TinyTransformer, settings: ProfileSettings, device: torch
 
         if progress:
             progress(f"timing {len(combos)} points on {settings.procs} processes at once, then real rings of up to {settings.procs} ranks ...")
-        runs = spawn(_measure_worker, settings.procs, model.cfg, settings, str(device), threads=settings.threads or 1)
+        runs = spawn(_measure_worker, settings.procs, cfg, settings, str(device), threads=settings.threads or 1)
         together = [max(r[0][k] for r in runs) for k in range(len(combos))]
         ring_combos = [c for c in combos if 2 <= c[1] <= settings.procs]
         rings = [Point((L,) * n, d, max(r[1][k] for r in runs if k < len(r[1]))) for k, (L, d, n) in enumerate(ring_combos)]
@@ -229,8 +269,7 @@ def _measure_worker(rank: int, world_size: int, cfg: TinyConfig, settings: Profi
     device = torch.device(device_name)
     if device.type == "cuda":
         device = torch.device("cuda", rank % torch.cuda.device_count())
-    torch.manual_seed(0)
-    model = TinyTransformer(cfg).to(device=device, dtype=getattr(torch, settings.dtype))
+    model = build_model(cfg, settings, device)
     combos = _combos(settings)
 
     def alone(c: tuple[int, int, int], warmup: int) -> float:
@@ -250,7 +289,7 @@ def _measure_worker(rank: int, world_size: int, cfg: TinyConfig, settings: Profi
     return out, rings, time_step_overhead(model, device, settings.repeats + settings.warmup + 2)
 
 
-def time_step_overhead(model: TinyTransformer, device: torch.device, runs: int) -> list[float]:
+def time_step_overhead(model: torch.nn.Module, device: torch.device, runs: int) -> list[float]:
     """Seconds each run of a step spends on this rank beyond its micro-batches: the gradient
     all-reduce, the loss's, and the step's own work (:func:`trainer.step.train_step` on a plan giving
     every rank one short sample alone; every rank calls it together)."""
@@ -265,7 +304,7 @@ def time_step_overhead(model: TinyTransformer, device: torch.device, runs: int) 
     work = apply_plan(doc, dist.get_rank())
     pool = GroupPool()
     gen = torch.Generator().manual_seed(0)
-    samples = {f"o{r}": torch.randint(model.cfg.vocab, (16,), generator=gen).to(device) for r in range(world)}
+    samples = {f"o{r}": torch.randint(vocab_of(model), (16,), generator=gen).to(device) for r in range(world)}
     out = []
     for _ in range(runs):
         model.zero_grad(set_to_none=True)
@@ -404,17 +443,20 @@ def profile_document(f: Fit, bytes_per_token: float, bandwidth: float, latency: 
     return out
 
 
-def comm_terms(cfg: TinyConfig, dtype: torch.dtype) -> tuple[float, float]:
+def comm_terms(cfg: TinyConfig, dtype: torch.dtype, kv_heads: int | None = None) -> tuple[float, float]:
     """(bytes_per_token, messages_per_step) of this implementation's ring.
 
     Per layer, keys and values travel forward once and again in the backward pass in the model's
     dtype; their gradients travel in the accumulator dtype (float32, float64 for float64 models).
+    With ``kv_heads`` key/value heads (grouped-query attention) keys and values are
+    ``hidden x kv_heads / heads`` wide, and that is what the ring sends.
     """
     from trainer.attention_tiles import accumulator_dtype
 
     elem = torch.tensor([], dtype=dtype).element_size()
     acc = torch.tensor([], dtype=accumulator_dtype(dtype)).element_size()
-    return cfg.layers * cfg.hidden * (4.0 * elem + 2.0 * acc), 3.0 * cfg.layers
+    width = cfg.hidden * (kv_heads or cfg.heads) / cfg.heads
+    return cfg.layers * width * (4.0 * elem + 2.0 * acc), 3.0 * cfg.layers
 
 
 class FitRefused(ValueError):
@@ -456,7 +498,7 @@ def check_fit(report: dict[str, Any], min_r2: float, max_error: float) -> None:
         raise FitRefused(f"the fit gives a latency of {lat:.3g} s per exchange", "--bandwidth", "rerun; the ring timings are dominated by noise.")
 
 
-def default_capacity(model: TinyTransformer, device: torch.device) -> int:
+def default_capacity(model: torch.nn.Module, device: torch.device) -> int:
     """Tokens per rank: 65536 on CPU; on CUDA, 80% of free memory over the activation bytes per token measured at 512 tokens."""
     if device.type != "cuda":
         return 65536
@@ -477,16 +519,17 @@ def measure_profile(cfg: TinyConfig, settings: ProfileSettings, progress: Progre
     """
     device = resolve_device(settings.device)
     dtype = getattr(torch, settings.dtype)
-    torch.manual_seed(0)
-    model = TinyTransformer(cfg).to(device=device, dtype=dtype)
+    model = build_model(cfg, settings, device)
     if settings.threads:
         torch.set_num_threads(settings.threads)
     if progress:
-        progress(f"device {device}, {torch.get_num_threads()} threads x {settings.procs} processes, model {cfg}")
-    points, rings, reduction = measure_all(model, settings, device, progress)
+        progress(f"device {device}, {torch.get_num_threads()} threads x {settings.procs} processes, "
+                 f"{settings.architecture} model {cfg}"
+                 + (f", {settings.kv_heads} key/value heads" if settings.kv_heads else ""))
+    points, rings, reduction = measure_all(model, cfg, settings, device, progress)
     f = fit(points)
     transfers: list[tuple[int, float]] = []
-    bpt, msgs = comm_terms(cfg, dtype)
+    bpt, msgs = comm_terms(cfg, dtype, settings.kv_heads)
     group = group_messages(cfg)
     ring_fit: dict[str, Any] = {}
     if settings.comm and rings:
@@ -501,7 +544,10 @@ def measure_profile(cfg: TinyConfig, settings: ProfileSettings, progress: Progre
     if bandwidth is None:
         raise ValueError("give a bandwidth when transfers are not measured")
     capacity = settings.capacity_tokens or default_capacity(model, device)
-    source = (f"dhp profile on {device} ({settings.procs} x {torch.get_num_threads()} threads, torch {torch.__version__}), tiny model {cfg.layers}x{cfg.hidden}, "
+    source = (f"dhp profile on {device} ({settings.procs} x {torch.get_num_threads()} threads, "
+              f"torch {torch.__version__}), "
+              f"{settings.architecture} model "
+              f"{cfg.layers}x{cfg.hidden} ({cfg.heads}/{settings.kv_heads or cfg.heads} heads, MLP {cfg.ffn_hidden}), "
               f"{len(points)} points, R^2 {f.r2:.4f}, largest relative error {f.max_rel_error:.3f}")
     profile = profile_document(f, bpt, bandwidth, latency, capacity, group=group, step_constant=reduction, source=source)
     report = {"r2": f.r2, "max_rel_error": f.max_rel_error, "points": f.points, "device": str(device), "sample_step_s": f.sample_step,

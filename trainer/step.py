@@ -7,13 +7,22 @@ the mean next-token cross-entropy over every label token of the batch, so each r
 by the batch's label count; the data-parallel reduction is then one all-reduce (sum) of all
 gradients over the job, which makes every rank's gradients equal those of one process running the
 whole batch.
+
+Two executions of a micro-batch: ``packed`` (the default) runs all the samples of the rank's group
+in one forward and backward; ``per-sample`` runs them as Megatron-Core's hybrid context parallelism
+does, each sample of the group as its own forward and backward (ring or Ulysses attention over the
+group on that sample's shards alone), one after another in the group's order, and puts a barrier
+over the domain (the data x context-parallel ranks) between micro-batches (Megatron's barrier
+groups). Gradients accumulate either way and the loss keeps the batch's label count as its
+denominator, so both give the reference's loss and gradients; they differ in time and memory (one
+sample's activations at a time).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -24,6 +33,8 @@ from trainer.group_pool import GroupPool
 from trainer.ring_attention import RingSpec, full_attention, ring_attention, shard_layout, ulysses_attention
 
 IGNORE = -100
+EXECUTIONS = ("packed", "per-sample")
+"""How a micro-batch runs (see the module docstring)."""
 
 
 def label_count(samples: Mapping[str, torch.Tensor]) -> int:
@@ -56,10 +67,14 @@ class StepResult:
     seconds: float
     """Wall time of the step on this rank, reduction included."""
     micro_batch_seconds: list[float] = field(default_factory=list)
+    """Seconds of each micro-batch's own work on this rank (its barrier excluded)."""
+    barrier_seconds: float = 0.0
+    """Seconds spent in the barriers between micro-batches (per-sample execution; 0 when packed)."""
 
 
 def train_step(model: torch.nn.Module, work: RankWork, pool: GroupPool, samples: Mapping[str, torch.Tensor],
-               optimizer: torch.optim.Optimizer | None = None, reduce: bool = True) -> StepResult:
+               optimizer: torch.optim.Optimizer | None = None, reduce: bool = True,
+               execution: str = "packed") -> StepResult:
     """Run this rank's part of one step, then reduce gradients (and apply ``optimizer`` if given).
 
     Every rank must call it with the same plan; the pool must already hold the plan's groups
@@ -68,26 +83,37 @@ def train_step(model: torch.nn.Module, work: RankWork, pool: GroupPool, samples:
     normalised by the label count of the whole batch, which the plan's lengths give.
     ``model`` is any module called as ``model(tokens, positions, attend) -> logits``: the tiny
     model, or a Hugging Face model wrapped by :class:`trainer.hf_adapter.HFCausalLM`.
+    ``execution`` is ``packed`` or ``per-sample`` (see the module docstring); every rank of the
+    domain must use the same one, as per-sample execution meets them in its barriers.
     """
+    if execution not in EXECUTIONS:
+        raise ValueError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
     pool.ensure(work.communicators)
     pool.ensure(work.reduce_groups)
     total = work.total_labels if work.total_labels is not None else label_count(samples)
     device = next(model.parameters()).device
+    domain = pool.get(work.reduce_ranks) if work.reduce_ranks is not None else None
+    run = run_micro_batch if execution == "packed" else run_per_sample
     start = time.perf_counter()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     mb_seconds = []
-    for mb in work.micro_batches:
+    waited = 0.0
+    for m, mb in enumerate(work.micro_batches):
         t0 = time.perf_counter()
         if mb.group is not None:
-            loss_sum += run_micro_batch(model, mb, pool.get(mb.group), work.scheme, samples, total)
-        mb_seconds.append(time.perf_counter() - t0)
+            loss_sum += run(model, mb, pool.get(mb.group), work.scheme, samples, total)
+        t1 = time.perf_counter()
+        mb_seconds.append(t1 - t0)
+        if execution == "per-sample" and m + 1 < len(work.micro_batches):
+            # Megatron's barrier between barrier groups: no rank starts the next one's samples early.
+            dist.barrier(group=domain)
+            waited += time.perf_counter() - t1
     if reduce:
-        group = pool.get(work.reduce_ranks) if work.reduce_ranks is not None else None
-        reduce_gradients(model, group)
-        dist.all_reduce(loss_sum, group=group)
+        reduce_gradients(model, domain)
+        dist.all_reduce(loss_sum, group=domain)
     if optimizer is not None:
         optimizer.step()
-    return StepResult(float(loss_sum), time.perf_counter() - start, mb_seconds)
+    return StepResult(float(loss_sum), time.perf_counter() - start, mb_seconds, waited)
 
 
 def run_micro_batch(model: torch.nn.Module, mb: MicroBatchWork, group: Any, scheme: str, samples: Mapping[str, torch.Tensor], total_labels: int) -> torch.Tensor:
@@ -106,6 +132,16 @@ def run_micro_batch(model: torch.nn.Module, mb: MicroBatchWork, group: Any, sche
     loss = torch.nn.functional.cross_entropy(logits.double(), labels, ignore_index=IGNORE, reduction="sum") / max(total_labels, 1)
     loss.backward()
     return loss.detach()
+
+
+def run_per_sample(model: torch.nn.Module, mb: MicroBatchWork, group: Any, scheme: str,
+                   samples: Mapping[str, torch.Tensor], total_labels: int) -> torch.Tensor:
+    """Each sample of this rank's group in one micro-batch as its own forward and backward, in the
+    group's order (Megatron-Core's sub-samples); returns the micro-batch's loss contribution."""
+    loss = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device)
+    for shard in mb.shards:
+        loss += run_micro_batch(model, replace(mb, shards=(shard,)), group, scheme, samples, total_labels)
+    return loss
 
 
 def reduce_gradients(model: torch.nn.Module, group: Any = None) -> None:

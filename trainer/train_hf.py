@@ -23,6 +23,17 @@ pipeline copies of a planner group; ``--group-cost-s`` overrides it), under ``--
 (``prefer`` by default). So the planner weighs a new group against the step time it saves, and the
 job's pool stops growing (``python -m trainer.group_churn`` gives the figures).
 
+Arms. ``--arm`` chooses where the step's plan comes from and how it runs (:mod:`trainer.arms`):
+``dhp`` (the default: the planner under its own rules, packed execution), ``static`` (the best
+static power-of-two layout, packed), ``megatron`` (Megatron-Core's ``BalancedCPScheduler``, run per
+sample as Megatron runs it: each sample its own forward and backward, a barrier between barrier
+groups) and ``dhp-megatron`` (:class:`trainer.megatron.PlannedCPScheduler`, per sample). The
+per-sample arms plan with the per-sample profile derived from ``--profile``
+(:mod:`trainer.per_sample_costs`; the barrier's seconds from ``--barrier-s`` or timed at start over
+the job). Every arm sees the same batches and the same initial model (``--seed``) and records per
+step the plan's predicted step time under the profile of its execution, the measured step time
+(the slowest rank) and the loss; only ``dhp`` plans through ``--service``.
+
 The model is a small Llama built locally with random weights (``--hidden``, ``--layers``,
 ``--heads``, ``--kv-heads``); nothing is downloaded. Batches are seeded synthetic samples of
 log-uniform lengths. Backend gloo (CPU) unless CUDA is available and ``--backend nccl`` is given.
@@ -39,6 +50,8 @@ import sys
 import time
 from datetime import timedelta
 from typing import Any
+
+from trainer.arms import ARMS
 
 DEFAULT_PROFILE = {
     "time": {"quadratic": 2e-9, "linear": 2e-5, "sample_constant": 2e-3, "group_constant": 5e-3},
@@ -57,15 +70,21 @@ def batch_lengths(step: int, n: int, seed: int, shortest: int, longest: int) -> 
     return {f"b{step}s{i}": int(round(shortest * (longest / shortest) ** rng.random())) for i in range(n)}
 
 
-def make_request(lengths: dict[str, int], args: argparse.Namespace, model_doc: dict[str, Any], world: int,
-                 existing: list[tuple[int, ...]] | None = None, group_cost_s: float | None = None) -> dict[str, Any]:
-    """The planning request of one batch; ``existing`` (planner ranks) and ``group_cost_s`` make it
-    communicator-aware (see the module docstring)."""
+def packed_profile(args: argparse.Namespace) -> dict[str, Any]:
+    """The profile of packed execution: ``--profile`` (or the built-in one), ``--scheme``, ``--capacity-tokens``."""
     profile: dict[str, Any] = json.loads(open(args.profile).read()) if args.profile else json.loads(json.dumps(DEFAULT_PROFILE))
     profile["comm"] = {**profile["comm"], "scheme": args.scheme}
     if args.capacity_tokens:
         profile["capacity_tokens_per_rank"] = args.capacity_tokens
     profile.setdefault("capacity_tokens_per_rank", args.capacity_tokens or 1 << 16)
+    return profile
+
+
+def make_request(lengths: dict[str, int], args: argparse.Namespace, model_doc: dict[str, Any], world: int,
+                 existing: list[tuple[int, ...]] | None = None, group_cost_s: float | None = None) -> dict[str, Any]:
+    """The planning request of one batch; ``existing`` (planner ranks) and ``group_cost_s`` make it
+    communicator-aware (see the module docstring)."""
+    profile = packed_profile(args)
     domain = world // (args.tp * args.pp)
     options: dict[str, Any] = {"time_budget_ms": args.budget_ms, "group_reuse": args.group_reuse}
     cost = args.group_cost_s if args.group_cost_s is not None else group_cost_s
@@ -80,11 +99,15 @@ def make_request(lengths: dict[str, int], args: argparse.Namespace, model_doc: d
 
 
 class Planner:
-    """Rank 0's source of plans: the service through the client (one step ahead), or the planner in process."""
+    """Rank 0's source of plans: the service through the client (one step ahead), or in process the
+    planner (arm ``dhp``) or the arm's own source (:class:`trainer.arms.ArmPlanner`)."""
 
-    def __init__(self, service: str | None) -> None:
+    def __init__(self, service: str | None, arm: str = "dhp", sample_profile: dict[str, Any] | None = None) -> None:
+        from trainer.arms import ArmPlanner
+
         self.client = None
         self.ahead: dict[int, str] = {}
+        self.arm = ArmPlanner(arm, sample_profile)
         if service:
             from api.client import PlannerClient
 
@@ -102,11 +125,8 @@ class Planner:
             doc = self.client.result(key, wait_ms=60_000)
             if doc.get("status") in ("pending", "failed", "error"):
                 raise RuntimeError(f"plan {key} of step {step} is {doc.get('status')}: {doc.get('error') or doc}")
-            return doc
-        from optimizer.problem.documents import problem_from_json
-        from planning.planner import plan
-
-        return plan(problem_from_json(json.loads(key))).to_json()
+            return {**doc, "arm": "dhp", "execution": "packed"}
+        return self.arm.plan(json.loads(key))
 
     def feedback(self, doc: dict[str, Any], measured: float, group_times: list[list[float]], step: int, new_groups: int) -> bool:
         if self.client is None or "id" not in doc:
@@ -142,6 +162,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--group-reuse", choices=["prefer", "only", "ignore"], default="prefer", help="how the planner treats the job's groups (default prefer)")
     ap.add_argument("--group-cost-s", type=float, help="seconds one new communicator costs (default: the pool's measured mean)")
     ap.add_argument("--no-precreate", dest="precreate", action="store_false", help="do not create the aligned power-of-two blocks at start")
+    ap.add_argument("--arm", choices=list(ARMS), default="dhp",
+                    help="plan source and execution (default dhp; static, megatron, dhp-megatron: see the docstring)")
+    ap.add_argument("--barrier-s", type=float,
+                    help="seconds of a barrier over the job for the per-sample profile (default: timed at start)")
     ap.add_argument("--out", help="rank 0 writes the run's figures here as JSON")
     args = ap.parse_args(argv)
     for name in ("steps", "samples", "shortest", "longest", "hidden", "layers", "heads", "kv_heads", "tp", "pp", "budget_ms"):
@@ -153,6 +177,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--group-cost-s must be a finite number >= 0")
     if args.hidden % args.heads or args.heads % args.kv_heads:
         ap.error("--hidden must be a multiple of --heads, and --heads a multiple of --kv-heads")
+    if args.service and args.arm != "dhp":
+        ap.error(f"--service plans the dhp arm only; drop --service for --arm {args.arm}")
+    if args.barrier_s is not None and not (args.barrier_s >= 0 and math.isfinite(args.barrier_s)):
+        ap.error("--barrier-s must be a finite number >= 0")
     return args
 
 
@@ -194,7 +222,18 @@ def main(argv: list[str] | None = None) -> int:
         ref_opt = torch.optim.SGD(ref_model.parameters(), lr=args.lr)
     lengths = {s: batch_lengths(s, args.samples, args.seed, args.shortest, args.longest) for s in range(args.steps)}
     dataset = SyntheticTokens({k: v for batch in lengths.values() for k, v in batch.items()}, vocab=model.vocab, seed=args.seed)
-    planner = Planner(args.service) if rank == 0 else None
+    execution = ARMS[args.arm]
+    sample_profile = None
+    barrier_s = args.barrier_s
+    if execution == "per-sample":
+        from trainer.per_sample_costs import per_sample_profile, time_barrier
+
+        if barrier_s is None:
+            timed: list[Any] = [None] * world
+            dist.all_gather_object(timed, time_barrier())
+            barrier_s = max(timed)
+        sample_profile = per_sample_profile(packed_profile(args), barrier_s)
+    planner = Planner(args.service, args.arm, sample_profile) if rank == 0 else None
     doc_model = model_document(model.model)
     pool = GroupPool()
     layout = RankLayout(world // (args.tp * args.pp), args.tp, args.pp)
@@ -235,8 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         new_groups = pool.stats.created - created_before
         opt.zero_grad(set_to_none=True)
         dist.barrier()
-        result = train_step(model, work, pool, samples, opt)
-        mine = {"seconds": result.seconds, "mb": result.micro_batch_seconds, "digest": digest, "samples": len(samples)}
+        result = train_step(model, work, pool, samples, opt, execution=execution)
+        mine = {"seconds": result.seconds, "mb": result.micro_batch_seconds, "digest": digest, "samples": len(samples),
+                "barrier": result.barrier_seconds}
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, mine)
         if rank != 0:
@@ -249,6 +289,12 @@ def main(argv: list[str] | None = None) -> int:
                "predicted_s": doc.get("predicted_step_time_s"), "measured_s": measured, "plan_wait_s": plan_wait, "new_groups": new_groups,
                "samples_loaded": [g["samples"] for g in gathered], "batch_samples": len(lengths[step]), "feedback_stored": stored,
                "groups": [[g["ranks"] for g in mb["groups"]] for mb in doc["micro_batches"]]}
+        # What the comparison of arms reads: the arm, the samples of each group, measured and predicted group times.
+        row.update(arm=args.arm, execution=execution, barrier_s=max(g["barrier"] for g in gathered),
+                   sample_groups=[[g["samples"] for g in mb["groups"]] for mb in doc["micro_batches"]],
+                   group_times_s=group_times,
+                   group_predicted_s=[[g.get("predicted_time_s") for g in mb["groups"]] for mb in doc["micro_batches"]],
+                   verification=doc.get("verification"))
         if ref_model is not None and ref_opt is not None:
             ref_opt.zero_grad(set_to_none=True)
             whole = {sid: dataset.tokens(sid) for sid in lengths[step]}
@@ -256,13 +302,16 @@ def main(argv: list[str] | None = None) -> int:
             ref_opt.step()
             row["loss_rel_diff"] = abs(row["reference_loss"] - result.loss) / max(abs(row["reference_loss"]), 1e-30)
         rows.append(row)
-        log(f"step {step}: loss {result.loss:.6f}" + (f" (one process {row['reference_loss']:.6f})" if "reference_loss" in row else "")
+        log(f"[{args.arm}] step {step}: loss {result.loss:.6f}"
+            + (f" (one process {row['reference_loss']:.6f})" if "reference_loss" in row else "")
             + f", groups {row['groups']}, predicted {row['predicted_s'] * 1000:.1f} ms, measured {measured * 1000:.1f} ms, new groups {new_groups}, "
             f"samples loaded per rank {row['samples_loaded']} of {row['batch_samples']}, digest {digest[:12]}")
     summary: dict[str, Any] = {}
     if rank == 0:
         summary = {"world": world, "steps": rows, "dtype": args.dtype, "scheme": args.scheme, "groups_created_at_start": at_start,
                    "group_cost_s": group_cost(), "new_groups": sum(r["new_groups"] for r in rows)}
+        summary.update(arm=args.arm, execution=execution, profile=packed_profile(args), sample_profile=sample_profile,
+                       barrier_s=barrier_s)
         if ref_model is not None:
             with torch.no_grad():
                 diffs = [float((p - q).abs().max()) for p, q in zip(model.model.parameters(), ref_model.parameters(), strict=True)]
