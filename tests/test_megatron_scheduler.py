@@ -177,3 +177,36 @@ def test_megatrons_own_wrapper_and_loop_run_the_schedule(deterministic: bool) ->
         assert [run["cp"] for run in res["ran"]] == [cp[i] for i in expected]  # local_cp_size: the ranks listing the sample
         assert res["barriers"] == 1 + len(schedule) - 1  # one before the loop, one between consecutive barrier groups
         assert res["received"] == sorted(set(expected))
+
+
+def test_plans_through_the_service_and_ahead(tmp_path) -> None:
+    from api.local_server import LocalServer
+
+    server = LocalServer(tmp_path / "service")
+    try:
+        scheduler = PlannedCPScheduler(1000, Group(16), profile=PROFILE, gpus_per_node=8, budget_ms=300, url=server.url)
+        now, ahead = _batch(40, 5), _batch(40, 6)
+        scheduler.plan_ahead(ahead)  # submitted to the service; planned while "now" trains
+        schedule = scheduler.get_groups_and_subsamples(now, None)
+        assert scheduler.last["source"] == "now" and scheduler.last["plan"]["id"]
+        assert {i for k in schedule[1] for r in k for i in r} == {i for i, _ in now}
+        later = scheduler.get_groups_and_subsamples(ahead, None)
+        assert scheduler.last["source"] == "ahead"
+        index = {i: k for k, (i, _) in enumerate(ahead)}
+        report = check_assignment(scheduler.problem(ahead), assignment_of(later[1], index))
+        assert report.ok, report.violations[:3]
+        scheduler.close()
+    finally:
+        server.stop()
+
+
+def test_busy_last_grows_groups_when_no_sample_can_move() -> None:
+    scheduler = PlannedCPScheduler(1000, Group(8), profile=PROFILE, gpus_per_node=8)
+    problem = scheduler.problem([(0, 1500), (1, 900), (2, 700)])
+    # One sample per group and ranks 4-7 idle: the smallest groups double until all 8 ranks work.
+    fixed = busy_last(problem, Assignment.of([[((0, 1), (0,)), ((2,), (1,)), ((3,), (2,))]]))
+    (last,) = fixed.micro_batches
+    assert sorted(r for ranks, _ in last for r in ranks) == list(range(8))
+    assert sorted(len(ranks) for ranks, _ in last) == [2, 2, 4]
+    report = check_assignment(problem, fixed)
+    assert report.ok, report.violations

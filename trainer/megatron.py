@@ -109,8 +109,8 @@ def busy_last(problem: Problem, assignment: Assignment) -> Assignment:
     so a rank without one there fails. Barrier groups can run in any order, so one where every rank
     is busy goes last. When none is, the barrier group with the fewest idle ranks goes last and its
     idle ranks get work: each idle aligned block takes one sample that fits it alone from a group
-    holding two or more (the one that leaves the barrier group fastest), or else, like Megatron's own
-    scheduler, a group grows into its idle twin block (the aligned block of twice its size)."""
+    holding two or more (the one that leaves the barrier group fastest); ranks still idle then, as in
+    Megatron's own scheduler, go to the smallest groups, each doubled in turn."""
     n = problem.cluster.domain_size
     mbs = list(assignment.micro_batches)
     idle = [n - sum(len(r) for r, _ in mb) for mb in mbs]
@@ -141,6 +141,7 @@ def _idle_blocks(used: set[int], n: int, sizes: Sequence[int]) -> list[tuple[int
 
 
 def _fill_idle(tables: CostTables, mb: tuple[GroupAssignment, ...]) -> tuple[GroupAssignment, ...]:
+    """``mb`` with every rank in a group that has a sample (see :func:`busy_last`)."""
     groups = [(tuple(r), list(s)) for r, s in mb]
     n = tables.n_ranks
     sizes = [int(d) for d in tables.degrees]
@@ -160,17 +161,27 @@ def _fill_idle(tables: CostTables, mb: tuple[GroupAssignment, ...]) -> tuple[Gro
                     best = (worst, g, k)
         if best is not None:
             _, g, k = best
-            ranks, samples = groups[g]
-            groups.append((block, [samples.pop(k)]))
-            continue
-        twin = next((g for g, (ranks, _) in enumerate(groups) if len(ranks) == size and min(ranks) == start ^ size and 2 * size in sizes), None)
-        if twin is None:
-            raise ProblemError(f"ranks {start}..{start + size - 1} have no sample in any barrier group and no group can take them",
+            groups.append((block, [groups[g][1].pop(k)]))
+    idle = n - sum(len(r) for r, _ in groups)
+    if not idle:
+        return tuple((r, tuple(s)) for r, s in sorted(groups, key=lambda g: min(g[0])))
+    # No sample left to move: the smallest groups grow (the slowest first) until the ranks add up,
+    # then the barrier group is laid out on aligned blocks again, largest first.
+    widths = [len(r) for r, _ in groups]
+    while idle > 0:
+        least = min(widths)
+        g = max((k for k, w in enumerate(widths) if w == least), key=lambda k: tables.group_time(groups[k][1], groups[k][0]))
+        if 2 * least not in sizes or least > idle:
+            raise ProblemError(f"{idle} ranks have no sample in any barrier group and no group can grow onto them",
                                field="batch", hint="give the batch at least as many samples as the data x context-parallel domain has ranks.")
-        ranks, samples = groups.pop(twin)
-        low = min(start, min(ranks))
-        groups.append((tuple(range(low, low + 2 * size)), samples))
-    return tuple((r, tuple(s)) for r, s in sorted(groups, key=lambda g: min(g[0])))
+        widths[g] *= 2
+        idle -= least
+    out: list[GroupAssignment] = []
+    start = 0
+    for k in sorted(range(len(groups)), key=lambda k: -widths[k]):
+        out.append((tuple(range(start, start + widths[k])), tuple(groups[k][1])))
+        start += widths[k]
+    return tuple(out)
 
 
 def schedule_digest(schedule: Schedule) -> str:
@@ -291,10 +302,9 @@ class PlannedCPScheduler:
         if _distributed(self.dp_cp_group) and not self.deterministic:
             schedule = _broadcast(schedule, self.dp_cp_group)
         assert schedule is not None
-        digest = schedule_digest(schedule)
-        if _distributed(self.dp_cp_group):
-            _check_digest(digest, self.dp_cp_group)
-        self.last["digest"] = digest
+        if _distributed(self.dp_cp_group):  # one process has no other rank to agree with
+            self.last["digest"] = schedule_digest(schedule)
+            _check_digest(self.last["digest"], self.dp_cp_group)
         self.last["wall_ms"] = (time.perf_counter() - start) * 1000.0
         return schedule
 
@@ -318,7 +328,7 @@ class PlannedCPScheduler:
     def _schedule(self, sample_id_seqlens: list[tuple[Any, int]], start: float) -> Schedule:
         from optimizer.verify.verifier import check_assignment
 
-        pending = self._ahead.pop(_batch_key(sample_id_seqlens), None)
+        pending = self._ahead.pop(_batch_key(sample_id_seqlens), None) if self._ahead else None
         source = "ahead" if pending is not None else "now"
         if isinstance(pending, Future):
             problem, doc = pending.result()
@@ -333,9 +343,13 @@ class PlannedCPScheduler:
         assignment = Assignment(tuple(tuple((tuple(g["ranks"]), tuple(index[s] for s in g["samples"])) for g in mb["groups"])
                                       for mb in doc["micro_batches"]))
         fixed = busy_last(problem, assignment)
-        report = check_assignment(problem, fixed)
-        report.raise_if_failed()
-        self.last = {"plan": doc, "source": source, "predicted_step_time_s": report.step_time_s,
+        predicted = doc.get("predicted_step_time_s")
+        if {g for mb in fixed.micro_batches for g in mb} != {g for mb in assignment.micro_batches for g in mb}:
+            # The last barrier group was given work: verify what Megatron will run and say what it costs.
+            report = check_assignment(problem, fixed)
+            report.raise_if_failed()
+            predicted = report.step_time_s
+        self.last = {"plan": doc, "source": source, "predicted_step_time_s": predicted,
                      "planned_step_time_s": doc.get("predicted_step_time_s"), "plan_ms": (time.perf_counter() - start) * 1000.0}
         return schedule_of(fixed, [sid for sid, _ in sample_id_seqlens], problem.batch.lengths, self.total_hdp_gpus)
 
