@@ -44,21 +44,26 @@ QUICK: dict[str, Any] = {**FULL, "workloads": ("video",), "ranks": (16,), "sampl
 QUICK_TIME_LIMIT_S = 1.0
 
 
-def _median(xs: list[float]) -> float | None:
+def median_or_none(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def _fmt(x: float | None, spec: str = ".3f") -> str:
+def fmt(x: float | None, spec: str = ".3f") -> str:
     return "n/a" if x is None else f"{x:{spec}}"
+
+
+def records_by_batch(doc: dict[str, Any]) -> dict[tuple[Any, ...], dict[str, dict[str, Any]]]:
+    """A grid's records by batch (profile, workload, ranks, samples, seed), then by planner."""
+    by: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in doc["records"]:
+        by[(r.get("profile", "analytical"), r["workload"], r["ranks"], r["samples"], r["seed"])][r["planner"]] = r
+    return by
 
 
 def cases(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per case: step times, bound, ratios and wall times of the four planners."""
-    by: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = defaultdict(dict)
-    for r in doc["records"]:
-        by[(r.get("profile", "analytical"), r["workload"], r["ranks"], r["samples"], r["seed"])][r["planner"]] = r
     rows = []
-    for (profile, w, ranks, n, seed), recs in by.items():
+    for (profile, w, ranks, n, seed), recs in records_by_batch(doc).items():
         row: dict[str, Any] = {"profile": profile, "workload": w, "ranks": ranks, "samples": n, "seed": seed}
         bound = next((r.get("lower_bound_s") for r in recs.values() if r.get("lower_bound_s") is not None), None)
         row["lower_bound_s"] = bound
@@ -98,22 +103,22 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
         mine = [r for r in rows if r["profile"] == prof]
         ratios = [r["dhp_over_flexsp"] for r in mine if r["dhp_over_flexsp"] is not None]
         per_profile[prof] = {"cases": len(mine), "with_flexsp": len(ratios), "dhp_wins_or_ties": sum(1 for x in ratios if x <= 1 + 1e-9),
-                             "median_dhp_over_flexsp": _median(ratios), "worst_dhp_over_flexsp": max(ratios) if ratios else None,
-                             "median_dhp1s_over_bound": _median([r["dhp1s_over_bound"] for r in mine if r["dhp1s_over_bound"] is not None])}
+                             "median_dhp_over_flexsp": median_or_none(ratios), "worst_dhp_over_flexsp": max(ratios) if ratios else None,
+                             "median_dhp1s_over_bound": median_or_none([r["dhp1s_over_bound"] for r in mine if r["dhp1s_over_bound"] is not None])}
     return {
         "cases": len(rows),
         "cases_with_flexsp": len(both),
         "dhp_default_at_most_flexsp": len(wins),
-        "median_dhp_over_flexsp": _median([r["dhp_over_flexsp"] for r in both]),
+        "median_dhp_over_flexsp": median_or_none([r["dhp_over_flexsp"] for r in both]),
         "worst_dhp_over_flexsp": max((r["dhp_over_flexsp"] for r in both), default=None),
-        "median_dhp1s_over_bound": _median(to_bound),
+        "median_dhp1s_over_bound": median_or_none(to_bound),
         "worst_dhp1s_over_bound": max(to_bound, default=None),
         "bound_from_group_sizes": sum(1 for r in rows if r.get("bound_source") == "group_sizes"),
         "heuristic_gap_cases": len(gap_cases),
         "exact_path_strictly_better": len(improved),
         "exact_path_better_on_every_gap_case": len(improved) == len(gap_cases) if gap_cases else None,
-        "wall_ms": {p: {"median": _median(v), "max": max(v, default=None)} for p, v in walls.items() if p != FLEXSP},
-        "flexsp_solve_wall_s": {"median": _median(flexsp_walls), "max": max(flexsp_walls, default=None)},
+        "wall_ms": {p: {"median": median_or_none(v), "max": max(v, default=None)} for p, v in walls.items() if p != FLEXSP},
+        "flexsp_solve_wall_s": {"median": median_or_none(flexsp_walls), "max": max(flexsp_walls, default=None)},
         "per_profile": per_profile,
         "skipped_flexsp": sorted({f"{r['profile']}: {(r.get(f'{FLEXSP}_note') or '').removeprefix('skipped: ')}" for r in rows if r[f"{FLEXSP}_status"] == "skipped"}),
     }
@@ -125,10 +130,10 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
             "dhp/bound", "dhp@1s/bound", "dhp wall ms", "dhp@1s wall ms", "FlexSP wall s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in sorted(rows, key=lambda r: (r["profile"], r["workload"], r["ranks"], r["seed"])):
-        flex = _fmt(r[f"{FLEXSP}_s"]) if r[f"{FLEXSP}_status"] == "ok" else (r[f"{FLEXSP}_status"] or "n/a")
-        cells = [r["profile"], r["workload"], str(r["ranks"]), str(r["seed"]), _fmt(r["lower_bound_s"]), _fmt(r[f"{HEURISTIC}_s"]), _fmt(r[f"{DEFAULT}_s"]),
-                 _fmt(r[f"{ONE_S}_s"]), flex, _fmt(r["dhp_over_flexsp"]), _fmt(r["dhp1s_over_flexsp"]), _fmt(r["dhp_over_bound"]),
-                 _fmt(r["dhp1s_over_bound"]), _fmt(r[f"{DEFAULT}_wall_ms"], ".0f"), _fmt(r[f"{ONE_S}_wall_ms"], ".0f"), _fmt(r["flexsp_solve_wall_s"], ".1f")]
+        flex = fmt(r[f"{FLEXSP}_s"]) if r[f"{FLEXSP}_status"] == "ok" else (r[f"{FLEXSP}_status"] or "n/a")
+        cells = [r["profile"], r["workload"], str(r["ranks"]), str(r["seed"]), fmt(r["lower_bound_s"]), fmt(r[f"{HEURISTIC}_s"]), fmt(r[f"{DEFAULT}_s"]),
+                 fmt(r[f"{ONE_S}_s"]), flex, fmt(r["dhp_over_flexsp"]), fmt(r["dhp1s_over_flexsp"]), fmt(r["dhp_over_bound"]),
+                 fmt(r["dhp1s_over_bound"]), fmt(r[f"{DEFAULT}_wall_ms"], ".0f"), fmt(r[f"{ONE_S}_wall_ms"], ".0f"), fmt(r["flexsp_solve_wall_s"], ".1f")]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -138,20 +143,20 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
     exact = s["exact_path_better_on_every_gap_case"]
     lines = [
         f"- dhp at 200 ms (default options) at most FlexSP's step time: {s['dhp_default_at_most_flexsp']} of {s['cases_with_flexsp']} cases "
-        f"(dhp/FlexSP median {_fmt(s['median_dhp_over_flexsp'])}, worst {_fmt(s['worst_dhp_over_flexsp'])})",
-        f"- dhp at 1 s against the lower bound: median {_fmt(s['median_dhp1s_over_bound'])}, worst {_fmt(s['worst_dhp1s_over_bound'])} ({s['cases']} cases; "
+        f"(dhp/FlexSP median {fmt(s['median_dhp_over_flexsp'])}, worst {fmt(s['worst_dhp_over_flexsp'])})",
+        f"- dhp at 1 s against the lower bound: median {fmt(s['median_dhp1s_over_bound'])}, worst {fmt(s['worst_dhp1s_over_bound'])} ({s['cases']} cases; "
         f"the bound is the group-size LP's on {s.get('bound_from_group_sizes', 0)} of them, the engine's on the others)",
         f"- exact path (dhp at 1 s) strictly better than the heuristic alone where the heuristic is > {100 * (GAP_FOR_EXACT - 1):.0f}% above the bound: "
         f"{s['exact_path_strictly_better']} of {s['heuristic_gap_cases']} cases ({'yes' if exact else 'no' if exact is not None else 'no such case'})",
-        f"- plan() wall time: at 200 ms median {_fmt(w.get(DEFAULT, {}).get('median'), '.0f')} ms, max {_fmt(w.get(DEFAULT, {}).get('max'), '.0f')} ms; "
-        f"at 1 s median {_fmt(w.get(ONE_S, {}).get('median'), '.0f')} ms, max {_fmt(w.get(ONE_S, {}).get('max'), '.0f')} ms; "
-        f"heuristic only median {_fmt(w.get(HEURISTIC, {}).get('median'), '.0f')} ms",
-        f"- FlexSP solve wall time: median {_fmt(s['flexsp_solve_wall_s']['median'], '.1f')} s, max {_fmt(s['flexsp_solve_wall_s']['max'], '.1f')} s",
+        f"- plan() wall time: at 200 ms median {fmt(w.get(DEFAULT, {}).get('median'), '.0f')} ms, max {fmt(w.get(DEFAULT, {}).get('max'), '.0f')} ms; "
+        f"at 1 s median {fmt(w.get(ONE_S, {}).get('median'), '.0f')} ms, max {fmt(w.get(ONE_S, {}).get('max'), '.0f')} ms; "
+        f"heuristic only median {fmt(w.get(HEURISTIC, {}).get('median'), '.0f')} ms",
+        f"- FlexSP solve wall time: median {fmt(s['flexsp_solve_wall_s']['median'], '.1f')} s, max {fmt(s['flexsp_solve_wall_s']['max'], '.1f')} s",
     ]
     for prof, p in s["per_profile"].items():
         lines.append(f"- {prof}: {p['cases']} cases, FlexSP on {p['with_flexsp']}; dhp at 200 ms at most FlexSP on {p['dhp_wins_or_ties']}; "
-                     f"dhp/FlexSP median {_fmt(p['median_dhp_over_flexsp'])}, worst {_fmt(p['worst_dhp_over_flexsp'])}; "
-                     f"dhp@1s/bound median {_fmt(p['median_dhp1s_over_bound'])}")
+                     f"dhp/FlexSP median {fmt(p['median_dhp_over_flexsp'])}, worst {fmt(p['worst_dhp_over_flexsp'])}; "
+                     f"dhp@1s/bound median {fmt(p['median_dhp1s_over_bound'])}")
     for note in s["skipped_flexsp"]:
         lines.append(f"- FlexSP skipped under {note}")
     return lines

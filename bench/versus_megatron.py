@@ -20,12 +20,11 @@ times (median, max). The table lists every batch.
 from __future__ import annotations
 
 import json
-import statistics
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from bench.plots import pyplot, save_figure
+from bench.versus import fmt, median_or_none, records_by_batch
 
 MEGATRON, DHP, STATIC = "megatron", "dhp-megatron", "static-best-megatron"
 PLANNERS = (MEGATRON, DHP, STATIC)
@@ -46,21 +45,10 @@ LABEL = {MEGATRON: "Megatron", DHP: "dhp", STATIC: "static"}
 SPEEDUPS = ("median_speedup", "min_speedup", "max_speedup")
 
 
-def _median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
-
-
-def _fmt(x: float | None, spec: str = ".3f") -> str:
-    return "n/a" if x is None else f"{x:{spec}}"
-
-
 def cases(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per batch: each planner's status, step time, ratio to the bound and wall time; the speedups."""
-    by: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = defaultdict(dict)
-    for r in doc["records"]:
-        by[(r.get("profile", "analytical"), r["workload"], r["ranks"], r["samples"], r["seed"])][r["planner"]] = r
     rows = []
-    for (profile, w, ranks, n, seed), recs in by.items():
+    for (profile, w, ranks, n, seed), recs in records_by_batch(doc).items():
         row: dict[str, Any] = {"profile": profile, "workload": w, "ranks": ranks, "samples": n, "seed": seed}
         for key in ("lower_bound_s", "bound_source"):
             row[key] = next((r[key] for r in recs.values() if r.get(key) is not None), None)
@@ -70,7 +58,7 @@ def cases(doc: dict[str, Any]) -> list[dict[str, Any]]:
             row[f"{p}_status"] = r.get("status")
             row[f"{p}_s"] = r.get("step_time_s") if ok else None
             row[f"{p}_ratio"] = r.get("ratio_to_bound") if ok else None
-            row[f"{p}_wall_ms"] = _median(r.get("wall_ms") or [])
+            row[f"{p}_wall_ms"] = median_or_none(r.get("wall_ms") or [])
             if r.get("status") not in (None, "ok"):
                 row[f"{p}_note"] = r.get("note")
         m, d, s = row[f"{MEGATRON}_s"], row[f"{DHP}_s"], row[f"{STATIC}_s"]
@@ -87,15 +75,15 @@ def _profile_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "batches": len(rows), "with_both": len(both),
         "dhp_faster": sum(1 for r in both if r[f"{DHP}_s"] < r[f"{MEGATRON}_s"] * (1 - 1e-9)),
-        "median_speedup": _median(speedups), "min_speedup": min(speedups, default=None),
+        "median_speedup": median_or_none(speedups), "min_speedup": min(speedups, default=None),
         "max_speedup": max(speedups, default=None),
         "megatron_slower_than_static": sum(1 for x in to_static if x > 1 + 1e-9), "with_static": len(to_static),
     }
     for p in PLANNERS:
-        out[f"{p}_median_ratio"] = _median([r[f"{p}_ratio"] for r in rows if r[f"{p}_ratio"] is not None])
+        out[f"{p}_median_ratio"] = median_or_none([r[f"{p}_ratio"] for r in rows if r[f"{p}_ratio"] is not None])
     for p in SCHEDULERS:
         walls = [r[f"{p}_wall_ms"] for r in rows if r[f"{p}_wall_ms"] is not None and r[f"{p}_status"] == "ok"]
-        out[f"{p}_wall_ms"] = {"median": _median(walls), "max": max(walls, default=None)}
+        out[f"{p}_wall_ms"] = {"median": median_or_none(walls), "max": max(walls, default=None)}
     return out
 
 
@@ -116,10 +104,10 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
             "Megatron/bound", "dhp/bound", "Megatron ms", "dhp ms"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in sorted(rows, key=lambda r: (r["profile"], r["workload"], r["ranks"], r["seed"])):
-        steps = [_fmt(r[f"{p}_s"]) if r[f"{p}_status"] == "ok" else (r[f"{p}_status"] or "n/a") for p in PLANNERS]
-        cells = [r["profile"], r["workload"], str(r["ranks"]), str(r["seed"]), _fmt(r["lower_bound_s"]), *steps,
-                 _fmt(r["speedup"], ".2f"), _fmt(r[f"{MEGATRON}_ratio"]), _fmt(r[f"{DHP}_ratio"]),
-                 _fmt(r[f"{MEGATRON}_wall_ms"], ".1f"), _fmt(r[f"{DHP}_wall_ms"], ".1f")]
+        steps = [fmt(r[f"{p}_s"]) if r[f"{p}_status"] == "ok" else (r[f"{p}_status"] or "n/a") for p in PLANNERS]
+        cells = [r["profile"], r["workload"], str(r["ranks"]), str(r["seed"]), fmt(r["lower_bound_s"]), *steps,
+                 fmt(r["speedup"], ".2f"), fmt(r[f"{MEGATRON}_ratio"]), fmt(r[f"{DHP}_ratio"]),
+                 fmt(r[f"{MEGATRON}_wall_ms"], ".1f"), fmt(r[f"{DHP}_wall_ms"], ".1f")]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -132,10 +120,10 @@ def summary_table(s: dict[str, Any]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, p in [*s["per_profile"].items(), ("all", s["all"])]:
         mw, dw = p[f"{MEGATRON}_wall_ms"], p[f"{DHP}_wall_ms"]
-        cells = [name, f"{p['dhp_faster']} of {p['with_both']}", *(_fmt(p[k], ".2f") + "x" for k in SPEEDUPS),
-                 _fmt(p[f"{MEGATRON}_median_ratio"]), _fmt(p[f"{DHP}_median_ratio"]),
-                 _fmt(p[f"{STATIC}_median_ratio"]), f"{_fmt(mw['median'], '.1f')} ({_fmt(mw['max'], '.1f')})",
-                 f"{_fmt(dw['median'], '.1f')} ({_fmt(dw['max'], '.1f')})"]
+        cells = [name, f"{p['dhp_faster']} of {p['with_both']}", *(fmt(p[k], ".2f") + "x" for k in SPEEDUPS),
+                 fmt(p[f"{MEGATRON}_median_ratio"]), fmt(p[f"{DHP}_median_ratio"]),
+                 fmt(p[f"{STATIC}_median_ratio"]), f"{fmt(mw['median'], '.1f')} ({fmt(mw['max'], '.1f')})",
+                 f"{fmt(dw['median'], '.1f')} ({fmt(dw['max'], '.1f')})"]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -146,14 +134,14 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
         mw, dw = p[f"{MEGATRON}_wall_ms"], p[f"{DHP}_wall_ms"]
         lines.append(
             f"- {name}: dhp faster on {p['dhp_faster']} of {p['with_both']} batches ({p['batches']} in all); "
-            f"speedup (Megatron / dhp step time) median {_fmt(p['median_speedup'], '.2f')}x, "
-            f"min {_fmt(p['min_speedup'], '.2f')}x, max {_fmt(p['max_speedup'], '.2f')}x; "
-            f"median ratio to bound: Megatron {_fmt(p[f'{MEGATRON}_median_ratio'])}, "
-            f"dhp {_fmt(p[f'{DHP}_median_ratio'])}, "
-            f"static {_fmt(p[f'{STATIC}_median_ratio'])}; "
+            f"speedup (Megatron / dhp step time) median {fmt(p['median_speedup'], '.2f')}x, "
+            f"min {fmt(p['min_speedup'], '.2f')}x, max {fmt(p['max_speedup'], '.2f')}x; "
+            f"median ratio to bound: Megatron {fmt(p[f'{MEGATRON}_median_ratio'])}, "
+            f"dhp {fmt(p[f'{DHP}_median_ratio'])}, "
+            f"static {fmt(p[f'{STATIC}_median_ratio'])}; "
             f"Megatron slower than static on {p['megatron_slower_than_static']} of {p['with_static']}; "
-            f"wall ms median (max): Megatron {_fmt(mw['median'], '.1f')} ({_fmt(mw['max'], '.1f')}), "
-            f"dhp {_fmt(dw['median'], '.1f')} ({_fmt(dw['max'], '.1f')})")
+            f"wall ms median (max): Megatron {fmt(mw['median'], '.1f')} ({fmt(mw['max'], '.1f')}), "
+            f"dhp {fmt(dw['median'], '.1f')} ({fmt(dw['max'], '.1f')})")
     lines += [f"- no plan: {note}" for note in s["without_plan"]]
     return lines
 
