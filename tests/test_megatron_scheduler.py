@@ -210,3 +210,15 @@ def test_busy_last_grows_groups_when_no_sample_can_move() -> None:
     assert sorted(len(ranks) for ranks, _ in last) == [2, 2, 4]
     report = check_assignment(problem, fixed)
     assert report.ok, report.violations
+
+
+def test_tensor_parallel_puts_fewer_domain_ranks_on_a_node() -> None:
+    # 8 DP x CP ranks with TP 2 on nodes of 8 GPUs: 4 domain ranks per node (Megatron's order, tensor innermost).
+    scheduler = PlannedCPScheduler(1000, Group(8), profile=PROFILE, gpus_per_node=8, tensor_parallel=2)
+    cluster = scheduler.problem([(0, 100)]).cluster
+    assert cluster.domain_size == 8 and cluster.node_rank_ranges == ((0, 4), (4, 8))
+    groups, _ = scheduler.get_groups_and_subsamples(_batch(24, 1), None)
+    plan = scheduler.last["plan"]
+    for mb in plan["micro_batches"]:
+        for g in mb["groups"]:
+            assert g["intra_node"] == (len({r // 4 for r in g["ranks"]}) == 1)
