@@ -50,8 +50,14 @@ def _batch(rank: int, lengths: list[list[int]]) -> list[dict[str, torch.Tensor]]
 
 
 def megatron_step_worker(rank: int, world_size: int, lengths: dict[int, list[list[int]]], capacity: int, profile: dict[str, Any],
-                         deterministic: bool) -> dict[str, Any]:
-    """One global batch through Megatron's wrapper and forward-backward loop; what each rank ran."""
+                         modes: tuple[bool, ...]) -> list[dict[str, Any]]:
+    """The global batch through Megatron's wrapper and forward-backward loop once per mode (``deterministic``
+    False: rank 0 plans and broadcasts; True: every rank plans); what each rank ran each time."""
+    return [_megatron_step(rank, world_size, lengths, capacity, profile, deterministic) for deterministic in modes]
+
+
+def _megatron_step(rank: int, world_size: int, lengths: dict[int, list[list[int]]], capacity: int, profile: dict[str, Any],
+                   deterministic: bool) -> dict[str, Any]:
     from megatron.core import parallel_state
     from megatron.core.datasets.data_schedule import HybridCPDataLoaderWrapper
     from megatron.core.pipeline_parallel import hybrid_cp_schedule, schedules

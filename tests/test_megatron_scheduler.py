@@ -153,8 +153,7 @@ def test_bad_input_is_named() -> None:
     assert problem_from_json(scheduler.request([(0, 5)]))  # the service's request document is a valid request
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
-def test_megatrons_own_wrapper_and_loop_run_the_schedule(deterministic: bool) -> None:
+def test_megatrons_own_wrapper_and_loop_run_the_schedule() -> None:
     pytest.importorskip("megatron.core")
     from megatron_workers import megatron_step_worker
 
@@ -163,7 +162,12 @@ def test_megatrons_own_wrapper_and_loop_run_the_schedule(deterministic: bool) ->
     rng = random.Random(11)
     # Each of 4 DP ranks loads 2 packed samples of 1-4 sub-samples, 20 to 3,000 tokens (capacity 1,000 per rank).
     lengths = {r: [[rng.randint(20, 3000 if rng.random() < 0.15 else 600) for _ in range(rng.randint(1, 4))] for _ in range(2)] for r in range(4)}
-    results = spawn(megatron_step_worker, 4, lengths, 1000, PROFILE, deterministic)
+    by_rank = spawn(megatron_step_worker, 4, lengths, 1000, PROFILE, (False, True))  # broadcast, then deterministic
+    for mode, deterministic in enumerate((False, True)):
+        _check_megatron_run([res[mode] for res in by_rank], lengths, deterministic)
+
+
+def _check_megatron_run(results: list[dict], lengths: dict[int, list[list[int]]], deterministic: bool) -> None:
     assert len({res["digest"] for res in results}) == 1
     schedule = results[0]["sample_id_groups"]
     assert all(res["sample_id_groups"] == schedule for res in results)
