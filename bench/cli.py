@@ -117,7 +117,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if "flexsp" in kwargs.get("planners", ()) and not args.scaling_only:
         require(kwargs["flexsp"])
     if suite == "megatron" and "megatron" in kwargs["planners"] and not args.scaling_only:
-        from bench.baselines.megatron_real import INSTALL_HINT, available
+        from bench.baselines.megatron_real import available
+        from trainer.megatron import INSTALL_HINT
 
         if not available():
             raise ProblemError("the megatron suite needs megatron-core, which is not installed", field="--suite",

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench.baselines.megatron_real import DomainGroup, capacity, scheduler_class
+from bench.baselines.megatron_real import capacity
 from bench.runner import ANALYTICAL, make_request, resolve_profile
 from bench.workloads import get_workload
 from optimizer.problem.documents import problem_from_json
@@ -55,7 +55,7 @@ def _timed_calls(scheduler: Any, batches: list[list[tuple[int, int]]]) -> tuple[
 def time_point(ranks: int, samples: int, batches: int, workload: str = "video", profile: str = ANALYTICAL,
                budget_ms: float = 200.0) -> list[dict[str, Any]]:
     """Construction, warm-up and timed-call milliseconds of both schedulers at one point (see the module docstring)."""
-    from trainer.megatron import PlannedCPScheduler
+    from trainer.megatron import DomainGroup, PlannedCPScheduler, balanced_scheduler_class
 
     w = get_workload(workload)
     profile_doc = resolve_profile(profile)
@@ -64,7 +64,7 @@ def time_point(ranks: int, samples: int, batches: int, workload: str = "video", 
     lists = [[(i, int(length)) for i, length in enumerate(p.batch.lengths)] for p in problems]
     cap = capacity(problems[0])
     request = requests[0]
-    balanced = scheduler_class()  # imported here, outside the construction's time
+    balanced = balanced_scheduler_class()  # imported here, outside the construction's time
     made: list[tuple[str, Callable[[], Any]]] = [
         ("megatron", lambda: balanced(cap, DomainGroup(ranks))),
         ("dhp", lambda: PlannedCPScheduler(cap, DomainGroup(ranks), profile=request.get("profile"),

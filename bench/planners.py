@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bench.baselines import bucket_milp, static_deployed
-from bench.baselines.megatron_real import DomainGroup, capacity, megatron_plan
 from bench.baselines.megatron_real import available as megatron_available
+from bench.baselines.megatron_real import capacity, megatron_plan
 from bench.flexsp_real import FlexSPSettings
 from bench.workloads import Workload
 from optimizer.costs.tables import CostTables
@@ -29,7 +29,7 @@ from optimizer.heuristic.static_layout import best_static
 from optimizer.plan.plan import Assignment, Plan
 from optimizer.problem.options import PlanOptions
 from optimizer.problem.problem import Problem
-from trainer.megatron import MEGATRON_RULES
+from trainer.megatron import MEGATRON_RULES, DomainGroup
 
 
 @dataclass

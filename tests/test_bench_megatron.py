@@ -17,11 +17,11 @@ from bench.workloads import WORKLOADS
 from optimizer.costs.tables import CostTables
 from optimizer.problem.documents import problem_from_json
 from optimizer.verify.verifier import check_assignment
-from trainer.megatron import MEGATRON_RULES
+from trainer.megatron import MEGATRON_RULES, SCHEDULER_MODULE, DomainGroup, balanced_scheduler_class
 
 
 def _megatron_core() -> None:
-    pytest.importorskip(megatron_real.MODULE, reason="megatron-core is not installed (dhp-planner[megatron])")
+    pytest.importorskip(SCHEDULER_MODULE, reason="megatron-core is not installed (dhp-planner[megatron])")
 
 
 def _request(workload: str = "video", ranks: int = 16, n: int = 64, seed: int = 0,
@@ -42,7 +42,7 @@ def test_real_megatron_plans_pass_the_verifier_under_megatron_rules():
     assert out.details["max_seq_len_per_rank"] == 6449
     assert out.details["barrier_groups"] == len(out.assignment.micro_batches)
     # The assignment is Megatron's schedule: each barrier group uses every rank, each sample on the ranks that list it.
-    raw = megatron_real.scheduler_class()(6449, megatron_real.DomainGroup(16))
+    raw = balanced_scheduler_class()(6449, DomainGroup(16))
     _, sample_id_groups = raw.get_groups_and_subsamples(list(enumerate(case.problem.batch.lengths)), None)
     for mb, per_rank in zip(out.assignment.micro_batches, sample_id_groups, strict=True):
         assert sum(len(ranks) for ranks, _ in mb) == 16
@@ -52,7 +52,7 @@ def test_real_megatron_plans_pass_the_verifier_under_megatron_rules():
 
 def test_megatron_is_skipped_with_its_reason_when_megatron_core_cannot_be_imported(monkeypatch):
     monkeypatch.setitem(sys.modules, "megatron.core", None)
-    monkeypatch.setitem(sys.modules, megatron_real.MODULE, None)
+    monkeypatch.setitem(sys.modules, SCHEDULER_MODULE, None)
     megatron_real._scheduler.cache_clear()  # a scheduler made by an earlier test would answer without importing
     assert not megatron_real.available()
     assert "megatron" not in default_planners()

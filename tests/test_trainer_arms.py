@@ -75,12 +75,12 @@ def test_each_arm_gives_a_valid_plan_of_the_batch(setting, arm):
 def test_the_megatron_arm_is_megatrons_own_schedule(setting):
     from megatron.core.pipeline_parallel.hybrid_cp_schedule import BalancedCPScheduler
 
-    from trainer.arms import DomainSize
+    from trainer.megatron import DomainGroup
 
     _, request, sample_profile = setting
     doc = megatron_plan(request, sample_profile)
     seqlens = [(s["id"], s["text_tokens"]) for s in request["batch"]["samples"]]
-    _, own = BalancedCPScheduler(256, DomainSize(4)).get_groups_and_subsamples(seqlens, None)
+    _, own = BalancedCPScheduler(256, DomainGroup(4)).get_groups_and_subsamples(seqlens, None)
     ours = per_rank(doc)
     assert [[sorted(ids) for ids in ranks] for ranks in own] == [[sorted(ids) for ids in ranks] for ranks in ours]
 

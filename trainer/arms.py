@@ -23,9 +23,7 @@ aligned blocks its process groups are, which its real run could not do; the trai
 
 from __future__ import annotations
 
-import math
 import time
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,16 +31,6 @@ from optimizer.errors import ProblemError
 
 ARMS: dict[str, str] = {"static": "packed", "megatron": "per-sample", "dhp-megatron": "per-sample", "dhp": "packed"}
 """Each arm and the execution its plans run with."""
-
-
-class DomainSize:
-    """A stand-in for the data x context-parallel process group: schedulers read only its ``size()``."""
-
-    def __init__(self, n: int) -> None:
-        self.n = int(n)
-
-    def size(self) -> int:
-        return self.n
 
 
 def _problem(request: Mapping[str, Any], profile: Mapping[str, Any] | None = None,
@@ -102,8 +90,9 @@ def megatron_plan(request: Mapping[str, Any], sample_profile: Mapping[str, Any])
     n = problem.cluster.domain_size
     ids = [s.id for s in problem.batch.samples]
     lengths = [int(x) for x in problem.batch.lengths]
+    scheduler = _balanced_scheduler(capacity, n)
     # Megatron gives a sample the power of two of ranks its capacity needs; more than the domain never places.
-    needs = {sid: max(1, 2 ** math.ceil(math.log2(L / capacity))) for sid, L in zip(ids, lengths, strict=True)}
+    needs = {sid: int(scheduler.gpus_needed(L)) for sid, L in zip(ids, lengths, strict=True)}
     too_long = [sid for sid in ids if needs[sid] > n]
     if too_long:
         sid = too_long[0]
@@ -114,7 +103,6 @@ def megatron_plan(request: Mapping[str, Any], sample_profile: Mapping[str, Any])
     if len(ids) < n:
         raise ProblemError(f"{len(ids)} samples for {n} ranks: Megatron's scheduler needs a sample for every rank",
                            field="batch", hint=f"give at least {n} samples per step (--samples).")
-    scheduler = _balanced_scheduler(capacity, n)
     t0 = time.perf_counter()
     _, sample_id_groups = scheduler.get_groups_and_subsamples(list(zip(ids, lengths, strict=True)), None)
     wall = (time.perf_counter() - t0) * 1000.0
@@ -123,14 +111,14 @@ def megatron_plan(request: Mapping[str, Any], sample_profile: Mapping[str, Any])
 
 
 def _balanced_scheduler(capacity: int, n: int) -> Any:
+    from trainer.megatron import DomainGroup, balanced_scheduler_class
+
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # megatron-core warns that Transformer Engine and Apex are absent
-            from megatron.core.pipeline_parallel.hybrid_cp_schedule import BalancedCPScheduler
+        scheduler = balanced_scheduler_class()
     except ImportError:
         raise ProblemError("megatron-core is not installed", field="arm",
                            hint="pip install 'dhp-planner[megatron]' (megatron-core) for the megatron arm.") from None
-    return BalancedCPScheduler(capacity, DomainSize(n))
+    return scheduler(capacity, DomainGroup(n))
 
 
 class ArmPlanner:
@@ -169,14 +157,14 @@ class ArmPlanner:
         return doc
 
     def _dhp_megatron(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        from trainer.megatron import MEGATRON_RULES, PlannedCPScheduler, assignment_of
+        from trainer.megatron import MEGATRON_RULES, DomainGroup, PlannedCPScheduler, assignment_of
 
         assert self.sample_profile is not None
         capacity = int(self.sample_profile["capacity_tokens_per_rank"])
         problem = _problem(request, self.sample_profile, MEGATRON_RULES)
         if self._scheduler is None:
             budget = float(request.get("options", {}).get("time_budget_ms", 200.0))
-            self._scheduler = PlannedCPScheduler(capacity, DomainSize(problem.cluster.domain_size),
+            self._scheduler = PlannedCPScheduler(capacity, DomainGroup(problem.cluster.domain_size),
                                                  profile=self.sample_profile, model=request["model"],
                                                  cluster=request["cluster"], budget_ms=budget)
         t0 = time.perf_counter()

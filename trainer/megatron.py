@@ -39,7 +39,7 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +58,38 @@ SCHEDULE_MS_PER_SAMPLE = 0.004
 """What turning a plan into a schedule costs beside the planner (see :func:`schedule_reserve_ms`)."""
 """GPUs per node when the caller does not say (the usual HGX / DGX node)."""
 
+SCHEDULER_MODULE = "megatron.core.pipeline_parallel.hybrid_cp_schedule"
+"""Where megatron-core keeps ``BalancedCPScheduler``."""
+INSTALL_HINT = "pip install 'dhp-planner[megatron]' (megatron-core and torch)"
+
 SampleSeqlens = Sequence[tuple[Any, int]]
 Schedule = tuple[list[list[list[int]]], list[list[list[Any]]]]
 """(groups, sample_id_groups) as Megatron-Core's scheduler returns them."""
+
+
+@dataclass(frozen=True)
+class DomainGroup:
+    """What Megatron's schedulers read of the data x context-parallel process group, its size: a
+    stand-in for the group where there is no job (benchmarks, the trainer's rank 0 planning ahead)."""
+
+    ranks: int
+
+    def size(self) -> int:
+        return self.ranks
+
+
+def balanced_scheduler_class() -> Any:
+    """megatron-core's own ``BalancedCPScheduler`` class; ImportError naming the install when it cannot be imported."""
+    import importlib
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # its optimizer modules warn that Transformer Engine and Apex are absent
+            module = importlib.import_module(SCHEDULER_MODULE)
+    except ImportError as exc:
+        raise ImportError(f"megatron-core's scheduler cannot be imported ({type(exc).__name__}: {exc}); {INSTALL_HINT}") from exc
+    return module.BalancedCPScheduler
 
 
 # -- plans and schedules ----------------------------------------------------------------------

@@ -29,19 +29,7 @@ from typing import Any
 
 from optimizer.plan.plan import Assignment
 from optimizer.problem.problem import Problem
-
-MODULE = "megatron.core.pipeline_parallel.hybrid_cp_schedule"
-INSTALL_HINT = "pip install 'dhp-planner[megatron]' (megatron-core and torch)"
-
-
-@dataclass(frozen=True)
-class DomainGroup:
-    """What Megatron's schedulers read of the data x context-parallel process group: its size."""
-
-    ranks: int
-
-    def size(self) -> int:
-        return self.ranks
+from trainer.megatron import DomainGroup, balanced_scheduler_class
 
 
 @dataclass
@@ -63,20 +51,6 @@ def available() -> bool:
         return False
 
 
-def scheduler_class() -> Any:
-    """Megatron-Core's ``BalancedCPScheduler`` class; ImportError naming the install when it cannot be imported."""
-    import warnings
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # its optimizer modules warn that Transformer Engine and Apex are absent
-            module = importlib.import_module(MODULE)
-    except ImportError as exc:
-        why = f"{type(exc).__name__}: {exc}"
-        raise ImportError(f"megatron-core's scheduler cannot be imported ({why}); {INSTALL_HINT}") from exc
-    return module.BalancedCPScheduler
-
-
 def capacity(problem: Problem) -> int:
     """``max_seq_len_per_rank``: the profile's tokens of one sub-sample per rank, the smallest over the
     cluster's GPU types."""
@@ -88,7 +62,7 @@ class MegatronScheduler:
     """Megatron-Core's scheduler on problems of one domain and capacity, made once (its caches kept)."""
 
     def __init__(self, max_seq_len_per_rank: int, ranks: int) -> None:
-        cls = scheduler_class()
+        cls = balanced_scheduler_class()
         start = time.perf_counter()
         self.scheduler = cls(max_seq_len_per_rank, DomainGroup(ranks))
         self.construct_ms = (time.perf_counter() - start) * 1000.0
