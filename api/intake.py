@@ -35,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from optimizer.gc_pause import collector_paused
+from optimizer.problem.text import check_text_rule, may_break_rule
 
 T = TypeVar("T")
 INLINE_BYTES = 64 * 1024
@@ -248,7 +249,8 @@ KEEPER = Keeper()
 class ParsedOffLoop(APIRoute):
     """A route whose JSON body is parsed before FastAPI reads it: in steps on a parse thread when large, in place
     when small; FastAPI then validates the parsed document as usual (what it reads is cached on the request).
-    Malformed JSON gives the same 422 as FastAPI's own parse."""
+    Malformed JSON gives the same 422 as FastAPI's own parse; text that breaks :mod:`optimizer.problem.text`'s rule
+    (NUL, a lone surrogate) a 422 naming its field."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handle = super().get_route_handler()
@@ -268,6 +270,8 @@ class ParsedOffLoop(APIRoute):
                                                        "ctx": {"error": exc.msg}}], body=exc.doc) from None
                     except (ValueError, RecursionError):  # not UTF-8 / UTF-16 / UTF-32, or nested beyond the parser's depth
                         raise HTTPException(400, "There was an error parsing the body") from None
+                    if may_break_rule(data):  # NUL or a lone surrogate reaches no encoder or store: refused naming the field
+                        await for_body(len(data), check_text_rule, parsed)
                     request._json = parsed  # what Request.json() returns from now on (FastAPI reads the body through it)
             return await handle(request)
 

@@ -23,6 +23,8 @@ from optimizer.errors import ProblemError
 from optimizer.problem.batch import Batch
 from optimizer.problem.documents import batch_from_json
 from optimizer.problem.model import ModelSpec
+from optimizer.problem.text import HINT as TEXT_HINT
+from optimizer.problem.text import first_bad_text, may_break_rule
 
 
 @dataclass
@@ -98,14 +100,21 @@ def read_rows(path: str | Path) -> tuple[list[Any], str]:
     """The rows of a JSONL or Parquet file and the sha256 of its bytes."""
     p = Path(path)
     try:
-        digest = hashlib.sha256(p.read_bytes()).hexdigest()
+        data = p.read_bytes()
     except OSError as exc:
         raise ProblemError(f"cannot read {p}: {exc.strerror or exc}", field="dataset.path", hint="check the path.") from None
     if p.suffix == ".parquet":
-        return read_parquet(p), digest
-    if p.suffix in (".jsonl", ".ndjson"):
-        return read_jsonl(p), digest
-    raise ProblemError(f"{p.name}: unknown dataset format", field="dataset.path", hint="use a .jsonl or .parquet file.")
+        rows = read_parquet(p)
+        suspect = any(isinstance(sid := row.get("id"), str) and "\x00" in sid for row in rows)  # Arrow strings may hold NUL, never a lone surrogate
+    elif p.suffix in (".jsonl", ".ndjson"):
+        rows = read_jsonl(p)
+        suspect = may_break_rule(data)
+    else:
+        raise ProblemError(f"{p.name}: unknown dataset format", field="dataset.path", hint="use a .jsonl or .parquet file.")
+    bad = first_bad_text(rows, "dataset") if suspect else None
+    if bad is not None:
+        raise ProblemError(f"{p.name}: {bad[0]} {bad[1]}", field="dataset.path", hint=TEXT_HINT)
+    return rows, hashlib.sha256(data).hexdigest()
 
 
 def _check_row(row: Any, k: int, model: ModelSpec | None) -> tuple[int, ProblemError | None]:
