@@ -25,7 +25,7 @@ from fastapi.staticfiles import StaticFiles
 from api import errors
 from api.intake import BodyBudget
 from api.metrics import Metrics, multiprocess_dir
-from api.middleware import AdmissionPrecheck, ArrivalAndMetrics, BodyLimit
+from api.middleware import AdmissionPrecheck, ArrivalAndMetrics, BodyLimit, TokenGate
 from api.openapi_limits import with_deployment_limits
 from api.routes import dashboard, health, jobs, plans, presets
 from api.service import PlanningService
@@ -108,7 +108,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, budget=BodyBudget(settings.max_body_bytes_in_flight), pool=service.pool)
+    # Outermost last: arrival and metrics, then the token (before any body is read), admission, the body limits.
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, budget=BodyBudget(settings.max_body_bytes_in_flight), pool=service.pool,
+                       timeout_s=settings.body_timeout_s)
     app.add_middleware(AdmissionPrecheck, pool=service.pool, max_budget_s=settings.max_budget_ms / 1000.0)
+    guarded = settings.environment != "development" and not settings.token_list
+    if guarded:
+        log.warning("%s without DHP_TOKENS: /v1 answers only connections that reach it on a loopback address", settings.environment)
+    app.add_middleware(TokenGate, tokens=settings.token_list, loopback_only=guarded)
     app.add_middleware(ArrivalAndMetrics, metrics=metrics)
     return app

@@ -11,6 +11,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 
 from api.errors import ServiceError
 from api.service import PlanningService
@@ -37,18 +38,28 @@ async def arrival(request: Request) -> float:
     return request.scope.get("dhp.arrival") or 0.0
 
 
-async def require_token(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
-    tokens = request.app.state.settings.token_list
+def token_error(tokens: list[str], authorization: str | None) -> ServiceError | None:
+    """The 401 for a request whose ``Authorization`` header carries none of ``tokens`` (None: let it through, or no tokens set)."""
     if not tokens:
-        return
-    if credentials is None or credentials.scheme.lower() != "bearer":
-        raise ServiceError(401, "Unauthorized", "this service needs a bearer token", kind="unauthorized", field="Authorization",
-                           hint="send 'Authorization: Bearer <token>' with a token from the server's DHP_TOKENS.",
-                           headers={"WWW-Authenticate": "Bearer"})
-    given = credentials.credentials.encode()
-    if not any(hmac.compare_digest(given, t.encode()) for t in tokens):
-        raise ServiceError(401, "Unauthorized", "the bearer token is not valid", kind="unauthorized", field="Authorization",
-                           hint="use a token from the server's DHP_TOKENS.", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+        return None
+    scheme, given = get_authorization_scheme_param(authorization)
+    if not authorization or scheme.lower() != "bearer" or not given:
+        return ServiceError(401, "Unauthorized", "this service needs a bearer token", kind="unauthorized", field="Authorization",
+                            hint="send 'Authorization: Bearer <token>' with a token from the server's DHP_TOKENS.",
+                            headers={"WWW-Authenticate": "Bearer"})
+    presented = given.encode("utf-8", "surrogateescape")
+    if not any(hmac.compare_digest(presented, t.encode()) for t in tokens):
+        return ServiceError(401, "Unauthorized", "the bearer token is not valid", kind="unauthorized", field="Authorization",
+                            hint="use a token from the server's DHP_TOKENS.", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+    return None
+
+
+async def require_token(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+    """The bearer scheme of /v1 in the OpenAPI document. :class:`api.middleware.TokenGate` applies the same rule
+    before a body is read; this repeats it for an app mounted without that middleware."""
+    error = token_error(request.app.state.settings.token_list, request.headers.get("authorization"))
+    if error is not None:
+        raise error
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]

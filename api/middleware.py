@@ -1,13 +1,16 @@
-"""ASGI middleware: arrival time, request latency metric, the request body size limit and budget, and the admission pre-check."""
+"""ASGI middleware: arrival time, request latency metric, the bearer token, the request body limits (size, bytes held, time) and the admission pre-check."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
-from api.errors import problem_response
+from api.deps import token_error
+from api.errors import ServiceError, problem_response
 from api.intake import BodyBudget
 from api.metrics import Metrics
+from api.settings import is_loopback
 
 Scope = dict[str, Any]
 
@@ -51,16 +54,57 @@ class ArrivalAndMetrics:
             self.metrics.request_latency.labels(method=scope["method"], route=path, status=str(status[0])).observe(time.perf_counter() - start)
 
 
-class BodyLimit:
-    """Refuses request bodies larger than ``max_bytes`` with 413, whether or not Content-Length is given, and holds
-    each body's bytes in ``budget`` (:class:`api.intake.BodyBudget`) from its first byte until the answer is sent:
-    a body that would go over it is refused with 503 and Retry-After, before it is read when its length is declared."""
+def _is_v1(path: str) -> bool:
+    return path == "/v1" or path.startswith("/v1/")
 
-    def __init__(self, app: Any, max_bytes: int, budget: BodyBudget, pool: Any) -> None:
+
+class TokenGate:
+    """Checks the bearer token of every /v1 request before anything else reads its body (:func:`api.deps.token_error`):
+    a client without a valid token is answered 401 at once and never holds body bytes, a waiting place or a parse.
+
+    With ``loopback_only`` (no tokens outside development) a /v1 request that reached the server on an address other
+    than loopback is refused with 403, whatever server runs the app and whatever address it was told to bind: the
+    connection's own local address says whether other machines can reach it."""
+
+    def __init__(self, app: Any, tokens: list[str], loopback_only: bool = False) -> None:
+        self.app = app
+        self.tokens = tokens
+        self.loopback_only = loopback_only and not tokens
+
+    def _exposed(self, scope: Scope) -> str | None:
+        server = scope.get("server")
+        host = server[0] if server else None
+        return None if host is None or is_loopback(host) else host
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and _is_v1(scope.get("path", "")):
+            exc = None
+            if self.tokens:
+                given = next((value.decode("latin-1") for name, value in scope.get("headers", ()) if name == b"authorization"), None)
+                exc = token_error(self.tokens, given)
+            elif self.loopback_only and (host := self._exposed(scope)) is not None:
+                exc = ServiceError(403, "Forbidden", f"this service has no bearer tokens and was reached on {host}, which other machines can reach",
+                                   kind="no-tokens", hint="the operator should set DHP_TOKENS (e.g. `openssl rand -hex 24`), or listen on 127.0.0.1 only.")
+            if exc is not None:
+                await problem_response(exc.status, exc.title, exc.detail, kind=exc.kind, field=exc.field, hint=exc.hint,
+                                       headers=exc.headers, instance=scope.get("path"))(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class BodyLimit:
+    """Refuses request bodies larger than ``max_bytes`` with 413, whether or not Content-Length is given; holds each
+    body's bytes in ``budget`` (:class:`api.intake.BodyBudget`) as they arrive, until the answer is sent (a body that
+    would go over it is refused with 503 and Retry-After); and refuses with 408 a body that has not arrived in full
+    within ``timeout_s`` of the request's start. Bytes are held as they arrive, not as declared, so a client that
+    declares a large body and stalls holds only what it sent, and only until its time is up."""
+
+    def __init__(self, app: Any, max_bytes: int, budget: BodyBudget, pool: Any, timeout_s: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.budget = budget
         self.pool = pool
+        self.timeout_s = timeout_s
 
     async def _refuse(self, scope: Scope, receive: Any, send: Any, size: str) -> None:
         response = problem_response(413, "Request body too large", f"the body has {size} bytes; this service accepts at most {self.max_bytes}",
@@ -70,48 +114,46 @@ class BodyLimit:
         await response(scope, receive, send)
 
     async def _busy(self, scope: Scope, receive: Any, send: Any) -> None:
-        exc = self.pool.refused(f"the request bodies being handled fill the {self.budget.max_bytes} bytes set aside for them (DHP_MAX_BODY_BYTES_IN_FLIGHT)")
+        exc = self.pool.refused(f"the request bodies being received fill the {self.budget.max_bytes} bytes set aside for them (DHP_MAX_BODY_BYTES_IN_FLIGHT)")
         await problem_response(exc.status, exc.title, exc.detail, kind=exc.kind, hint=exc.hint, headers=exc.headers, instance=scope.get("path"))(scope, receive, send)
+
+    async def _late(self, scope: Scope, receive: Any, send: Any, got: int) -> None:
+        await problem_response(408, "Request body too slow", f"the body did not arrive within {self.timeout_s:g} s ({got} bytes came)",
+                               kind="body-timeout", field="body",
+                               hint=f"send the whole body within {self.timeout_s:g} s, or raise DHP_BODY_TIMEOUT_S on the server.",
+                               headers={"Connection": "close"}, instance=scope.get("path"))(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
             await self.app(scope, receive, send)
             return
-        declared = None
         for name, value in scope.get("headers", ()):
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = None
-                if declared is not None and declared > self.max_bytes:
-                    await self._refuse(scope, receive, send, str(declared))
-                    return
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                await self._refuse(scope, receive, send, value.decode())
+                return
         held = 0
+        until = scope.get("dhp.arrival", time.perf_counter()) + self.timeout_s
         try:
-            if declared:
-                if not self.budget.take(declared):
-                    await self._busy(scope, receive, send)
-                    return
-                held = declared
             # Read the body here (the route would read it anyway) so a chunked body is limited too.
             chunks: list[bytes] = []
-            total = 0
             while True:
-                message = await receive()
+                try:
+                    message = await asyncio.wait_for(receive(), max(0.0, until - time.perf_counter()))
+                except TimeoutError:
+                    await self._late(scope, receive, send, held)
+                    return
                 if message["type"] == "http.disconnect":
                     return
                 body = message.get("body", b"")
-                total += len(body)
-                if total > self.max_bytes:
+                if held + len(body) > self.max_bytes:
                     await self._refuse(scope, receive, send, f"more than {self.max_bytes}")
                     return
-                if total > held:
-                    if not self.budget.take(total - held):
+                if body:
+                    if not self.budget.take(len(body)):
                         await self._busy(scope, receive, send)
                         return
-                    held = total
-                chunks.append(body)
+                    held += len(body)
+                    chunks.append(body)
                 if not message.get("more_body", False):
                     break
             data = b"".join(chunks)

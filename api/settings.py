@@ -48,6 +48,8 @@ class Settings(BaseSettings):
     """Largest request body; larger ones get 413."""
     max_body_bytes_in_flight: int = Field(32 * 1024 * 1024, ge=1024)
     """Request bodies held at once in one process (from the first byte read until the answer); beyond it 503 with Retry-After."""
+    body_timeout_s: float = Field(10.0, gt=0.0, le=600.0)
+    """Time from a request's arrival within which its whole body must arrive; a slower one gets 408."""
     max_samples: int = Field(65_536, ge=1)
     max_ranks: int = Field(16_384, ge=1)
     max_budget_ms: float = Field(60_000.0, ge=1.0)
