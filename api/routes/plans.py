@@ -163,9 +163,14 @@ def add_feedback(plan_id: PlanId, body: FeedbackIn, store: StoreDep, service: Se
         raise ServiceError(409, "Plan not ready", f"the plan is {record.status}", kind="plan-not-done", field="plan_id",
                            hint="send feedback for a finished plan (GET /v1/plans/{id}?wait_ms=... waits for it).")
     translate.check_group_times(body.group_times_s, record.plan_json)
-    fb = store.add_feedback(plan_id, body.measured_step_time_s, body.model_dump(exclude_none=True), idempotency_key)
+    document = body.model_dump(exclude_none=True)
+    fb = store.add_feedback(plan_id, body.measured_step_time_s, document, idempotency_key)
     if fb is None:
         raise _not_found(plan_id)
+    if fb.replayed and fb.document != document:  # a key names one request: another body under it is a client's mistake
+        raise ServiceError(422, "Idempotency-Key reused", "this Idempotency-Key was sent before with another feedback body; the first one is kept",
+                           kind="idempotency-key-reused", field="Idempotency-Key",
+                           hint="send a new key with each new measurement, and the very same body when retrying one.")
     if fb.replayed:
         response.status_code = 200
     elif fb.predicted_step_time_s:
