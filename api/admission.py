@@ -192,16 +192,22 @@ class SolvePool:
             self._jobs.pop(job_id, None)
         self._metrics.queue_depth.dec()
 
-    async def run(self, fn: Callable[..., T], *args: Any, deadline: float | None = None, min_left_s: float = 0.0) -> T:
-        """Run ``fn(*args)`` on a solve thread and wait for it; raises Overloaded when full, or when the solves ahead
-        would leave it less than ``min_left_s`` before ``deadline`` (a ``time.perf_counter`` instant)."""
-        job_id = self._admit(deadline, min_left_s)
+    def admit(self, deadline: float | None = None, min_left_s: float = 0.0) -> int:
+        """Take a place for a solve now; raises Overloaded when full, or when the solves ahead would leave it less
+        than ``min_left_s`` before ``deadline`` (a ``time.perf_counter`` instant). :meth:`start` runs it."""
+        return self._admit(deadline, min_left_s)
+
+    def start(self, job_id: int, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Run ``fn(*args)`` on a solve thread in a place taken with :meth:`admit`; its future (on the running loop)."""
         try:
-            future = asyncio.get_running_loop().run_in_executor(self._pool(), self._wrap(job_id, fn, *args))
+            return asyncio.get_running_loop().run_in_executor(self._pool(), self._wrap(job_id, fn, *args))
         except BaseException:
             self.release(job_id)
             raise
-        return await future
+
+    async def run(self, fn: Callable[..., T], *args: Any, deadline: float | None = None, min_left_s: float = 0.0) -> T:
+        """Run ``fn(*args)`` on a solve thread and wait for it (:meth:`admit`, then :meth:`start`)."""
+        return await self.start(self.admit(deadline, min_left_s), fn, *args)
 
     def reserve(self, deadline: float | None = None) -> int:
         """Take a place in the waiting line now (raises Overloaded when full) for a job to end by ``deadline``;

@@ -50,10 +50,12 @@ class PlanCache:
 
 @dataclass
 class Flight:
-    """One solve in progress for a request hash: the plan-ahead record that is solving it (None for a
-    request that waits for its plan), and the finished record (or the error) when it ends."""
+    """One solve in progress for a normalised request: the plan id every request that shares it answers with,
+    the pending record stored under that id (a plan-ahead request leads or joined it; None while none is), and
+    the finished record (or the error) when it ends."""
 
-    pending: PlanRecord | None
+    plan_id: str
+    pending: PlanRecord | None = None
     done: Future[PlanRecord] = field(default_factory=Future)
 
 
@@ -64,13 +66,17 @@ class InFlight:
         self._items: dict[str, Flight] = {}
         self._lock = threading.Lock()
 
-    def claim(self, key: str, pending: PlanRecord | None = None) -> tuple[Flight, bool]:
+    def get(self, key: str) -> Flight | None:
+        with self._lock:
+            return self._items.get(key)
+
+    def claim(self, key: str, plan_id: str) -> tuple[Flight, bool]:
         """The flight for ``key`` and whether the caller leads it (and must :meth:`land` it)."""
         with self._lock:
             flight = self._items.get(key)
             if flight is not None:
                 return flight, False
-            flight = self._items[key] = Flight(pending)
+            flight = self._items[key] = Flight(plan_id)
             return flight, True
 
     def land(self, key: str, flight: Flight, record: PlanRecord | None = None, error: BaseException | None = None) -> None:
@@ -78,6 +84,8 @@ class InFlight:
         with self._lock:
             if self._items.get(key) is flight:
                 del self._items[key]
+        if flight.done.done():
+            return
         if error is not None:
             flight.done.set_exception(error)
         else:

@@ -19,13 +19,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime
 from typing import Any, TypeVar
 
 from api import translate
 from api.admission import SolvePool
-from api.errors import STORE_DOWN, ServiceError, StoreUnavailable, planner_error_document
+from api.errors import STORE_DOWN, StoreUnavailable, planner_error_document
 from api.metrics import Metrics
 from api.plan_cache import Flight, InFlight, PlanCache
 from api.settings import Settings
@@ -66,8 +65,10 @@ class PlanningService:
         self.resumed = threading.Event()
         """Set once the plan-ahead requests left pending by an earlier process have been taken up (at start-up)."""
         self._waiters: dict[str, asyncio.Event] = {}
-        self._asked: dict[str, asyncio.Future[Any]] = {}
-        self._accepting: dict[str, asyncio.Future[Any]] = {}
+        self._preparing: dict[str, asyncio.Future[Any]] = {}
+        """Validations of requests in flight by raw hash: identical requests sent at once are validated once."""
+        self._joining: dict[str, asyncio.Future[Any]] = {}
+        """Pending records being stored for plan-ahead requests that joined a solve, by plan id."""
 
     # -- in a solve thread ------------------------------------------------------------------
 
@@ -125,81 +126,44 @@ class PlanningService:
             base.update(claimed_at=base["created_at"])
         return PlanRecord(**base)
 
-    def _follow(self, flight: Flight) -> PlanRecord:
-        """The plan of an identical request being solved now (its error, if it fails)."""
-        try:
-            return flight.done.result(timeout=self.settings.stale_after_s)
-        except FutureTimeout:
-            raise ServiceError(503, "Plan not ready", "an identical request is still being solved", kind="overloaded",
-                               hint=f"retry after {self.settings.retry_after_s} s.", headers={"Retry-After": str(self.settings.retry_after_s)}) from None
-
-    def plan_now(self, doc: dict[str, Any], arrival: float, use_cache: bool, raw: str | None = None) -> tuple[PlanRecord, bool, dict[str, float]]:
-        """Solve in this thread; also returns where the time went (ms), for the Server-Timing header.
-        An identical request being solved already (same request hash) is waited for instead: one solve, one plan."""
-        t0 = time.perf_counter()
-        timings = {"queue": (t0 - arrival) * 1000.0}
-        problem, key, hit, raw = self._prepare(doc, use_cache, raw)
+    def plan_now(self, problem: Any, key: str, raw: str | None, flight: Flight | None, doc: dict[str, Any],
+                 arrival: float, submitted: float) -> tuple[PlanRecord, dict[str, float]]:
+        """Solve and store a request that waits for its plan, in this (solve) thread; the record and where the time
+        went (ms; ``queue``: waiting for this thread). The plan takes its flight's id, so that plan-ahead requests
+        that joined the solve get this plan."""
         t1 = time.perf_counter()
-        timings["translate"] = (t1 - t0) * 1000.0
-        if hit is not None:
-            timings["done_at"] = time.perf_counter()
-            return hit, True, timings
-        flight, lead = self.flights.claim(key) if use_cache else (None, True)
-        if flight is not None and not lead:
-            record = self._follow(flight)
-            timings["shared"] = (time.perf_counter() - t1) * 1000.0
-            timings["done_at"] = time.perf_counter()
-            return record, True, timings
+        timings: dict[str, float] = {"queue": (t1 - submitted) * 1000.0}
         try:
             result, text, solve_ms = self._solve(problem, arrival)
             t2 = time.perf_counter()
             timings["solve"] = solve_ms
             timings["encode"] = (t2 - t1) * 1000.0 - solve_ms
-            record = self._record(uuid.uuid4().hex, doc, problem, key, "done", result, text)
-            self.store.add(record)
+            record = self._record(flight.plan_id if flight else uuid.uuid4().hex, doc, problem, key, "done", result, text)
+            self.store.save_done(record)
         except BaseException as exc:
             if flight is not None:
                 self.flights.land(key, flight, error=exc)
+                self._fail_joined(flight, exc)
             raise
         self.cache.put(key, record, raw)
         if flight is not None:
             self.flights.land(key, flight, record)
         timings["store"] = (time.perf_counter() - t2) * 1000.0
         timings["done_at"] = time.perf_counter()
-        return record, False, timings
+        return record, timings
 
-    def _accept_ahead(self, plan_id: str, doc: dict[str, Any], use_cache: bool, raw: str | None) -> tuple[PlanRecord, bool, Any]:
-        """Validate, look up the cache and store the request as pending (not on a solve worker: the answer does not wait
-        for one). Returns the record to answer with, whether it was cached, and what the solve needs (None: nothing to solve)."""
-        flight: Flight | None = None
-        lead = True
-        key = ""
-        try:
-            problem, key, hit, raw = self._prepare(doc, use_cache, raw)
-            if hit is not None:
-                return hit, True, None
-            pending = self._record(plan_id, doc, problem, key, "pending")
-            if use_cache:
-                flight, lead = self.flights.claim(key, pending)
-                if not lead and flight.pending is not None:
-                    return flight.pending, False, None  # an identical plan-ahead request is being solved: its id, its plan
-            self.store.add(pending)
-        except BaseException as exc:
-            if flight is not None and lead:
-                self.flights.land(key, flight, error=exc)
-            raise
-        return pending, False, (problem, key, raw, flight, lead, pending)
+    def _fail_joined(self, flight: Flight, exc: BaseException) -> None:
+        """Settle as failed the pending record that plan-ahead requests joined to a solve that failed (none: nothing)."""
+        if flight.pending is not None:
+            self._write(self.store.fail, flight.plan_id, planner_error_document(exc) if isinstance(exc, PlannerError) else INTERNAL)
 
-    def _solve_ahead(self, plan_id: str, context: Any, arrival: float, loop: asyncio.AbstractEventLoop) -> None:
+    def _solve_ahead(self, plan_id: str, problem: Any, key: str, raw: str | None, flight: Flight | None, arrival: float,
+                     loop: asyncio.AbstractEventLoop) -> None:
         """Solve an accepted plan-ahead request on a solve worker and store the answer; long-polls in this process are woken."""
-        problem, key, raw, flight, lead, pending = context
-        if flight is not None and not lead:  # a request that waits for its plan is solving it: this record takes that plan
-            self._finish_from(plan_id, flight, loop)
-            return
         record: PlanRecord | None = None
         error: BaseException | None = None
         try:
-            record, error = self._solve_pending(plan_id, problem, arrival, pending)
+            record, error = self._solve_pending(plan_id, problem, arrival)
             if record is not None:
                 self.cache.put(key, record, raw)
         finally:
@@ -207,7 +171,7 @@ class PlanningService:
                 self.flights.land(key, flight, record, None if record is not None else error or StoreUnavailable("the solve ended without a plan"))
             _call_soon(loop, self._wake, plan_id)
 
-    def _solve_pending(self, plan_id: str, problem: Any, arrival: float, pending: PlanRecord) -> tuple[PlanRecord | None, BaseException | None]:
+    def _solve_pending(self, plan_id: str, problem: Any, arrival: float) -> tuple[PlanRecord | None, BaseException | None]:
         """Solve a pending plan and store the answer (retried while the store is down); the stored record or the error."""
         try:
             result, text, _ = self._solve(problem, arrival)
@@ -220,7 +184,8 @@ class PlanningService:
             return None, exc
         if not self._write(self.store.finish, plan_id, text, result):
             return None, StoreUnavailable("the plan store did not answer")
-        return self._write(self.store.get, plan_id) or pending, None
+        stored = self._write(self.store.get, plan_id)
+        return (stored, None) if stored is not None else (None, StoreUnavailable("the plan store did not answer"))
 
     def _write(self, fn: Callable[..., T], *args: Any) -> T | None:
         """A store call retried with backoff while the store is unreachable, for up to ``store_retry_s``;
@@ -237,18 +202,6 @@ class PlanningService:
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    def _finish_from(self, plan_id: str, flight: Flight, loop: asyncio.AbstractEventLoop) -> None:
-        """A pending plan-ahead record finished with the plan of the identical request that was solving already."""
-        try:
-            self._write(self.store.finish_from, plan_id, self._follow(flight))
-        except PlannerError as exc:
-            self._write(self.store.fail, plan_id, planner_error_document(exc))
-        except Exception:
-            log.exception("plan-ahead solve %s failed", plan_id)
-            self._write(self.store.fail, plan_id, INTERNAL)
-        finally:
-            _call_soon(loop, self._wake, plan_id)
-
     def resume_pending(self, started_at: datetime) -> list[str]:
         """Solve the plan-ahead requests that an earlier process accepted but did not answer (it stopped):
         each is claimed in the store first, so that processes starting together solve it once. Their
@@ -261,7 +214,7 @@ class PlanningService:
             except PlannerError as exc:  # the limits changed since it was accepted
                 self._write(self.store.fail, pending.id, planner_error_document(exc))
                 continue
-            record, _ = self._solve_pending(pending.id, problem, time.perf_counter(), pending)
+            record, _ = self._solve_pending(pending.id, problem, time.perf_counter())
             if record is not None:
                 self.cache.put(pending.request_hash, record)
             resumed.append(pending.id)
@@ -294,47 +247,99 @@ class PlanningService:
             task.add_done_callback(done)
         return task, False
 
+    async def _prepared(self, doc: dict[str, Any], use_cache: bool, raw: str | None) -> tuple[Any, str, PlanRecord | None, str | None, float]:
+        """:meth:`_prepare` off the event loop, and its time (ms); identical requests (same raw hash) asked at once share it."""
+        def prepare() -> tuple[Any, str, PlanRecord | None, str | None, float]:
+            began = time.perf_counter()
+            problem, key, hit, kept = self._prepare(doc, use_cache, raw)
+            return problem, key, hit, kept, (time.perf_counter() - began) * 1000.0
+
+        task, _ = self._shared(self._preparing, raw, lambda: asyncio.to_thread(prepare))
+        return await asyncio.shield(task)
+
     async def plan(self, doc: dict[str, Any], arrival: float, use_cache: bool = True, raw: str | None = None) -> tuple[PlanRecord, bool, dict[str, float]]:
         """Solve now; returns the stored record, whether it came from the cache (or an identical request
         in flight), and where the time went (``handoff``: from the solve thread's end until this coroutine runs again).
         ``raw`` identifies the request as sent (the body's hash); computed from ``doc`` when not given."""
         raw = (raw or translate.raw_hash(doc)) if use_cache else None
-        budget_s = translate.budget_ms(doc) / 1000.0
-        task, joined = self._shared(self._asked, raw, lambda: self.pool.run(self.plan_now, doc, arrival, use_cache, raw, deadline=arrival + budget_s,
-                                                                            min_left_s=MIN_BUDGET_SHARE * budget_s))
-        record, cached, timings = await asyncio.shield(task)
-        timings = dict(timings)
-        if joined:
-            timings = {"queue": timings.get("queue", 0.0), "shared": (time.perf_counter() - arrival) * 1000.0, "done_at": timings["done_at"]}
+        problem, key, hit, raw, translate_ms = await self._prepared(doc, use_cache, raw)
+        if hit is not None:
+            return hit, True, {"translate": translate_ms}
+        flight = self.flights.get(key) if use_cache else None
+        if flight is not None:  # an identical request, in either wait mode, is being solved: its plan
+            record = await asyncio.shield(asyncio.wrap_future(flight.done))
+            return record, True, {"translate": translate_ms, "shared": (time.perf_counter() - arrival) * 1000.0}
+        budget_s = problem.options.time_budget_ms / 1000.0
+        job = self.pool.admit(arrival + budget_s, MIN_BUDGET_SHARE * budget_s)
+        flight = self.flights.claim(key, uuid.uuid4().hex)[0] if use_cache else None
+        submitted = time.perf_counter()
+        try:
+            record, timings = await asyncio.shield(self.pool.start(job, self.plan_now, problem, key, raw, flight, doc, arrival, submitted))
+        except BaseException as exc:
+            if flight is not None:  # refused or failed before its solve could land it
+                self.flights.land(key, flight, error=exc)
+            raise
+        timings = {"translate": translate_ms, **timings}
         timings["handoff"] = (time.perf_counter() - timings.pop("done_at")) * 1000.0
-        return record, cached or joined, timings
+        return record, False, timings
 
     async def plan_ahead(self, doc: dict[str, Any], arrival: float, use_cache: bool = True, raw: str | None = None) -> tuple[PlanRecord, bool]:
-        """Validate and store as pending, answer, and solve in the background. Identical requests in flight
-        get the same pending plan."""
+        """Validate and store as pending, answer, and solve in the background. A request identical to one being
+        solved, in either wait mode, gets that solve's id and plan."""
         raw = (raw or translate.raw_hash(doc)) if use_cache else None
-        task, _ = self._shared(self._accepting, raw, lambda: self._accept(doc, arrival, use_cache, raw))
-        return await asyncio.shield(task)
-
-    async def _accept(self, doc: dict[str, Any], arrival: float, use_cache: bool, raw: str | None) -> tuple[PlanRecord, bool]:
-        """A place in the solve queue is taken first (503 at once when full), then the request is validated and stored
-        pending off the event loop and answered, without waiting for a free solve worker."""
-        loop = asyncio.get_running_loop()
+        problem, key, hit, raw, _ = await self._prepared(doc, use_cache, raw)
+        if hit is not None:
+            return hit, True
+        flight = self.flights.get(key) if use_cache else None
+        if flight is not None:
+            return await self._join_ahead(doc, problem, key, flight)
+        # A place in the solve queue is taken first (503 at once when full); the answer does not wait for a free worker.
+        job = self.pool.reserve(arrival + problem.options.time_budget_ms / 1000.0)
         plan_id = uuid.uuid4().hex
-        job = self.pool.reserve(arrival + translate.budget_ms(doc) / 1000.0)
+        flight = self.flights.claim(key, plan_id)[0] if use_cache else None
+        pending = self._record(plan_id, doc, problem, key, "pending")
         self._waiters[plan_id] = asyncio.Event()
         try:
-            record, cached, context = await asyncio.to_thread(self._accept_ahead, plan_id, doc, use_cache, raw)
-        except BaseException:
+            await asyncio.to_thread(self.store.add_if_absent, pending)  # False: a joined request stored this id first
+        except BaseException as exc:
             self.pool.release(job)
             self._waiters.pop(plan_id, None)
+            if flight is not None:
+                self.flights.land(key, flight, error=exc)
             raise
-        if context is None:
-            self.pool.release(job)
-            self._waiters.pop(plan_id, None)
-        else:
-            self.pool.submit_reserved(job, self._solve_ahead, plan_id, context, arrival, loop)
-        return record, cached
+        if flight is not None:
+            flight.pending = pending
+        self.pool.submit_reserved(job, self._solve_ahead, plan_id, problem, key, raw, flight, arrival, asyncio.get_running_loop())
+        return pending, False
+
+    async def _join_ahead(self, doc: dict[str, Any], problem: Any, key: str, flight: Flight) -> tuple[PlanRecord, bool]:
+        """A plan-ahead request identical to one being solved: answered with that solve's id, under which a pending
+        record is stored first (once), so that an acknowledged id is never lost; when the solve has ended, its record."""
+        if flight.done.done():
+            return flight.done.result(), True  # its error, if it failed
+        if flight.pending is not None:
+            return flight.pending, False
+        task = self._joining.get(flight.plan_id)
+        if task is None:
+            task = self._joining[flight.plan_id] = asyncio.ensure_future(self._store_joined(doc, problem, key, flight))
+            task.add_done_callback(lambda _: self._joining.pop(flight.plan_id, None))
+        record = await asyncio.shield(task)
+        return record, record.status == "done"
+
+    async def _store_joined(self, doc: dict[str, Any], problem: Any, key: str, flight: Flight) -> PlanRecord:
+        """Store the pending record of a solve that plan-ahead requests joined; the record stored under its id."""
+        loop = asyncio.get_running_loop()
+        if flight.plan_id not in self._waiters:
+            self._waiters[flight.plan_id] = asyncio.Event()
+            flight.done.add_done_callback(lambda _: _call_soon(loop, self._wake, flight.plan_id))
+        pending = self._record(flight.plan_id, doc, problem, key, "pending")
+        inserted = await asyncio.to_thread(self.store.add_if_absent, pending)
+        flight.pending = pending
+        if flight.done.done() and flight.done.exception() is not None:  # the solve failed before this record was stored
+            await asyncio.to_thread(self._fail_joined, flight, flight.done.exception())  # type: ignore[arg-type]
+        if inserted:
+            return pending
+        return await asyncio.to_thread(self.store.get, flight.plan_id) or pending
 
     async def get(self, plan_id: str, wait_ms: int = 0) -> PlanRecord | None:
         """The stored record; with ``wait_ms`` a pending plan is waited for up to that long."""

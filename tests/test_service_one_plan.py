@@ -124,3 +124,50 @@ def test_cache_false_solves_each_request(make_client, counted):
     assert [r.status_code for r in answers] == [201] * 3
     assert len({r.json()["id"] for r in answers}) == 3
     assert len(counted) == 3
+
+
+def test_plan_ahead_requests_behind_a_waiting_one_join_its_solve(make_client, counted):
+    """One wait:true request, then seven identical wait:false ones 15 ms apart: one solve, one plan id, no 503."""
+    client = make_client()
+    req = small_request(n=16, seed=13)
+    with ThreadPoolExecutor(8) as pool:
+        now = pool.submit(client.post, "/v1/plans", json=req)
+        while not counted:
+            time.sleep(0.005)
+        ahead = []
+        for _ in range(7):
+            ahead.append(pool.submit(client.post, "/v1/plans", json={**req, "wait": False}))
+            time.sleep(0.015)
+        solved, answers = now.result(), [f.result() for f in ahead]
+    assert solved.status_code == 201, solved.text
+    assert {r.status_code for r in answers} <= {200, 202}, [r.text for r in answers]
+    assert {r.json()["id"] for r in answers} == {solved.json()["id"]}
+    got = client.get(f"/v1/plans/{solved.json()['id']}").json()
+    assert got["status"] == "done" and got["micro_batches"] == solved.json()["micro_batches"]
+    assert len(counted) == 1
+
+
+def test_waiting_requests_behind_a_plan_ahead_one_take_its_plan_without_a_worker(make_client, counted):
+    """Requests identical to a plan-ahead one being solved wait on the event loop, not on solve workers: with one
+    worker and one waiting place, three of them are answered with that plan instead of 503."""
+    client = make_client(solve_workers=1, queue_limit=1)
+    req = small_request(n=16, seed=14)
+    ahead = client.post("/v1/plans", json={**req, "wait": False})
+    assert ahead.status_code == 202
+    while not counted:
+        time.sleep(0.005)
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda _: client.post("/v1/plans", json=req), range(3)))
+    assert [r.status_code for r in answers] == [200] * 3, [r.text for r in answers]
+    assert {r.json()["id"] for r in answers} == {ahead.json()["id"]}
+    assert len(counted) == 1
+
+
+def test_existing_groups_in_another_order_share_the_plan(make_client, counted):
+    client = make_client()
+    groups = [list(range(8)), list(range(8, 16))]
+    req = {**small_request(n=12, seed=15), "existing_groups": groups}
+    first = client.post("/v1/plans", json=req)
+    again = client.post("/v1/plans", json={**req, "existing_groups": [list(reversed(g)) for g in reversed(groups)]})
+    assert first.status_code == 201 and again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    assert len(counted) == 1

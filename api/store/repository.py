@@ -199,6 +199,20 @@ class Store:
         with self.engine.begin() as conn:
             conn.execute(insert(_PLANS), [{**record.__dict__, **columns}])
 
+    def add_if_absent(self, record: PlanRecord) -> bool:
+        """Store a record unless one of its id is stored already (False then: that one is kept)."""
+        try:
+            self.add(record)
+        except IntegrityError:
+            return False
+        return True
+
+    def save_done(self, record: PlanRecord) -> None:
+        """Store a solved record; a pending record of the same id (a plan-ahead request that joined this solve) is
+        settled with it instead. Whichever of the two writes comes first, the plan ends done under that id."""
+        if not self.add_if_absent(record):
+            self.finish_from(record.id, record)
+
     def finish(self, plan_id: str, plan_json: str, plan: Plan) -> bool:
         """Mark a pending plan done with its plan document and :func:`solved_columns`. The first answer
         stored wins: a plan that is no longer pending is left as it is (False)."""
