@@ -51,6 +51,34 @@ class _Job:
     """When a worker took it (None while it waits)."""
 
 
+TAIL_QUANTILE = 0.9
+MAX_RESERVE_SHARE = 0.5
+"""The planner always keeps at least this share of a request's budget for its search, however slow answers were."""
+
+
+class AnswerTail:
+    """How long answers go out after the deadline their planner was given: the planner's overrun, encoding, storing and
+    the hand back to the event loop, over the latest :data:`RECENT` answers. On a machine whose CPU is shared (other
+    processes, many clients) this tail grows, so the planner is given the budget less a high quantile of it
+    (:meth:`reserve_s`): the service reserves for the CPU it actually gets rather than for an idle machine's."""
+
+    def __init__(self) -> None:
+        self._recent: deque[float] = deque(maxlen=RECENT)
+        self._lock = threading.Lock()
+
+    def observe(self, tail_s: float) -> None:
+        with self._lock:
+            self._recent.append(max(0.0, tail_s))
+
+    def reserve_s(self, budget_s: float) -> float:
+        """Seconds of ``budget_s`` to keep back from the planner (0 before any answer is timed)."""
+        with self._lock:
+            ordered = sorted(self._recent)
+        if not ordered:
+            return 0.0
+        return min(MAX_RESERVE_SHARE * budget_s, ordered[max(0, math.ceil(TAIL_QUANTILE * len(ordered)) - 1)])
+
+
 def lower_priority(nice: int) -> None:
     """Lower the CPU priority of the calling thread (Linux threads have their own nice value); nothing elsewhere."""
     if nice <= 0 or not sys.platform.startswith("linux"):
@@ -139,17 +167,26 @@ class SolvePool:
         self._metrics.rejected.inc()
         return Overloaded(self.retry_after(), detail)
 
-    def _admit(self, deadline: float | None = None, min_left_s: float = 0.0, refuse_late: bool = True) -> int:
-        """Take a place (or raise Overloaded); the job's id. With ``refuse_late``, a job the solves ahead would start
-        with less than ``min_left_s`` before its ``deadline`` is refused."""
+    def refusal(self, deadline: float | None = None, min_left_s: float = 0.0, refuse_late: bool = True) -> Overloaded | None:
+        """The 503 a job would get now (None: it would be admitted). Asked before a request is validated, it spares
+        an overloaded service the validation of requests it would refuse anyway."""
         with self._lock:
             if len(self._jobs) >= self.capacity:
-                raise self.refused()
+                return self.refused()
             if deadline is not None and refuse_late and len(self._jobs) >= self.workers:  # one that finds a free worker is always run
                 now = time.perf_counter()
                 wait = self._free_times(now)[0] - now
                 if now + wait + min_left_s > deadline:
-                    raise self.refused(f"the solves ahead would use up this request's time budget (about {wait * 1000:.0f} ms of waiting)")
+                    return self.refused(f"the solves ahead would use up this request's time budget (about {wait * 1000:.0f} ms of waiting)")
+        return None
+
+    def _admit(self, deadline: float | None = None, min_left_s: float = 0.0, refuse_late: bool = True) -> int:
+        """Take a place (or raise Overloaded); the job's id. With ``refuse_late``, a job the solves ahead would start
+        with less than ``min_left_s`` before its ``deadline`` is refused."""
+        with self._lock:
+            refusal = self.refusal(deadline, min_left_s, refuse_late)
+            if refusal is not None:
+                raise refusal
             job_id = next(self._ids)
             self._jobs[job_id] = _Job(deadline)
         self._metrics.queue_depth.inc()

@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from api import translate
-from api.admission import SolvePool
+from api.admission import AnswerTail, SolvePool
 from api.errors import STORE_DOWN, StoreUnavailable, planner_error_document
 from api.metrics import Metrics
 from api.plan_cache import Flight, InFlight, PlanCache
@@ -60,6 +60,7 @@ class PlanningService:
         self.store = store
         self.metrics = metrics
         self.pool = SolvePool(settings.solve_workers, settings.queue_limit, settings.retry_after_s, metrics, nice=settings.solve_nice)
+        self.tail = AnswerTail()
         self.cache = PlanCache(settings.plan_cache_size)
         self.flights = InFlight()
         self.resumed = threading.Event()
@@ -98,10 +99,11 @@ class PlanningService:
                 self.cache.put(key, hit, raw if caching else None)
         return problem, key, hit, raw if caching else None
 
-    def _solve(self, problem: Any, arrival: float) -> tuple[Any, str, float]:
-        """The plan, its text, and the planner's own time in this call (ms)."""
-        # The budget counts from the request's arrival: queueing and validation are part of it.
-        deadline = Deadline.after_ms(problem.options.time_budget_ms, start=arrival)
+    def _solve(self, problem: Any, arrival: float, reserve_s: float = 0.0) -> tuple[Any, str, float]:
+        """The plan, its text, and the planner's own time in this call (ms). The planner's deadline is ``reserve_s``
+        before the end of the budget, which counts from the request's arrival (queueing and validation are part of it)."""
+        budget_s = problem.options.time_budget_ms / 1000.0
+        deadline = Deadline(arrival, arrival + budget_s - reserve_s)
         began = time.perf_counter()
         try:
             result = run_planner(problem, deadline=deadline)
@@ -127,14 +129,14 @@ class PlanningService:
         return PlanRecord(**base)
 
     def plan_now(self, problem: Any, key: str, raw: str | None, flight: Flight | None, doc: dict[str, Any],
-                 arrival: float, submitted: float) -> tuple[PlanRecord, dict[str, float]]:
+                 arrival: float, submitted: float, reserve_s: float = 0.0) -> tuple[PlanRecord, dict[str, float]]:
         """Solve and store a request that waits for its plan, in this (solve) thread; the record and where the time
         went (ms; ``queue``: waiting for this thread). The plan takes its flight's id, so that plan-ahead requests
         that joined the solve get this plan."""
         t1 = time.perf_counter()
         timings: dict[str, float] = {"queue": (t1 - submitted) * 1000.0}
         try:
-            result, text, solve_ms = self._solve(problem, arrival)
+            result, text, solve_ms = self._solve(problem, arrival, reserve_s)
             t2 = time.perf_counter()
             timings["solve"] = solve_ms
             timings["encode"] = (t2 - t1) * 1000.0 - solve_ms
@@ -262,6 +264,11 @@ class PlanningService:
         in flight), and where the time went (``handoff``: from the solve thread's end until this coroutine runs again).
         ``raw`` identifies the request as sent (the body's hash); computed from ``doc`` when not given."""
         raw = (raw or translate.raw_hash(doc)) if use_cache else None
+        if raw is None or (raw not in self._preparing and self.cache.get_raw(raw) is None):  # nothing to share: refused before validation
+            asked_s = translate.budget_ms(doc) / 1000.0
+            refusal = self.pool.refusal(arrival + asked_s, MIN_BUDGET_SHARE * asked_s + self.tail.reserve_s(asked_s))
+            if refusal is not None:
+                raise refusal
         problem, key, hit, raw, translate_ms = await self._prepared(doc, use_cache, raw)
         if hit is not None:
             return hit, True, {"translate": translate_ms}
@@ -270,17 +277,20 @@ class PlanningService:
             record = await asyncio.shield(asyncio.wrap_future(flight.done))
             return record, True, {"translate": translate_ms, "shared": (time.perf_counter() - arrival) * 1000.0}
         budget_s = problem.options.time_budget_ms / 1000.0
-        job = self.pool.admit(arrival + budget_s, MIN_BUDGET_SHARE * budget_s)
+        reserve_s = self.tail.reserve_s(budget_s)
+        job = self.pool.admit(arrival + budget_s, MIN_BUDGET_SHARE * budget_s + reserve_s)
         flight = self.flights.claim(key, uuid.uuid4().hex)[0] if use_cache else None
         submitted = time.perf_counter()
         try:
-            record, timings = await asyncio.shield(self.pool.start(job, self.plan_now, problem, key, raw, flight, doc, arrival, submitted))
+            record, timings = await asyncio.shield(self.pool.start(job, self.plan_now, problem, key, raw, flight, doc, arrival, submitted, reserve_s))
         except BaseException as exc:
             if flight is not None:  # refused or failed before its solve could land it
                 self.flights.land(key, flight, error=exc)
             raise
-        timings = {"translate": translate_ms, **timings}
-        timings["handoff"] = (time.perf_counter() - timings.pop("done_at")) * 1000.0
+        now = time.perf_counter()
+        self.tail.observe(now - (arrival + budget_s - reserve_s))
+        timings = {"translate": translate_ms, **timings, "reserve": reserve_s * 1000.0}
+        timings["handoff"] = (now - timings.pop("done_at")) * 1000.0
         return record, False, timings
 
     async def plan_ahead(self, doc: dict[str, Any], arrival: float, use_cache: bool = True, raw: str | None = None) -> tuple[PlanRecord, bool]:

@@ -58,8 +58,9 @@ class Settings(BaseSettings):
     """Solves that run at once in one server process (threads off the event loop)."""
     queue_limit: int = Field(4, ge=0, le=10_000)
     """Solves that may wait for a free worker; beyond running + waiting the answer is 503."""
-    solve_nice: int = Field(10, ge=0, le=19)
-    """CPU priority (Linux ``nice``) of the solve threads below the event loop's, so that answers are not kept waiting for a core; 0 turns it off."""
+    solve_nice: int = Field(0, ge=0, le=19)
+    """How far below the event loop's CPU priority (Linux ``nice``) the solve threads run. 0 (the default) keeps them
+    level with the rest of the machine: lowered, they starve behind every other busy process and overrun their budgets."""
     solver_threads: int = Field(1, ge=1, le=64)
     """Cap on ``options.solver_workers`` (threads one exact solve may use)."""
     retry_after_s: int = Field(1, ge=1, le=3600)

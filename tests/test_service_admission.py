@@ -130,3 +130,40 @@ def test_a_wait_longer_than_any_budget_refuses_before_reading_the_body(client, m
     monkeypatch.setattr(client.app.state.service.pool, "wait_s", lambda now=None: 3600.0)
     r = client.post("/v1/plans", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 503 and "longer than any time budget" in r.json()["detail"]
+
+
+def test_the_answer_tail_is_reserved_from_the_planners_deadline(client, monkeypatch):
+    """The planner is given the budget less the 90th percentile of how late recent answers went out after their
+    planner's deadline (at most half the budget): on a machine that gives the service less CPU, answers keep the budget."""
+    from api.admission import AnswerTail
+
+    tail = AnswerTail()
+    assert tail.reserve_s(0.2) == 0.0
+    for ms in range(1, 65):  # the latest 64 answers
+        tail.observe(ms / 1000.0)
+    assert tail.reserve_s(0.2) == pytest.approx(0.058) and tail.reserve_s(0.1) == pytest.approx(0.050)
+    seen = []
+    real = api.service.run_planner
+
+    def solve(problem, deadline=None):
+        seen.append(deadline.due - deadline.start)
+        return real(problem, deadline=deadline)
+
+    monkeypatch.setattr(api.service, "run_planner", solve)
+    client.app.state.service.tail = tail
+    r = client.post("/v1/plans", json=small_request(n=6, seed=40, time_budget_ms=200))
+    assert r.status_code == 201 and seen == [pytest.approx(0.142)]
+    assert "reserve;dur=58.000" in r.headers["server-timing"]
+
+
+def test_an_overloaded_service_refuses_before_it_validates(client, slow, monkeypatch):
+    calls = []
+    real = api.service.translate.to_problem
+    monkeypatch.setattr(api.service.translate, "to_problem", lambda *a: calls.append(1) or real(*a))
+    client.app.state.service.pool.capacity = 1
+    with ThreadPoolExecutor(1) as pool:
+        busy = occupy(client, pool, slow, seed=41)
+        r = client.post("/v1/plans", json=small_request(n=6, seed=42))
+        assert r.status_code == 503
+        assert busy.result().status_code == 201
+    assert calls == [1]  # the busy request's validation only
