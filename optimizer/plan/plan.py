@@ -7,6 +7,7 @@ cost tables. ``Plan.to_json`` is the wire form printed by ``dhp plan`` and retur
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import chain
@@ -150,29 +151,22 @@ class Plan:
     @property
     def gap(self) -> float:
         """Relative distance to the lower bound: (step - bound) / step."""
-        if self.predicted_step_time_s <= 0:
-            return 0.0
-        return max(0.0, (self.predicted_step_time_s - self.lower_bound_s) / self.predicted_step_time_s)
+        return bound_gap(self.predicted_step_time_s, self.lower_bound_s)
 
     @property
     def ratio_to_bound(self) -> float:
-        return self.predicted_step_time_s / self.lower_bound_s if self.lower_bound_s > 0 else 1.0
+        return bound_ratio(self.predicted_step_time_s, self.lower_bound_s)
 
     @property
     def communicators(self) -> list[tuple[int, ...]]:
         """Distinct rank groups (size >= 2) the plan needs, in first-use order."""
-        seen: dict[tuple[int, ...], None] = {}
-        for mb in self.micro_batches:
-            for g in mb.groups:
-                if len(g.ranks) > 1:
-                    seen.setdefault(g.ranks, None)
-        return list(seen)
+        return communicators_of(g.ranks for mb in self.micro_batches for g in mb.groups)
 
     @property
     def speedup_over_static(self) -> float | None:
-        if self.static_baseline is None or self.predicted_step_time_s <= 0:
+        if self.static_baseline is None:
             return None
-        return self.static_baseline.predicted_step_time_s / self.predicted_step_time_s
+        return static_speedup(self.static_baseline.predicted_step_time_s, self.predicted_step_time_s)
 
     def to_json(self, shards: bool = True) -> dict[str, Any]:
         mbs = []
@@ -187,11 +181,7 @@ class Plan:
                     "intra_node": g.intra_node,
                 }
                 if shards:
-                    gj["shards"] = [
-                        {"sample": sid, "length": length, "padded_length": padded_length(length, g.degree, self.scheme),
-                         "ranges": _ranges_json(length, g.degree, self.scheme)}
-                        for sid, length in zip(g.samples, g.lengths, strict=True)
-                    ]
+                    gj["shards"] = [shard_json(sid, length, g.degree, self.scheme) for sid, length in zip(g.samples, g.lengths, strict=True)]
                 groups.append(gj)
             mbs.append({"predicted_time_s": mb.predicted_time_s, "groups": groups})
         out: dict[str, Any] = {
@@ -216,6 +206,40 @@ class Plan:
                 "speedup": self.speedup_over_static,
             }
         return out
+
+
+# -- figures of the wire form, shared with the plan file's verification ----------------------------
+
+
+def bound_gap(step_s: float, bound_s: float) -> float:
+    """Relative distance to the lower bound: (step - bound) / step, 0 when the step is not positive."""
+    if step_s <= 0:
+        return 0.0
+    return max(0.0, (step_s - bound_s) / step_s)
+
+
+def bound_ratio(step_s: float, bound_s: float) -> float:
+    """Step time over lower bound, 1 when the bound is not positive."""
+    return step_s / bound_s if bound_s > 0 else 1.0
+
+
+def static_speedup(static_s: float, step_s: float) -> float | None:
+    """The static layout's step time over the plan's (None when the plan's is not positive)."""
+    return static_s / step_s if step_s > 0 else None
+
+
+def communicators_of(groups: Iterable[Sequence[int]]) -> list[tuple[int, ...]]:
+    """Distinct rank groups (size >= 2) among ``groups``, in first-use order."""
+    seen: dict[tuple[int, ...], None] = {}
+    for ranks in groups:
+        if len(ranks) > 1:
+            seen.setdefault(tuple(ranks), None)
+    return list(seen)
+
+
+def shard_json(sample: str, length: int, d: int, scheme: str) -> dict[str, Any]:
+    """One sample's entry of a group's ``shards``: its length, padded length and token ranges per rank position."""
+    return {"sample": sample, "length": length, "padded_length": padded_length(length, d, scheme), "ranges": _ranges_json(length, d, scheme)}
 
 
 def _ranges_json(length: int, d: int, scheme: str) -> list[list[list[int]]]:

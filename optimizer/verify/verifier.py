@@ -21,6 +21,10 @@ A plan's groups are checked as flat arrays (all ranks, all sample indices, with 
 linear in their size: one compiled pass recomputes every group, and invariants 1-5 are tested
 with array operations. Only when one of those tests fails does a per-group pass in Python name
 each violation, with its micro-batch and group.
+
+A plan file (the JSON of ``Plan.to_json``, read back) is checked field by field by
+:mod:`optimizer.verify.plan_document` with this module's recomputation; its violations name each
+field by its path in the document (:func:`field_place`) instead of the group (:func:`group_place`).
 """
 
 from __future__ import annotations
@@ -43,6 +47,19 @@ REL_TOL = 1e-6
 
 Groups = Sequence[Sequence[tuple[Sequence[int], Sequence[int]]]]
 """Groups as (ranks, sample indices), per micro-batch."""
+
+Place = Callable[[int, int, str], str]
+"""Names, in a violation, field ``field`` (``""``: the group itself) of group k of micro-batch m."""
+
+
+def group_place(m: int, k: int, field: str = "") -> str:
+    """Violations of a plan object name the group."""
+    return f"micro-batch {m} group {k}"
+
+
+def field_place(m: int, k: int, field: str = "") -> str:
+    """Violations of a plan document name the field's path in it."""
+    return f"micro_batches[{m}].groups[{k}]" + (f".{field}" if field else "")
 
 
 @dataclass
@@ -102,9 +119,10 @@ class _Flat:
     def n_groups(self) -> int:
         return len(self.rank_start) - 1
 
-    def where(self, g: int) -> str:
+    def position(self, g: int) -> tuple[int, int]:
+        """(micro-batch, group within it) of group ``g``."""
         m = int(np.searchsorted(self.mb_start, g, side="right")) - 1
-        return f"micro-batch {m} group {g - int(self.mb_start[m])}"
+        return m, g - int(self.mb_start[m])
 
     def nested(self, rank_seqs: Sequence[Sequence[int]]) -> list[list[tuple[Sequence[int], tuple[int, ...]]]]:
         """The groups as (ranks, sample indices) per micro-batch, as :func:`check_assignment` reads them."""
@@ -205,8 +223,8 @@ def _aligned(flat: _Flat, sizes: np.ndarray, n_ranks: int) -> bool:
     return bool(block.all())
 
 
-def _violations(problem: Problem, groups: Groups, rec: _Recomputed) -> list[str]:
-    """Invariants 1-5, group by group, each violation named."""
+def _violations(problem: Problem, groups: Groups, rec: _Recomputed, place: Place = group_place) -> list[str]:
+    """Invariants 1-5, group by group, each violation named by ``place``."""
     out: list[str] = []
     n_ranks = problem.cluster.domain_size
     n_samples = len(problem.batch.samples)
@@ -218,7 +236,7 @@ def _violations(problem: Problem, groups: Groups, rec: _Recomputed) -> list[str]
         used: set[int] = set()
         for k, (ranks, sample_indices) in enumerate(mb):
             g += 1
-            where = f"micro-batch {m} group {k}"
+            where = place(m, k, "ranks")
             if not ranks:
                 out.append(f"{where}: has no ranks")
                 continue
@@ -239,11 +257,11 @@ def _violations(problem: Problem, groups: Groups, rec: _Recomputed) -> list[str]
                 if 0 <= i < n_samples:
                     seen[i] += 1
                 else:
-                    out.append(f"{where}: unknown sample index {i}")
+                    out.append(f"{place(m, k, 'samples')}: unknown sample index {i}")
             per_rank, capacity = float(rec.per_rank[g]), float(rec.capacity[g])
             if per_rank > capacity * (1 + REL_TOL):
                 whose = "its longest sample's " if problem.options.memory == "sample" else ""
-                out.append(f"{where}: {whose}{per_rank:.0f} tokens per rank exceed the capacity of {capacity:.0f}")
+                out.append(f"{place(m, k, '')}: {whose}{per_rank:.0f} tokens per rank exceed the capacity of {capacity:.0f}")
     ids = problem.batch.samples
     missing = [ids[i].id for i, c in enumerate(seen) if c == 0]
     twice = [ids[i].id for i, c in enumerate(seen) if c > 1]
@@ -254,23 +272,58 @@ def _violations(problem: Problem, groups: Groups, rec: _Recomputed) -> list[str]
     return out
 
 
-def _check(problem: Problem, facts: _Facts, flat: _Flat, groups: Callable[[], Groups]) -> tuple[Report, _Recomputed]:
+def _check(problem: Problem, facts: _Facts, flat: _Flat, groups: Callable[[], Groups], place: Place = group_place) -> tuple[Report, _Recomputed]:
     """Invariants 1-5 and the recomputed step; ``groups`` gives the nested groups when violations must be named."""
     rec = facts.recompute(flat)
     # The per-step constant adds to every plan's step (see optimizer.costs.profile).
     report = Report(step_time_s=rec.step + problem.cost_profile.step_constant, micro_batches_s=rec.step)
     if not _clean(problem, flat, rec):
-        report.violations = _violations(problem, groups(), rec)
+        report.violations = _violations(problem, groups(), rec, place)
     return report, rec
 
 
-def check_assignment(problem: Problem, assignment: Assignment, facts: _Facts | None = None, times: list[list[float]] | None = None) -> Report:
-    """Check invariants 1-5 and compute the step time of a bare assignment (group times go to ``times``)."""
+@dataclass(frozen=True)
+class GroupClaims:
+    """What a plan says of each group, in order: its predicted seconds and whether it lies within one
+    node; ``timed`` / ``spanned`` are False where the plan says nothing that can be compared."""
+
+    seconds: np.ndarray
+    intra: np.ndarray
+    timed: np.ndarray
+    spanned: np.ndarray
+
+    @classmethod
+    def of(cls, seconds: Sequence[float | None], intra: Sequence[bool | None]) -> GroupClaims:
+        return cls(np.array([np.nan if t is None else t for t in seconds], dtype=np.float64), np.array([bool(v) for v in intra], dtype=np.bool_),
+                   np.array([t is not None for t in seconds], dtype=np.bool_), np.array([v is not None for v in intra], dtype=np.bool_))
+
+
+def _claim_violations(flat: _Flat, rec: _Recomputed, claims: GroupClaims, place: Place) -> list[str]:
+    """Invariant 6 for the groups: each claimed time and span against the recomputed one (groups with invalid ranks are left out)."""
+    out: list[str] = []
+    valid = ~np.isnan(rec.seconds)
+    off = valid & claims.timed & ~_close(rec.seconds, claims.seconds)
+    span = valid & claims.spanned & (rec.intra != claims.intra)
+    for i in np.flatnonzero(off | span).tolist():
+        m, k = flat.position(i)
+        if off[i]:
+            out.append(f"{place(m, k, 'predicted_time_s')}: predicted {float(claims.seconds[i]):.6g} s, recomputed {float(rec.seconds[i]):.6g} s")
+        if span[i]:
+            out.append(f"{place(m, k, 'intra_node')}: intra_node says {bool(claims.intra[i])}, ranks say {bool(rec.intra[i])}")
+    return out
+
+
+def check_assignment(problem: Problem, assignment: Assignment, facts: _Facts | None = None, times: list[list[float]] | None = None,
+                     claims: GroupClaims | None = None, place: Place = group_place) -> Report:
+    """Check invariants 1-5 and compute the step time of a bare assignment (group times go to ``times``),
+    and with ``claims`` each group's claimed time and span; violations name groups by ``place``."""
     mbs = assignment.micro_batches
     pairs = [pair for mb in mbs for pair in mb]
     samples, sample_start = _ints([s for _, s in pairs])
     flat = _Flat.build(mbs, [r for r, _ in pairs], samples, sample_start)
-    report, rec = _check(problem, facts or _Facts(problem), flat, lambda: mbs)
+    report, rec = _check(problem, facts or _Facts(problem), flat, lambda: mbs, place)
+    if claims is not None:
+        report.violations.extend(_claim_violations(flat, rec, claims, place))
     if times is not None:
         seconds = rec.seconds.tolist()
         times.extend(seconds[a:b] for a, b in zip(flat.mb_start[:-1].tolist(), flat.mb_start[1:].tolist(), strict=True))
@@ -299,7 +352,7 @@ def _sample_indices(plan: Plan, problem: Problem, report: Report) -> tuple[np.nd
         for k, g in enumerate(mb.groups):
             unknown = [s for s in g.samples if s not in index]
             if unknown:
-                report.violations.append(f"micro-batch {m} group {k}: unknown samples {unknown[:5]}")
+                report.violations.append(f"{group_place(m, k)}: unknown samples {unknown[:5]}")
             known.append([index[s] for s in g.samples if s in index])
     return _ints(known)
 
@@ -316,46 +369,44 @@ def verify(plan: Plan, problem: Problem) -> Report:
     report.step_time_s = base.step_time_s
     report.micro_batches_s = base.micro_batches_s
 
-    n = len(groups)
-    predicted = np.fromiter((g.predicted_time_s for g in groups), dtype=np.float64, count=n)
-    claimed = np.fromiter((g.intra_node for g in groups), dtype=np.bool_, count=n)
-    valid = ~np.isnan(rec.seconds)
-    off = valid & ~_close(rec.seconds, predicted)
-    span = valid & (rec.intra != claimed)
-    for i in np.flatnonzero(off | span).tolist():
-        g, t, where = groups[i], float(rec.seconds[i]), flat.where(i)
-        if off[i]:
-            report.violations.append(f"{where}: predicted {g.predicted_time_s:.6g} s, recomputed {t:.6g} s")
-        if span[i]:
-            report.violations.append(f"{where}: intra_node says {g.intra_node}, ranks say {bool(rec.intra[i])}")
-    if not math.isclose(plan.predicted_step_time_s, base.step_time_s, rel_tol=REL_TOL, abs_tol=1e-12):
+    claims = GroupClaims.of([g.predicted_time_s for g in groups], [g.intra_node for g in groups])
+    report.violations.extend(_claim_violations(flat, rec, claims, group_place))
+    if not close(plan.predicted_step_time_s, base.step_time_s):
         report.violations.append(f"predicted step time {plan.predicted_step_time_s:.6g} s, recomputed {base.step_time_s:.6g} s")
-    report.violations.extend(communicator_violations(problem, plan))
+    ranks = [[g.ranks for g in mb.groups] for mb in plan.micro_batches]
+    report.violations.extend(communicator_violations(problem, ranks, plan.new_communicators, plan.group_setup_s))
     if plan.lower_bound_s > plan.predicted_step_time_s * (1 + REL_TOL):
         report.violations.append(f"lower bound {plan.lower_bound_s:.6g} s exceeds the step time {plan.predicted_step_time_s:.6g} s")
     return report
 
 
-def communicator_violations(problem: Problem, plan: Plan) -> list[str]:
-    """Invariant 8: the ``only`` rule, and the new communicators and their cost as reported."""
+def close(claimed: float, recomputed: float) -> bool:
+    """Whether a claimed figure equals the recomputed one within this module's tolerances."""
+    return math.isclose(claimed, recomputed, rel_tol=REL_TOL, abs_tol=1e-12)
+
+
+def communicator_violations(problem: Problem, groups: Sequence[Sequence[Sequence[int]]], new: Sequence[Sequence[int]] | None,
+                            setup_s: float | None, place: Place = group_place) -> list[str]:
+    """Invariant 8 for a plan whose groups have ``groups`` (ranks per group, per micro-batch): the ``only``
+    rule, and the new communicators and their cost as reported (None: not reported, not checked)."""
     only = problem.options.group_reuse == "only"
-    if plan.new_communicators is None and not only:
+    if new is None and not only:
         return []
     out: list[str] = []
     existing = {tuple(sorted(g)) for g in problem.existing_groups}
     needed: dict[tuple[int, ...], None] = {}
-    for m, mb in enumerate(plan.micro_batches):
-        for k, g in enumerate(mb.groups):
-            key = tuple(sorted(g.ranks))
+    for m, mb in enumerate(groups):
+        for k, ranks in enumerate(mb):
+            key = tuple(sorted(ranks))
             if len(key) < 2 or key in existing:
                 continue
             needed.setdefault(key, None)
             if only:
-                out.append(f"micro-batch {m} group {k}: ranks {list(g.ranks)} are not an existing group (options.group_reuse 'only')")
-    if plan.new_communicators is not None:
-        if set(map(tuple, plan.new_communicators)) != set(needed):
-            out.append(f"new_communicators lists {len(plan.new_communicators)} groups, the plan needs {len(needed)} not in existing_groups")
+                out.append(f"{place(m, k, 'ranks')}: ranks {list(ranks)} are not an existing group (options.group_reuse 'only')")
+    if new is not None:
+        if set(map(tuple, new)) != set(needed):
+            out.append(f"new_communicators: lists {len(new)} groups, the plan needs {len(needed)} not in existing_groups")
         cost = problem.options.new_group_cost_s * len(needed)
-        if not math.isclose(plan.group_setup_s, cost, rel_tol=REL_TOL, abs_tol=1e-12):
-            out.append(f"group_setup_s {plan.group_setup_s:.6g} s, recomputed {cost:.6g} s")
+        if setup_s is not None and not close(setup_s, cost):
+            out.append(f"group_setup_s: {setup_s:.6g} s, recomputed {cost:.6g} s")
     return out
