@@ -65,6 +65,7 @@ def example_curl(base: str, needs_token: bool) -> str:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from api.http_protocol import ProblemHTTPProtocol
     from api.store import Store
     from api.store.migrate import upgrade
 
@@ -93,6 +94,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"dhp-planner service on {base} ({settings.workers} worker(s), store: {where})", file=sys.stderr)
     print(f"  API docs: {base}/docs   health: {base}/healthz   metrics: {base}/metrics", file=sys.stderr)
     print(f"  try:      {example_curl(base, bool(settings.token_list))}", file=sys.stderr)
+    # Malformed HTTP, refused by the parser before the app, is answered with a problem document too.
     uvicorn.run("api.app:create_app", factory=True, host=settings.host, port=settings.port, workers=settings.workers,
-                log_level=args.log_level, access_log=False)
+                log_level=args.log_level, access_log=False, http=ProblemHTTPProtocol)
     return 0

@@ -11,13 +11,15 @@ installed.
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import importlib
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from optimizer.errors import InfeasibleError, PlannerError
 from planning.request_flags import add_request_flags, request_parts
@@ -101,8 +103,139 @@ def cmd_example(args: argparse.Namespace) -> int:
     return 0
 
 
+_KINDS = {int: "a whole number", float: "a number"}
+_TYPE_ERROR = re.compile(r"invalid \S+ value: (.*)$")
+_CHOICE_ERROR = re.compile(r"invalid choice: (.*?) \(choose from")
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An argument parser whose every error is one line on standard error, exit code 2: the command, the
+    flag and what is wrong with it, and how to fix it (``dhp plan: --budget-ms: 'abc' is not a number;
+    give the planning budget in milliseconds, e.g. 200.``), never argparse's usage text. Every subcommand's
+    parser is one too, those that other parts add included (argparse builds subparsers of their parent's
+    class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("exit_on_error", False)  # argparse's errors reach parse_known_args with their flag
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:  # type: ignore[override]
+        try:
+            return super().parse_known_args(args, namespace)
+        except argparse.ArgumentError as err:
+            self.fail(self._explain(err.argument_name, err.message))
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None) -> argparse.Namespace:  # type: ignore[override]
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            self._chosen(parsed)._unknown(extra)
+        return parsed
+
+    def error(self, message: str) -> NoReturn:
+        self.fail(self._general(message))
+
+    def fail(self, text: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {text}\n")
+
+    def _general(self, message: str) -> str:
+        """A refusal that names no single flag: missing required flags, a missing command."""
+        required = message.partition("the following arguments are required: ")[2]
+        if required:
+            names = required.split(", ")
+            if any(isinstance(self._action(n), argparse._SubParsersAction) for n in names):
+                return f"a command is required; use one of {', '.join(self._commands())} ({self.prog} --help says what each does)"
+            return f"{' and '.join(names)} {'is' if len(names) == 1 else 'are'} required; add {self._usage(names)} (see {self.prog} --help)"
+        group = re.fullmatch(r"one of the arguments (.*) is required", message)
+        if group:
+            return f"one of {', '.join(group.group(1).split())} is required; add one of them (see {self.prog} --help)"
+        return f"{message}; see {self.prog} --help"
+
+    def _explain(self, name: str | None, message: str) -> str:
+        action = self._action(name)
+        if action is None:
+            return self._general(message)
+        flag = action.option_strings[-1] if action.option_strings else str(name)
+        choice = _CHOICE_ERROR.match(message)
+        if isinstance(action, argparse._SubParsersAction):
+            value = choice.group(1) if choice else repr(message)
+            close = difflib.get_close_matches(value.strip("'"), self._commands(), n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            return f"{value} is not a command; {hint}use one of {', '.join(self._commands())}"
+        typed = _TYPE_ERROR.match(message)
+        if typed:
+            return f"{flag}: {typed.group(1)} is not {_KINDS.get(action.type, 'a valid value')}; {self._hint(action)}"  # type: ignore[call-overload]
+        if choice:
+            choices = [str(c) for c in action.choices or ()]
+            return f"{flag}: {choice.group(1)} is not one of {', '.join(choices)}; {self._hint(action, choices[0] if choices else None)}"
+        if message.startswith("expected"):
+            return f"{flag} needs a value; {self._hint(action)}"
+        if message.startswith("not allowed with"):
+            return f"{flag} is {message}; give only one of them"
+        # an ArgumentTypeError: a flag's own message, saying what is wrong (and usually how to fix it)
+        return f"{flag}: {message}" if "e.g." in message else f"{flag}: {message}; {self._hint(action)}"
+
+    def _hint(self, action: argparse.Action, example: str | None = None) -> str:
+        """How to give the flag: the planner option's own hint, else an example value (its default, or one its help names)."""
+        from optimizer.problem.options import OPTION_SPECS
+
+        spec = next((o for o in OPTION_SPECS if o.flag in action.option_strings and o.name == action.dest), None)
+        if spec is not None:
+            return spec.hint
+        flag = action.option_strings[-1] if action.option_strings else action.dest
+        given = None
+        if action.default not in (None, False, True, argparse.SUPPRESS) and not isinstance(action.default, (list, tuple)):
+            given = str(action.default)
+        convert = action.type if action.type in (int, float) else str  # a flag's own type may do more than convert
+        for word in [] if given is not None else re.findall(r"(?:default|e\.g\.)[:\s]+(?:\S+ or )?([\w.,+-]+)", action.help or ""):
+            try:
+                convert(word)  # type: ignore[operator]
+            except ValueError:
+                continue
+            given = word
+            break
+        example = given or example
+        if example is not None:
+            return f"e.g. {flag} {example}"
+        kind = _KINDS.get(action.type)  # type: ignore[call-overload]
+        return f"give {kind} after {flag} (see {self.prog} --help)" if kind else f"see {self.prog} --help"
+
+    def _unknown(self, extra: list[str]) -> NoReturn:
+        first = extra[0]
+        if not first.startswith("-"):
+            self.fail(f"unexpected argument {first!r}; flags take the form --name VALUE (see {self.prog} --help)")
+        flags = [o for a in self._actions for o in a.option_strings]
+        close = difflib.get_close_matches(first.split("=", 1)[0], flags, n=1)
+        hint = f"did you mean {close[0]}?" if close else f"see {self.prog} --help for its flags"
+        self.fail(f"{first} is not a flag of {self.prog}; {hint}")
+
+    def _action(self, name: str | None) -> argparse.Action | None:
+        """The action argparse names ``name`` in its messages (its flags joined by '/', or its dest)."""
+        return next((a for a in self._actions if name is not None and (name == "/".join(a.option_strings) or name in a.option_strings
+                                                                         or (not a.option_strings and name in (a.dest, a.metavar)))), None)
+
+    def _usage(self, names: list[str]) -> str:
+        parts = []
+        for name in names:
+            action = self._action(name)
+            parts.append(f"{name} {action.metavar or action.dest.upper()}" if action is not None and action.option_strings and action.nargs != 0 else name)
+        return ", ".join(parts)
+
+    def _command_action(self) -> Any:
+        return next((a for a in self._actions if isinstance(a, argparse._SubParsersAction)), None)
+
+    def _commands(self) -> list[str]:
+        sub = self._command_action()
+        return list(sub.choices) if sub is not None else []
+
+    def _chosen(self, parsed: argparse.Namespace) -> CommandParser:
+        """The parser of the subcommand ``parsed`` ran (this one when it has none)."""
+        sub = self._command_action()
+        chosen = sub.choices.get(getattr(parsed, sub.dest, None) or "") if sub is not None else None
+        return chosen if isinstance(chosen, CommandParser) else self
+
+
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="dhp", description="Plan dynamic hybrid (data x context) parallelism for a training batch.", epilog=EXIT_CODES,
+    ap = CommandParser(prog="dhp", description="Plan dynamic hybrid (data x context) parallelism for a training batch.", epilog=EXIT_CODES,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
 

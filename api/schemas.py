@@ -1,9 +1,11 @@
 """Request and response models of the HTTP API, kept apart from the domain types.
 
-The parts of a plan request (``batch``, ``cluster``, ``model``, ``profile``) are the documents of
-``dhp plan`` input files, passed through unchanged to :mod:`api.translate`, which validates them
-with the same code as the command line (and names the field at fault). These models describe the
-envelope and carry the limits that do not depend on the deployment.
+The parts of a plan request (``batch``, ``cluster``, ``model``, ``profile``, ``existing_groups``) are
+the documents of ``dhp plan`` input files, passed through unchanged to :mod:`api.translate`, which
+validates them with the same code as the command line (and names the field at fault). These models
+describe the envelope and carry the limits that do not depend on the deployment. Every model is strict:
+a value of another JSON type than the schema states (``"false"`` for a boolean, ``"4"`` for an integer)
+is refused with 422 naming the field, never converted; a JSON integer is still a number.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, create_model
 
 from api.store.repository import SUMMARY_FIELDS, PlanRecord
 from optimizer.problem.options import OPTION_SPECS, OptionSpec
@@ -43,10 +45,22 @@ _BATCH_SCHEMA: dict[str, Any] = {"required": ["samples"], "properties": {"sample
     "additionalProperties": False}}}}
 
 
+def as_sent(schema: dict[str, Any]) -> WithJsonSchema:
+    """For ``Annotated[Any, as_sent(schema)]``: a request member that the document reader checks (the code
+    that reads the command line's files), so that it reaches that reader as sent instead of converted here
+    first; any JSON value, described in the OpenAPI by ``schema`` (or null)."""
+    return WithJsonSchema({"anyOf": [schema, {"type": "null"}]})
+
+
+RankGroups = Annotated[Any, as_sent({"type": "array", "items": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}})]
+"""``existing_groups``: a set of rank groups, checked and normalised by
+:func:`optimizer.problem.documents.existing_groups_from_json`."""
+
+
 class PlanRequest(BaseModel):
     """POST /v1/plans. Give ``cluster`` or ``cluster_preset`` and ``model`` or ``model_preset`` (presets default to h100-8x8 and llama3-8b)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [{
         "batch": {"samples": [{"id": "a", "text_tokens": 900, "images": [{"tokens": 576}]}, {"id": "b", "text_tokens": 30000}]},
         "cluster": {"nodes": 2, "gpus_per_node": 8}, "model_preset": "qwen2-vl-7b", "options": {"time_budget_ms": 200, "backend": "heuristic"}}]})
 
@@ -57,7 +71,8 @@ class PlanRequest(BaseModel):
     model_preset: str | None = Field(None, max_length=128, description="a preset model name (GET /v1/presets)")
     profile: dict[str, Any] | None = Field(None, description="a measured cost profile; replaces the analytical cost model")
     options: OptionsIn | None = None  # type: ignore[valid-type]  # a model derived from PlanOptions
-    existing_groups: list[list[int]] | None = Field(None, description="rank groups (communicators) the training job already has")
+    existing_groups: RankGroups = Field(None, description="rank groups (communicators) the training job already has: a set, so their order and "
+                                                           "the order of each group's ranks do not matter")
     wait: bool = Field(True, description="false: plan ahead; answer 202 with the id at once and solve in the background")
     cache: bool = Field(True, description="false: solve again even if an identical request was planned before")
 

@@ -163,8 +163,8 @@ def test_replan_with_other_options_is_not_stored(filled):
     assert out["micro_batches"] <= 2 and out["largest_group"] & (out["largest_group"] - 1) == 0
     assert out["ratio_to_bound"] == pytest.approx(out["predicted_step_time_s"] / out["lower_bound_s"])
     assert out["planner_ms"] > 0 and out["backend"] == "heuristic"
-    same = client.post(f"/v1/dashboard/plans/{p['id']}/replan", json={}).json()
-    assert same["predicted_step_time_s"] == pytest.approx(p["predicted_step_time_s"])  # the stored options give the stored plan
+    same = client.post(f"/v1/dashboard/plans/{p['id']}/replan", json={"options": {"time_budget_ms": 300}}).json()
+    assert same["predicted_step_time_s"] == pytest.approx(p["predicted_step_time_s"])  # the stored options and budget give the stored plan
     assert client.get("/v1/dashboard/changes").json() == before
 
 

@@ -20,7 +20,7 @@ BATCH = {"samples": [{"id": "a", "text_tokens": 100}]}
         ({"batch": {"samples": [{"id": "a", "text_tokens": 1.5}]}}, "batch.samples[0].text_tokens"),
         ({"batch": {"samples": [{"id": "a", "images": [{"tokens": 0}]}]}}, "batch.samples[0].images[0].tokens"),
         ({"batch": {"samples": [{"id": "a", "text_tokens": 5, "colour": 1}]}}, "batch.samples[0]"),
-        ({"batch": {"samples": [{"id": "a", "text_tokens": 5}, {"id": "a", "text_tokens": 5}]}}, "batch.samples[].id"),
+        ({"batch": {"samples": [{"id": "a", "text_tokens": 5}, {"id": "a", "text_tokens": 5}]}}, "batch.samples[1].id"),
         ({"batch": {"samples": [{"id": "a", "images": [{"width": 10, "height": 10}]}]}, "model_preset": "llama3-8b"}, "batch.samples[0].images[0]"),
         ({"batch": BATCH, "cluster_preset": "nope"}, "cluster_preset"),
         ({"batch": BATCH, "model_preset": "nope"}, "model_preset"),

@@ -88,8 +88,9 @@ def test_token_products_beyond_64_bits_are_422_naming_the_sample(client):
 def test_non_finite_step_times_are_422(client):
     profile = load_profile("flexsp-gpt7b", "profile")
     profile["time"]["quadratic"] = 1e300
-    body = problem(client.post("/v1/plans", json={**small_request(n=4), "profile": profile}), 422, "profile")
-    assert "finite" in body["detail"]
+    # refused at the coefficient, by its range, before any step time can overflow
+    body = problem(client.post("/v1/plans", json={**small_request(n=4), "profile": profile}), 422, "profile.time.quadratic")
+    assert "finite" in body["detail"] and "from 0 to" in body["detail"]
 
 
 def test_the_command_line_refuses_token_overflow_with_one_line(tmp_path, capsys):

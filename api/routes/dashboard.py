@@ -66,7 +66,9 @@ def one_plan(plan_id: PlanId, store: StoreDep) -> PlanView:
 @router.post("/plans/{plan_id}/replan", response_model=ReplanOut, summary="Plan a stored request again with other options (not stored)",
              responses=NOT_FOUND)
 async def replan_plan(plan_id: PlanId, body: ReplanIn, store: StoreDep, service: ServiceDep, settings: SettingsDep) -> ReplanOut:
-    """The stored request with ``options`` laid over its own; the budget counts from the start of the solve.
+    """The stored request with ``options`` laid over its own, for a plan of any status (pending and failed
+    ones too). The budget is ``options.time_budget_ms``, else 200 ms (``REPLAN_BUDGET_MS``, at most the
+    server's limit), never the stored request's; it counts from the start of the solve.
     Runs on the service's solve threads (503 with Retry-After when they are full)."""
     record = await asyncio.to_thread(store.get, plan_id)
     if record is None:

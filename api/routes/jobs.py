@@ -25,6 +25,7 @@ from api.deps import SettingsDep, require_token
 from api.errors import ServiceError
 from api.intake import ParsedOffLoop
 from api.routes.plans import _ERRORS, NOT_FOUND, problem_responses
+from api.schemas import RankGroups, as_sent
 from api.settings import Settings
 from api.store.repository import is_id
 from optimizer.errors import ProblemError
@@ -54,23 +55,26 @@ router = APIRouter(prefix="/v1", tags=["jobs"], dependencies=[Depends(require_to
 
 
 class JobRequest(BaseModel):
-    """The job document of ``dhp plan-epoch --job`` with the samples inline, and the worker count."""
+    """The job document of ``dhp plan-epoch --job`` with the samples inline, and the worker count.
 
-    model_config = ConfigDict(extra="forbid")
+    Strict like the plan request: the members of the job document reach :func:`jobs.spec.job_from_json` as
+    sent (the reader of ``--job`` files, so a file and a body are held to one rule), ``workers`` is an integer."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     dataset: dict[str, Any] | None = Field(None, description='{"samples": [...]}: the samples of the epoch, as in a batch document')
     batches: list[dict[str, Any]] | None = Field(None, description="or explicit batches, one step each")
-    global_batch_size: int | None = Field(None, description="samples per step (with dataset)")
+    global_batch_size: Annotated[Any, as_sent({"type": "integer", "minimum": 1})] = Field(None, description="samples per step (with dataset)")
     sampler: dict[str, Any] | str | None = Field(None, description='{"kind": "sequential" | "shuffle" | "length-grouped", "seed", "epoch", "group_batches"}')
-    drop_last: bool | None = None
-    max_steps: int | None = None
+    drop_last: Annotated[Any, as_sent({"type": "boolean"})] = Field(None, description="drop a last step shorter than the global batch size")
+    max_steps: Annotated[Any, as_sent({"type": "integer", "minimum": 1})] = Field(None, description="plan only the first N steps")
     cluster: dict[str, Any] | None = None
     cluster_preset: str | None = None
     model: dict[str, Any] | None = None
     model_preset: str | None = None
     profile: dict[str, Any] | None = None
     options: dict[str, Any] | None = Field(None, description="as in a plan request; jobs default to the heuristic (deterministic plans)")
-    existing_groups: list[list[int]] | None = None
+    existing_groups: RankGroups = None
     workers: int = Field(1, ge=1, le=256, description="processes planning the job (1: a thread of the server process)")
 
 

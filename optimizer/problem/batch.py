@@ -82,11 +82,12 @@ class Batch:
         object.__setattr__(self, "samples", tuple(self.samples))
         if not self.samples:
             raise ProblemError("is empty", field="batch.samples", hint="send at least one sample.")
-        seen: set[str] = set()
-        for s in self.samples:
-            if s.id in seen:
-                raise ProblemError(f"sample id {s.id!r} appears more than once", field="batch.samples[].id", hint="make every sample id unique.")
-            seen.add(s.id)
+        seen: dict[str, int] = {}
+        for k, s in enumerate(self.samples):
+            first = seen.setdefault(s.id, k)
+            if first != k:
+                raise ProblemError(f"sample id {s.id!r} is also the id of samples[{first}]", field=f"batch.samples[{k}].id",
+                                   hint="make every sample id unique (or leave an id out: the sample is then named after its position).")
         total = sum(s.length for s in self.samples)
         if total > MAX_BATCH_TOKENS:
             raise ProblemError(f"have {total} tokens in all, more than the {MAX_BATCH_TOKENS:.0e} a batch may have", field="batch.samples",

@@ -9,7 +9,6 @@ path (``batch.samples[3].images[0].tokens``) and saying how to fix it.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,13 @@ from optimizer.costs.profile import Bandwidth, CostProfile
 from optimizer.errors import ProblemError
 from optimizer.presets import gpu_catalog, load_preset
 from optimizer.problem.batch import MAX_SAMPLE_TOKENS, Batch, Image, Sample
+from optimizer.problem.checks import Range, shown
 from optimizer.problem.cluster import Cluster, GPUType, Node
 from optimizer.problem.model import LanguageModel, ModelSpec, TrainingSetup, VisionEncoder
 from optimizer.problem.options import OPTION_SPECS, PlanOptions
 from optimizer.problem.problem import Problem
+from optimizer.problem.text import HINT as TEXT_HINT
+from optimizer.problem.text import first_bad_text
 
 _MISSING = object()
 MAX_COUNT = 10**9
@@ -29,6 +31,28 @@ MAX_COUNT = 10**9
 clusters, far below what would overflow the cost arithmetic."""
 MAX_NODES = 100_000
 MAX_GPUS_PER_NODE = 1024
+
+QUANTITIES: dict[str, tuple[Range, str]] = {
+    "memory": (Range(1e6, 1e15, "bytes"), "give the device memory in bytes, e.g. 80e9."),
+    "reserve": (Range(0, 1e15, "bytes"), "give the bytes per GPU kept back for the framework, e.g. 4e9."),
+    "flops": (Range(1e6, 1e19, "FLOP/s"), "give the peak dense bf16 FLOP/s, e.g. 989e12."),
+    "link": (Range(1e6, 1e15, "bytes/s"), "give bytes per second per GPU, e.g. 4.5e11 inside a node or 5e10 between nodes."),
+    "bandwidth": (Range(1, 1e15, "bytes/s"), "give the measured bytes per second (with comm.bytes_per_token in the same bytes), e.g. 4.5e11."),
+    "latency": (Range(0, 10, "seconds"), "give the latency of one message in seconds, e.g. 5e-6 inside a node or 2e-5 between nodes."),
+    "efficiency": (Range(0.01, 1), "give the fraction of peak throughput dense kernels reach; a typical model FLOPs utilisation is 0.4 to 0.6."),
+    "parameters": (Range(1, 1e15, "parameters"), "give the parameter count, e.g. 8.03e9."),
+    "capacity": (Range(1, MAX_SAMPLE_TOKENS, "tokens"), "give the tokens one rank holds in a micro-batch, e.g. 16384."),
+    "speed": (Range(1e-3, 1e3), "give the GPU type's speed relative to the profile's own GPU (1.0), e.g. 0.32."),
+    "per_token2": (Range(0, 1, "seconds per token squared"), "give the measured coefficient in SI units, e.g. 1.2e-9."),
+    "per_token": (Range(0, 10, "seconds per token"), "give the measured coefficient in SI units, e.g. 8.6e-5."),
+    "seconds": (Range(0, 86_400, "seconds"), "give the measured time in seconds, e.g. 3.4e-3."),
+    "bytes_per_token": (Range(0, 1e9, "bytes per token"), "give the bytes a token sends, e.g. 172032."),
+    "messages": (Range(0, 1e6, "messages"), "give the message count, e.g. 2."),
+}
+"""Every number of the cluster, model and profile documents is one of these quantities and is checked
+against its range (the same rule as the planner options' bounds): wide enough for any real machine or
+measurement, narrow enough that no value turns a plan or an error message absurd (a step of 1e300 s,
+a rank count of 300 digits)."""
 
 
 def _obj(doc: Any, where: str) -> Mapping[str, Any]:
@@ -54,24 +78,32 @@ def _get(doc: Mapping[str, Any], key: str, where: str, kind: str, default: Any =
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if not isinstance(value, int) or isinstance(value, bool):
-            raise ProblemError(f"must be an integer, got {value!r}", field=path, hint="use a whole number.")
+            raise ProblemError(f"must be an integer, got {shown(value)}", field=path, hint="use a whole number.")
         if abs(value) > MAX_COUNT:
-            raise ProblemError(f"{value} is too large", field=path, hint=f"use a value of at most {MAX_COUNT:,}.")
-    elif kind == "number":
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            raise ProblemError(f"must be a finite number, got {value!r}", field=path, hint="use a JSON number.")
+            raise ProblemError(f"{shown(value)} is too large", field=path, hint=f"use a value of at most {MAX_COUNT:,}.")
+    elif kind == "number":  # bounded by the caller (the planner options check their own ranges)
+        Range().check(value, path, "use a JSON number.")
         value = float(value)
+    elif kind in QUANTITIES:
+        value = float(_within(value, kind, path))
     elif kind == "str":
         if not isinstance(value, str):
-            raise ProblemError(f"must be a string, got {value!r}", field=path, hint="use a JSON string.")
+            raise ProblemError(f"must be a string, got {shown(value)}", field=path, hint="use a JSON string.")
     elif kind == "bool":
         if not isinstance(value, bool):
-            raise ProblemError(f"must be true or false, got {value!r}", field=path, hint="use a JSON boolean.")
+            raise ProblemError(f"must be true or false, got {shown(value)}", field=path, hint="use a JSON boolean.")
     elif kind == "list":
         if not isinstance(value, list):
             raise ProblemError(f"must be a list, got {type(value).__name__}", field=path, hint="use a JSON array.")
     elif kind == "object":
         _obj(value, path)
+    return value
+
+
+def _within(value: Any, kind: str, path: str) -> Any:
+    """``value`` as given, once it is a number within the range of its quantity (see :data:`QUANTITIES`)."""
+    span, hint = QUANTITIES[kind]
+    span.check(value, path, hint)
     return value
 
 
@@ -90,6 +122,7 @@ def batch_from_json(doc: Any, model: ModelSpec | None = None, where: str = "batc
     doc = _obj(doc, where)
     _unknown(doc, {"samples"}, where)
     samples_doc = _get(doc, "samples", where, "list")
+    generated = _generated_ids(samples_doc)
     samples = []
     for k, s in enumerate(samples_doc):
         fast = _sample_fast(s)
@@ -100,11 +133,11 @@ def batch_from_json(doc: Any, model: ModelSpec | None = None, where: str = "batc
         w = f"{where}.samples[{k}]"
         s = _obj(s, w)
         _unknown(s, {"id", "text_tokens", "images", "videos"}, w)
-        sid = s.get("id", f"s{k}")
+        sid = s["id"] if "id" in s else generated[k]
         if isinstance(sid, int) and not isinstance(sid, bool):
             sid = str(sid)
         if not isinstance(sid, str) or not sid:
-            raise ProblemError(f"must be a non-empty string, got {sid!r}", field=f"{w}.id", hint="give every sample a unique id.")
+            raise ProblemError(f"must be a non-empty string, got {shown(sid)}", field=f"{w}.id", hint="give every sample a unique id.")
         text = _get(s, "text_tokens", w, "int", 0)
         if text < 0:
             raise ProblemError(f"must be >= 0, got {text}", field=f"{w}.text_tokens", hint="give the number of text tokens.")
@@ -118,6 +151,24 @@ def batch_from_json(doc: Any, model: ModelSpec | None = None, where: str = "batc
         return Batch(tuple(samples))
     except ProblemError as exc:
         raise _rewhere(exc, where) from None
+
+
+def _generated_ids(samples: list[Any]) -> dict[int, str]:
+    """Ids for the samples that give none, by position: ``s<index>``, or when another sample of the
+    batch has that id already, ``s<index>_2`` (``_3``, ...): a generated id never takes a given one."""
+    missing = [k for k, s in enumerate(samples) if isinstance(s, Mapping) and "id" not in s]
+    if not missing:
+        return {}
+    taken = {str(s["id"]) for s in samples if isinstance(s, Mapping) and isinstance(s.get("id"), (str, int))}
+    out: dict[int, str] = {}
+    for k in missing:
+        name, n = f"s{k}", 1
+        while name in taken:
+            n += 1
+            name = f"s{k}_{n}"
+        taken.add(name)
+        out[k] = name
+    return out
 
 
 _SAMPLE_KEYS = frozenset({"id", "text_tokens", "images", "videos"})
@@ -202,16 +253,16 @@ def _gpu(doc: Any, where: str) -> tuple[GPUType, dict[str, float]]:
     catalog = gpu_catalog()
     if isinstance(doc, str):
         if doc not in catalog:
-            raise ProblemError(f"unknown GPU type {doc!r}", field=where, hint=f"use one of {sorted(catalog)} or describe it with name, memory_bytes and peak_flops.")
+            raise ProblemError(f"unknown GPU type {shown(doc)}", field=where, hint=f"use one of {sorted(catalog)} or describe it with name, memory_bytes and peak_flops.")
         entry = catalog[doc]
         return GPUType(doc, entry["memory_bytes"], entry["peak_flops"]), entry
     doc = _obj(doc, where)
     _unknown(doc, {"name", "memory_bytes", "peak_flops", "intra_bandwidth", "inter_bandwidth"}, where)
     name = _get(doc, "name", where, "str")
     base = dict(catalog.get(name, {}))
-    for key in ("memory_bytes", "peak_flops", "intra_bandwidth", "inter_bandwidth"):
+    for key, quantity in (("memory_bytes", "memory"), ("peak_flops", "flops"), ("intra_bandwidth", "link"), ("inter_bandwidth", "link")):
         if key in doc:
-            base[key] = _get(doc, key, where, "number")
+            base[key] = _get(doc, key, where, quantity)
     for key in ("memory_bytes", "peak_flops"):
         if key not in base:
             raise ProblemError("is required for a GPU type not in the catalog", field=f"{where}.{key}", hint=f"give it, or use a known type: {sorted(catalog)}.")
@@ -231,9 +282,9 @@ def cluster_from_json(doc: Any, where: str = "cluster") -> Cluster:
     defaults: dict[str, float] = {}
     if isinstance(nodes_doc, int) and not isinstance(nodes_doc, bool):
         if nodes_doc < 1:
-            raise ProblemError(f"must be >= 1, got {nodes_doc}", field=f"{where}.nodes", hint="give the number of nodes.")
+            raise ProblemError(f"must be >= 1, got {shown(nodes_doc)}", field=f"{where}.nodes", hint="give the number of nodes.")
         if nodes_doc > MAX_NODES:
-            raise ProblemError(f"{nodes_doc} nodes are more than the {MAX_NODES:,} this planner accepts", field=f"{where}.nodes", hint="describe at most that many nodes.")
+            raise ProblemError(f"{shown(nodes_doc)} nodes are more than the {MAX_NODES:,} this planner accepts", field=f"{where}.nodes", hint="describe at most that many nodes.")
         per = _get(doc, "gpus_per_node", where, "int", 8)
         if not 1 <= per <= MAX_GPUS_PER_NODE:
             raise ProblemError(f"must be from 1 to {MAX_GPUS_PER_NODE}, got {per}", field=f"{where}.gpus_per_node", hint="give the GPUs per node, e.g. 8.")
@@ -257,10 +308,10 @@ def cluster_from_json(doc: Any, where: str = "cluster") -> Cluster:
                 defaults = entry
             nodes.extend([Node(gpu, gpus)] * count)
     else:
-        raise ProblemError(f"must be a node count or a non-empty list of nodes, got {nodes_doc!r}", field=f"{where}.nodes", hint='e.g. {"nodes": 8, "gpus_per_node": 8} or {"nodes": [{"count": 8, "gpus": 8, "gpu": "H100-SXM"}]}.')
+        raise ProblemError(f"must be a node count or a non-empty list of nodes, got {shown(nodes_doc)}", field=f"{where}.nodes", hint='e.g. {"nodes": 8, "gpus_per_node": 8} or {"nodes": [{"count": 8, "gpus": 8, "gpu": "H100-SXM"}]}.')
 
-    def number(key: str, fallback: float | None) -> float:
-        value = _get(doc, key, where, "number", fallback)
+    def number(key: str, quantity: str, fallback: float | None) -> float:
+        value = _get(doc, key, where, quantity, fallback)
         if value is None:
             raise ProblemError("is required for this GPU type", field=f"{where}.{key}", hint="give it in SI units.")
         return value
@@ -268,15 +319,15 @@ def cluster_from_json(doc: Any, where: str = "cluster") -> Cluster:
     try:
         return Cluster(
             nodes=tuple(nodes),
-            intra_bandwidth=number("intra_bandwidth", defaults.get("intra_bandwidth")),
-            inter_bandwidth=number("inter_bandwidth", defaults.get("inter_bandwidth")),
-            intra_latency=number("intra_latency", 5e-6),
-            inter_latency=number("inter_latency", 2e-5),
+            intra_bandwidth=number("intra_bandwidth", "link", defaults.get("intra_bandwidth")),
+            inter_bandwidth=number("inter_bandwidth", "link", defaults.get("inter_bandwidth")),
+            intra_latency=number("intra_latency", "latency", 5e-6),
+            inter_latency=number("inter_latency", "latency", 2e-5),
             tensor_parallel=_get(doc, "tensor_parallel", where, "int", 1),
             pipeline_parallel=_get(doc, "pipeline_parallel", where, "int", 1),
             name=_get(doc, "name", where, "str", "custom"),
-            memory_reserve_bytes=number("memory_reserve_bytes", 4e9),
-            efficiency=number("efficiency", 0.5),
+            memory_reserve_bytes=number("memory_reserve_bytes", "reserve", 4e9),
+            efficiency=number("efficiency", "efficiency", 0.5),
         )
     except ProblemError as exc:
         raise _rewhere(exc, where) from None
@@ -298,7 +349,7 @@ def model_from_json(doc: Any, where: str = "model") -> ModelSpec:
             kv_heads=_get(llm_doc, "kv_heads", w, "int", llm_doc.get("heads")),
             ffn_hidden=_get(llm_doc, "ffn_hidden", w, "int"),
             vocab=_get(llm_doc, "vocab", w, "int"),
-            parameters=_get(llm_doc, "parameters", w, "number"),
+            parameters=_get(llm_doc, "parameters", w, "parameters"),
             gated_mlp=_get(llm_doc, "gated_mlp", w, "bool", True),
         )
         vision = None
@@ -310,7 +361,7 @@ def model_from_json(doc: Any, where: str = "model") -> ModelSpec:
                 layers=_get(v, "layers", wv, "int"),
                 hidden=_get(v, "hidden", wv, "int"),
                 ffn_hidden=_get(v, "ffn_hidden", wv, "int"),
-                parameters=_get(v, "parameters", wv, "number"),
+                parameters=_get(v, "parameters", wv, "parameters"),
                 patch_size=_get(v, "patch_size", wv, "int", 14),
                 merge_size=_get(v, "merge_size", wv, "int", 1),
                 tokens_per_image=_get(v, "tokens_per_image", wv, "int", None),
@@ -348,50 +399,57 @@ def profile_from_json(doc: Any, where: str = "profile") -> CostProfile:
     _unknown(lat, {"intra", "inter"}, f"{wc}.latency_s")
     group_messages = _get(c, "group_messages", wc, "object", {})
     _unknown(group_messages, {"per_step", "fixed"}, f"{wc}.group_messages")
+    wcap = f"{where}.capacity_tokens_per_rank"
     cap = doc.get("capacity_tokens_per_rank")
     cap_by_gpu: dict[str, float] = {}
     if isinstance(cap, Mapping):
-        cap_by_gpu = {str(k): v for k, v in cap.items() if k != "default"}
         if "default" not in cap:
-            raise ProblemError("a table needs a 'default' entry", field=f"{where}.capacity_tokens_per_rank", hint='e.g. {"default": 16384, "A100-40GB": 8192}.')
-        cap = cap["default"]
+            raise ProblemError("a table needs a 'default' entry", field=wcap, hint='e.g. {"default": 16384, "A100-40GB": 8192}.')
+        cap_by_gpu = {str(k): _within(v, "capacity", f"{wcap}.{k}") for k, v in cap.items() if k != "default"}
+        cap, wcap = cap["default"], f"{wcap}.default"
     if cap is None:
-        raise ProblemError("is required", field=f"{where}.capacity_tokens_per_rank", hint="give the tokens one rank holds in a micro-batch.")
-    speed = _get(doc, "speed_by_gpu", where, "object", {})
-
-    def num(d: Mapping[str, Any], key: str, w: str, default: Any = _MISSING) -> float:
-        value = _get(d, key, w, "number", default)
-        return float(value)
+        raise ProblemError("is required", field=wcap, hint="give the tokens one rank holds in a micro-batch.")
+    speed = {str(k): _within(v, "speed", f"{where}.speed_by_gpu.{k}") for k, v in _get(doc, "speed_by_gpu", where, "object", {}).items()}
 
     try:
         return CostProfile(
-            quadratic=num(t, "quadratic", wt),
-            linear=num(t, "linear", wt),
-            sample_constant=num(t, "sample_constant", wt),
-            group_constant=num(t, "group_constant", wt),
-            vision_linear=num(t, "vision_linear", wt, 0.0),
-            vision_quadratic=num(t, "vision_quadratic", wt, 0.0),
+            quadratic=_get(t, "quadratic", wt, "per_token2"),
+            linear=_get(t, "linear", wt, "per_token"),
+            sample_constant=_get(t, "sample_constant", wt, "seconds"),
+            group_constant=_get(t, "group_constant", wt, "seconds"),
+            vision_linear=_get(t, "vision_linear", wt, "per_token", 0.0),
+            vision_quadratic=_get(t, "vision_quadratic", wt, "per_token2", 0.0),
             scheme=_get(c, "scheme", wc, "str"),
-            bytes_per_token=num(c, "bytes_per_token", wc),
-            intra_bandwidth=Bandwidth.from_json(bw["intra"], f"{wb}.intra"),
-            inter_bandwidth=Bandwidth.from_json(bw["inter"], f"{wb}.inter"),
-            intra_latency=num(lat, "intra", f"{wc}.latency_s", 0.0),
-            inter_latency=num(lat, "inter", f"{wc}.latency_s", 0.0),
-            messages_per_step=num(c, "messages_per_step", wc, 0.0),
-            messages_fixed=num(c, "messages_fixed", wc, 0.0),
+            bytes_per_token=_get(c, "bytes_per_token", wc, "bytes_per_token"),
+            intra_bandwidth=_bandwidth(bw["intra"], f"{wb}.intra"),
+            inter_bandwidth=_bandwidth(bw["inter"], f"{wb}.inter"),
+            intra_latency=_get(lat, "intra", f"{wc}.latency_s", "latency", 0.0),
+            inter_latency=_get(lat, "inter", f"{wc}.latency_s", "latency", 0.0),
+            messages_per_step=_get(c, "messages_per_step", wc, "messages", 0.0),
+            messages_fixed=_get(c, "messages_fixed", wc, "messages", 0.0),
             overlap_with_attention=_get(c, "overlap_with_attention", wc, "bool", False),
-            sample_step=num(t, "sample_step", wt, 0.0),
-            step_constant=num(t, "step_constant", wt, 0.0),
-            group_messages_per_step=num(group_messages, "per_step", f"{wc}.group_messages", 0.0),
-            group_messages_fixed=num(group_messages, "fixed", f"{wc}.group_messages", 0.0),
+            sample_step=_get(t, "sample_step", wt, "seconds", 0.0),
+            step_constant=_get(t, "step_constant", wt, "seconds", 0.0),
+            group_messages_per_step=_get(group_messages, "per_step", f"{wc}.group_messages", "messages", 0.0),
+            group_messages_fixed=_get(group_messages, "fixed", f"{wc}.group_messages", "messages", 0.0),
             padded_bytes=_get(c, "padded_bytes", wc, "bool", False),
-            capacity_tokens_per_rank=cap if not isinstance(cap, bool) else -1,
+            capacity_tokens_per_rank=_within(cap, "capacity", wcap),
             capacity_by_gpu=cap_by_gpu,
-            speed_by_gpu=dict(speed),
+            speed_by_gpu=speed,
             source=_get(doc, "source", where, "str", "given"),
         )
     except ProblemError as exc:
         raise _rewhere(exc, where) from None
+
+
+def _bandwidth(doc: Any, where: str) -> Bandwidth:
+    """A bandwidth, one number or a table by group size, with every number within its range."""
+    if isinstance(doc, Mapping):
+        for key, value in doc.items():
+            _within(value, "bandwidth", f"{where}.{key}")
+    elif isinstance(doc, (int, float)) and not isinstance(doc, bool):
+        _within(doc, "bandwidth", where)
+    return Bandwidth.from_json(doc, where)
 
 
 # -- options ----------------------------------------------------------------------------------
@@ -411,10 +469,17 @@ def options_from_json(doc: Any, where: str = "options") -> PlanOptions:
 
 # -- a whole request --------------------------------------------------------------------------
 
+ENVELOPE = ("wait", "cache")
+"""Members of a ``POST /v1/plans`` body that say how to answer (booleans), accepted in a request document
+so that a body saved to a file reads as one."""
+
+
 def problem_from_json(doc: Any, overrides: Mapping[str, Any] | None = None) -> Problem:
     """Build a problem from a request document (see the module docstring)."""
     doc = _obj(doc, "request")
-    _unknown(doc, {"batch", "cluster", "cluster_preset", "model", "model_preset", "profile", "options", "wait", "existing_groups"}, "request")
+    _unknown(doc, {"batch", "cluster", "cluster_preset", "model", "model_preset", "profile", "options", "existing_groups", *ENVELOPE}, "request")
+    for key in ENVELOPE:  # how the service answers; checked as strictly as the rest, though the plan does not depend on them
+        _get(doc, key, "", "bool", True)
     if "cluster" in doc and "cluster_preset" in doc:
         raise ProblemError("give either 'cluster' or 'cluster_preset', not both", field="cluster_preset", hint="drop one of them.")
     if "model" in doc and "model_preset" in doc:
@@ -441,23 +506,25 @@ def problem_from_json(doc: Any, overrides: Mapping[str, Any] | None = None) -> P
 
 
 def existing_groups_from_json(doc: Any, domain_size: int, where: str = "existing_groups") -> tuple[tuple[int, ...], ...]:
-    """The rank groups a job already has (sorted rank tuples, first occurrence kept); None means none."""
+    """The rank groups a job already has, as a set: each group's ranks sorted, the groups sorted, a group
+    listed twice kept once (it is the same communicator), so that the same groups in any order are the
+    same problem (and the same request hash). None means none."""
     if doc is None:
         return ()
     if not isinstance(doc, list):
         raise ProblemError(f"must be a list of rank lists, got {type(doc).__name__}", field=where, hint="e.g. [[0, 1], [2, 3], [0, 1, 2, 3]].")
-    out: dict[tuple[int, ...], None] = {}
+    out: set[tuple[int, ...]] = set()
     for k, g in enumerate(doc):
         w = f"{where}[{k}]"
         if not isinstance(g, list) or not g or not all(isinstance(r, int) and not isinstance(r, bool) for r in g):
-            raise ProblemError("must be a non-empty list of integer ranks", field=w, hint="list the global ranks of one group, e.g. [0, 1].")
+            raise ProblemError("must be a non-empty list of integer ranks", field=w, hint="list the global ranks of one group as JSON integers, e.g. [0, 1].")
         bad = [r for r in g if not 0 <= r < domain_size]
         if bad:
-            raise ProblemError(f"ranks {bad[:5]} are outside 0..{domain_size - 1}", field=w, hint="use ranks of the data/context domain of this cluster.")
+            raise ProblemError(f"rank {shown(bad[0])} is outside 0..{domain_size - 1}", field=w, hint="use ranks of the data/context domain of this cluster.")
         if len(set(g)) != len(g):
             raise ProblemError("repeats a rank", field=w, hint="list each rank once.")
-        out.setdefault(tuple(sorted(g)), None)
-    return tuple(out)
+        out.add(tuple(sorted(g)))
+    return tuple(sorted(out))
 
 
 def read_json_file(path: str | Path, what: str) -> Any:
@@ -470,10 +537,14 @@ def read_json_file(path: str | Path, what: str) -> Any:
     except UnicodeDecodeError as exc:
         raise ProblemError(f"{p} is not UTF-8 text (byte {exc.start})", field=what, hint="save the file as UTF-8 JSON.") from None
     try:
-        return json.loads(text)
+        doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ProblemError(f"{p} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", field=what, hint="fix the JSON syntax.") from None
     except RecursionError:
         raise ProblemError(f"{p} nests arrays or objects too deeply to read", field=what, hint="input documents are a few levels deep; check the file.") from None
     except ValueError as exc:  # e.g. an integer of thousands of digits
         raise ProblemError(f"{p} has a value that cannot be read: {exc}", field=what, hint="check the numbers in the file.") from None
+    bad = first_bad_text(doc)
+    if bad is not None:
+        raise ProblemError(f"{p}: {bad[0]} {bad[1]}", field=what, hint=TEXT_HINT)
+    return doc

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from optimizer.errors import ProblemError
+from optimizer.problem.checks import Range
 
 DEGREE_POLICIES = ("any", "pow2", "aligned")
 MEMORY_RULES = ("micro_batch", "sample")
@@ -45,16 +45,7 @@ class OptionSpec:
             if value not in (self.choices or ()):
                 raise ProblemError(f"must be one of {self.choices}, got {value!r}", field=where, hint=self.hint)
             return
-        number = isinstance(value, (int, float)) and not isinstance(value, bool) and (self.kind == "number" or isinstance(value, int))
-        ok = number and math.isfinite(value) and (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
-        if not ok:
-            what = "an integer" if self.kind == "int" else f"a finite number of {self.unit}" if self.unit else "a finite number"
-            span = f"from {_plain(self.low)} to {_plain(self.high)}" if self.high is not None else f">= {_plain(self.low)}"
-            raise ProblemError(f"must be {what} {span}, got {value!r}", field=where, hint=self.hint)
-
-
-def _plain(x: float | None) -> str:
-    return str(int(x)) if x is not None and float(x).is_integer() else str(x)
+        Range(self.low, self.high, self.unit, integer=self.kind == "int").check(value, where, self.hint)
 
 
 def _option(default: Any, **spec: Any) -> Any:

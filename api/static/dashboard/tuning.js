@@ -9,6 +9,8 @@
   let best = null;
   let sweepPlot = null;
   let storedOptions = {};
+  // The planner's default budget, which is also a re-plan's when the form gives none (api/dashboard_tuning.py).
+  const DEFAULT_BUDGET_MS = 200;
 
   const ROWS = [
     ["Predicted step s", (r) => secs(r.predicted_step_time_s)],
@@ -24,7 +26,7 @@
 
   function label(options) {
     const o = options || {};
-    const parts = [o.backend || "auto", (o.time_budget_ms || 200) + " ms"];
+    const parts = [o.backend || "auto", (o.time_budget_ms || DEFAULT_BUDGET_MS) + " ms"];
     if (o.degree_policy) parts.push(o.degree_policy);
     if (o.cp_scheme) parts.push(o.cp_scheme);
     if (o.max_micro_batches) parts.push("\u2264" + o.max_micro_batches + " mb");
@@ -84,7 +86,7 @@
     const status = document.getElementById("variant-status");
     const button = form.querySelector("button[type=submit]");
     button.disabled = true;
-    status.textContent = "Planning " + label({ ...storedOptions, ...options }) + "\u2026";
+    status.textContent = "Planning " + label({ ...storedOptions, time_budget_ms: undefined, ...options }) + "\u2026";
     try {
       const r = await replan(options);
       columns.push({ label: label(r.options), result: r });
@@ -171,7 +173,7 @@
     try {
       const v = await api(`/v1/dashboard/plans/${encodeURIComponent(id)}`);
       storedOptions = v.options;
-      document.getElementById("variant").elements.time_budget_ms.placeholder = String(v.budget_ms);
+      document.getElementById("variant").elements.time_budget_ms.placeholder = String(DEFAULT_BUDGET_MS);
       if (v.status !== "done") {
         showError({ message: "This plan is " + v.status + "; its request can still be planned again below." });
         document.body.dataset.ready = "1";
