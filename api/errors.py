@@ -117,6 +117,32 @@ def allowed_methods(request: Request) -> list[str]:
             if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in request.app.router.routes)]
 
 
+_TYPE_HINTS = {"bool_type": "give true or false (a JSON boolean, not a string or a number)",
+               "int_type": "give a JSON integer (not a string)", "int_from_float": "give a whole number",
+               "float_type": "give a JSON number (not a string)", "finite_number": "give a finite number",
+               "string_type": "give a JSON string", "dict_type": "give a JSON object", "model_type": "give a JSON object",
+               "model_attributes_type": "give a JSON object", "list_type": "give a JSON array",
+               "missing": "add the field", "extra_forbidden": "remove the field (it is not part of this request)",
+               "json_invalid": "send valid JSON (the detail gives the position)"}
+
+
+def validation_hint(error: Mapping[str, Any]) -> str:
+    """How to fix one of pydantic's validation errors, from its type and context."""
+    kind, ctx = str(error.get("type", "")), error.get("ctx") or {}
+    if kind == "literal_error" and ctx.get("expected"):
+        hint = f"use one of {ctx['expected']}"
+    elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") and ctx:
+        bound = next(iter(ctx.values()))
+        hint = f"give a number {dict(greater_than='above', greater_than_equal='of at least', less_than='below', less_than_equal='of at most')[kind]} {bound}"
+    elif kind in ("string_too_long", "too_long") and ctx.get("max_length") is not None:
+        hint = f"give at most {ctx['max_length']} {'characters' if kind == 'string_too_long' else 'items'}"
+    elif kind == "string_pattern_mismatch":
+        hint = "use printable characters only"
+    else:
+        hint = _TYPE_HINTS.get(kind, "fix the field named")
+    return f"{hint}; see /docs for the request schema."
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers that turn every error into problem+json."""
 
@@ -138,7 +164,7 @@ def install(app: FastAPI) -> None:
         if len(errors) > 1:
             detail += f" (and {len(errors) - 1} more)"
         return problem_response(422, "Invalid request", detail, kind="invalid-request", field=field,
-                                hint="fix the field named; see /docs for the request schema.", instance=request.url.path)
+                                hint=validation_hint(first), instance=request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

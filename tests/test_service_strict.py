@@ -49,6 +49,13 @@ def test_plan_request_fields_are_not_coerced(client, extra, field):
     _problem(client.post("/v1/plans", json=req), 422, field)
 
 
+@pytest.mark.parametrize(("extra", "hint"), [({"wait": "false"}, "true or false"), ({"options": {"backend": "fast"}}, "use one of"),
+                                             ({"options": {"time_budget_ms": "200"}}, "JSON number"), ({"surprise": 1}, "remove the field")])
+def test_a_type_error_says_how_to_fix_it(client, extra, hint):
+    req = {**small_request(n=6), **extra}
+    assert hint in client.post("/v1/plans", json=req).json()["hint"]
+
+
 def test_a_json_integer_is_still_a_number(client):
     req = small_request(n=6, time_budget_ms=500)
     assert isinstance(req["options"]["time_budget_ms"], int)
