@@ -40,7 +40,7 @@ _IMAGE_SCHEMA: dict[str, Any] = {"type": "object", "properties": {"tokens": {"ty
                                                  "tokens_per_frame": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000}, "width": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000},
                                                  "height": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000}}}
 _BATCH_SCHEMA: dict[str, Any] = {"required": ["samples"], "properties": {"samples": {"type": "array", "items": {
-    "type": "object", "properties": {"id": {"type": "string", "minLength": 1}, "text_tokens": {"type": "integer", "minimum": 0, "maximum": 1_000_000_000},
+    "type": "object", "properties": {"id": {"anyOf": [{"type": "string", "minLength": 1}, {"type": "integer"}], "description": "an integer is read as its decimal text"}, "text_tokens": {"type": "integer", "minimum": 0, "maximum": 1_000_000_000},
                                      "images": {"type": "array", "items": _IMAGE_SCHEMA}, "videos": {"type": "array", "items": _IMAGE_SCHEMA}},
     "additionalProperties": False}}}}
 
