@@ -12,6 +12,14 @@ the ratio to the lower bound and the peak resident memory of the process.
 
 The growth exponent k is the least-squares slope of log(median time) against log(samples) over
 the points that finished (time ~ samples^k; ranks grow with samples on the default diagonal).
+
+``--budget-ms`` and ``--backend`` plan as a request with that budget would (instead of a budget no
+plan reaches); each point then also reports the median of every planner phase over the repeats
+(``phase_medians``), the fixed work this machine is expected to need for the batch
+(:mod:`planning.fixed_work`: ``estimate_ms`` and the ``minimum_budget_ms`` below which the planner
+refuses), what was skipped for lack of time, and the refusal when the budget was too small.
+``--table`` prints these as text instead of the JSON line; ``--cli`` measures the batch of ``dhp example``
+with the options of ``dhp plan`` (no micro-batch cap) instead of the bench's problem.
 """
 
 from __future__ import annotations
@@ -37,19 +45,34 @@ TARGETS_MS = {(64, 512): 5.0, (1024, 8192): 50.0, (8192, 65536): 500.0}
 """Planning-time goals of the issue (median, heuristic)."""
 
 
-def _problem(ranks: int, samples: int, workload: str, seed: int) -> Any:
+def _problem(ranks: int, samples: int, workload: str, seed: int, cli: bool = False) -> Any:
+    """The point's problem: the bench's (``bench.runner.make_problem``), or with ``cli`` the batch of
+    ``dhp example --workload W --samples N --seed S`` planned as ``dhp plan --nodes ranks/8
+    --gpus-per-node 8 --model-preset qwen2-vl-7b`` plans it (default options)."""
+    if cli:
+        from optimizer.problem.documents import problem_from_json
+        from optimizer.problem.workloads import WORKLOADS
+
+        return problem_from_json({"cluster": {"nodes": max(1, ranks // 8), "gpus_per_node": min(8, ranks)}, "model_preset": "qwen2-vl-7b",
+                                  "batch": WORKLOADS[workload](samples, seed=seed), "options": {"time_budget_ms": 600_000.0}})
     from bench.runner import make_problem
     from bench.workloads import get_workload
 
     return make_problem(get_workload(workload), ranks, samples, seed, 600_000.0)
 
 
-def _plan(problem: Any) -> Any:
+def _plan(problem: Any, budget_ms: float | None = None, backend: str = "heuristic") -> Any:
     from dataclasses import replace
 
     from planning.planner import plan
 
-    return plan(replace(problem, options=replace(problem.options, backend="heuristic")))
+    budget = problem.options.time_budget_ms if budget_ms is None else budget_ms
+    return plan(replace(problem, options=replace(problem.options, backend=backend, time_budget_ms=budget)))
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
 
 
 def _profile_summary(fn: Any, top: int = 15) -> tuple[str, str | None]:
@@ -77,32 +100,67 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def measure_point(ranks: int, samples: int, repeats: int, workload: str, profile: bool) -> dict[str, Any]:
+def measure_point(ranks: int, samples: int, repeats: int, workload: str, profile: bool, budget_ms: float | None = None,
+                  backend: str = "heuristic", cli: bool = False) -> dict[str, Any]:
     """One point, in this process (see the module docstring)."""
-    out: dict[str, Any] = {"ranks": ranks, "samples": samples, "workload": workload}
-    problem = _problem(ranks, samples, workload, 0)
+    from optimizer.errors import ProblemError
+    from planning import fixed_work
+
+    out: dict[str, Any] = {"ranks": ranks, "samples": samples, "workload": workload, "backend": backend}
+    if budget_ms is not None:
+        out["budget_ms"] = budget_ms
+    problem = _problem(ranks, samples, workload, 0, cli)
     walls: list[float] = []
     heur: list[float] = []
+    phases: dict[str, list[float]] = {}
     start = time.perf_counter()
     try:
-        warm = _problem(ranks, samples, workload, 99)  # warm-up: another batch of the same size
+        warm = _problem(ranks, samples, workload, 99, cli)  # warm-up: another batch of the same size
         t0 = time.perf_counter()
-        _plan(warm)
+        try:
+            _plan(warm, budget_ms, backend)
+        except ProblemError:
+            pass  # a refused budget refuses the measured batch alike, below
         out["first_call_ms"] = (time.perf_counter() - t0) * 1000.0
         del warm
+        out.update(estimate_ms=fixed_work.problem_estimate_ms(problem), minimum_budget_ms=fixed_work.problem_budget_ms(problem), rates=fixed_work.describe())
         for _ in range(repeats):
             t0 = time.perf_counter()
-            p = _plan(problem)
+            p = _plan(problem, budget_ms, backend)
             walls.append((time.perf_counter() - t0) * 1000.0)
             heur.append(p.solver.details.get("phases", {}).get("heuristic_ms", float("nan")))
-        out.update(status="ok", wall_ms=walls, heuristic_ms=heur, ratio_to_bound=p.ratio_to_bound, phases=p.solver.details.get("phases", {}))
+            for name, ms in p.solver.details.get("phases", {}).items():
+                phases.setdefault(name, []).append(ms)
+        out.update(status="ok", wall_ms=walls, heuristic_ms=heur, ratio_to_bound=p.ratio_to_bound, phases=p.solver.details.get("phases", {}),
+                   phase_medians={name: _median(ms) for name, ms in phases.items()}, solver_wall_ms=p.solver.wall_ms,
+                   skipped=p.solver.details.get("skipped", {}), backend_used=p.solver.backend, solver_status=p.solver.status)
+    except ProblemError as exc:  # a budget below what the batch needs here: refused at once
+        out.update(status="refused", error=str(exc), refused_after_ms=(time.perf_counter() - t0) * 1000.0, wall_ms=walls)
     except (MemoryError, Exception) as exc:  # noqa: BLE001 - a failing point is a result
         out.update(status="error", error=f"{type(exc).__name__}: {exc}", failed_after_ms=(time.perf_counter() - start) * 1000.0, wall_ms=walls)
-    if profile or out["status"] != "ok":
-        text, _ = _profile_summary(lambda: _plan(problem))
+    if profile or out["status"] == "error":
+        text, _ = _profile_summary(lambda: _plan(problem, budget_ms, backend))
         out["profile"] = text
     out["peak_rss_mb"] = _peak_rss_mb()
     return out
+
+
+def point_table(point: dict[str, Any]) -> str:
+    """One measured point as text: wall times, the median of each phase, the fixed-work estimate."""
+    lines = [f"{point['ranks']} ranks x {point['samples']} samples ({point['workload']}), backend {point['backend']}, "
+             f"budget {point.get('budget_ms', 'none')} ms: {point['status']}"]
+    if point.get("estimate_ms") is not None:
+        lines.append(f"fixed work expected here: about {point['estimate_ms']:.0f} ms (refused below {point['minimum_budget_ms']:.0f} ms)")
+    if point.get("error"):
+        lines.append(point["error"])
+    if point.get("wall_ms"):
+        lines.append(f"plan() wall ms over {len(point['wall_ms'])} calls: median {_median(point['wall_ms']):.1f}, "
+                     f"all {', '.join(f'{w:.0f}' for w in point['wall_ms'])}; first call in the process {point.get('first_call_ms', float('nan')):.0f}")
+    for name, ms in point.get("phase_medians", {}).items():
+        lines.append(f"  {name:<16} {ms:9.1f}")
+    for name, why in point.get("skipped", {}).items():
+        lines.append(f"  skipped {name}: {why}")
+    return "\n".join(lines)
 
 
 def run_point(ranks: int, samples: int, repeats: int, workload: str = "video", profile: bool = False,
@@ -208,8 +266,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workload", default="video")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--budget-ms", type=float, default=None, help="plan with this budget (default: one no plan reaches)")
+    ap.add_argument("--backend", default="heuristic")
+    ap.add_argument("--table", action="store_true", help="print the point's phases as text instead of JSON")
+    ap.add_argument("--cli", action="store_true", help="the batch of 'dhp example' with the options of 'dhp plan' (no micro-batch cap)")
     args = ap.parse_args(argv)
-    print(json.dumps(measure_point(args.point[0], args.point[1], args.repeats, args.workload, args.profile)))
+    point = measure_point(args.point[0], args.point[1], args.repeats, args.workload, args.profile, args.budget_ms, args.backend, args.cli)
+    print(point_table(point) if args.table else json.dumps(point))
     return 0
 
 

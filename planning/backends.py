@@ -17,6 +17,7 @@ from optimizer.errors import InfeasibleError, PlannerError
 from optimizer.plan.evaluate import assignment_step_time
 from optimizer.plan.plan import Assignment, SolverStats, TracePoint
 from optimizer.verify.verifier import check_assignment
+from planning.fixed_work import SAFETY, phase_ms
 from planning.solve_watch import GRACE_MS, busy, hard_stop_for, solve_watched
 from solver_models.base import Backend
 from solver_models.lns import FULL_MODEL_PAIRS, full_model_pairs
@@ -27,13 +28,15 @@ MIN_SOLVER_MS = 20.0
 """Below this many milliseconds left, no exact backend is started."""
 RESERVE_MS = 3.0
 RESERVE_EVALS = 8.0
-RESERVE_MS_PER_SAMPLE = 0.005
 """Milliseconds kept back from the solver for checking its answer, building and verifying the plan:
 a constant plus RESERVE_EVALS times what one evaluation of the heuristic's plan took (the work after
 the solver is about five such passes: measured 0.6 ms of building and verifying after a 0.15 ms
 evaluation at 512 samples, 105 ms after 15 ms at 65,536; eight leave room for a busy machine), plus
 the GRACE_MS a late answer is awaited (so that a solve stopped at its deadline still leaves this work
-its time before the caller's deadline)."""
+its time before the caller's deadline). The work after the heuristic or the solver is also estimated
+from the rates measured on this machine (:mod:`planning.fixed_work`), SAFETY times over, and the
+larger figure kept: the static layout's comparison, building and verifying before the heuristic has a
+plan to evaluate; building and verifying after it."""
 MIN_SEARCH_MS = 60.0
 """Least solver milliseconds for which ``auto`` starts a neighbourhood search on a large problem."""
 AUTO_ORDER = ("cpsat", "highs", "cbc")
@@ -42,10 +45,17 @@ whole-problem model and the neighbourhoods; CBC's process start makes it the slo
 
 
 def reserve_ms(tables: CostTables, eval_ms: float | None = None) -> float:
-    """Time the planner needs after the solver returns (from one evaluation's time when known)."""
+    """Time the planner needs after the heuristic or the solver returns (from one evaluation's time when known)."""
+    n = tables.n_samples
     if eval_ms is None:
-        return GRACE_MS + RESERVE_MS + RESERVE_MS_PER_SAMPLE * tables.n_samples
-    return GRACE_MS + RESERVE_MS + RESERVE_EVALS * eval_ms
+        return GRACE_MS + RESERVE_MS + SAFETY * (phase_ms("finish", n) + phase_ms("static", n))
+    return GRACE_MS + RESERVE_MS + max(RESERVE_EVALS * eval_ms, SAFETY * phase_ms("finish", n))
+
+
+def finish_reserve_ms(tables: CostTables) -> float:
+    """Time kept back, after the optional phases, for building and verifying the plan (estimated
+    from the rates measured here, SAFETY times over)."""
+    return GRACE_MS + RESERVE_MS + SAFETY * phase_ms("finish", tables.n_samples)
 
 
 def stopped_reason(name: str) -> str:

@@ -2,20 +2,31 @@
 
 ``plan(problem)`` always returns a verified plan or raises a domain error:
 
-1. build the cost tables and the lower bound;
-2. run the heuristic (it answers in milliseconds and is the fallback); when its plan is more than 1%
-   above the bound, raise the bound with the group-size LP if time allows (:mod:`planning.size_bound_step`);
+0. refuse at once a budget below the batch's fixed work on this machine (:mod:`planning.fixed_work`:
+   the tables, a first plan, building and verifying it), naming the budget to ask for;
+1. build the cost tables and the lower bound: every bound of :mod:`optimizer.bounds.lower_bounds`
+   when the time left covers them after the fixed work still to come, else the cheapest valid one
+   (the tighter ones follow step 2 when time is left then);
+2. run the heuristic (it answers in milliseconds and is the fallback); attach the best static
+   power-of-two layout for comparison (it is a plan too: the answer is never slower); when the plan
+   is more than 1% above the bound, raise the bound with the group-size LP if time allows
+   (:mod:`planning.size_bound_step`);
 3. if the options ask for it and time is left, run an exact backend (:mod:`planning.backends`)
-   with the heuristic's assignment as a full hint, until the deadline;
+   with the best assignment so far as a full hint, until the deadline;
 4. verify the candidates independently and keep the best valid one; a solver failure, time-out
    or invalid answer is recorded as the fallback reason, never raised;
-5. move groups onto the job's existing communicators when asked (:mod:`planning.group_reuse`);
-6. attach the best static power-of-two layout's step time for comparison.
+5. move groups onto the job's existing communicators when asked (:mod:`planning.group_reuse`).
+
+Each optional phase (the tighter bounds, the static layout, the LP, the solver, the heuristic's
+strategies after its first plan) starts only when the time left after the reserve for building and
+verifying covers it, estimated from the rates measured here; what steps aside is named, with its
+reason, in ``solver.details["skipped"]`` (the summary prints it).
 
 One :class:`planning.deadline.Deadline` covers the whole call: the caller's (the service creates it
 when the request arrives) or one started here from ``options.time_budget_ms``. Every phase gets an
-instant from it. With ``options.deterministic`` the answer depends on the input alone: the heuristic
-runs all its strategies whatever the clock says, and the backends run a fixed amount of work.
+instant from it. With ``options.deterministic`` the answer depends on the input alone: no budget is
+refused and nothing optional is skipped, the heuristic runs all its strategies whatever the clock
+says, and the backends run a fixed amount of work.
 """
 
 from __future__ import annotations
@@ -26,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from optimizer.bounds.lower_bounds import bound_parts, memory_proof
+from optimizer.bounds.lower_bounds import bound_parts, memory_proof, quick_bound_parts
 from optimizer.costs.tables import CostTables
 from optimizer.errors import InfeasibleError, ProblemError
 from optimizer.gc_pause import collector_paused
@@ -38,8 +49,9 @@ from optimizer.plan.evaluate import assignment_step_time, build_plan
 from optimizer.plan.plan import Assignment, Plan, SolverStats, TracePoint
 from optimizer.problem.problem import Problem
 from optimizer.verify.verifier import verify
-from planning.backends import Backends, choose_backend, no_time_for, rescue, reserve_ms, run_backend, solver_may_follow
+from planning.backends import Backends, choose_backend, finish_reserve_ms, no_time_for, rescue, reserve_ms, run_backend, solver_may_follow
 from planning.deadline import Deadline
+from planning.fixed_work import SAFETY, phase_ms, problem_budget_ms, problem_estimate_ms, suggested_budget_ms
 from planning.group_reuse import reuse_groups
 from planning.size_bound_step import size_bound_within
 from planning.warm import warm_up_with
@@ -100,9 +112,18 @@ def _plan(problem: Problem, compare_static: bool, deadline: Deadline, backends: 
         phases[name] = round((now - mark) * 1000.0, 3)
         mark = now
 
+    if not deterministic:
+        refuse_short_budget(problem, deadline)
     tables = CostTables.build(problem)
+    tables.prepare()
     lap("tables_ms")
-    parts = bound_parts(tables)
+    n = tables.n_samples
+    skipped: dict[str, str] = {}
+    # The cheapest valid bound always; the tighter ones now when the time left covers them after the
+    # fixed work still to come, else after the heuristic and the static layout if time is left then.
+    tight_ms = phase_ms("tight_bound", n)
+    tight_now = deterministic or deadline.left_ms() - reserve_ms(tables) - phase_ms("plan", n) >= SAFETY * tight_ms
+    parts = bound_parts(tables) if tight_now else quick_bound_parts(tables)
     binding = max(parts, key=parts.__getitem__)
     bound = parts[binding]
     lap("bound_ms")
@@ -139,8 +160,33 @@ def _plan(problem: Problem, compare_static: bool, deadline: Deadline, backends: 
     if rescued is not None:
         stats = rescued
 
-    static = best_static(tables) if compare_static else None
-    lap("static_ms")
+    def room_for(estimate_ms: float) -> str | None:
+        """Why an optional phase expected to take ``estimate_ms`` does not start now, or None when it does."""
+        left = deadline.left_ms() - finish_reserve_ms(tables)
+        if deterministic or left >= SAFETY * estimate_ms:
+            return None
+        return f"the deadline leaves {max(left, 0.0):.0f} ms after the time kept for building and verifying the plan; it needs about {estimate_ms:.0f} ms here"
+
+    static = None
+    if not compare_static:
+        skipped["static_baseline"] = "not asked for"
+    elif (why := room_for(phase_ms("static", n))) is not None:
+        skipped["static_baseline"] = f"not computed: {why}"
+    else:
+        static = best_static(tables)
+        if static is None:
+            skipped["static_baseline"] = "no static power-of-two layout fits the batch in memory"
+        lap("static_ms")
+    if not tight_now:
+        if (why := room_for(tight_ms)) is None:
+            parts = bound_parts(tables)
+            if max(parts.values()) > bound:
+                binding = max(parts, key=parts.__getitem__)
+                bound = parts[binding]
+                stats = replace(stats, bound_s=max(bound, stats.bound_s or 0.0))
+            lap("tight_bound_ms")
+        else:
+            skipped["tighter_bounds"] = f"only the single-sample bound: {why}"
     reserve = reserve_ms(tables, eval_ms)
     upper = min(h_time, static[0].predicted_step_time_s) if static is not None else h_time
     solver_next = rescued is None and choose_backend(tables, options.backend, deadline.left_ms(), backends, reserve) != "heuristic"
@@ -189,8 +235,31 @@ def _plan(problem: Problem, compare_static: bool, deadline: Deadline, backends: 
     if result.lower_bound_s > (bound + problem.cost_profile.step_constant) * (1 + 1e-12):  # build_plan adds the per-step constant
         binding = f"{result.solver.backend} (proven by the solver)"
     final = SolverStats(**{**result.solver.__dict__, "wall_ms": wall_ms,
-                           "details": {**result.solver.details, "phases": phases, "bound": binding, "heuristic": strategies}})
+                           "details": {**result.solver.details, "phases": phases, "bound": binding, "heuristic": strategies,
+                                       **({"skipped": skipped} if skipped else {})}})
     return replace(result, solver=final)
+
+
+def refuse_short_budget(problem: Problem, deadline: Deadline) -> None:
+    """Raise a ProblemError on ``options.time_budget_ms`` when the budget asked for cannot cover the batch's
+    fixed work on this machine, before any of it is done.
+
+    Only then: the threshold is :func:`planning.fixed_work.problem_budget_ms`, the least this machine
+    needs (LOW_SHARE of the estimate at the rates of its fastest calibration run), so a budget that
+    the fixed work fits is not refused. The budget judged is the one asked for (the options', or the
+    caller's deadline when that is longer), never what is left of it: a request that waited for a solve
+    worker, or a caller that kept part of the budget back, is planned with the time left, not refused.
+    The message names the estimate, the hint a budget that covers it with headroom."""
+    asked_ms = max(problem.options.time_budget_ms, deadline.budget_ms)
+    if asked_ms >= problem_budget_ms(problem):
+        return
+    expected = problem_estimate_ms(problem)
+    raise ProblemError(
+        f"is {asked_ms:.0f} ms, but the batch of {len(problem.batch)} samples on {problem.cluster.domain_size} ranks "
+        f"needs about {expected:.0f} ms here (the cost tables, a first plan, building and verifying it), whatever else is skipped",
+        field="options.time_budget_ms",
+        hint=f"ask for options.time_budget_ms of at least {suggested_budget_ms(expected)}, or send a smaller batch.",
+    )
 
 
 def honest_status(stats: SolverStats, step_s: float, bound_s: float) -> SolverStats:

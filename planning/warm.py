@@ -5,7 +5,9 @@ on-disk cache once per process; that load takes some 100 to 300 ms the first tim
 :func:`warm_up` plans a few small built-in requests (:func:`warm_up_requests`: ring and Ulysses,
 one GPU type and mixed, memory to spare and memory-bound, so that every kernel runs) and is called
 by :func:`planning.planner.plan` (through :func:`planning.planner.warm_up`, which hands it the planning function) before its first timed call, so the caller's time budget is spent
-on planning, not on loading code. The service calls it at start-up.
+on planning, not on loading code. The service calls it at start-up. The fixed work's rates on this
+machine (:mod:`planning.fixed_work`), which the planner's budget decisions read, are measured within
+it.
 """
 
 from __future__ import annotations
@@ -82,5 +84,10 @@ def warm_up_with(plan: Callable[[Any], Any]) -> float:
             _ = CostTables.build(problem).best_time
         except Exception as exc:  # noqa: BLE001 - as above
             errors.append(f"{type(exc).__name__}: {exc}")
+        from planning import fixed_work
+
+        fixed_work.rates()  # measured by now (the first plan's budget check asks for them); never raises
+        if fixed_work.last_error:
+            errors.append(f"measuring the fixed work: {fixed_work.last_error}")
         last_error = "; ".join(errors) or None
         return (time.perf_counter() - start) * 1000.0

@@ -109,6 +109,12 @@ def bound_parts(tables: CostTables) -> dict[str, float]:
     return parts
 
 
+def quick_bound_parts(tables: CostTables) -> dict[str, float]:
+    """The cheapest valid bound by name: bound 1 (single sample), one pass over the time matrices;
+    :func:`bound_parts` is never below it (its area searches start from it)."""
+    return {"single_sample": single_sample_bound(tables.for_bounds)}
+
+
 def lower_bound(tables: CostTables) -> float:
     return max(bound_parts(tables).values())
 

@@ -235,6 +235,18 @@ class CostTables:
             out[np.arange(d.shape[0])[None, :] < fits[:, None]] = UNFIT_S
         return out
 
+    def prepare(self) -> int:
+        """Build the time matrices every plan reads: both placements on the slowest GPU (what the
+        heuristic charges) and on the fastest (what the lower bounds charge); one speed on a cluster of
+        one GPU type. Returns the number of matrix cells (samples x sizes) built here."""
+        built = 0
+        for speed in sorted({float(self.rank_speed.min()), float(self.rank_speed.max())}):
+            for intra in (True, False):
+                if (intra, speed) not in self._matrices:
+                    self.time_matrix(intra, speed)
+                    built += self.n_samples * int(self.degrees.shape[0])
+        return built
+
     # -- per-group constants ------------------------------------------------------------------
     def group_constants(self, intra: bool) -> np.ndarray:
         """[D] seconds a group of each allowed size adds once per micro-batch: the group constant b

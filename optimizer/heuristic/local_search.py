@@ -55,22 +55,34 @@ class Packing:
 
 class LocalSearch:
     def __init__(self, tables: CostTables, assignment: Assignment, max_rounds: int = 2000) -> None:
-        ranks: list[tuple[int, ...]] = []
-        group_micro_batch: list[int] = []
+        """The search over ``assignment``: per micro-batch its groups in order, then each idle rank as
+        an empty group of size 1 (moves can fill them and "grow" can absorb them)."""
+        flat = assignment.flat
+        n_micro_batches, n_ranks = len(assignment.micro_batches), tables.n_ranks
+        used = np.zeros((n_micro_batches, n_ranks), dtype=bool)
+        used[np.repeat(flat.micro_batch, flat.size), flat.ranks] = True
+        idle_mb, idle_rank = np.nonzero(~used)  # by micro-batch, then rank
+        busy_count = np.bincount(flat.micro_batch, minlength=n_micro_batches)
+        idle_count = np.bincount(idle_mb, minlength=n_micro_batches)
+        offset = np.zeros(n_micro_batches + 1, dtype=np.int64)
+        np.cumsum(busy_count + idle_count, out=offset[1:])
+        busy_start = np.zeros(n_micro_batches + 1, dtype=np.int64)
+        np.cumsum(busy_count, out=busy_start[1:])
+        idle_start = np.zeros(n_micro_batches + 1, dtype=np.int64)
+        np.cumsum(idle_count, out=idle_start[1:])
+        # The groups of a micro-batch are consecutive in ``flat``: group k is the (k - busy_start[m])-th of its micro-batch m.
+        busy_id = offset[flat.micro_batch] + np.arange(flat.micro_batch.shape[0]) - busy_start[flat.micro_batch]
         s_group = np.empty(tables.n_samples, dtype=np.int64)
-        for m, mb in enumerate(assignment.micro_batches):
-            used: set[int] = set()
-            for group_ranks, group_samples in mb:
-                s_group[list(group_samples)] = len(ranks)
-                ranks.append(tuple(group_ranks))
-                group_micro_batch.append(m)
-                used.update(group_ranks)
-            # Idle ranks become empty groups of size 1: moves can fill them and "grow" can absorb them.
-            for r in range(tables.n_ranks):
-                if r not in used:
-                    ranks.append((r,))
-                    group_micro_batch.append(m)
-        self._setup(tables, ranks, np.asarray(group_micro_batch, dtype=np.int64), s_group, len(assignment.micro_batches), max_rounds)
+        s_group[flat.samples] = np.repeat(busy_id, flat.count)
+        busy_ranks = [tuple(group_ranks) for mb in assignment.micro_batches for group_ranks, _ in mb]
+        idle_ranks = [(r,) for r in idle_rank.tolist()]
+        bs, ids = busy_start.tolist(), idle_start.tolist()
+        ranks: list[tuple[int, ...]] = []
+        for m in range(n_micro_batches):
+            ranks += busy_ranks[bs[m]:bs[m + 1]]
+            ranks += idle_ranks[ids[m]:ids[m + 1]]
+        group_micro_batch = np.repeat(np.arange(n_micro_batches), busy_count + idle_count)
+        self._setup(tables, ranks, group_micro_batch, s_group, n_micro_batches, max_rounds)
 
     @classmethod
     def from_packing(cls, tables: CostTables, packing: Packing, max_rounds: int = 2000) -> LocalSearch:

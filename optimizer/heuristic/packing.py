@@ -21,11 +21,8 @@ Everything is deterministic for a given input (ties break on index).
 
 from __future__ import annotations
 
-import bisect
-import heapq
 import math
 import time
-from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -37,6 +34,7 @@ from optimizer.heuristic.best_fit_kernels import best_fit_long
 from optimizer.heuristic.degree_kernels import choose_degrees, fastest_sizes, fluid_work
 from optimizer.heuristic.local_search import LocalSearch, Packing
 from optimizer.heuristic.lpt_kernels import lpt_place
+from optimizer.heuristic.memory_first_kernels import memory_first
 from optimizer.heuristic.placement import place_groups, spread_over_micro_batches
 from optimizer.plan.plan import Assignment
 
@@ -66,16 +64,6 @@ MAX_EMPTY_COUNTS = 3
 """Counts tried past the first few while none has packed, before the memory-first fallback."""
 MAX_FILL = 0.85
 """A micro-batch count whose memory would be filled beyond this share is skipped when a larger count is allowed."""
-
-
-@dataclass
-class _Group:
-    degree_index: int
-    samples: list[int] = field(default_factory=list)
-    load: float = 0.0
-    tokens: float = 0.0
-    ranks: tuple[int, ...] = ()
-    micro_batch: int = -1
 
 
 class HeuristicPlanner:
@@ -254,66 +242,42 @@ class HeuristicPlanner:
         (``spread``: every one of the ``n_micro_batches`` is opened first, so the longest samples are
         spread over them; else a micro-batch is opened only when no open one has the free ranks for the
         new group, so one pass finds its own count, at most ``n_micro_batches``).
-        Time is left to the local search.
+        Time is left to the local search. The placement loop is compiled
+        (:mod:`optimizer.heuristic.memory_first_kernels`).
         """
-        n_ranks = self.t.n_ranks
-        free = np.full(n_micro_batches, n_ranks, dtype=np.int64)
-        fresh = 0  # micro-batches from here on have all their ranks free
-        most_free: list[tuple[int, int]] = []  # heap of (-free ranks, micro-batch) of the others; stale entries skipped
-        groups: list[_Group] = []
-        lengths = self.lengths.tolist()
-        rooms = np.empty(len(lengths))  # per group (at most one per sample): tokens it can still take
-        sizes = np.empty(len(lengths), dtype=np.int64)  # per group: its size index
-        places = np.empty(len(lengths), dtype=np.int64)  # per group: its micro-batch
-        by_room: list[tuple[float, int]] = []  # (room, group), sorted: the best fit is the first room that holds the sample
-        for i in np.lexsort((np.arange(len(lengths)), -self.lengths)).tolist():  # longest first, ties by index
-            li = lengths[i]
-            k = bisect.bisect_left(by_room, (li, -1))
-            if k < len(by_room):
-                best = by_room.pop(k)[1]
-            else:
-                j = int(self.min_j[i])
-                d = self.degrees[j]
-                while most_free and -most_free[0][0] != free[most_free[0][1]]:
-                    heapq.heappop(most_free)
-                if spread or not most_free or free[most_free[0][1]] < d:
-                    micro_batch = fresh if fresh < n_micro_batches else most_free[0][1]  # the most free ranks, the first such micro-batch
-                else:
-                    micro_batch = most_free[0][1]
-                fresh += micro_batch == fresh
-                if free[micro_batch] >= d:
-                    best = len(groups)
-                    groups.append(_Group(j, micro_batch=micro_batch))
-                    rooms[best], sizes[best], places[best] = self.capacity * d, j, micro_batch
-                else:
-                    best, j = self._enlarge_for(rooms[: len(groups)], sizes[: len(groups)], free[places[: len(groups)]], li)
-                    if best < 0:
-                        return None
-                    by_room.pop(bisect.bisect_left(by_room, (float(rooms[best]), best)))
-                    micro_batch, d = groups[best].micro_batch, self.degrees[j] - self.degrees[int(sizes[best])]
-                    rooms[best] += self.capacity * d
-                    sizes[best] = groups[best].degree_index = j
-                free[micro_batch] -= d
-                heapq.heappush(most_free, (-int(free[micro_batch]), micro_batch))
-            groups[best].samples.append(i)
-            rooms[best] -= li
-            bisect.insort(by_room, (float(rooms[best]), best))
-        opened = fresh  # micro-batches from here on hold nothing
+        n = self.lengths.shape[0]
+        group_of = np.empty(n, dtype=np.int64)
+        sizes = np.empty(n, dtype=np.int64)  # per group (at most one per sample): its size index
+        places = np.empty(n, dtype=np.int64)  # per group: its micro-batch
+        n_groups, opened = memory_first(self._longest_first, self.lengths, self.min_j, self.t.degrees, self.capacity, self.t.n_ranks,
+                                        n_micro_batches, spread, group_of, sizes, places)
+        if n_groups < 0:
+            return None
+        # Each group's samples in placement order (longest first), the groups of a micro-batch in the order they were opened.
+        placed = group_of[self._longest_first]
+        by_group = self._longest_first[np.argsort(placed, kind="stable")].tolist()
+        ends = np.cumsum(np.bincount(placed, minlength=n_groups)).tolist()
+        degree_of = self.t.degrees[sizes[:n_groups]].tolist()
         members: list[list[int]] = [[] for _ in range(opened)]
-        for k, grp in enumerate(groups):
-            members[grp.micro_batch].append(k)
+        for k, micro_batch in enumerate(places[:n_groups].tolist()):
+            members[micro_batch].append(k)
         mbs: list[list[tuple[list[int] | tuple[int, ...], list[int] | tuple[int, ...]]]] = [[] for _ in range(opened)]
         layouts: dict[tuple[int, ...], list[tuple[int, ...]] | None] = {}  # many micro-batches hold the same group sizes
         for micro_batch in range(opened):
-            key = tuple(self.degrees[groups[k].degree_index] for k in members[micro_batch])
+            key = tuple(degree_of[k] for k in members[micro_batch])
             if key not in layouts:
                 layouts[key] = place_groups(key, self.t.node_ranges)[0]
             ranks = layouts[key]
             if ranks is None:
                 return None
             for k, rs in zip(members[micro_batch], ranks, strict=True):
-                mbs[micro_batch].append((rs, groups[k].samples))
+                mbs[micro_batch].append((rs, by_group[ends[k - 1] if k else 0:ends[k]]))
         return Assignment.of(mbs)
+
+    @cached_property
+    def _longest_first(self) -> np.ndarray:
+        """The samples longest first, ties by index (the memory-first packing's order)."""
+        return np.lexsort((np.arange(self.lengths.shape[0]), -self.lengths))
 
     def _fewest_memory_first(self, counts: list[int], deadline: float | None = None) -> Assignment | None:
         """The memory-first packing at the first of ``counts`` that holds the batch, found in a few tries:
@@ -361,21 +325,6 @@ class HeuristicPlanner:
             else:
                 k = mid
         return at(k)
-
-    def _enlarge_for(self, rooms: np.ndarray, sizes: np.ndarray, free: np.ndarray, li: float) -> tuple[int, int]:
-        """The group (the first on ties) that needs the fewest extra free ranks of its micro-batch
-        (``free``, per group) to also hold ``li`` tokens, and its new size index; (-1, -1) if none can."""
-        degrees = self.t.degrees
-        d = degrees[sizes]
-        need = np.ceil((self.capacity * d - rooms + li) / self.capacity - 1e-9)
-        j = np.maximum(sizes, np.searchsorted(degrees, need, side="left"))
-        fits = j < len(degrees)
-        extra = np.where(fits, degrees[np.minimum(j, len(degrees) - 1)] - d, 0)
-        fits &= extra <= free
-        if not fits.any():
-            return -1, -1
-        best = int(np.argmin(np.where(fits, extra, np.iinfo(np.int64).max)))
-        return best, int(j[best])
 
     def _place(self, g_size: np.ndarray, g_load: np.ndarray, n_micro_batches: int) -> tuple[list[tuple[int, ...]], np.ndarray, list[list[int]]] | None:
         """Spread groups over micro-batches (largest first, then most loaded, to the emptiest micro-batch) and
@@ -445,6 +394,7 @@ class HeuristicPlanner:
             if best is None and n_micro_batches > counts[0] + EXTRA_MICRO_BATCHES + MAX_EMPTY_COUNTS:
                 break  # no count has packed so far: the memory-first packing below takes over
             floor = min(floor, estimate)
+            count_start = time.perf_counter()
             candidates = [self._pack_raising(target, n_micro_batches)]
             if self.lengths.shape[0] <= SMALL_BATCH:
                 # Few samples: granularity matters more than the fluid target; coarser targets
@@ -459,7 +409,9 @@ class HeuristicPlanner:
                 step = search.step_time()
                 if step < best_time - 1e-12:
                     best, best_time = search, step
-            if best_time <= floor * (1 + GOOD_ENOUGH) or (deadline is not None and time.perf_counter() > deadline):
+            # Another count costs about what this one did: it starts only if it would end by the deadline.
+            now = time.perf_counter()
+            if best_time <= floor * (1 + GOOD_ENOUGH) or (deadline is not None and now + (now - count_start) > deadline):
                 break
         if best is None:
             fallback = self._fewest_memory_first(counts, deadline)

@@ -1,11 +1,15 @@
 """The static layout's balancing, compiled (see :mod:`optimizer.jit`).
 
-``micro_batches`` x G static groups form bins; bin ``m * G + k`` is group k in micro-batch m. The
-bins sit in one min-heap by (load, bin), which orders as (load, micro-batch, group) does. Each
-sample, in the given order, goes to the least-loaded bin whose group has memory room for it: bins
-without room are taken off the heap while the sample is placed, then put back, unless even the
-shortest sample still to come would not fit them (then no later sample can go there, and leaving
-them out spares every later sample the same pops on memory-tight batches).
+``micro_batches`` x G static groups form bins; bin ``m * G + k`` is group k in micro-batch m. Each
+sample, in the given order, goes to the least-loaded bin, by (load, bin), whose group has memory
+room for it. Two heaps find that bin: the bins in play by (load, bin), and the bins set aside (too
+full for some sample already placed) by their room, roomiest first. Before a sample is placed,
+every set-aside bin with room for it comes back into play; then bins without room for it are set
+aside from the top of the first heap until the top has room. A bin moves only when a sample
+longer than its room comes (or after one is placed), so on a batch in roughly decreasing length
+order the work is O(n log bins), where popping every full bin for every sample would be
+O(n bins) on memory-tight batches. A bin that even the shortest sample still to come would not
+fit is dropped: no later sample can go there.
 
 :func:`sort_ties_by_index` turns a quick (unstable) sort into the stable one, and
 :func:`members_by_bin` lists each bin's samples in placement order.
@@ -33,24 +37,31 @@ def balance_static(order: np.ndarray, lengths: np.ndarray, times: np.ndarray, gr
     """
     n_groups = group_class.shape[0]
     n_bins = micro_batches * n_groups
+    # In play: a min-heap by (load, bin). Set aside: a min-heap by (-room, bin), the roomiest on top.
     h1 = np.empty(n_bins)
     h2 = np.zeros(n_bins)
     hid = np.empty(n_bins, dtype=np.int64)
-    s1 = np.empty(n_bins)
-    sid = np.empty(n_bins, dtype=np.int64)
+    w1 = np.empty(n_bins)
+    w2 = np.zeros(n_bins)
+    wid = np.empty(n_bins, dtype=np.int64)
     tokens = np.zeros(n_bins)
     count = np.zeros(n_bins, dtype=np.int64)
     size = 0
+    waiting = 0
     for g in range(n_bins):
         load[g] = 0.0
         size = push(h1, h2, hid, 0, size, 0.0, 0.0, g)
     for pos in range(order.shape[0]):
         i = order[pos]
         li = float(lengths[i])
-        stashed = 0
+        while waiting > 0 and tokens[wid[0]] + li <= limit[wid[0] % n_groups]:
+            _, _, g, waiting = pop(w1, w2, wid, 0, waiting)
+            size = push(h1, h2, hid, 0, size, load[g], 0.0, g)
         while size > 0 and tokens[hid[0]] + li > limit[hid[0] % n_groups]:
-            s1[stashed], _, sid[stashed], size = pop(h1, h2, hid, 0, size)
-            stashed += 1
+            _, _, g, size = pop(h1, h2, hid, 0, size)
+            # It cannot take this sample; it may take a later one (rest_min[pos] <= li: those are the later ones).
+            if tokens[g] + rest_min[pos] <= limit[g % n_groups]:
+                waiting = push(w1, w2, wid, 0, waiting, tokens[g] - limit[g % n_groups], 0.0, g)
         if size == 0:
             return False
         ld, _, g, size = pop(h1, h2, hid, 0, size)
@@ -59,13 +70,8 @@ def balance_static(order: np.ndarray, lengths: np.ndarray, times: np.ndarray, gr
         count[g] += 1
         ld += times[group_class[g % n_groups], i]
         load[g] = ld
-        if pos + 1 < order.shape[0]:
-            shortest = rest_min[pos + 1]
-            if tokens[g] + shortest <= limit[g % n_groups]:
-                size = push(h1, h2, hid, 0, size, ld, 0.0, g)
-            for q in range(stashed):
-                if tokens[sid[q]] + shortest <= limit[sid[q] % n_groups]:
-                    size = push(h1, h2, hid, 0, size, s1[q], 0.0, sid[q])
+        if pos + 1 < order.shape[0] and tokens[g] + rest_min[pos + 1] <= limit[g % n_groups]:
+            size = push(h1, h2, hid, 0, size, ld, 0.0, g)
     for m in range(micro_batches):
         slowest = 0.0
         for k in range(n_groups):

@@ -64,8 +64,8 @@ def build_plan(
     batch = tables.problem.batch
     ids = [s.id for s in batch.samples]
     sample_list = flat.samples.tolist()
-    flat_ids = list(map(ids.__getitem__, sample_list))
-    flat_lengths = list(map(batch.lengths.__getitem__, sample_list))
+    flat_ids = tuple(map(ids.__getitem__, sample_list))  # tuples: a group's slice is its field as it is
+    flat_lengths = tuple(map(batch.lengths.__getitem__, sample_list))
     starts = np.zeros(flat.count.shape[0] + 1, dtype=np.int64)
     np.cumsum(flat.count, out=starts[1:])
     bounds = starts.tolist()
@@ -75,8 +75,7 @@ def build_plan(
     step = 0.0
     for order in _by_first_rank(flat, len(assignment.micro_batches)):
         plan_mb = MicroBatchPlan(tuple(
-            GroupPlan(ranks=groups[g][0], samples=tuple(flat_ids[bounds[g]:bounds[g + 1]]), lengths=tuple(flat_lengths[bounds[g]:bounds[g + 1]]),
-                      predicted_time_s=time_list[g], intra_node=intra_list[g])
+            GroupPlan(groups[g][0], flat_ids[bounds[g]:bounds[g + 1]], flat_lengths[bounds[g]:bounds[g + 1]], time_list[g], intra_list[g])
             for g in order))
         step += plan_mb.predicted_time_s
         mbs.append(plan_mb)

@@ -28,6 +28,11 @@ def summary_text(plan: Plan, problem: Problem, max_groups: int = 12) -> str:
     if plan.static_baseline is not None:
         sb = plan.static_baseline
         lines.append(f"best static power-of-two layout: CP {sb.degree} x {sb.micro_batches} micro-batches, {sb.predicted_step_time_s:.4f} s -> speedup {plan.speedup_over_static:.3f}x")
+    skipped = plan.solver.details.get("skipped") or {}
+    if plan.static_baseline is None:
+        lines.append(f"best static power-of-two layout: none ({skipped.get('static_baseline', 'no reason recorded')})")
+    if "tighter_bounds" in skipped:
+        lines.append(f"lower bound: {skipped['tighter_bounds']}")
     s = plan.solver
     extra = f", fallback: {s.fallback_reason}" if s.fallback_reason else ""
     lines.append(f"planner: {s.backend} ({s.status}) in {s.wall_ms:.1f} ms{extra}")
