@@ -56,27 +56,43 @@ MAX_RESERVE_SHARE = 0.5
 """The planner always keeps at least this share of a request's budget for its search, however slow answers were."""
 
 
+def size_class(n_samples: int) -> int:
+    """Batches of about the same size share a class: under 1,024 samples, then each factor of four."""
+    return 0 if n_samples < 1024 else (n_samples.bit_length() - 11) // 2 + 1
+
+
 class AnswerTail:
-    """How long answers go out after the deadline their planner was given: the planner's overrun, encoding, storing and
-    the hand back to the event loop, over the latest :data:`RECENT` answers. On a machine whose CPU is shared (other
-    processes, many clients) this tail grows, so the planner is given the budget less a high quantile of it
-    (:meth:`reserve_s`): the service reserves for the CPU it actually gets rather than for an idle machine's."""
+    """How long answers go out after the deadline their planner was given (the planner's overrun, encoding,
+    storing, the hand back to the event loop) and how long the service's own work after the planner took, over
+    the latest :data:`RECENT` answers of each batch size class (:func:`size_class`: encoding and storing grow with
+    the batch). On a machine whose CPU is shared (other processes, many clients) the tail grows, so the planner is
+    given the budget less a high quantile of it (:meth:`reserve_s`): the service reserves for the CPU it actually
+    gets rather than for an idle machine's."""
 
     def __init__(self) -> None:
-        self._recent: deque[float] = deque(maxlen=RECENT)
+        self._tails: dict[int, deque[float]] = {}
+        self._after: dict[int, deque[float]] = {}
         self._lock = threading.Lock()
 
-    def observe(self, tail_s: float) -> None:
+    def observe(self, tail_s: float, n_samples: int = 0, after_s: float = 0.0) -> None:
+        """One answer: how late it went out after its planner's deadline, and the service's work after the planner."""
+        size = size_class(n_samples)
         with self._lock:
-            self._recent.append(max(0.0, tail_s))
+            self._tails.setdefault(size, deque(maxlen=RECENT)).append(max(0.0, tail_s))
+            self._after.setdefault(size, deque(maxlen=RECENT)).append(max(0.0, after_s))
 
-    def reserve_s(self, budget_s: float) -> float:
-        """Seconds of ``budget_s`` to keep back from the planner (0 before any answer is timed)."""
+    def _quantile(self, table: dict[int, deque[float]], n_samples: int, q: float) -> float:
         with self._lock:
-            ordered = sorted(self._recent)
-        if not ordered:
-            return 0.0
-        return min(MAX_RESERVE_SHARE * budget_s, ordered[max(0, math.ceil(TAIL_QUANTILE * len(ordered)) - 1)])
+            ordered = sorted(table.get(size_class(n_samples), ()))
+        return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else 0.0
+
+    def reserve_s(self, budget_s: float, n_samples: int = 0) -> float:
+        """Seconds of ``budget_s`` to keep back from the planner (0 before an answer of this size is timed)."""
+        return min(MAX_RESERVE_SHARE * budget_s, self._quantile(self._tails, n_samples, TAIL_QUANTILE))
+
+    def after_s(self, n_samples: int) -> float:
+        """The median time the service's own work after the planner took on answers of this size (0: none timed)."""
+        return self._quantile(self._after, n_samples, 0.5)
 
 
 def lower_priority(nice: int) -> None:

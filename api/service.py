@@ -29,9 +29,10 @@ from api.metrics import Metrics
 from api.plan_cache import Flight, InFlight, PlanCache
 from api.settings import Settings
 from api.store.repository import PlanRecord, Store, plan_speedup, request_columns, solved_columns, utcnow
-from optimizer.errors import PlannerError
+from optimizer.errors import PlannerError, ProblemError
 from optimizer.gc_pause import collector_paused
 from planning.deadline import Deadline
+from planning.fixed_work import problem_budget_ms, problem_estimate_ms, suggested_budget_ms
 from planning.planner import plan as run_planner
 
 T = TypeVar("T")
@@ -266,7 +267,7 @@ class PlanningService:
         raw = (raw or translate.raw_hash(doc)) if use_cache else None
         if raw is None or (raw not in self._preparing and self.cache.get_raw(raw) is None):  # nothing to share: refused before validation
             asked_s = translate.budget_ms(doc) / 1000.0
-            refusal = self.pool.refusal(arrival + asked_s, MIN_BUDGET_SHARE * asked_s + self.tail.reserve_s(asked_s))
+            refusal = self.pool.refusal(arrival + asked_s, MIN_BUDGET_SHARE * asked_s + self.tail.reserve_s(asked_s, translate.sample_count(doc)))
             if refusal is not None:
                 raise refusal
         problem, key, hit, raw, translate_ms = await self._prepared(doc, use_cache, raw)
@@ -277,7 +278,9 @@ class PlanningService:
             record = await asyncio.shield(asyncio.wrap_future(flight.done))
             return record, True, {"translate": translate_ms, "shared": (time.perf_counter() - arrival) * 1000.0}
         budget_s = problem.options.time_budget_ms / 1000.0
-        reserve_s = self.tail.reserve_s(budget_s)
+        n = len(problem.batch)
+        self._refuse_short_budget(problem, (time.perf_counter() - arrival) * 1000.0, self.tail.after_s(n) * 1000.0)
+        reserve_s = self.tail.reserve_s(budget_s, n)
         job = self.pool.admit(arrival + budget_s, MIN_BUDGET_SHARE * budget_s + reserve_s)
         flight = self.flights.claim(key, uuid.uuid4().hex)[0] if use_cache else None
         submitted = time.perf_counter()
@@ -288,7 +291,8 @@ class PlanningService:
                 self.flights.land(key, flight, error=exc)
             raise
         now = time.perf_counter()
-        self.tail.observe(now - (arrival + budget_s - reserve_s))
+        after_ms = timings["encode"] + timings["store"] + (now - timings["done_at"]) * 1000.0
+        self.tail.observe(now - (arrival + budget_s - reserve_s), n, after_ms / 1000.0)
         timings = {"translate": translate_ms, **timings, "reserve": reserve_s * 1000.0}
         timings["handoff"] = (now - timings.pop("done_at")) * 1000.0
         return record, False, timings
@@ -303,6 +307,7 @@ class PlanningService:
         flight = self.flights.get(key) if use_cache else None
         if flight is not None:
             return await self._join_ahead(doc, problem, key, flight)
+        self._refuse_short_budget(problem)
         # A place in the solve queue is taken first (503 at once when full); the answer does not wait for a free worker.
         job = self.pool.reserve(arrival + problem.options.time_budget_ms / 1000.0)
         plan_id = uuid.uuid4().hex
@@ -321,6 +326,24 @@ class PlanningService:
             flight.pending = pending
         self.pool.submit_reserved(job, self._solve_ahead, plan_id, problem, key, raw, flight, arrival, asyncio.get_running_loop())
         return pending, False
+
+    @staticmethod
+    def _refuse_short_budget(problem: Any, spent_ms: float = 0.0, after_ms: float = 0.0) -> None:
+        """Refuse at once (422 on ``options.time_budget_ms``) a budget that cannot hold the batch's fixed work here:
+        the planner's (:func:`planning.fixed_work.problem_budget_ms`) plus, for an answer that waits, what this
+        request already spent (reading and validating it) and the service's median work after the planner on
+        answers of this size. Deterministic plans are never refused."""
+        if problem.options.deterministic:
+            return
+        planner_ms = problem_budget_ms(problem)
+        asked_ms = problem.options.time_budget_ms
+        if asked_ms >= spent_ms + planner_ms + after_ms:
+            return
+        needed_ms = spent_ms + problem_estimate_ms(problem) + after_ms
+        raise ProblemError(f"is {asked_ms:g} ms, but a batch of {len(problem.batch)} samples on {problem.cluster.domain_size} ranks needs about "
+                           f"{needed_ms:.0f} ms here: {spent_ms:.0f} ms reading and validating it, {problem_estimate_ms(problem):.0f} ms of "
+                           f"planning that every answer pays, {after_ms:.0f} ms encoding and storing the plan", field="options.time_budget_ms",
+                           hint=f"ask for options.time_budget_ms of at least {suggested_budget_ms(needed_ms)}, or send a smaller batch.")
 
     async def _join_ahead(self, doc: dict[str, Any], problem: Any, key: str, flight: Flight) -> tuple[PlanRecord, bool]:
         """A plan-ahead request identical to one being solved: answered with that solve's id, under which a pending

@@ -53,9 +53,8 @@ def check_text(value: str, field: str, max_length: int) -> None:
 
 def to_problem(doc: dict[str, Any], settings: Settings) -> Problem:
     """Validate a request document into a problem within the deployment's limits."""
-    samples = doc.get("batch", {}).get("samples") if isinstance(doc.get("batch"), dict) else None
-    if isinstance(samples, list) and len(samples) > settings.max_samples:
-        raise ProblemError(f"has {len(samples)} samples, more than this service's limit of {settings.max_samples}", field="batch.samples",
+    if (count := sample_count(doc)) > settings.max_samples:
+        raise ProblemError(f"has {count} samples, more than this service's limit of {settings.max_samples}", field="batch.samples",
                            hint="split the batch, or raise DHP_MAX_SAMPLES on the server.")
     problem = problem_from_json(doc)
     ranks = problem.cluster.total_gpus
@@ -80,6 +79,13 @@ _HASH_VERSION = b"dhp-request-2"
 
 
 DEFAULT_BUDGET_MS = PlanOptions().time_budget_ms
+
+
+def sample_count(doc: dict[str, Any]) -> int:
+    """The samples a request document lists, before validation (0 when it lists none)."""
+    batch = doc.get("batch")
+    samples = batch.get("samples") if isinstance(batch, dict) else None
+    return len(samples) if isinstance(samples, list) else 0
 
 
 def budget_ms(doc: dict[str, Any]) -> float:
@@ -167,8 +173,7 @@ def plan_text(plan: Plan, samples: int = 0) -> str:
 
 def request_text(doc: dict[str, Any]) -> str:
     """The request document as stored (compact JSON)."""
-    samples = doc.get("batch", {}).get("samples") if isinstance(doc.get("batch"), dict) else None
-    return _dumps(doc, len(samples) if isinstance(samples, list) else 0)
+    return _dumps(doc, sample_count(doc))
 
 
 def _dumps(doc: Any, samples: int) -> str:

@@ -167,3 +167,32 @@ def test_an_overloaded_service_refuses_before_it_validates(client, slow, monkeyp
         assert r.status_code == 503
         assert busy.result().status_code == 201
     assert calls == [1]  # the busy request's validation only
+
+
+def test_the_tail_is_kept_per_batch_size():
+    from api.admission import AnswerTail, size_class
+
+    assert size_class(16) == size_class(1023) == 0 and size_class(1024) == size_class(4095) == 1 and size_class(65_536) == 4
+    tail = AnswerTail()
+    for _ in range(10):
+        tail.observe(0.9, n_samples=65_536, after_s=0.8)
+    assert tail.reserve_s(2.0, n_samples=65_536) == pytest.approx(0.9) and tail.after_s(65_536) == pytest.approx(0.8)
+    assert tail.reserve_s(2.0, n_samples=48) == 0.0 and tail.after_s(48) == 0.0  # small batches are not charged for large ones
+
+
+def test_a_budget_the_service_own_work_leaves_too_short_is_refused_at_once(client, monkeypatch):
+    """The service adds its own work (what the request spent, its median work after the planner at this size) to the
+    planner's fixed work, and refuses at once a budget that cannot hold them, naming the budget to ask for."""
+    from planning.fixed_work import Rates, fixed_rates
+
+    calls = []
+    real = api.service.run_planner
+    monkeypatch.setattr(api.service, "run_planner", lambda problem, deadline=None: calls.append(1) or real(problem, deadline=deadline))
+    for _ in range(3):
+        client.app.state.service.tail.observe(0.0, n_samples=6, after_s=5.0)  # answers of this size took 5 s to encode and store
+    free = Rates(base_ms=0.0, sample_ms=0.0, slot_ms=0.0, cell_ms=0.0, finish_ms=0.0, static_ms=0.0, tight_bound_ms=0.0)
+    with fixed_rates(free):
+        body = client.post("/v1/plans", json=small_request(n=6, seed=43, time_budget_ms=1000)).json()
+        assert body["status"] == 422 and body["field"] == "options.time_budget_ms" and "encoding and storing" in body["detail"], body
+        assert "at least" in body["hint"] and calls == []
+        assert client.post("/v1/plans", json=small_request(n=6, seed=43, time_budget_ms=9000)).status_code == 201
