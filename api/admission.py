@@ -67,11 +67,12 @@ class AnswerTail:
     the latest :data:`RECENT` answers of each batch size class (:func:`size_class`: encoding and storing grow with
     the batch). On a machine whose CPU is shared (other processes, many clients) the tail grows, so the planner is
     given the budget less a high quantile of it (:meth:`reserve_s`): the service reserves for the CPU it actually
-    gets rather than for an idle machine's."""
+    gets rather than for an idle machine's. A size class not timed yet borrows the per-sample rate of the nearest
+    class of at least 1,024 samples that was (below that, a constant cost dominates and would not scale)."""
 
     def __init__(self) -> None:
         self._tails: dict[int, deque[float]] = {}
-        self._after: dict[int, deque[float]] = {}
+        self._after: dict[int, deque[tuple[float, int]]] = {}
         self._lock = threading.Lock()
 
     def observe(self, tail_s: float, n_samples: int = 0, after_s: float = 0.0) -> None:
@@ -79,20 +80,30 @@ class AnswerTail:
         size = size_class(n_samples)
         with self._lock:
             self._tails.setdefault(size, deque(maxlen=RECENT)).append(max(0.0, tail_s))
-            self._after.setdefault(size, deque(maxlen=RECENT)).append(max(0.0, after_s))
-
-    def _quantile(self, table: dict[int, deque[float]], n_samples: int, q: float) -> float:
-        with self._lock:
-            ordered = sorted(table.get(size_class(n_samples), ()))
-        return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else 0.0
+            self._after.setdefault(size, deque(maxlen=RECENT)).append((max(0.0, after_s), max(1, n_samples)))
 
     def reserve_s(self, budget_s: float, n_samples: int = 0) -> float:
-        """Seconds of ``budget_s`` to keep back from the planner (0 before an answer of this size is timed)."""
-        return min(MAX_RESERVE_SHARE * budget_s, self._quantile(self._tails, n_samples, TAIL_QUANTILE))
+        """Seconds of ``budget_s`` to keep back from the planner: the tail's high quantile at this size, else the
+        service's work after the planner borrowed from another size (0 when nothing is timed)."""
+        with self._lock:
+            tails = sorted(self._tails.get(size_class(n_samples), ()))
+        tail = tails[max(0, math.ceil(TAIL_QUANTILE * len(tails)) - 1)] if tails else self.after_s(n_samples)
+        return min(MAX_RESERVE_SHARE * budget_s, tail)
 
     def after_s(self, n_samples: int) -> float:
-        """The median time the service's own work after the planner took on answers of this size (0: none timed)."""
-        return self._quantile(self._after, n_samples, 0.5)
+        """The service's work after the planner on a batch of ``n_samples``: the median at its size, else the median
+        per-sample rate of the nearest timed class of at least 1,024 samples times ``n_samples`` (0: none timed, or a
+        batch of fewer than 1,024 samples, whose cost does not scale with it)."""
+        size = size_class(n_samples)
+        with self._lock:
+            own = sorted(a for a, _ in self._after.get(size, ()))
+            if own:
+                return own[(len(own) - 1) // 2]
+            timed = sorted((abs(c - size), c) for c, seen in self._after.items() if c >= 1 and seen)
+            if size < 1 or not timed:
+                return 0.0
+            rates = sorted(a / n for a, n in self._after[timed[0][1]])
+        return rates[(len(rates) - 1) // 2] * n_samples
 
 
 def lower_priority(nice: int) -> None:

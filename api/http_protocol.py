@@ -28,7 +28,7 @@ def malformed_response(reason: BaseException | None, default_headers: list[tuple
     said = " ".join(str(reason or "").encode("ascii", "replace").decode().split())[:DETAIL_CHARACTERS]
     detail = "the request is not valid HTTP/1.1" + (f": {said}" if said else "")
     body = orjson.dumps(problem_document(
-        400, "Malformed HTTP request", detail, kind="malformed-http",
+        400, "Malformed HTTP request", detail, kind="malformed-http", field="request",
         hint="send a well-formed HTTP/1.1 request: a request line 'METHOD /path HTTP/1.1', header names without spaces, and a "
              "Content-Length of decimal digits equal to the body's bytes (any HTTP client library sends these right)."))
     head = [b"HTTP/1.1 400 Bad Request"]

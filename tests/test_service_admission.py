@@ -196,3 +196,16 @@ def test_a_budget_the_service_own_work_leaves_too_short_is_refused_at_once(clien
         assert body["status"] == 422 and body["field"] == "options.time_budget_ms" and "encoding and storing" in body["detail"], body
         assert "at least" in body["hint"] and calls == []
         assert client.post("/v1/plans", json=small_request(n=6, seed=43, time_budget_ms=9000)).status_code == 201
+
+
+def test_an_untimed_size_borrows_the_per_sample_rate_of_the_nearest_large_one():
+    from api.admission import AnswerTail
+
+    tail = AnswerTail()
+    for _ in range(5):
+        tail.observe(0.0, n_samples=48, after_s=0.01)  # small answers: a constant cost, not scaled
+    assert tail.after_s(65_536) == 0.0
+    for _ in range(5):
+        tail.observe(0.05, n_samples=16_384, after_s=0.1)
+    assert tail.after_s(65_536) == pytest.approx(0.4) and tail.reserve_s(2.0, n_samples=65_536) == pytest.approx(0.4)
+    assert tail.after_s(20_000) == pytest.approx(0.1) and tail.after_s(48) == pytest.approx(0.01)
