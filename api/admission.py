@@ -122,6 +122,10 @@ class SolvePool:
     def __init__(self, workers: int, queue_limit: int, retry_after_s: int, metrics: Metrics, nice: int = 0) -> None:
         self.workers = workers
         self.capacity = workers + queue_limit
+        self.queue_open = True
+        """False while answers run late even with the most the planner may be kept back (:class:`AnswerTail` at its
+        cap): the machine gives the solves less CPU than they need, so no request is admitted to wait, and those
+        beyond the running solves are refused before their body is read."""
         self.retry_after_s = retry_after_s
         self.nice = nice
         self._metrics = metrics
@@ -147,7 +151,7 @@ class SolvePool:
 
     @property
     def full(self) -> bool:
-        return len(self._jobs) >= self.capacity
+        return len(self._jobs) >= (self.capacity if self.queue_open else self.workers)
 
     @property
     def mean_solve_s(self) -> float | None:
@@ -198,7 +202,7 @@ class SolvePool:
         """The 503 a job would get now (None: it would be admitted). Asked before a request is validated, it spares
         an overloaded service the validation of requests it would refuse anyway."""
         with self._lock:
-            if len(self._jobs) >= self.capacity:
+            if self.full:
                 return self.refused()
             if deadline is not None and refuse_late and len(self._jobs) >= self.workers:  # one that finds a free worker is always run
                 now = time.perf_counter()

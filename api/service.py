@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from api import translate
-from api.admission import AnswerTail, SolvePool
+from api.admission import MAX_RESERVE_SHARE, AnswerTail, SolvePool
 from api.errors import STORE_DOWN, StoreUnavailable, planner_error_document
 from api.metrics import Metrics
 from api.plan_cache import Flight, InFlight, PlanCache
@@ -293,6 +293,8 @@ class PlanningService:
         now = time.perf_counter()
         after_ms = timings["encode"] + timings["store"] + (now - timings["done_at"]) * 1000.0
         self.tail.observe(now - (arrival + budget_s - reserve_s), n, after_ms / 1000.0)
+        # Answers late although the planner is kept back all it may be: admit no request to wait until they keep time again.
+        self.pool.queue_open = self.tail.reserve_s(budget_s, n) < MAX_RESERVE_SHARE * budget_s
         timings = {"translate": translate_ms, **timings, "reserve": reserve_s * 1000.0}
         timings["handoff"] = (now - timings.pop("done_at")) * 1000.0
         return record, False, timings

@@ -209,3 +209,21 @@ def test_an_untimed_size_borrows_the_per_sample_rate_of_the_nearest_large_one():
         tail.observe(0.05, n_samples=16_384, after_s=0.1)
     assert tail.after_s(65_536) == pytest.approx(0.4) and tail.reserve_s(2.0, n_samples=65_536) == pytest.approx(0.4)
     assert tail.after_s(20_000) == pytest.approx(0.1) and tail.after_s(48) == pytest.approx(0.01)
+
+
+def test_answers_late_at_the_largest_reserve_close_the_waiting_line(client, slow):
+    """When answers run late although the planner is kept back all it may be, no request is admitted to wait: those
+    beyond the running solves are refused (before their body is read); the line opens again once answers keep time."""
+    service = client.app.state.service
+    for _ in range(64):
+        service.tail.observe(1.0)  # far later than any reserve covers
+    assert client.post("/v1/plans", json=small_request(n=6, seed=44, time_budget_ms=200)).status_code == 201
+    assert not service.pool.queue_open
+    with ThreadPoolExecutor(1) as pool:
+        busy = occupy(client, pool, slow, seed=45)
+        assert client.post("/v1/plans", json=small_request(n=6, seed=46)).status_code == 503  # one worker, no waiting place now
+        assert busy.result().status_code == 201
+    for _ in range(64):
+        service.tail.observe(0.0)
+    assert client.post("/v1/plans", json=small_request(n=6, seed=47, time_budget_ms=200)).status_code == 201
+    assert service.pool.queue_open
