@@ -267,7 +267,7 @@ class PlanningService:
         raw = (raw or translate.raw_hash(doc)) if use_cache else None
         if raw is None or (raw not in self._preparing and self.cache.get_raw(raw) is None):  # nothing to share: refused before validation
             asked_s = translate.budget_ms(doc) / 1000.0
-            refusal = self.pool.refusal(arrival + asked_s, MIN_BUDGET_SHARE * asked_s + self.tail.reserve_s(asked_s, translate.sample_count(doc)))
+            refusal = self.pool.refusal(arrival + asked_s, MIN_BUDGET_SHARE * asked_s)
             if refusal is not None:
                 raise refusal
         problem, key, hit, raw, translate_ms = await self._prepared(doc, use_cache, raw)
@@ -281,7 +281,7 @@ class PlanningService:
         n = len(problem.batch)
         self._refuse_short_budget(problem, (time.perf_counter() - arrival) * 1000.0, self.tail.after_s(n) * 1000.0)
         reserve_s = self.tail.reserve_s(budget_s, n)
-        job = self.pool.admit(arrival + budget_s, MIN_BUDGET_SHARE * budget_s + reserve_s)
+        job = self.pool.admit(arrival + budget_s, MIN_BUDGET_SHARE * budget_s)
         flight = self.flights.claim(key, uuid.uuid4().hex)[0] if use_cache else None
         submitted = time.perf_counter()
         try:
