@@ -83,12 +83,13 @@ class AnswerTail:
             self._after.setdefault(size, deque(maxlen=RECENT)).append((max(0.0, after_s), max(1, n_samples)))
 
     def reserve_s(self, budget_s: float, n_samples: int = 0) -> float:
-        """Seconds of ``budget_s`` to keep back from the planner: the tail's high quantile at this size, else the
-        service's work after the planner borrowed from another size (0 when nothing is timed)."""
+        """Seconds of ``budget_s`` to keep back from the planner: the tail's high quantile at this size, and at least
+        the service's work after the planner (answers that came early, their planner done before its deadline, say
+        nothing of a planner that runs to it); 0 when nothing is timed."""
         with self._lock:
             tails = sorted(self._tails.get(size_class(n_samples), ()))
-        tail = tails[max(0, math.ceil(TAIL_QUANTILE * len(tails)) - 1)] if tails else self.after_s(n_samples)
-        return min(MAX_RESERVE_SHARE * budget_s, tail)
+        tail = tails[max(0, math.ceil(TAIL_QUANTILE * len(tails)) - 1)] if tails else 0.0
+        return min(MAX_RESERVE_SHARE * budget_s, max(tail, self.after_s(n_samples)))
 
     def after_s(self, n_samples: int) -> float:
         """The service's work after the planner on a batch of ``n_samples``: the median at its size, else the median

@@ -227,3 +227,12 @@ def test_answers_late_at_the_largest_reserve_close_the_waiting_line(client, slow
         service.tail.observe(0.0)
     assert client.post("/v1/plans", json=small_request(n=6, seed=47, time_budget_ms=200)).status_code == 201
     assert service.pool.queue_open
+
+
+def test_the_reserve_covers_the_service_work_after_the_planner_even_after_early_answers():
+    from api.admission import AnswerTail
+
+    tail = AnswerTail()
+    for _ in range(5):
+        tail.observe(0.0, n_samples=16_384, after_s=0.12)  # early answers: their planner finished before its deadline
+    assert tail.reserve_s(2.0, n_samples=16_384) == pytest.approx(0.12)
