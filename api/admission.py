@@ -56,6 +56,11 @@ MAX_RESERVE_SHARE = 0.5
 """The planner always keeps at least this share of a request's budget for its search, however slow answers were."""
 
 
+def nearest_rank(ordered: list[float], q: float) -> float:
+    """The ``q`` quantile of sorted, non-empty ``ordered`` by nearest rank (a value that occurred)."""
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
 def size_class(n_samples: int) -> int:
     """Batches of about the same size share a class: under 1,024 samples, then each factor of four."""
     return 0 if n_samples < 1024 else (n_samples.bit_length() - 11) // 2 + 1
@@ -88,7 +93,7 @@ class AnswerTail:
         nothing of a planner that runs to it); 0 when nothing is timed."""
         with self._lock:
             tails = sorted(self._tails.get(size_class(n_samples), ()))
-        tail = tails[max(0, math.ceil(TAIL_QUANTILE * len(tails)) - 1)] if tails else 0.0
+        tail = nearest_rank(tails, TAIL_QUANTILE) if tails else 0.0
         return min(MAX_RESERVE_SHARE * budget_s, max(tail, self.after_s(n_samples)))
 
     def after_s(self, n_samples: int) -> float:
@@ -99,12 +104,12 @@ class AnswerTail:
         with self._lock:
             own = sorted(a for a, _ in self._after.get(size, ()))
             if own:
-                return own[(len(own) - 1) // 2]
+                return nearest_rank(own, 0.5)
             timed = sorted((abs(c - size), c) for c, seen in self._after.items() if c >= 1 and seen)
             if size < 1 or not timed:
                 return 0.0
             rates = sorted(a / n for a, n in self._after[timed[0][1]])
-        return rates[(len(rates) - 1) // 2] * n_samples
+        return nearest_rank(rates, 0.5) * n_samples
 
 
 def lower_priority(nice: int) -> None:
@@ -163,8 +168,7 @@ class SolvePool:
         """When a job that starts at ``start`` is expected to give its worker back (an estimate on the long side)."""
         if not self._recent:  # nothing timed yet in this process: no wait is assumed (the first solves give the estimate)
             return start
-        ordered = sorted(self._recent)
-        long_s = ordered[max(0, math.ceil(LONG_QUANTILE * len(ordered)) - 1)]
+        long_s = nearest_rank(sorted(self._recent), LONG_QUANTILE)
         if deadline is None:
             return start + long_s
         return max(start, min(deadline + self._overrun_s, start + long_s))

@@ -341,9 +341,10 @@ class PlanningService:
         asked_ms = problem.options.time_budget_ms
         if asked_ms >= spent_ms + planner_ms + after_ms:
             return
-        needed_ms = spent_ms + problem_estimate_ms(problem) + after_ms
+        expected_ms = problem_estimate_ms(problem)
+        needed_ms = spent_ms + expected_ms + after_ms
         raise ProblemError(f"is {asked_ms:g} ms, but a batch of {len(problem.batch)} samples on {problem.cluster.domain_size} ranks needs about "
-                           f"{needed_ms:.0f} ms here: {spent_ms:.0f} ms reading and validating it, {problem_estimate_ms(problem):.0f} ms of "
+                           f"{needed_ms:.0f} ms here: {spent_ms:.0f} ms reading and validating it, {expected_ms:.0f} ms of "
                            f"planning that every answer pays, {after_ms:.0f} ms encoding and storing the plan", field="options.time_budget_ms",
                            hint=f"ask for options.time_budget_ms of at least {suggested_budget_ms(needed_ms)}, or send a smaller batch.")
 
