@@ -166,7 +166,9 @@ class SolvePool:
 
     def _end(self, start: float, deadline: float | None) -> float:
         """When a job that starts at ``start`` is expected to give its worker back (an estimate on the long side)."""
-        if not self._recent:  # nothing timed yet in this process: no wait is assumed (the first solves give the estimate)
+        if (
+            not self._recent
+        ):  # nothing timed yet in this process: no wait is assumed (the first solves give the estimate)
             return start
         long_s = nearest_rank(sorted(self._recent), LONG_QUANTILE)
         if deadline is None:
@@ -203,17 +205,23 @@ class SolvePool:
         self._metrics.rejected.inc()
         return Overloaded(self.retry_after(), detail)
 
-    def refusal(self, deadline: float | None = None, min_left_s: float = 0.0, refuse_late: bool = True) -> Overloaded | None:
+    def refusal(
+        self, deadline: float | None = None, min_left_s: float = 0.0, refuse_late: bool = True
+    ) -> Overloaded | None:
         """The 503 a job would get now (None: it would be admitted). Asked before a request is validated, it spares
         an overloaded service the validation of requests it would refuse anyway."""
         with self._lock:
             if self.full:
                 return self.refused()
-            if deadline is not None and refuse_late and len(self._jobs) >= self.workers:  # one that finds a free worker is always run
+            if (
+                deadline is not None and refuse_late and len(self._jobs) >= self.workers
+            ):  # one that finds a free worker is always run
                 now = time.perf_counter()
                 wait = self._free_times(now)[0] - now
                 if now + wait + min_left_s > deadline:
-                    return self.refused(f"the solves ahead would use up this request's time budget (about {wait * 1000:.0f} ms of waiting)")
+                    return self.refused(
+                        f"the solves ahead would use up this request's time budget (about {wait * 1000:.0f} ms of waiting)"
+                    )
         return None
 
     def _admit(self, deadline: float | None = None, min_left_s: float = 0.0, refuse_late: bool = True) -> int:
@@ -250,13 +258,18 @@ class SolvePool:
                     if entry.deadline is not None and end > entry.deadline:
                         self._overrun_s = (1 - SMOOTHING) * self._overrun_s + SMOOTHING * (end - entry.deadline)
                 self._metrics.in_flight.dec()
+
         return job
 
     def _pool(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="dhp-solve", initializer=lower_priority,
-                                                    initargs=(self.nice,))
+                self._executor = ThreadPoolExecutor(
+                    max_workers=self.workers,
+                    thread_name_prefix="dhp-solve",
+                    initializer=lower_priority,
+                    initargs=(self.nice,),
+                )
             return self._executor
 
     def release(self, job_id: int) -> None:

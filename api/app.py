@@ -81,7 +81,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
             multiprocess.mark_process_dead(os.getpid())
 
-    app = FastAPI(title="dhp-planner", version="0.1.0", description=DESCRIPTION, docs_url=None, redoc_url=None, lifespan=lifespan)
+    app = FastAPI(
+        title="dhp-planner", version="0.1.0", description=DESCRIPTION, docs_url=None, redoc_url=None, lifespan=lifespan
+    )
     app.state.settings = settings
     app.state.store = store
     app.state.service = service
@@ -96,9 +98,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/docs", include_in_schema=False)
     def docs() -> HTMLResponse:
-        return get_swagger_ui_html(openapi_url=app.openapi_url or "/openapi.json", title="dhp-planner API",
-                                   swagger_js_url="/static/swagger-ui-bundle.js", swagger_css_url="/static/swagger-ui.css",
-                                   swagger_favicon_url="/static/favicon-32x32.png")
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title="dhp-planner API",
+            swagger_js_url="/static/swagger-ui-bundle.js",
+            swagger_css_url="/static/swagger-ui.css",
+            swagger_favicon_url="/static/favicon-32x32.png",
+        )
 
     plain_openapi = app.openapi
 
@@ -109,12 +115,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.openapi = openapi  # type: ignore[method-assign]
     # Outermost last: arrival and metrics, then the token (before any body is read), admission, the body limits.
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, budget=BodyBudget(settings.max_body_bytes_in_flight), pool=service.pool,
-                       timeout_s=settings.body_timeout_s)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=settings.max_body_bytes,
+        budget=BodyBudget(settings.max_body_bytes_in_flight),
+        pool=service.pool,
+        timeout_s=settings.body_timeout_s,
+    )
     app.add_middleware(AdmissionPrecheck, pool=service.pool, max_budget_s=settings.max_budget_ms / 1000.0)
     guarded = settings.environment != "development" and not settings.token_list
     if guarded:
-        log.warning("%s without DHP_TOKENS: /v1 answers only connections that reach it on a loopback address", settings.environment)
+        log.warning(
+            "%s without DHP_TOKENS: /v1 answers only connections that reach it on a loopback address",
+            settings.environment,
+        )
     app.add_middleware(TokenGate, tokens=settings.token_list, loopback_only=guarded)
     app.add_middleware(ArrivalAndMetrics, metrics=metrics)
     return app

@@ -21,7 +21,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--host", help="address to bind (default DHP_HOST or 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default DHP_PORT or 8000)")
     p.add_argument("--workers", type=int, help="server processes (default DHP_WORKERS or 1)")
-    p.add_argument("--data-dir", help="directory of the SQLite store (default DHP_DATA_DIR or ./data); ignored with DATABASE_URL")
+    p.add_argument(
+        "--data-dir", help="directory of the SQLite store (default DHP_DATA_DIR or ./data); ignored with DATABASE_URL"
+    )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=cmd_serve)
 
@@ -38,8 +40,11 @@ def load_settings(overrides: dict[str, Any]) -> Any:
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err.get("loc", ())) or "settings"
-        raise ProblemError(err.get("msg", "invalid setting"), field=f"DHP_{field.upper()}" if field != "settings" else field,
-                           hint="fix the environment variable or the dhp serve option.") from None
+        raise ProblemError(
+            err.get("msg", "invalid setting"),
+            field=f"DHP_{field.upper()}" if field != "settings" else field,
+            hint="fix the environment variable or the dhp serve option.",
+        ) from None
 
 
 def exposure_warning(settings: Any) -> str | None:
@@ -49,17 +54,30 @@ def exposure_warning(settings: Any) -> str | None:
 
     if settings.token_list or is_loopback(settings.host):
         return None
-    return (f"warning: listening on {settings.host} without bearer tokens: anyone who can reach this port can plan and read plans; "
-            "set DHP_TOKENS (e.g. `openssl rand -hex 24`) or bind to 127.0.0.1")
+    return (
+        f"warning: listening on {settings.host} without bearer tokens: anyone who can reach this port can plan and read plans; "
+        "set DHP_TOKENS (e.g. `openssl rand -hex 24`) or bind to 127.0.0.1"
+    )
 
 
 def example_curl(base: str, needs_token: bool) -> str:
     """A curl command that plans a small batch on this server."""
-    body = {"batch": {"samples": [{"id": "long-video", "text_tokens": 400, "videos": [{"frames": 600, "tokens_per_frame": 196}]},
-                                  {"id": "caption", "text_tokens": 90, "images": [{"tokens": 576}]}, {"id": "doc", "text_tokens": 24000}]},
-            "cluster_preset": "h100-8x8", "model_preset": "qwen2-vl-7b", "options": {"time_budget_ms": 200}}
+    body = {
+        "batch": {
+            "samples": [
+                {"id": "long-video", "text_tokens": 400, "videos": [{"frames": 600, "tokens_per_frame": 196}]},
+                {"id": "caption", "text_tokens": 90, "images": [{"tokens": 576}]},
+                {"id": "doc", "text_tokens": 24000},
+            ]
+        },
+        "cluster_preset": "h100-8x8",
+        "model_preset": "qwen2-vl-7b",
+        "options": {"time_budget_ms": 200},
+    }
     auth = "-H 'Authorization: Bearer $DHP_TOKEN' " if needs_token else ""
-    return f"curl -s -X POST {base}/v1/plans {auth}-H 'content-type: application/json' -d {shlex.quote(json.dumps(body))}"
+    return (
+        f"curl -s -X POST {base}/v1/plans {auth}-H 'content-type: application/json' -d {shlex.quote(json.dumps(body))}"
+    )
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -90,11 +108,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if warning:
         print(warning, file=sys.stderr)
     base = f"http://{settings.host}:{settings.port}"
-    where = "PostgreSQL" if settings.sqlalchemy_url.startswith("postgresql") else f"SQLite at {settings.sqlalchemy_url.removeprefix('sqlite:///')}"
+    where = (
+        "PostgreSQL"
+        if settings.sqlalchemy_url.startswith("postgresql")
+        else f"SQLite at {settings.sqlalchemy_url.removeprefix('sqlite:///')}"
+    )
     print(f"dhp-planner service on {base} ({settings.workers} worker(s), store: {where})", file=sys.stderr)
     print(f"  API docs: {base}/docs   health: {base}/healthz   metrics: {base}/metrics", file=sys.stderr)
     print(f"  try:      {example_curl(base, bool(settings.token_list))}", file=sys.stderr)
     # Malformed HTTP, refused by the parser before the app, is answered with a problem document too.
-    uvicorn.run("api.app:create_app", factory=True, host=settings.host, port=settings.port, workers=settings.workers,
-                log_level=args.log_level, access_log=False, http=ProblemHTTPProtocol)
+    uvicorn.run(
+        "api.app:create_app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        log_level=args.log_level,
+        access_log=False,
+        http=ProblemHTTPProtocol,
+    )
     return 0

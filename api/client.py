@@ -49,21 +49,45 @@ from api.client_core import (
     plan_locally,
 )
 
-__all__ = ["RETRY_STATUSES", "TOKEN_ENV", "UNSENT_FEEDBACK_LIMIT", "AsyncPlannerClient", "PlannerClient", "PlannerServiceError", "ServiceUnavailable"]
+__all__ = [
+    "RETRY_STATUSES",
+    "TOKEN_ENV",
+    "UNSENT_FEEDBACK_LIMIT",
+    "AsyncPlannerClient",
+    "PlannerClient",
+    "PlannerServiceError",
+    "ServiceUnavailable",
+]
 
 
-def _feedback_fields(group_times_s: list[list[float]] | None, step: int | None, metrics: dict[str, float] | None, notes: str | None) -> dict[str, Any]:
+def _feedback_fields(
+    group_times_s: list[list[float]] | None, step: int | None, metrics: dict[str, float] | None, notes: str | None
+) -> dict[str, Any]:
     return {"group_times_s": group_times_s, "step": step, "metrics": metrics, "notes": notes}
 
 
 class PlannerClient(ClientCore):
     """Plans over HTTP with retries, and optionally in process when the service is unreachable (blocking calls)."""
 
-    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0, retries: int = 4, backoff_s: float = 0.05,
-                 max_backoff_s: float = 2.0, local_fallback: bool = False, transport: httpx.BaseTransport | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        super().__init__(retries=retries, backoff_s=backoff_s, max_backoff_s=max_backoff_s, local_fallback=local_fallback)
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=auth_headers(token), timeout=timeout_s, transport=transport)
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = 30.0,
+        retries: int = 4,
+        backoff_s: float = 0.05,
+        max_backoff_s: float = 2.0,
+        local_fallback: bool = False,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        super().__init__(
+            retries=retries, backoff_s=backoff_s, max_backoff_s=max_backoff_s, local_fallback=local_fallback
+        )
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"), headers=auth_headers(token), timeout=timeout_s, transport=transport
+        )
         self._sleep = sleep
 
     def close(self) -> None:
@@ -102,11 +126,21 @@ class PlannerClient(ClientCore):
         raises :class:`PlannerServiceError` with the plan's problem document when it failed."""
         return self._run(self._result(plan_id, wait_ms))  # type: ignore[no-any-return]
 
-    def feedback(self, plan_id: str, measured_step_time_s: float, *, group_times_s: list[list[float]] | None = None, step: int | None = None,
-                 metrics: dict[str, float] | None = None, notes: str | None = None) -> dict[str, Any] | None:
+    def feedback(
+        self,
+        plan_id: str,
+        measured_step_time_s: float,
+        *,
+        group_times_s: list[list[float]] | None = None,
+        step: int | None = None,
+        metrics: dict[str, float] | None = None,
+        notes: str | None = None,
+    ) -> dict[str, Any] | None:
         """Store a measured step time beside the plan's prediction; None for a locally made plan, or when the service
         cannot be reached with ``local_fallback`` (the feedback is then kept in ``unsent_feedback`` and sent later)."""
-        return self._run(self._feedback(plan_id, measured_step_time_s, _feedback_fields(group_times_s, step, metrics, notes)))  # type: ignore[no-any-return]
+        return self._run(
+            self._feedback(plan_id, measured_step_time_s, _feedback_fields(group_times_s, step, metrics, notes))
+        )  # type: ignore[no-any-return]
 
     def flush_feedback(self) -> int:
         """Send the feedback kept while the service could not be reached; returns how many were delivered.
@@ -126,11 +160,25 @@ class PlannerClient(ClientCore):
 class AsyncPlannerClient(ClientCore):
     """:class:`PlannerClient` for asyncio: the same operations, awaited; the fallback plan is made on a thread."""
 
-    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0, retries: int = 4, backoff_s: float = 0.05,
-                 max_backoff_s: float = 2.0, local_fallback: bool = False, transport: httpx.AsyncBaseTransport | None = None,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
-        super().__init__(retries=retries, backoff_s=backoff_s, max_backoff_s=max_backoff_s, local_fallback=local_fallback)
-        self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=auth_headers(token), timeout=timeout_s, transport=transport)
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = 30.0,
+        retries: int = 4,
+        backoff_s: float = 0.05,
+        max_backoff_s: float = 2.0,
+        local_fallback: bool = False,
+        transport: httpx.AsyncBaseTransport | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        super().__init__(
+            retries=retries, backoff_s=backoff_s, max_backoff_s=max_backoff_s, local_fallback=local_fallback
+        )
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"), headers=auth_headers(token), timeout=timeout_s, transport=transport
+        )
         self._sleep = sleep
 
     async def aclose(self) -> None:
@@ -170,10 +218,20 @@ class AsyncPlannerClient(ClientCore):
         """See :meth:`PlannerClient.result`."""
         return await self._run(self._result(plan_id, wait_ms))  # type: ignore[no-any-return]
 
-    async def feedback(self, plan_id: str, measured_step_time_s: float, *, group_times_s: list[list[float]] | None = None, step: int | None = None,
-                       metrics: dict[str, float] | None = None, notes: str | None = None) -> dict[str, Any] | None:
+    async def feedback(
+        self,
+        plan_id: str,
+        measured_step_time_s: float,
+        *,
+        group_times_s: list[list[float]] | None = None,
+        step: int | None = None,
+        metrics: dict[str, float] | None = None,
+        notes: str | None = None,
+    ) -> dict[str, Any] | None:
         """See :meth:`PlannerClient.feedback`."""
-        return await self._run(self._feedback(plan_id, measured_step_time_s, _feedback_fields(group_times_s, step, metrics, notes)))  # type: ignore[no-any-return]
+        return await self._run(
+            self._feedback(plan_id, measured_step_time_s, _feedback_fields(group_times_s, step, metrics, notes))
+        )  # type: ignore[no-any-return]
 
     async def flush_feedback(self) -> int:
         """See :meth:`PlannerClient.flush_feedback`."""

@@ -97,7 +97,10 @@ def plan_locally(doc: dict[str, Any]) -> dict[str, Any]:
     from optimizer.problem.documents import problem_from_json
     from planning.planner import plan
 
-    problem = problem_from_json({k: v for k, v in doc.items() if k not in ("wait", "cache")}, overrides={"backend": "heuristic", "deterministic": True})
+    problem = problem_from_json(
+        {k: v for k, v in doc.items() if k not in ("wait", "cache")},
+        overrides={"backend": "heuristic", "deterministic": True},
+    )
     return {"id": f"local-{uuid.uuid4().hex}", "status": "local", "created_at": None, **plan(problem).to_json()}
 
 
@@ -126,13 +129,15 @@ class ClientCore:
     def _delay(self, attempt: int, response: httpx.Response | None) -> float:
         if response is not None and response.headers.get("Retry-After", "").isdigit():
             return min(float(response.headers["Retry-After"]), self.max_backoff_s * 4)
-        base = min(self.max_backoff_s, self.backoff_s * (2 ** attempt))
+        base = min(self.max_backoff_s, self.backoff_s * (2**attempt))
         return base * (0.5 + random.random() / 2)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Steps:
         """One request with retries on connection failures, timeouts and 502/503/504 (honouring Retry-After);
         returns the response; raises :class:`PlannerServiceError` on another error, :class:`ServiceUnavailable` after the last try."""
-        if method == "POST":  # one key for every try of this call, so that the service can tell a retry from a new request
+        if (
+            method == "POST"
+        ):  # one key for every try of this call, so that the service can tell a retry from a new request
             kwargs["headers"] = {"Idempotency-Key": uuid.uuid4().hex, **kwargs.get("headers", {})}
         last: Exception | None = None
         for attempt in range(self.retries + 1):
@@ -145,7 +150,9 @@ class ClientCore:
                     raise PlannerServiceError(response.status_code, _problem_of(response))
                 return response
             else:
-                last = PlannerServiceError(response.status_code, {"title": response.reason_phrase, "detail": response.text[:500]})
+                last = PlannerServiceError(
+                    response.status_code, {"title": response.reason_phrase, "detail": response.text[:500]}
+                )
             if attempt < self.retries:
                 yield Sleep(self._delay(attempt, response))
         raise ServiceUnavailable(f"{method} {path} failed after {self.retries + 1} attempts: {last}")
@@ -180,7 +187,11 @@ class ClientCore:
             left = max(0, int((deadline - time.monotonic()) * 1000))
             doc = (yield from self._call("GET", f"/v1/plans/{plan_id}", params={"wait_ms": min(left, 30_000)})).json()
             if doc.get("status") == "failed":
-                problem = doc.get("error") if isinstance(doc.get("error"), dict) else {"title": "Plan failed", "detail": str(doc.get("error"))}
+                problem = (
+                    doc.get("error")
+                    if isinstance(doc.get("error"), dict)
+                    else {"title": "Plan failed", "detail": str(doc.get("error"))}
+                )
                 raise PlannerServiceError(int(problem.get("status") or 422), problem)
             if doc.get("status") != "pending" or left <= 0:
                 return doc
@@ -188,7 +199,10 @@ class ClientCore:
     def _feedback(self, plan_id: str, measured_step_time_s: float, extra: dict[str, Any]) -> Steps:
         if plan_id.startswith("local-"):
             return None
-        body: dict[str, Any] = {"measured_step_time_s": measured_step_time_s, **{k: v for k, v in extra.items() if v is not None}}
+        body: dict[str, Any] = {
+            "measured_step_time_s": measured_step_time_s,
+            **{k: v for k, v in extra.items() if v is not None},
+        }
         try:
             yield from self._flush_feedback()
             return (yield from self._call("POST", f"/v1/plans/{plan_id}/feedback", json=body)).json()

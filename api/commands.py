@@ -29,7 +29,9 @@ EXTENSIONS = ("api.cli", "bench.cli", "trainer.cli", "jobs.cli")
 
 
 def _problem_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch", required=True, help="batch file: {\"samples\": [{\"id\", \"text_tokens\", \"images\": [{\"tokens\"}]}]}")
+    p.add_argument(
+        "--batch", required=True, help='batch file: {"samples": [{"id", "text_tokens", "images": [{"tokens"}]}]}'
+    )
     add_request_flags(p)
 
 
@@ -50,7 +52,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         emit(json.dumps(problem.cost_profile.to_json(), indent=2))
         return 0
     result = plan(problem)
-    text = summary_text(result, problem) if args.summary else json.dumps(result.to_json(shards=not args.no_shards), indent=None if args.compact else 2)
+    text = (
+        summary_text(result, problem)
+        if args.summary
+        else json.dumps(result.to_json(shards=not args.no_shards), indent=None if args.compact else 2)
+    )
     emit(text, args.out)
     return 0
 
@@ -92,7 +98,9 @@ def cmd_presets(args: argparse.Namespace) -> int:
     if args.json:
         emit(json.dumps(presets, indent=2))
         return 0
-    emit("\n".join(f"{kind}: {', '.join(sorted(presets[kind]))}" for kind in ("clusters", "models", "gpus", "profiles")))
+    emit(
+        "\n".join(f"{kind}: {', '.join(sorted(presets[kind]))}" for kind in ("clusters", "models", "gpus", "profiles"))
+    )
     return 0
 
 
@@ -119,13 +127,17 @@ class CommandParser(argparse.ArgumentParser):
         kwargs.setdefault("exit_on_error", False)  # argparse's errors reach parse_known_args with their flag
         super().__init__(*args, **kwargs)
 
-    def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:  # type: ignore[override]
+    def parse_known_args(
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:  # type: ignore[override]
         try:
             return super().parse_known_args(args, namespace)
         except argparse.ArgumentError as err:
             self.fail(self._explain(err.argument_name, err.message))
 
-    def parse_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None) -> argparse.Namespace:  # type: ignore[override]
+    def parse_args(
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:  # type: ignore[override]
         parsed, extra = self.parse_known_args(args, namespace)
         if extra:
             self._chosen(parsed)._unknown(extra)
@@ -183,10 +195,16 @@ class CommandParser(argparse.ArgumentParser):
             return spec.hint
         flag = action.option_strings[-1] if action.option_strings else action.dest
         given = None
-        if action.default not in (None, False, True, argparse.SUPPRESS) and not isinstance(action.default, (list, tuple)):
+        if action.default not in (None, False, True, argparse.SUPPRESS) and not isinstance(
+            action.default, (list, tuple)
+        ):
             given = str(action.default)
         convert = action.type if action.type in (int, float) else str  # a flag's own type may do more than convert
-        for word in [] if given is not None else re.findall(r"(?:default|e\.g\.)[:\s]+(?:\S+ or )?([\w.,+-]+)", action.help or ""):
+        for word in (
+            []
+            if given is not None
+            else re.findall(r"(?:default|e\.g\.)[:\s]+(?:\S+ or )?([\w.,+-]+)", action.help or "")
+        ):
             try:
                 convert(word)  # type: ignore[operator]
             except ValueError:
@@ -210,14 +228,29 @@ class CommandParser(argparse.ArgumentParser):
 
     def _action(self, name: str | None) -> argparse.Action | None:
         """The action argparse names ``name`` in its messages (its flags joined by '/', or its dest)."""
-        return next((a for a in self._actions if name is not None and (name == "/".join(a.option_strings) or name in a.option_strings
-                                                                         or (not a.option_strings and name in (a.dest, a.metavar)))), None)
+        return next(
+            (
+                a
+                for a in self._actions
+                if name is not None
+                and (
+                    name == "/".join(a.option_strings)
+                    or name in a.option_strings
+                    or (not a.option_strings and name in (a.dest, a.metavar))
+                )
+            ),
+            None,
+        )
 
     def _usage(self, names: list[str]) -> str:
         parts = []
         for name in names:
             action = self._action(name)
-            parts.append(f"{name} {action.metavar or action.dest.upper()}" if action is not None and action.option_strings and action.nargs != 0 else name)
+            parts.append(
+                f"{name} {action.metavar or action.dest.upper()}"
+                if action is not None and action.option_strings and action.nargs != 0
+                else name
+            )
         return ", ".join(parts)
 
     def _command_action(self) -> Any:
@@ -235,8 +268,12 @@ class CommandParser(argparse.ArgumentParser):
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = CommandParser(prog="dhp", description="Plan dynamic hybrid (data x context) parallelism for a training batch.", epilog=EXIT_CODES,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = CommandParser(
+        prog="dhp",
+        description="Plan dynamic hybrid (data x context) parallelism for a training batch.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plan", help="plan a batch and print the plan as JSON (or a summary)")

@@ -33,8 +33,15 @@ def summarise(profile: str, cluster: str | None, ratios: list[float]) -> dict[st
         verdict = "re-profile"
     elif median_err > WATCH:
         verdict = "watch"
-    return {"profile": profile, "cluster": cluster, "n": len(ratios), "median_ratio": _quantile(ratios, 0.5), "mean_abs_error": sum(errors) / len(errors),
-            "p90_abs_error": _quantile(errors, 0.9), "verdict": verdict}
+    return {
+        "profile": profile,
+        "cluster": cluster,
+        "n": len(ratios),
+        "median_ratio": _quantile(ratios, 0.5),
+        "mean_abs_error": sum(errors) / len(errors),
+        "p90_abs_error": _quantile(errors, 0.9),
+        "verdict": verdict,
+    }
 
 
 def histogram(ratios: list[float]) -> dict[str, Any]:
@@ -62,7 +69,20 @@ def calibration(rows: list[dict[str, Any]], total: int, points: int) -> dict[str
     keys = sorted(by_group, key=lambda k: (k[0], k[1] or ""))
     index = {k: i for i, k in enumerate(keys)}
     ratios = [x for v in by_group.values() for x in v]
-    return {"points": [{"feedback_id": r["id"], "plan_id": r["plan_id"], "predicted_step_time_s": r["predicted_step_time_s"],
-                        "measured_step_time_s": r["measured_step_time_s"], "ratio": ratio, "group": index[key]} for r, ratio, key in kept],
-            "total": total, "groups": [summarise(p, c, by_group[(p, c)]) for p, c in keys], "histogram": histogram(ratios),
-            "overall": summarise("all", None, ratios) if ratios else None}
+    return {
+        "points": [
+            {
+                "feedback_id": r["id"],
+                "plan_id": r["plan_id"],
+                "predicted_step_time_s": r["predicted_step_time_s"],
+                "measured_step_time_s": r["measured_step_time_s"],
+                "ratio": ratio,
+                "group": index[key],
+            }
+            for r, ratio, key in kept
+        ],
+        "total": total,
+        "groups": [summarise(p, c, by_group[(p, c)]) for p, c in keys],
+        "histogram": histogram(ratios),
+        "overall": summarise("all", None, ratios) if ratios else None,
+    }

@@ -73,17 +73,41 @@ def gantt(plan: dict[str, Any], ranges: list[list[int]], measured: list[list[flo
             measured_t = None
             if measured is not None and m < len(measured) and g < len(measured[m]):
                 measured_t = float(measured[m][g])
-            groups.append({"index": g, "ranks": ranks, "spans": runs(ranks), "degree": int(grp.get("degree", len(ranks))),
-                           "samples": [str(s) for s in grp.get("samples", [])], "predicted_time_s": gt, "idle_s": max(0.0, t - gt),
-                           "intra_node": bool(grp.get("intra_node", True)), "nodes": sorted({node_of[r] for r in ranks if r in node_of}),
-                           "measured_time_s": measured_t})
+            groups.append(
+                {
+                    "index": g,
+                    "ranks": ranks,
+                    "spans": runs(ranks),
+                    "degree": int(grp.get("degree", len(ranks))),
+                    "samples": [str(s) for s in grp.get("samples", [])],
+                    "predicted_time_s": gt,
+                    "idle_s": max(0.0, t - gt),
+                    "intra_node": bool(grp.get("intra_node", True)),
+                    "nodes": sorted({node_of[r] for r in ranks if r in node_of}),
+                    "measured_time_s": measured_t,
+                }
+            )
         domain = max(domain, max(used, default=-1) + 1)
         unused = [r for r in range(domain) if r not in used]
         idle += t * len(unused)
-        mbs.append({"index": m, "start_s": start, "predicted_time_s": t, "idle_rank_s": idle, "unused_ranks": unused, "groups": groups})
+        mbs.append(
+            {
+                "index": m,
+                "start_s": start,
+                "predicted_time_s": t,
+                "idle_rank_s": idle,
+                "unused_ranks": unused,
+                "groups": groups,
+            }
+        )
         start += t
-    return {"domain_size": domain, "step_s": start, "nodes": ranges, "utilisation": busy / (domain * start) if domain and start > 0 else 0.0,
-            "micro_batches": mbs}
+    return {
+        "domain_size": domain,
+        "step_s": start,
+        "nodes": ranges,
+        "utilisation": busy / (domain * start) if domain and start > 0 else 0.0,
+        "micro_batches": mbs,
+    }
 
 
 def _solver(plan: dict[str, Any]) -> dict[str, Any] | None:
@@ -101,22 +125,44 @@ def _solver(plan: dict[str, Any]) -> dict[str, Any] | None:
 
 def _feedback(fb: FeedbackRecord) -> dict[str, Any]:
     doc = fb.document
-    return {"id": fb.id, "created_at": fb.created_at, "measured_step_time_s": fb.measured_step_time_s, "predicted_step_time_s": fb.predicted_step_time_s,
-            "step": doc.get("step"), "group_times_s": doc.get("group_times_s"), "notes": doc.get("notes")}
+    return {
+        "id": fb.id,
+        "created_at": fb.created_at,
+        "measured_step_time_s": fb.measured_step_time_s,
+        "predicted_step_time_s": fb.predicted_step_time_s,
+        "step": doc.get("step"),
+        "group_times_s": doc.get("group_times_s"),
+        "notes": doc.get("notes"),
+    }
 
 
 def plan_view(record: PlanRecord, feedback: list[FeedbackRecord]) -> dict[str, Any]:
     request = json.loads(record.request_json) if record.request_json else {}
     options = request.get("options") or {}
-    out: dict[str, Any] = {"id": record.id, "status": record.status, "created_at": record.created_at, "cluster": record.cluster, "model": record.model,
-                           "profile": profile_name(request), "n_samples": record.n_samples, "n_ranks": record.n_ranks, "options": options,
-                           "budget_ms": float(options.get("time_budget_ms", DEFAULT_BUDGET_MS)), "feedback": [_feedback(f) for f in feedback],
-                           "error": record.error}
+    out: dict[str, Any] = {
+        "id": record.id,
+        "status": record.status,
+        "created_at": record.created_at,
+        "cluster": record.cluster,
+        "model": record.model,
+        "profile": profile_name(request),
+        "n_samples": record.n_samples,
+        "n_ranks": record.n_ranks,
+        "options": options,
+        "budget_ms": float(options.get("time_budget_ms", DEFAULT_BUDGET_MS)),
+        "feedback": [_feedback(f) for f in feedback],
+        "error": record.error,
+    }
     if record.status != "done" or not record.plan_json:
         return out
     plan = json.loads(record.plan_json)
     measured = next((f.document["group_times_s"] for f in reversed(feedback) if f.document.get("group_times_s")), None)
-    out.update({k: plan.get(k) for k in ("predicted_step_time_s", "lower_bound_s", "ratio_to_bound", "gap", "scheme", "static_baseline")})
+    out.update(
+        {
+            k: plan.get(k)
+            for k in ("predicted_step_time_s", "lower_bound_s", "ratio_to_bound", "gap", "scheme", "static_baseline")
+        }
+    )
     out["solver"] = _solver(plan)
     out["communicators"] = plan.get("communicators") or []
     if "new_communicators" in plan:

@@ -22,13 +22,17 @@ class PlanTableRow(BaseModel):
     model: str | None = None
     backend: str | None = Field(None, description="the backend that produced the plan")
     solver_status: str | None = None
-    budget_ms: float | None = Field(None, description="the time budget the request asked for (the default when it gave none)")
+    budget_ms: float | None = Field(
+        None, description="the time budget the request asked for (the default when it gave none)"
+    )
     solve_ms: float | None = Field(None, description="the planner's wall time")
     predicted_step_time_s: float | None = None
     lower_bound_s: float | None = None
     gap: float | None = None
     speedup: float | None = Field(None, description="speedup over the best static layout")
-    measured_step_time_s: float | None = Field(None, description="mean of the measured step times in the plan's feedback")
+    measured_step_time_s: float | None = Field(
+        None, description="mean of the measured step times in the plan's feedback"
+    )
     feedback_count: int = 0
 
 
@@ -63,7 +67,9 @@ class Changes(BaseModel):
 class GanttGroup(BaseModel):
     index: int
     ranks: list[int]
-    spans: list[list[int]] = Field(description="the group's ranks as half-open runs [first, last+1) of consecutive ranks")
+    spans: list[list[int]] = Field(
+        description="the group's ranks as half-open runs [first, last+1) of consecutive ranks"
+    )
     degree: int
     samples: list[str]
     predicted_time_s: float
@@ -121,7 +127,9 @@ class PlanView(BaseModel):
     gap: float | None = None
     scheme: str | None = None
     static_baseline: dict[str, Any] | None = None
-    solver: dict[str, Any] | None = Field(None, description="backend, status, wall_ms, trace, phases (ms), fallback_reason, bound")
+    solver: dict[str, Any] | None = Field(
+        None, description="backend, status, wall_ms, trace, phases (ms), fallback_reason, bound"
+    )
     communicators: list[list[int]] = []
     new_communicators: list[list[int]] | None = None
     gantt: Gantt | None = None
@@ -132,7 +140,9 @@ class PlanView(BaseModel):
 class ReplanIn(BaseModel):
     """Options that replace the stored request's options for one re-plan (the rest of the request is kept)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"options": {"backend": "cpsat", "time_budget_ms": 500}}]})
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"options": {"backend": "cpsat", "time_budget_ms": 500}}]}
+    )
 
     options: OptionsIn = Field(default_factory=lambda: OptionsIn.model_validate({}))
 
@@ -141,7 +151,9 @@ class ReplanOut(BaseModel):
     """The outcome of planning the stored request again with other options (not stored)."""
 
     plan_id: str
-    options: dict[str, Any] = Field(description="the whole options document used: copy it into a request to get this plan")
+    options: dict[str, Any] = Field(
+        description="the whole options document used: copy it into a request to get this plan"
+    )
     predicted_step_time_s: float
     lower_bound_s: float
     ratio_to_bound: float
@@ -155,7 +167,9 @@ class ReplanOut(BaseModel):
     groups: int
     largest_group: int
     static_speedup: float | None = None
-    trace: list[dict[str, float | None]] = Field([], description="the solver's anytime trace: elapsed_ms, objective_s, bound_s (null while it has none)")
+    trace: list[dict[str, float | None]] = Field(
+        [], description="the solver's anytime trace: elapsed_ms, objective_s, bound_s (null while it has none)"
+    )
 
 
 class CalibrationPoint(BaseModel):
@@ -178,13 +192,17 @@ class CalibrationGroup(BaseModel):
 
 
 class Histogram(BaseModel):
-    edges: list[float] = Field(description="bin edges of measured / predicted - 1; the outer bins also hold what lies beyond them")
+    edges: list[float] = Field(
+        description="bin edges of measured / predicted - 1; the outer bins also hold what lies beyond them"
+    )
     counts: list[int]
 
 
 class Calibration(BaseModel):
     points: list[CalibrationPoint] = Field(description="the newest feedback points (at most the 'limit' asked for)")
-    total: int = Field(description="feedback points matching the filters; 'groups', 'histogram' and 'overall' cover all of them")
+    total: int = Field(
+        description="feedback points matching the filters; 'groups', 'histogram' and 'overall' cover all of them"
+    )
     groups: list[CalibrationGroup]
     histogram: Histogram
     overall: CalibrationGroup | None = None

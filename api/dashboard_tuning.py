@@ -27,8 +27,14 @@ REPLAN_BUDGET_MS = translate.DEFAULT_BUDGET_MS
 def merged_request(record: PlanRecord, options: dict[str, Any], settings: Settings) -> dict[str, Any]:
     """The stored request document with ``options`` laid over its own options, and the re-plan's budget."""
     if not record.request_json:
-        raise ServiceError(409, "No request stored", "this plan has no stored request to plan again", kind="no-request", field="plan_id",
-                           hint="pick a plan created through POST /v1/plans.")
+        raise ServiceError(
+            409,
+            "No request stored",
+            "this plan has no stored request to plan again",
+            kind="no-request",
+            field="plan_id",
+            hint="pick a plan created through POST /v1/plans.",
+        )
     doc = json.loads(record.request_json)
     stored = {k: v for k, v in (doc.get("options") or {}).items() if k != "time_budget_ms"}
     doc["options"] = {**stored, "time_budget_ms": min(REPLAN_BUDGET_MS, settings.max_budget_ms), **options}
@@ -46,9 +52,23 @@ def replan(record: PlanRecord, options: dict[str, Any], settings: Settings) -> d
     plan = result.to_json(shards=False)
     groups = [g for mb in plan.get("micro_batches", []) for g in mb.get("groups", [])]
     static = plan.get("static_baseline") or {}
-    return {"plan_id": record.id, "options": doc["options"], "predicted_step_time_s": result.predicted_step_time_s, "lower_bound_s": result.lower_bound_s,
-            "ratio_to_bound": plan.get("ratio_to_bound", result.predicted_step_time_s / result.lower_bound_s if result.lower_bound_s else 0.0),
-            "gap": result.gap, "backend": stats.backend, "solver_status": stats.status, "fallback_reason": stats.fallback_reason,
-            "planner_ms": planner_ms, "solver_wall_ms": stats.wall_ms, "micro_batches": len(plan.get("micro_batches", [])), "groups": len(groups),
-            "largest_group": max((int(g.get("degree", len(g["ranks"]))) for g in groups), default=0), "static_speedup": static.get("speedup"),
-            "trace": (plan.get("solver") or {}).get("trace", [])}
+    return {
+        "plan_id": record.id,
+        "options": doc["options"],
+        "predicted_step_time_s": result.predicted_step_time_s,
+        "lower_bound_s": result.lower_bound_s,
+        "ratio_to_bound": plan.get(
+            "ratio_to_bound", result.predicted_step_time_s / result.lower_bound_s if result.lower_bound_s else 0.0
+        ),
+        "gap": result.gap,
+        "backend": stats.backend,
+        "solver_status": stats.status,
+        "fallback_reason": stats.fallback_reason,
+        "planner_ms": planner_ms,
+        "solver_wall_ms": stats.wall_ms,
+        "micro_batches": len(plan.get("micro_batches", [])),
+        "groups": len(groups),
+        "largest_group": max((int(g.get("degree", len(g["ranks"]))) for g in groups), default=0),
+        "static_speedup": static.get("speedup"),
+        "trace": (plan.get("solver") or {}).get("trace", []),
+    }

@@ -44,17 +44,32 @@ def token_error(tokens: list[str], authorization: str | None) -> ServiceError | 
         return None
     scheme, given = get_authorization_scheme_param(authorization)
     if not authorization or scheme.lower() != "bearer" or not given:
-        return ServiceError(401, "Unauthorized", "this service needs a bearer token", kind="unauthorized", field="Authorization",
-                            hint="send 'Authorization: Bearer <token>' with a token from the server's DHP_TOKENS.",
-                            headers={"WWW-Authenticate": "Bearer"})
+        return ServiceError(
+            401,
+            "Unauthorized",
+            "this service needs a bearer token",
+            kind="unauthorized",
+            field="Authorization",
+            hint="send 'Authorization: Bearer <token>' with a token from the server's DHP_TOKENS.",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     presented = given.encode("utf-8", "surrogateescape")
     if not any(hmac.compare_digest(presented, t.encode()) for t in tokens):
-        return ServiceError(401, "Unauthorized", "the bearer token is not valid", kind="unauthorized", field="Authorization",
-                            hint="use a token from the server's DHP_TOKENS.", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+        return ServiceError(
+            401,
+            "Unauthorized",
+            "the bearer token is not valid",
+            kind="unauthorized",
+            field="Authorization",
+            hint="use a token from the server's DHP_TOKENS.",
+            headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+        )
     return None
 
 
-async def require_token(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+async def require_token(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
     """The bearer scheme of /v1 in the OpenAPI document. :class:`api.middleware.TokenGate` applies the same rule
     before a body is read; this repeats it for an app mounted without that middleware."""
     error = token_error(request.app.state.settings.token_list, request.headers.get("authorization"))

@@ -34,8 +34,17 @@ log = logging.getLogger("api")
 class ServiceError(Exception):
     """An error the service raises on purpose, with its HTTP status."""
 
-    def __init__(self, status: int, title: str, detail: str, *, kind: str, field: str | None = None, hint: str | None = None,
-                 headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        title: str,
+        detail: str,
+        *,
+        kind: str,
+        field: str | None = None,
+        hint: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(detail)
         self.status, self.title, self.detail, self.kind = status, title, detail, kind
         self.field, self.hint, self.headers = field, hint, dict(headers or {})
@@ -43,9 +52,14 @@ class ServiceError(Exception):
 
 class Overloaded(ServiceError):
     def __init__(self, retry_after_s: int, detail: str | None = None) -> None:
-        super().__init__(503, "Service at capacity", detail or "every solve worker is busy and the waiting line is full", kind="overloaded",
-                         hint=f"retry after {retry_after_s} s, or run more workers (DHP_SOLVE_WORKERS, dhp serve --workers).",
-                         headers={"Retry-After": str(retry_after_s)})
+        super().__init__(
+            503,
+            "Service at capacity",
+            detail or "every solve worker is busy and the waiting line is full",
+            kind="overloaded",
+            hint=f"retry after {retry_after_s} s, or run more workers (DHP_SOLVE_WORKERS, dhp serve --workers).",
+            headers={"Retry-After": str(retry_after_s)},
+        )
 
 
 class StoreUnavailable(Exception):
@@ -56,8 +70,16 @@ STORE_DOWN = (OperationalError, InterfaceError, PoolTimeout, StoreUnavailable)
 """Errors of a store that does not answer (server down, connection lost, pool exhausted, SQLite locked): 503, not 500."""
 
 
-def problem_document(status: int, title: str, detail: str, *, kind: str, field: str | None = None, hint: str | None = None,
-                     instance: str | None = None) -> dict[str, Any]:
+def problem_document(
+    status: int,
+    title: str,
+    detail: str,
+    *,
+    kind: str,
+    field: str | None = None,
+    hint: str | None = None,
+    instance: str | None = None,
+) -> dict[str, Any]:
     body: dict[str, Any] = {"type": TYPE_BASE + kind, "title": title, "status": status, "detail": detail}
     if field:
         body["field"] = field
@@ -68,8 +90,17 @@ def problem_document(status: int, title: str, detail: str, *, kind: str, field: 
     return body
 
 
-def problem_response(status: int, title: str, detail: str, *, kind: str, field: str | None = None, hint: str | None = None,
-                     headers: Mapping[str, str] | None = None, instance: str | None = None) -> JSONResponse:
+def problem_response(
+    status: int,
+    title: str,
+    detail: str,
+    *,
+    kind: str,
+    field: str | None = None,
+    hint: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    instance: str | None = None,
+) -> JSONResponse:
     body = problem_document(status, title, detail, kind=kind, field=field, hint=hint, instance=instance)
     return JSONResponse(body, status_code=status, headers=dict(headers or {}), media_type=PROBLEM_JSON)
 
@@ -105,25 +136,49 @@ def _loc_to_field(loc: tuple[Any, ...] | list[Any]) -> str:
     return out or "body"
 
 
-_STATUS_TITLES = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found", 405: "Method not allowed",
-                  406: "Not acceptable", 413: "Request body too large", 415: "Unsupported media type", 429: "Too many requests"}
-_STATUS_HINTS = {404: "see /docs for the endpoints; plan ids come from POST /v1/plans.",
-                 405: "see /docs for the methods each endpoint accepts."}
+_STATUS_TITLES = {
+    400: "Bad request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not found",
+    405: "Method not allowed",
+    406: "Not acceptable",
+    413: "Request body too large",
+    415: "Unsupported media type",
+    429: "Too many requests",
+}
+_STATUS_HINTS = {
+    404: "see /docs for the endpoints; plan ids come from POST /v1/plans.",
+    405: "see /docs for the methods each endpoint accepts.",
+}
 
 
 def allowed_methods(request: Request) -> list[str]:
     """The methods some route of the app answers on this request's path."""
-    return [method for method in ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
-            if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in request.app.router.routes)]
+    return [
+        method
+        for method in ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
+        if any(
+            route.matches({**request.scope, "method": method})[0] == Match.FULL for route in request.app.router.routes
+        )
+    ]
 
 
-_TYPE_HINTS = {"bool_type": "give true or false (a JSON boolean, not a string or a number)",
-               "int_type": "give a JSON integer (not a string)", "int_from_float": "give a whole number",
-               "float_type": "give a JSON number (not a string)", "finite_number": "give a finite number",
-               "string_type": "give a JSON string", "dict_type": "give a JSON object", "model_type": "give a JSON object",
-               "model_attributes_type": "give a JSON object", "list_type": "give a JSON array",
-               "missing": "add the field", "extra_forbidden": "remove the field (it is not part of this request)",
-               "json_invalid": "send valid JSON (the detail gives the position)"}
+_TYPE_HINTS = {
+    "bool_type": "give true or false (a JSON boolean, not a string or a number)",
+    "int_type": "give a JSON integer (not a string)",
+    "int_from_float": "give a whole number",
+    "float_type": "give a JSON number (not a string)",
+    "finite_number": "give a finite number",
+    "string_type": "give a JSON string",
+    "dict_type": "give a JSON object",
+    "model_type": "give a JSON object",
+    "model_attributes_type": "give a JSON object",
+    "list_type": "give a JSON array",
+    "missing": "add the field",
+    "extra_forbidden": "remove the field (it is not part of this request)",
+    "json_invalid": "send valid JSON (the detail gives the position)",
+}
 
 
 def validation_hint(error: Mapping[str, Any]) -> str:
@@ -148,8 +203,16 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def _service(request: Request, exc: ServiceError) -> JSONResponse:
-        return problem_response(exc.status, exc.title, exc.detail, kind=exc.kind, field=exc.field, hint=exc.hint, headers=exc.headers,
-                                instance=request.url.path)
+        return problem_response(
+            exc.status,
+            exc.title,
+            exc.detail,
+            kind=exc.kind,
+            field=exc.field,
+            hint=exc.hint,
+            headers=exc.headers,
+            instance=request.url.path,
+        )
 
     @app.exception_handler(PlannerError)
     async def _planner(request: Request, exc: PlannerError) -> JSONResponse:
@@ -163,29 +226,61 @@ def install(app: FastAPI) -> None:
         detail = f"{field}: {first.get('msg', 'invalid')}"
         if len(errors) > 1:
             detail += f" (and {len(errors) - 1} more)"
-        return problem_response(422, "Invalid request", detail, kind="invalid-request", field=field,
-                                hint=validation_hint(first), instance=request.url.path)
+        return problem_response(
+            422,
+            "Invalid request",
+            detail,
+            kind="invalid-request",
+            field=field,
+            hint=validation_hint(first),
+            instance=request.url.path,
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400:  # a body that cannot be parsed: bad input like any other, 422 (as malformed JSON is)
             detail = exc.detail if isinstance(exc.detail, str) else "the body cannot be parsed"
-            return problem_response(422, "Invalid request", detail, kind="invalid-request", field="body",
-                                    hint="send a JSON body with content-type application/json; see /docs.", instance=request.url.path)
+            return problem_response(
+                422,
+                "Invalid request",
+                detail,
+                kind="invalid-request",
+                field="body",
+                hint="send a JSON body with content-type application/json; see /docs.",
+                instance=request.url.path,
+            )
         title = _STATUS_TITLES.get(exc.status_code, "HTTP error")
         detail = exc.detail if isinstance(exc.detail, str) else title
         headers = dict(getattr(exc, "headers", None) or {})
         if exc.status_code == 405:  # every method of the path, not only those of the first route that matched it
             headers["Allow"] = ", ".join(allowed_methods(request))
-        return problem_response(exc.status_code, title, detail, kind=f"http-{exc.status_code}", hint=_STATUS_HINTS.get(exc.status_code),
-                                headers=headers, instance=request.url.path)
+        return problem_response(
+            exc.status_code,
+            title,
+            detail,
+            kind=f"http-{exc.status_code}",
+            hint=_STATUS_HINTS.get(exc.status_code),
+            headers=headers,
+            instance=request.url.path,
+        )
 
     async def _store_down(request: Request, exc: Exception) -> JSONResponse:
-        log.warning("plan store unavailable on %s %s: %s", request.method, request.url.path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        log.warning(
+            "plan store unavailable on %s %s: %s",
+            request.method,
+            request.url.path,
+            str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+        )
         retry = str(getattr(request.app.state, "settings", None) and request.app.state.settings.retry_after_s or 1)
-        return problem_response(503, "Store unavailable", "the plan store does not answer", kind="store-unavailable",
-                                hint=f"retry after {retry} s; the operator should check the database (GET /readyz).", headers={"Retry-After": retry},
-                                instance=request.url.path)
+        return problem_response(
+            503,
+            "Store unavailable",
+            "the plan store does not answer",
+            kind="store-unavailable",
+            hint=f"retry after {retry} s; the operator should check the database (GET /readyz).",
+            headers={"Retry-After": retry},
+            instance=request.url.path,
+        )
 
     for kind in STORE_DOWN:
         app.add_exception_handler(kind, _store_down)
@@ -193,5 +288,11 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return problem_response(500, "Internal error", f"{type(exc).__name__} while handling the request", kind="internal",
-                                hint="this is a bug in the service; the log has the traceback.", instance=request.url.path)
+        return problem_response(
+            500,
+            "Internal error",
+            f"{type(exc).__name__} while handling the request",
+            kind="internal",
+            hint="this is a bug in the service; the log has the traceback.",
+            instance=request.url.path,
+        )

@@ -27,13 +27,24 @@ def malformed_response(reason: BaseException | None, default_headers: list[tuple
     """The whole HTTP/1.1 response to a request the parser refused with ``reason``."""
     said = " ".join(str(reason or "").encode("ascii", "replace").decode().split())[:DETAIL_CHARACTERS]
     detail = "the request is not valid HTTP/1.1" + (f": {said}" if said else "")
-    body = orjson.dumps(problem_document(
-        400, "Malformed HTTP request", detail, kind="malformed-http", field="request",
-        hint="send a well-formed HTTP/1.1 request: a request line 'METHOD /path HTTP/1.1', header names without spaces, and a "
-             "Content-Length of decimal digits equal to the body's bytes (any HTTP client library sends these right)."))
+    body = orjson.dumps(
+        problem_document(
+            400,
+            "Malformed HTTP request",
+            detail,
+            kind="malformed-http",
+            field="request",
+            hint="send a well-formed HTTP/1.1 request: a request line 'METHOD /path HTTP/1.1', header names without spaces, and a "
+            "Content-Length of decimal digits equal to the body's bytes (any HTTP client library sends these right).",
+        )
+    )
     head = [b"HTTP/1.1 400 Bad Request"]
     head += [name + b": " + value for name, value in default_headers]
-    head += [b"content-type: " + PROBLEM_JSON.encode(), b"content-length: " + str(len(body)).encode(), b"connection: close"]
+    head += [
+        b"content-type: " + PROBLEM_JSON.encode(),
+        b"content-length: " + str(len(body)).encode(),
+        b"connection: close",
+    ]
     return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
@@ -60,6 +71,7 @@ try:
 except ImportError:  # no httptools: uvicorn's auto runs h11 too
     pass
 else:
+
     class HttpToolsProblemProtocol(_ProblemOn400, HttpToolsProtocol):
         """uvicorn's httptools protocol with malformed requests answered by a problem document."""
 

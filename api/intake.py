@@ -91,7 +91,7 @@ def _skip(s: str, i: int) -> int:
 
 
 def _value(s: str, i: int, depth: int) -> tuple[Any, int]:
-    c = s[i:i + 1]
+    c = s[i : i + 1]
     if c == "{" and depth < OBJECT_STEPS:
         return _object(s, i + 1, depth + 1)
     if c == "[" and depth < ARRAY_STEPS:
@@ -102,13 +102,13 @@ def _value(s: str, i: int, depth: int) -> tuple[Any, int]:
 def _object(s: str, i: int, depth: int) -> tuple[dict[str, Any], int]:
     out: dict[str, Any] = {}
     i = _skip(s, i)
-    more = s[i:i + 1] != "}"
+    more = s[i : i + 1] != "}"
     while more:
-        if s[i:i + 1] != '"':
+        if s[i : i + 1] != '"':
             raise JSONDecodeError("Expecting property name enclosed in double quotes", s, i)
         key, i = scanstring(s, i + 1)
         i = _skip(s, i)
-        if s[i:i + 1] != ":":
+        if s[i : i + 1] != ":":
             raise JSONDecodeError("Expecting ':' delimiter", s, i)
         out[key], i = _value(s, _skip(s, i + 1), depth)
         more, i = _next_item(s, i, "}")
@@ -118,7 +118,7 @@ def _object(s: str, i: int, depth: int) -> tuple[dict[str, Any], int]:
 def _array(s: str, i: int, depth: int) -> tuple[list[Any], int]:
     out: list[Any] = []
     i = _skip(s, i)
-    more = s[i:i + 1] != "]"
+    more = s[i : i + 1] != "]"
     while more:
         value, i = _value(s, i, depth)
         out.append(value)
@@ -129,7 +129,7 @@ def _array(s: str, i: int, depth: int) -> tuple[list[Any], int]:
 def _next_item(s: str, i: int, close: str) -> tuple[bool, int]:
     """After a container's element: (False, the index of ``close``) when it ends there, else (True, the next element's index)."""
     i = _skip(s, i)
-    c = s[i:i + 1]
+    c = s[i : i + 1]
     if c == close:
         return False, i
     if c != ",":
@@ -206,7 +206,11 @@ class Keeper:
         now = time.monotonic()
         with self._lock:
             # Two references when only this list holds it: its entry's and getrefcount's argument.
-            done = {k for k in range(len(self._items)) if sys.getrefcount(self._items[k][1]) <= 2 or now - self._items[k][0] > self.max_age_s}
+            done = {
+                k
+                for k in range(len(self._items))
+                if sys.getrefcount(self._items[k][1]) <= 2 or now - self._items[k][0] > self.max_age_s
+            }
             ready = [self._items[k] for k in done]
             self._items = [item for k, item in enumerate(self._items) if k not in done]
         for _ in range(len(ready)):
@@ -266,13 +270,30 @@ class ParsedOffLoop(APIRoute):
                             parsed, pause = await in_parse_thread(parse_body, data)
                             KEEPER.keep(parsed, pause)
                     except JSONDecodeError as exc:
-                        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error", "input": {},
-                                                       "ctx": {"error": exc.msg}}], body=exc.doc) from None
-                    except (ValueError, RecursionError):  # not UTF-8 / UTF-16 / UTF-32, or nested beyond the parser's depth
+                        raise RequestValidationError(
+                            [
+                                {
+                                    "type": "json_invalid",
+                                    "loc": ("body", exc.pos),
+                                    "msg": "JSON decode error",
+                                    "input": {},
+                                    "ctx": {"error": exc.msg},
+                                }
+                            ],
+                            body=exc.doc,
+                        ) from None
+                    except (
+                        ValueError,
+                        RecursionError,
+                    ):  # not UTF-8 / UTF-16 / UTF-32, or nested beyond the parser's depth
                         raise HTTPException(400, "There was an error parsing the body") from None
-                    if may_break_rule(data):  # NUL or a lone surrogate reaches no encoder or store: refused naming the field
+                    if may_break_rule(
+                        data
+                    ):  # NUL or a lone surrogate reaches no encoder or store: refused naming the field
                         await for_body(len(data), check_text_rule, parsed)
-                    request._json = parsed  # what Request.json() returns from now on (FastAPI reads the body through it)
+                    request._json = (
+                        parsed  # what Request.json() returns from now on (FastAPI reads the body through it)
+                    )
             return await handle(request)
 
         return parse_then_handle

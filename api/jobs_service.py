@@ -29,7 +29,8 @@ from api.store.repository import PlanRecord, Store, utcnow
 log = logging.getLogger("api.jobs_service")
 metadata = MetaData()
 JOBS = Table(
-    "jobs", metadata,
+    "jobs",
+    metadata,
     Column("id", String(32), primary_key=True),
     Column("created_at", DateTime(timezone=True), nullable=False, index=True),
     Column("updated_at", DateTime(timezone=True), nullable=False),
@@ -100,19 +101,46 @@ class JobStore:
     def add(self, job_id: str, total: int, workers: int, request: dict[str, Any]) -> None:
         now = utcnow()
         with self.engine.begin() as conn:
-            conn.execute(insert(JOBS), [dict(id=job_id, created_at=now, updated_at=now, status="running", total=total, done=0, failed=0,
-                                             run_started_at=now, run_done_at_start=0, cancel_requested=False, workers=workers,
-                                             request_json=json.dumps(request, separators=(",", ":")))])
+            conn.execute(
+                insert(JOBS),
+                [
+                    dict(
+                        id=job_id,
+                        created_at=now,
+                        updated_at=now,
+                        status="running",
+                        total=total,
+                        done=0,
+                        failed=0,
+                        run_started_at=now,
+                        run_done_at_start=0,
+                        cancel_requested=False,
+                        workers=workers,
+                        request_json=json.dumps(request, separators=(",", ":")),
+                    )
+                ],
+            )
 
     def get(self, job_id: str) -> JobState | None:
         with self.engine.connect() as conn:
             row = conn.execute(select(JOBS).where(JOBS.c.id == job_id)).first()
         if row is None:
             return None
-        state = JobState(id=row.id, status=row.status, total=row.total, done=row.done, failed=row.failed, created_at=_aware(row.created_at),  # type: ignore[arg-type]
-                         updated_at=_aware(row.updated_at), finished_at=_aware(row.finished_at), run_started_at=_aware(row.run_started_at),  # type: ignore[arg-type]
-                         run_done_at_start=row.run_done_at_start, workers=row.workers,
-                         summary=json.loads(row.summary_json) if row.summary_json else None, error=json.loads(row.error_json) if row.error_json else None)
+        state = JobState(
+            id=row.id,
+            status=row.status,
+            total=row.total,
+            done=row.done,
+            failed=row.failed,
+            created_at=_aware(row.created_at),  # type: ignore[arg-type]
+            updated_at=_aware(row.updated_at),
+            finished_at=_aware(row.finished_at),
+            run_started_at=_aware(row.run_started_at),  # type: ignore[arg-type]
+            run_done_at_start=row.run_done_at_start,
+            workers=row.workers,
+            summary=json.loads(row.summary_json) if row.summary_json else None,
+            error=json.loads(row.error_json) if row.error_json else None,
+        )
         return state
 
     def request(self, job_id: str) -> dict[str, Any] | None:
@@ -129,20 +157,53 @@ class JobStore:
             return bool(conn.execute(select(JOBS.c.cancel_requested).where(JOBS.c.id == job_id)).scalar())
 
 
-def _step_record(job_id: str, record: dict[str, Any], template: dict[str, Any], samples: list[Any], n_ranks: int, names: tuple[str, str]) -> PlanRecord:
+def _step_record(
+    job_id: str,
+    record: dict[str, Any],
+    template: dict[str, Any],
+    samples: list[Any],
+    n_ranks: int,
+    names: tuple[str, str],
+) -> PlanRecord:
     request = {**template, "batch": {"samples": samples}}
     text = json.dumps(request, separators=(",", ":"), sort_keys=True)
     now = utcnow()
-    base: dict[str, Any] = dict(id=plan_id(job_id, record["step"]), created_at=now, finished_at=now, request_hash=hashlib.sha256(text.encode()).hexdigest(),
-                                request_json=text, n_samples=len(samples), n_ranks=n_ranks, cluster=names[0], model=names[1])
+    base: dict[str, Any] = dict(
+        id=plan_id(job_id, record["step"]),
+        created_at=now,
+        finished_at=now,
+        request_hash=hashlib.sha256(text.encode()).hexdigest(),
+        request_json=text,
+        n_samples=len(samples),
+        n_ranks=n_ranks,
+        cluster=names[0],
+        model=names[1],
+    )
     if record["status"] == "ok":
         solver = json.loads(record["plan"])["solver"]
-        return PlanRecord(status="done", plan_json=record["plan"], backend=solver["backend"], solver_status=solver["status"],
-                          predicted_step_time_s=record["predicted_step_time_s"], lower_bound_s=record["lower_bound_s"], gap=record["gap"],
-                          solve_ms=record.get("wall_ms"), **base)
+        return PlanRecord(
+            status="done",
+            plan_json=record["plan"],
+            backend=solver["backend"],
+            solver_status=solver["status"],
+            predicted_step_time_s=record["predicted_step_time_s"],
+            lower_bound_s=record["lower_bound_s"],
+            gap=record["gap"],
+            solve_ms=record.get("wall_ms"),
+            **base,
+        )
     err = record["error"]
-    doc = {"type": "https://dhp-planner.dev/problems/" + ("infeasible" if err["kind"] == "infeasible" else "invalid-request"), "title": "Plan failed",
-           "status": 422, "detail": err["message"], "field": err.get("field"), "hint": err.get("hint"), "sample": err.get("sample"), "step": record["step"]}
+    doc = {
+        "type": "https://dhp-planner.dev/problems/"
+        + ("infeasible" if err["kind"] == "infeasible" else "invalid-request"),
+        "title": "Plan failed",
+        "status": 422,
+        "detail": err["message"],
+        "field": err.get("field"),
+        "hint": err.get("hint"),
+        "sample": err.get("sample"),
+        "step": record["step"],
+    }
     return PlanRecord(status="failed", error_json=json.dumps(doc), **base)
 
 
@@ -188,7 +249,14 @@ class JobManager:
         doc = self.jobs.request(job_id)
         assert doc is not None
         epoch = build_epoch(job_from_json(doc, allow_path=False))
-        self.jobs.set(job_id, status="running", cancel_requested=False, finished_at=None, run_started_at=utcnow(), run_done_at_start=state.done)
+        self.jobs.set(
+            job_id,
+            status="running",
+            cancel_requested=False,
+            finished_at=None,
+            run_started_at=utcnow(),
+            run_done_at_start=state.done,
+        )
         self._launch(job_id, epoch, state.workers)
         return self.jobs.get(job_id)
 
@@ -213,7 +281,9 @@ class JobManager:
     def _launch(self, job_id: str, epoch: Any, workers: int) -> None:
         stop = threading.Event()
         self._stop[job_id] = stop
-        thread = threading.Thread(target=self._run, args=(job_id, epoch, workers, stop), name=f"dhp-job-{job_id}", daemon=True)
+        thread = threading.Thread(
+            target=self._run, args=(job_id, epoch, workers, stop), name=f"dhp-job-{job_id}", daemon=True
+        )
         self._threads[job_id] = thread
         thread.start()
 
@@ -240,7 +310,11 @@ class JobManager:
         def store_records(records: list[dict[str, Any]]) -> None:
             for r in records:
                 if self.store.get(plan_id(job_id, r["step"]), with_documents=False) is None:
-                    self.store.add(_step_record(job_id, r, template, epoch.step_samples(r["step"]), probe.cluster.total_gpus, names))
+                    self.store.add(
+                        _step_record(
+                            job_id, r, template, epoch.step_samples(r["step"]), probe.cluster.total_gpus, names
+                        )
+                    )
 
         def progress(done: int, total: int, failed: int) -> None:
             self.jobs.set(job_id, done=done, failed=failed)
@@ -254,17 +328,44 @@ class JobManager:
 
         threading.Thread(target=heartbeat, name=f"dhp-job-{job_id}-heartbeat", daemon=True).start()
         try:
-            result = run_job(epoch, self.directory(job_id), engine, progress=progress, should_stop=should_stop, on_records=store_records)
+            result = run_job(
+                epoch,
+                self.directory(job_id),
+                engine,
+                progress=progress,
+                should_stop=should_stop,
+                on_records=store_records,
+            )
             if result.status == "done":
                 assert result.index is not None
-                self.jobs.set(job_id, status="done", finished_at=utcnow(), done=result.total, summary_json=json.dumps(result.index["summary"]))
+                self.jobs.set(
+                    job_id,
+                    status="done",
+                    finished_at=utcnow(),
+                    done=result.total,
+                    summary_json=json.dumps(result.index["summary"]),
+                )
             else:
-                self.jobs.set(job_id, status="cancelled" if stop.is_set() and not self._closing.is_set() else "interrupted", finished_at=utcnow())
+                self.jobs.set(
+                    job_id,
+                    status="cancelled" if stop.is_set() and not self._closing.is_set() else "interrupted",
+                    finished_at=utcnow(),
+                )
         except PlannerError as exc:
-            self.jobs.set(job_id, status="failed", finished_at=utcnow(), error_json=json.dumps({"field": exc.field, "detail": exc.message, "hint": exc.hint}))
+            self.jobs.set(
+                job_id,
+                status="failed",
+                finished_at=utcnow(),
+                error_json=json.dumps({"field": exc.field, "detail": exc.message, "hint": exc.hint}),
+            )
         except Exception as exc:
             log.exception("job %s failed", job_id)
-            self.jobs.set(job_id, status="failed", finished_at=utcnow(), error_json=json.dumps({"detail": f"{type(exc).__name__} while planning"}))
+            self.jobs.set(
+                job_id,
+                status="failed",
+                finished_at=utcnow(),
+                error_json=json.dumps({"detail": f"{type(exc).__name__} while planning"}),
+            )
         finally:
             finished.set()
             engine.close()
@@ -276,5 +377,3 @@ class JobManager:
         self._closing.set()
         for thread in list(self._threads.values()):
             thread.join(timeout_s)
-
-

@@ -31,17 +31,42 @@ def free_port() -> int:
 class LocalServer:
     """A running ``dhp serve`` child process; ready (``/readyz`` answered 200) once constructed."""
 
-    def __init__(self, data_dir: Path, workers: int = 1, env: dict[str, str] | None = None, ready_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, data_dir: Path, workers: int = 1, env: dict[str, str] | None = None, ready_timeout_s: float = 60.0
+    ) -> None:
         data_dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("DHP_") and k not in ("DATABASE_URL", "PROMETHEUS_MULTIPROC_DIR")}
+        full_env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("DHP_") and k not in ("DATABASE_URL", "PROMETHEUS_MULTIPROC_DIR")
+        }
         full_env.update(env or {})
         self.log = data_dir / f"server-{self.port}.log"
         self._log_file = open(self.log, "w")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen([sys.executable, "-m", "api.commands", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-                                      "--workers", str(workers), "--data-dir", str(data_dir), "--log-level", "warning"],
-                                     cwd=ROOT, env=full_env, stdout=self._log_file, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "api.commands",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                str(workers),
+                "--data-dir",
+                str(data_dir),
+                "--log-level",
+                "warning",
+            ],
+            cwd=ROOT,
+            env=full_env,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

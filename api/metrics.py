@@ -26,18 +26,51 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.request_latency = Histogram("dhp_http_request_duration_seconds", "HTTP request latency from arrival to the last byte",
-                                         ["method", "route", "status"], buckets=LATENCY_BUCKETS, registry=r)
-        self.solve_latency = Histogram("dhp_solve_duration_seconds", "planner wall time per solve", ["backend"], buckets=LATENCY_BUCKETS, registry=r)
-        self.gap = Histogram("dhp_plan_gap", "relative gap of returned plans to their lower bound", ["backend"], buckets=GAP_BUCKETS, registry=r)
-        self.fallbacks = Counter("dhp_solver_fallbacks_total", "solves that fell back to the heuristic plan", ["backend"], registry=r)
+        self.request_latency = Histogram(
+            "dhp_http_request_duration_seconds",
+            "HTTP request latency from arrival to the last byte",
+            ["method", "route", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.solve_latency = Histogram(
+            "dhp_solve_duration_seconds",
+            "planner wall time per solve",
+            ["backend"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.gap = Histogram(
+            "dhp_plan_gap",
+            "relative gap of returned plans to their lower bound",
+            ["backend"],
+            buckets=GAP_BUCKETS,
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "dhp_solver_fallbacks_total", "solves that fell back to the heuristic plan", ["backend"], registry=r
+        )
         self.cache_hits = Counter("dhp_plan_cache_hits_total", "plan requests answered from the plan cache", registry=r)
-        self.rejected = Counter("dhp_rejected_total", "plan requests refused with 503 because the service was at capacity", registry=r)
-        self.late_starts = Counter("dhp_late_starts_total", "admitted solves a worker took after their deadline (solved with what was left)", registry=r)
-        self.failures = Counter("dhp_plan_failures_total", "plan requests that ended in a domain error", ["kind"], registry=r)
-        self.prediction_ratio = Histogram("dhp_measured_over_predicted", "measured / predicted step time of the feedback received (1 = exact prediction)",
-                                          buckets=RATIO_BUCKETS, registry=r)
-        self.queue_depth = Gauge("dhp_solve_queue_depth", "admitted solves waiting for a worker", registry=r, multiprocess_mode="livesum")
+        self.rejected = Counter(
+            "dhp_rejected_total", "plan requests refused with 503 because the service was at capacity", registry=r
+        )
+        self.late_starts = Counter(
+            "dhp_late_starts_total",
+            "admitted solves a worker took after their deadline (solved with what was left)",
+            registry=r,
+        )
+        self.failures = Counter(
+            "dhp_plan_failures_total", "plan requests that ended in a domain error", ["kind"], registry=r
+        )
+        self.prediction_ratio = Histogram(
+            "dhp_measured_over_predicted",
+            "measured / predicted step time of the feedback received (1 = exact prediction)",
+            buckets=RATIO_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "dhp_solve_queue_depth", "admitted solves waiting for a worker", registry=r, multiprocess_mode="livesum"
+        )
         self.in_flight = Gauge("dhp_solves_in_flight", "solves running now", registry=r, multiprocess_mode="livesum")
 
     def exposition(self) -> tuple[bytes, str]:

@@ -51,7 +51,9 @@ class ArrivalAndMetrics:
         finally:
             route = scope.get("route")
             path = getattr(route, "path", None) or "unmatched"
-            self.metrics.request_latency.labels(method=scope["method"], route=path, status=str(status[0])).observe(time.perf_counter() - start)
+            self.metrics.request_latency.labels(method=scope["method"], route=path, status=str(status[0])).observe(
+                time.perf_counter() - start
+            )
 
 
 def _is_v1(path: str) -> bool:
@@ -80,14 +82,30 @@ class TokenGate:
         if scope["type"] == "http" and _is_v1(scope.get("path", "")):
             exc = None
             if self.tokens:
-                given = next((value.decode("latin-1") for name, value in scope.get("headers", ()) if name == b"authorization"), None)
+                given = next(
+                    (value.decode("latin-1") for name, value in scope.get("headers", ()) if name == b"authorization"),
+                    None,
+                )
                 exc = token_error(self.tokens, given)
             elif self.loopback_only and (host := self._exposed(scope)) is not None:
-                exc = ServiceError(403, "Forbidden", f"this service has no bearer tokens and was reached on {host}, which other machines can reach",
-                                   kind="no-tokens", hint="the operator should set DHP_TOKENS (e.g. `openssl rand -hex 24`), or listen on 127.0.0.1 only.")
+                exc = ServiceError(
+                    403,
+                    "Forbidden",
+                    f"this service has no bearer tokens and was reached on {host}, which other machines can reach",
+                    kind="no-tokens",
+                    hint="the operator should set DHP_TOKENS (e.g. `openssl rand -hex 24`), or listen on 127.0.0.1 only.",
+                )
             if exc is not None:
-                await problem_response(exc.status, exc.title, exc.detail, kind=exc.kind, field=exc.field, hint=exc.hint,
-                                       headers=exc.headers, instance=scope.get("path"))(scope, receive, send)
+                await problem_response(
+                    exc.status,
+                    exc.title,
+                    exc.detail,
+                    kind=exc.kind,
+                    field=exc.field,
+                    hint=exc.hint,
+                    headers=exc.headers,
+                    instance=scope.get("path"),
+                )(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -107,21 +125,42 @@ class BodyLimit:
         self.timeout_s = timeout_s
 
     async def _refuse(self, scope: Scope, receive: Any, send: Any, size: str) -> None:
-        response = problem_response(413, "Request body too large", f"the body has {size} bytes; this service accepts at most {self.max_bytes}",
-                                    kind="body-too-large", field="body",
-                                    hint="split the batch into smaller requests, or raise DHP_MAX_BODY_BYTES on the server.",
-                                    instance=scope.get("path"))
+        response = problem_response(
+            413,
+            "Request body too large",
+            f"the body has {size} bytes; this service accepts at most {self.max_bytes}",
+            kind="body-too-large",
+            field="body",
+            hint="split the batch into smaller requests, or raise DHP_MAX_BODY_BYTES on the server.",
+            instance=scope.get("path"),
+        )
         await response(scope, receive, send)
 
     async def _busy(self, scope: Scope, receive: Any, send: Any) -> None:
-        exc = self.pool.refused(f"the request bodies being received fill the {self.budget.max_bytes} bytes set aside for them (DHP_MAX_BODY_BYTES_IN_FLIGHT)")
-        await problem_response(exc.status, exc.title, exc.detail, kind=exc.kind, hint=exc.hint, headers=exc.headers, instance=scope.get("path"))(scope, receive, send)
+        exc = self.pool.refused(
+            f"the request bodies being received fill the {self.budget.max_bytes} bytes set aside for them (DHP_MAX_BODY_BYTES_IN_FLIGHT)"
+        )
+        await problem_response(
+            exc.status,
+            exc.title,
+            exc.detail,
+            kind=exc.kind,
+            hint=exc.hint,
+            headers=exc.headers,
+            instance=scope.get("path"),
+        )(scope, receive, send)
 
     async def _late(self, scope: Scope, receive: Any, send: Any, got: int) -> None:
-        await problem_response(408, "Request body too slow", f"the body did not arrive within {self.timeout_s:g} s ({got} bytes came)",
-                               kind="body-timeout", field="body",
-                               hint=f"send the whole body within {self.timeout_s:g} s, or raise DHP_BODY_TIMEOUT_S on the server.",
-                               headers={"Connection": "close"}, instance=scope.get("path"))(scope, receive, send)
+        await problem_response(
+            408,
+            "Request body too slow",
+            f"the body did not arrive within {self.timeout_s:g} s ({got} bytes came)",
+            kind="body-timeout",
+            field="body",
+            hint=f"send the whole body within {self.timeout_s:g} s, or raise DHP_BODY_TIMEOUT_S on the server.",
+            headers={"Connection": "close"},
+            instance=scope.get("path"),
+        )(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
@@ -189,9 +228,19 @@ class AdmissionPrecheck:
             if self.pool.full:
                 exc = self.pool.refused()
             elif (wait := self.pool.wait_s()) > self.max_budget_s:
-                exc = self.pool.refused(f"the solves admitted would keep any request waiting about {wait:.1f} s, longer than any time budget here")
+                exc = self.pool.refused(
+                    f"the solves admitted would keep any request waiting about {wait:.1f} s, longer than any time budget here"
+                )
             if exc is not None:
-                response = problem_response(exc.status, exc.title, exc.detail, kind=exc.kind, hint=exc.hint, headers=exc.headers, instance=scope.get("path"))
+                response = problem_response(
+                    exc.status,
+                    exc.title,
+                    exc.detail,
+                    kind=exc.kind,
+                    hint=exc.hint,
+                    headers=exc.headers,
+                    instance=scope.get("path"),
+                )
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -79,7 +79,9 @@ class InFlight:
             flight = self._items[key] = Flight(plan_id)
             return flight, True
 
-    def land(self, key: str, flight: Flight, record: PlanRecord | None = None, error: BaseException | None = None) -> None:
+    def land(
+        self, key: str, flight: Flight, record: PlanRecord | None = None, error: BaseException | None = None
+    ) -> None:
         """End the leader's flight with its record or its error; later requests start a new one."""
         with self._lock:
             if self._items.get(key) is flight:

@@ -36,13 +36,37 @@ OptionsIn = create_model(  # type: ignore[call-overload]
 )
 
 
-_IMAGE_SCHEMA: dict[str, Any] = {"type": "object", "properties": {"tokens": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000}, "frames": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000},
-                                                 "tokens_per_frame": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000}, "width": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000},
-                                                 "height": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000}}}
-_BATCH_SCHEMA: dict[str, Any] = {"required": ["samples"], "properties": {"samples": {"type": "array", "items": {
-    "type": "object", "properties": {"id": {"anyOf": [{"type": "string", "minLength": 1}, {"type": "integer"}], "description": "an integer is read as its decimal text"}, "text_tokens": {"type": "integer", "minimum": 0, "maximum": 1_000_000_000},
-                                     "images": {"type": "array", "items": _IMAGE_SCHEMA}, "videos": {"type": "array", "items": _IMAGE_SCHEMA}},
-    "additionalProperties": False}}}}
+_IMAGE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "tokens": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000},
+        "frames": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000},
+        "tokens_per_frame": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000},
+        "width": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000},
+        "height": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000},
+    },
+}
+_BATCH_SCHEMA: dict[str, Any] = {
+    "required": ["samples"],
+    "properties": {
+        "samples": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "id": {
+                        "anyOf": [{"type": "string", "minLength": 1}, {"type": "integer"}],
+                        "description": "an integer is read as its decimal text",
+                    },
+                    "text_tokens": {"type": "integer", "minimum": 0, "maximum": 1_000_000_000},
+                    "images": {"type": "array", "items": _IMAGE_SCHEMA},
+                    "videos": {"type": "array", "items": _IMAGE_SCHEMA},
+                },
+                "additionalProperties": False,
+            },
+        }
+    },
+}
 
 
 def as_sent(schema: dict[str, Any]) -> WithJsonSchema:
@@ -52,7 +76,10 @@ def as_sent(schema: dict[str, Any]) -> WithJsonSchema:
     return WithJsonSchema({"anyOf": [schema, {"type": "null"}]})
 
 
-RankGroups = Annotated[Any, as_sent({"type": "array", "items": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}})]
+RankGroups = Annotated[
+    Any,
+    as_sent({"type": "array", "items": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}}),
+]
 """``existing_groups``: a set of rank groups, checked and normalised by
 :func:`optimizer.problem.documents.existing_groups_from_json`."""
 
@@ -60,20 +87,48 @@ RankGroups = Annotated[Any, as_sent({"type": "array", "items": {"type": "array",
 class PlanRequest(BaseModel):
     """POST /v1/plans. Give ``cluster`` or ``cluster_preset`` and ``model`` or ``model_preset`` (presets default to h100-8x8 and llama3-8b)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [{
-        "batch": {"samples": [{"id": "a", "text_tokens": 900, "images": [{"tokens": 576}]}, {"id": "b", "text_tokens": 30000}]},
-        "cluster": {"nodes": 2, "gpus_per_node": 8}, "model_preset": "qwen2-vl-7b", "options": {"time_budget_ms": 200, "backend": "heuristic"}}]})
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "batch": {
+                        "samples": [
+                            {"id": "a", "text_tokens": 900, "images": [{"tokens": 576}]},
+                            {"id": "b", "text_tokens": 30000},
+                        ]
+                    },
+                    "cluster": {"nodes": 2, "gpus_per_node": 8},
+                    "model_preset": "qwen2-vl-7b",
+                    "options": {"time_budget_ms": 200, "backend": "heuristic"},
+                }
+            ]
+        },
+    )
 
-    batch: dict[str, Any] = Field(json_schema_extra=_BATCH_SCHEMA, description='the batch document: {"samples": [{"id", "text_tokens", "images": [{"tokens"}], "videos": [...]}]}')
-    cluster: dict[str, Any] | None = Field(None, description='a cluster document, or the shorthand {"nodes": K, "gpus_per_node": G}')
+    batch: dict[str, Any] = Field(
+        json_schema_extra=_BATCH_SCHEMA,
+        description='the batch document: {"samples": [{"id", "text_tokens", "images": [{"tokens"}], "videos": [...]}]}',
+    )
+    cluster: dict[str, Any] | None = Field(
+        None, description='a cluster document, or the shorthand {"nodes": K, "gpus_per_node": G}'
+    )
     cluster_preset: str | None = Field(None, max_length=128, description="a preset cluster name (GET /v1/presets)")
     model: dict[str, Any] | None = Field(None, description="a model document")
     model_preset: str | None = Field(None, max_length=128, description="a preset model name (GET /v1/presets)")
-    profile: dict[str, Any] | None = Field(None, description="a measured cost profile; replaces the analytical cost model")
+    profile: dict[str, Any] | None = Field(
+        None, description="a measured cost profile; replaces the analytical cost model"
+    )
     options: OptionsIn | None = None  # type: ignore[valid-type]  # a model derived from PlanOptions
-    existing_groups: RankGroups = Field(None, description="rank groups (communicators) the training job already has: a set, so their order and "
-                                                           "the order of each group's ranks do not matter")
-    wait: bool = Field(True, description="false: plan ahead; answer 202 with the id at once and solve in the background")
+    existing_groups: RankGroups = Field(
+        None,
+        description="rank groups (communicators) the training job already has: a set, so their order and "
+        "the order of each group's ranks do not matter",
+    )
+    wait: bool = Field(
+        True, description="false: plan ahead; answer 202 with the id at once and solve in the background"
+    )
     cache: bool = Field(True, description="false: solve again even if an identical request was planned before")
 
 
@@ -110,8 +165,11 @@ class PlanOut(_PlanFigures):
 PlanSummary = create_model(  # type: ignore[call-overload]
     "PlanSummary",
     __doc__="One stored plan in the plan list: the record's fields without its documents.",
-    **{name: (hint, ... if name in ("id", "status", "created_at", "n_samples", "n_ranks") else None)
-       for name, hint in get_type_hints(PlanRecord).items() if name in SUMMARY_FIELDS},
+    **{
+        name: (hint, ... if name in ("id", "status", "created_at", "n_samples", "n_ranks") else None)
+        for name, hint in get_type_hints(PlanRecord).items()
+        if name in SUMMARY_FIELDS
+    },
 )
 
 
@@ -132,9 +190,13 @@ class FeedbackIn(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     measured_step_time_s: float = Field(gt=0, lt=1e7, allow_inf_nan=False, description="wall time of the whole step")
-    group_times_s: list[list[Finite]] | None = Field(None, max_length=4096, description="per micro-batch, per group (in plan order): measured seconds")
+    group_times_s: list[list[Finite]] | None = Field(
+        None, max_length=4096, description="per micro-batch, per group (in plan order): measured seconds"
+    )
     step: int | None = Field(None, ge=0, description="training step number")
-    metrics: dict[Annotated[str, Field(max_length=128)], Finite] | None = Field(None, max_length=64, description="other numbers worth keeping (e.g. peak memory)")
+    metrics: dict[Annotated[str, Field(max_length=128)], Finite] | None = Field(
+        None, max_length=64, description="other numbers worth keeping (e.g. peak memory)"
+    )
     notes: str | None = Field(None, max_length=2000)
 
 

@@ -39,11 +39,21 @@ T = TypeVar("T")
 log = logging.getLogger("api.service")
 
 
-LOST = {"type": "https://dhp-planner.dev/problems/lost", "title": "Plan lost", "status": 503,
-        "detail": "the server that accepted this plan-ahead request stopped before solving it", "hint": "submit the request again."}
+LOST = {
+    "type": "https://dhp-planner.dev/problems/lost",
+    "title": "Plan lost",
+    "status": 503,
+    "detail": "the server that accepted this plan-ahead request stopped before solving it",
+    "hint": "submit the request again.",
+}
 MIN_BUDGET_SHARE = 0.1
 """A request that the waiting line would leave with less than this share of its time budget is refused (503) rather than solved in a hurry."""
-INTERNAL = {"type": "https://dhp-planner.dev/problems/internal", "title": "Internal error", "status": 500, "detail": "the solve failed; the log has why"}
+INTERNAL = {
+    "type": "https://dhp-planner.dev/problems/internal",
+    "title": "Internal error",
+    "status": 500,
+    "detail": "the solve failed; the log has why",
+}
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
@@ -60,7 +70,9 @@ class PlanningService:
         self.settings = settings
         self.store = store
         self.metrics = metrics
-        self.pool = SolvePool(settings.solve_workers, settings.queue_limit, settings.retry_after_s, metrics, nice=settings.solve_nice)
+        self.pool = SolvePool(
+            settings.solve_workers, settings.queue_limit, settings.retry_after_s, metrics, nice=settings.solve_nice
+        )
         self.tail = AnswerTail()
         self.cache = PlanCache(settings.plan_cache_size)
         self.flights = InFlight()
@@ -74,7 +86,9 @@ class PlanningService:
 
     # -- in a solve thread ------------------------------------------------------------------
 
-    def _prepare(self, doc: dict[str, Any], use_cache: bool, raw: str | None = None) -> tuple[Any, str, PlanRecord | None, str | None]:
+    def _prepare(
+        self, doc: dict[str, Any], use_cache: bool, raw: str | None = None
+    ) -> tuple[Any, str, PlanRecord | None, str | None]:
         """Validate and look up the plan cache. A request seen before in exactly the same form
         (same documents, key order aside) skips validation: it passed before under the same settings."""
         caching = use_cache and self.settings.plan_cache_size > 0
@@ -119,18 +133,48 @@ class PlanningService:
             self.metrics.fallbacks.labels(backend=stats.backend).inc()
         return result, translate.plan_text(result, len(problem.batch)), solve_ms
 
-    def _record(self, plan_id: str, doc: dict[str, Any], problem: Any, key: str, status: str, result: Any = None, text: str | None = None) -> PlanRecord:
+    def _record(
+        self,
+        plan_id: str,
+        doc: dict[str, Any],
+        problem: Any,
+        key: str,
+        status: str,
+        result: Any = None,
+        text: str | None = None,
+    ) -> PlanRecord:
         cluster, model = translate.names(doc, problem)
-        base = dict(id=plan_id, created_at=utcnow(), status=status, request_hash=key, n_samples=len(problem.batch), n_ranks=problem.cluster.total_gpus,
-                    cluster=cluster, model=model, request_json=translate.request_text(doc), **request_columns(doc))
+        base = dict(
+            id=plan_id,
+            created_at=utcnow(),
+            status=status,
+            request_hash=key,
+            n_samples=len(problem.batch),
+            n_ranks=problem.cluster.total_gpus,
+            cluster=cluster,
+            model=model,
+            request_json=translate.request_text(doc),
+            **request_columns(doc),
+        )
         if result is not None:
-            base.update(finished_at=base["created_at"], plan_json=text, speedup=plan_speedup(result), **solved_columns(result))
+            base.update(
+                finished_at=base["created_at"], plan_json=text, speedup=plan_speedup(result), **solved_columns(result)
+            )
         else:
             base.update(claimed_at=base["created_at"])
         return PlanRecord(**base)
 
-    def plan_now(self, problem: Any, key: str, raw: str | None, flight: Flight | None, doc: dict[str, Any],
-                 arrival: float, submitted: float, reserve_s: float = 0.0) -> tuple[PlanRecord, dict[str, float]]:
+    def plan_now(
+        self,
+        problem: Any,
+        key: str,
+        raw: str | None,
+        flight: Flight | None,
+        doc: dict[str, Any],
+        arrival: float,
+        submitted: float,
+        reserve_s: float = 0.0,
+    ) -> tuple[PlanRecord, dict[str, float]]:
         """Solve and store a request that waits for its plan, in this (solve) thread; the record and where the time
         went (ms; ``queue``: waiting for this thread). The plan takes its flight's id, so that plan-ahead requests
         that joined the solve get this plan."""
@@ -141,7 +185,9 @@ class PlanningService:
             t2 = time.perf_counter()
             timings["solve"] = solve_ms
             timings["encode"] = (t2 - t1) * 1000.0 - solve_ms
-            record = self._record(flight.plan_id if flight else uuid.uuid4().hex, doc, problem, key, "done", result, text)
+            record = self._record(
+                flight.plan_id if flight else uuid.uuid4().hex, doc, problem, key, "done", result, text
+            )
             self.store.save_done(record)
         except BaseException as exc:
             if flight is not None:
@@ -158,10 +204,22 @@ class PlanningService:
     def _fail_joined(self, flight: Flight, exc: BaseException) -> None:
         """Settle as failed the pending record that plan-ahead requests joined to a solve that failed (none: nothing)."""
         if flight.pending is not None:
-            self._write(self.store.fail, flight.plan_id, planner_error_document(exc) if isinstance(exc, PlannerError) else INTERNAL)
+            self._write(
+                self.store.fail,
+                flight.plan_id,
+                planner_error_document(exc) if isinstance(exc, PlannerError) else INTERNAL,
+            )
 
-    def _solve_ahead(self, plan_id: str, problem: Any, key: str, raw: str | None, flight: Flight | None, arrival: float,
-                     loop: asyncio.AbstractEventLoop) -> None:
+    def _solve_ahead(
+        self,
+        plan_id: str,
+        problem: Any,
+        key: str,
+        raw: str | None,
+        flight: Flight | None,
+        arrival: float,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         """Solve an accepted plan-ahead request on a solve worker and store the answer; long-polls in this process are woken."""
         record: PlanRecord | None = None
         error: BaseException | None = None
@@ -171,10 +229,17 @@ class PlanningService:
                 self.cache.put(key, record, raw)
         finally:
             if flight is not None:
-                self.flights.land(key, flight, record, None if record is not None else error or StoreUnavailable("the solve ended without a plan"))
+                self.flights.land(
+                    key,
+                    flight,
+                    record,
+                    None if record is not None else error or StoreUnavailable("the solve ended without a plan"),
+                )
             _call_soon(loop, self._wake, plan_id)
 
-    def _solve_pending(self, plan_id: str, problem: Any, arrival: float) -> tuple[PlanRecord | None, BaseException | None]:
+    def _solve_pending(
+        self, plan_id: str, problem: Any, arrival: float
+    ) -> tuple[PlanRecord | None, BaseException | None]:
         """Solve a pending plan and store the answer (retried while the store is down); the stored record or the error."""
         try:
             result, text, _ = self._solve(problem, arrival)
@@ -200,7 +265,11 @@ class PlanningService:
                 return fn(*args)
             except STORE_DOWN as exc:
                 if time.monotonic() + delay > give_up:
-                    log.error("the plan store did not answer for %.0f s (%s); left pending for a later start to resume", self.settings.store_retry_s, exc)
+                    log.error(
+                        "the plan store did not answer for %.0f s (%s); left pending for a later start to resume",
+                        self.settings.store_retry_s,
+                        exc,
+                    )
                     return None
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
@@ -232,7 +301,9 @@ class PlanningService:
         if event is not None:
             event.set()
 
-    def _shared(self, table: dict[str, asyncio.Future[Any]], raw: str | None, start: Callable[[], Any]) -> tuple[asyncio.Future[Any], bool]:
+    def _shared(
+        self, table: dict[str, asyncio.Future[Any]], raw: str | None, start: Callable[[], Any]
+    ) -> tuple[asyncio.Future[Any], bool]:
         """The task answering an identical request (same raw hash) already asked in this process, else a new one;
         and whether it was joined. The task runs to its end even when the request that started it goes away."""
         task = table.get(raw) if raw is not None else None
@@ -247,11 +318,15 @@ class PlanningService:
                     del table[raw]
                 if not t.cancelled():
                     t.exception()  # retrieved here, so an error nobody awaited any more is not logged as lost
+
             task.add_done_callback(done)
         return task, False
 
-    async def _prepared(self, doc: dict[str, Any], use_cache: bool, raw: str | None) -> tuple[Any, str, PlanRecord | None, str | None, float]:
+    async def _prepared(
+        self, doc: dict[str, Any], use_cache: bool, raw: str | None
+    ) -> tuple[Any, str, PlanRecord | None, str | None, float]:
         """:meth:`_prepare` off the event loop, and its time (ms); identical requests (same raw hash) asked at once share it."""
+
         def prepare() -> tuple[Any, str, PlanRecord | None, str | None, float]:
             began = time.perf_counter()
             problem, key, hit, kept = self._prepare(doc, use_cache, raw)
@@ -260,12 +335,16 @@ class PlanningService:
         task, _ = self._shared(self._preparing, raw, lambda: asyncio.to_thread(prepare))
         return await asyncio.shield(task)
 
-    async def plan(self, doc: dict[str, Any], arrival: float, use_cache: bool = True, raw: str | None = None) -> tuple[PlanRecord, bool, dict[str, float]]:
+    async def plan(
+        self, doc: dict[str, Any], arrival: float, use_cache: bool = True, raw: str | None = None
+    ) -> tuple[PlanRecord, bool, dict[str, float]]:
         """Solve now; returns the stored record, whether it came from the cache (or an identical request
         in flight), and where the time went (``handoff``: from the solve thread's end until this coroutine runs again).
         ``raw`` identifies the request as sent (the body's hash); computed from ``doc`` when not given."""
         raw = (raw or translate.raw_hash(doc)) if use_cache else None
-        if raw is None or (raw not in self._preparing and self.cache.get_raw(raw) is None):  # nothing to share: refused before validation
+        if raw is None or (
+            raw not in self._preparing and self.cache.get_raw(raw) is None
+        ):  # nothing to share: refused before validation
             asked_s = translate.budget_ms(doc) / 1000.0
             refusal = self.pool.refusal(arrival + asked_s, MIN_BUDGET_SHARE * asked_s)
             if refusal is not None:
@@ -285,7 +364,9 @@ class PlanningService:
         flight = self.flights.claim(key, uuid.uuid4().hex)[0] if use_cache else None
         submitted = time.perf_counter()
         try:
-            record, timings = await asyncio.shield(self.pool.start(job, self.plan_now, problem, key, raw, flight, doc, arrival, submitted, reserve_s))
+            record, timings = await asyncio.shield(
+                self.pool.start(job, self.plan_now, problem, key, raw, flight, doc, arrival, submitted, reserve_s)
+            )
         except BaseException as exc:
             if flight is not None:  # refused or failed before its solve could land it
                 self.flights.land(key, flight, error=exc)
@@ -299,7 +380,9 @@ class PlanningService:
         timings["handoff"] = (now - timings.pop("done_at")) * 1000.0
         return record, False, timings
 
-    async def plan_ahead(self, doc: dict[str, Any], arrival: float, use_cache: bool = True, raw: str | None = None) -> tuple[PlanRecord, bool]:
+    async def plan_ahead(
+        self, doc: dict[str, Any], arrival: float, use_cache: bool = True, raw: str | None = None
+    ) -> tuple[PlanRecord, bool]:
         """Validate and store as pending, answer, and solve in the background. A request identical to one being
         solved, in either wait mode, gets that solve's id and plan."""
         raw = (raw or translate.raw_hash(doc)) if use_cache else None
@@ -326,7 +409,9 @@ class PlanningService:
             raise
         if flight is not None:
             flight.pending = pending
-        self.pool.submit_reserved(job, self._solve_ahead, plan_id, problem, key, raw, flight, arrival, asyncio.get_running_loop())
+        self.pool.submit_reserved(
+            job, self._solve_ahead, plan_id, problem, key, raw, flight, arrival, asyncio.get_running_loop()
+        )
         return pending, False
 
     @staticmethod
@@ -343,10 +428,13 @@ class PlanningService:
             return
         expected_ms = problem_estimate_ms(problem)
         needed_ms = spent_ms + expected_ms + after_ms
-        raise ProblemError(f"is {asked_ms:g} ms, but a batch of {len(problem.batch)} samples on {problem.cluster.domain_size} ranks needs about "
-                           f"{needed_ms:.0f} ms here: {spent_ms:.0f} ms reading and validating it, {expected_ms:.0f} ms of "
-                           f"planning that every answer pays, {after_ms:.0f} ms encoding and storing the plan", field="options.time_budget_ms",
-                           hint=f"ask for options.time_budget_ms of at least {suggested_budget_ms(needed_ms)}, or send a smaller batch.")
+        raise ProblemError(
+            f"is {asked_ms:g} ms, but a batch of {len(problem.batch)} samples on {problem.cluster.domain_size} ranks needs about "
+            f"{needed_ms:.0f} ms here: {spent_ms:.0f} ms reading and validating it, {expected_ms:.0f} ms of "
+            f"planning that every answer pays, {after_ms:.0f} ms encoding and storing the plan",
+            field="options.time_budget_ms",
+            hint=f"ask for options.time_budget_ms of at least {suggested_budget_ms(needed_ms)}, or send a smaller batch.",
+        )
 
     async def _join_ahead(self, doc: dict[str, Any], problem: Any, key: str, flight: Flight) -> tuple[PlanRecord, bool]:
         """A plan-ahead request identical to one being solved: answered with that solve's id, under which a pending
@@ -393,6 +481,8 @@ class PlanningService:
             event = self._waiters.get(plan_id)
             try:
                 # Solved in this process: woken at once. Elsewhere (another worker): poll the store.
-                await asyncio.wait_for(event.wait() if event else asyncio.sleep(left), timeout=min(left, 5.0 if event else 0.05))
+                await asyncio.wait_for(
+                    event.wait() if event else asyncio.sleep(left), timeout=min(left, 5.0 if event else 0.05)
+                )
             except TimeoutError:
                 pass

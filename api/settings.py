@@ -89,7 +89,7 @@ class Settings(BaseSettings):
             # Plain postgres URLs (as most platforms hand them out) use the installed psycopg 3 driver.
             for prefix in ("postgres://", "postgresql://"):
                 if url.startswith(prefix):
-                    return "postgresql+psycopg://" + url[len(prefix):]
+                    return "postgresql+psycopg://" + url[len(prefix) :]
             return url
         return f"sqlite:///{(self.data_dir / 'dhp.sqlite3').resolve()}"
 
@@ -100,10 +100,14 @@ class Settings(BaseSettings):
         problems = []
         tokens = self.token_list
         if not tokens and not is_loopback(self.host):
-            problems.append(f"DHP_TOKENS is empty but DHP_HOST={self.host!r} is reachable from other machines: set DHP_TOKENS or bind to 127.0.0.1")
+            problems.append(
+                f"DHP_TOKENS is empty but DHP_HOST={self.host!r} is reachable from other machines: set DHP_TOKENS or bind to 127.0.0.1"
+            )
         short = [t for t in tokens if len(t) < MIN_TOKEN_LENGTH]
         if short:
-            problems.append(f"{len(short)} token(s) in DHP_TOKENS are shorter than {MIN_TOKEN_LENGTH} characters: use random tokens (e.g. `openssl rand -hex 24`)")
+            problems.append(
+                f"{len(short)} token(s) in DHP_TOKENS are shorter than {MIN_TOKEN_LENGTH} characters: use random tokens (e.g. `openssl rand -hex 24`)"
+            )
         if problems:
             raise ValueError(f"unsafe {self.environment} settings: " + "; ".join(problems))
         return self

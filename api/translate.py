@@ -45,27 +45,42 @@ NAME_LENGTH = 128
 def check_text(value: str, field: str, max_length: int) -> None:
     """Text stored as it is (not inside a JSON document): at most ``max_length`` characters, no control characters."""
     if len(value) > max_length:
-        raise ProblemError(f"has {len(value)} characters, more than {max_length}", field=field, hint=f"use a name of at most {max_length} characters.")
+        raise ProblemError(
+            f"has {len(value)} characters, more than {max_length}",
+            field=field,
+            hint=f"use a name of at most {max_length} characters.",
+        )
     bad = next((c for c in value if ord(c) < 32 or ord(c) == 127), None)
     if bad is not None:
-        raise ProblemError(f"contains the control character {bad!r}", field=field, hint="use printable characters only.")
+        raise ProblemError(
+            f"contains the control character {bad!r}", field=field, hint="use printable characters only."
+        )
 
 
 def to_problem(doc: dict[str, Any], settings: Settings) -> Problem:
     """Validate a request document into a problem within the deployment's limits."""
     if (count := sample_count(doc)) > settings.max_samples:
-        raise ProblemError(f"has {count} samples, more than this service's limit of {settings.max_samples}", field="batch.samples",
-                           hint="split the batch, or raise DHP_MAX_SAMPLES on the server.")
+        raise ProblemError(
+            f"has {count} samples, more than this service's limit of {settings.max_samples}",
+            field="batch.samples",
+            hint="split the batch, or raise DHP_MAX_SAMPLES on the server.",
+        )
     problem = problem_from_json(doc)
     ranks = problem.cluster.total_gpus
     if ranks > settings.max_ranks:
         field = "cluster" if "cluster" in doc else "cluster_preset"
-        raise ProblemError(f"has {ranks} GPUs, more than this service's limit of {settings.max_ranks}", field=field,
-                           hint="plan for a smaller cluster, or raise DHP_MAX_RANKS on the server.")
+        raise ProblemError(
+            f"has {ranks} GPUs, more than this service's limit of {settings.max_ranks}",
+            field=field,
+            hint="plan for a smaller cluster, or raise DHP_MAX_RANKS on the server.",
+        )
     options = problem.options
     if options.time_budget_ms > settings.max_budget_ms:
-        raise ProblemError(f"is {options.time_budget_ms:g} ms, more than this service's limit of {settings.max_budget_ms:g} ms",
-                           field="options.time_budget_ms", hint=f"ask for at most {settings.max_budget_ms:g} ms.")
+        raise ProblemError(
+            f"is {options.time_budget_ms:g} ms, more than this service's limit of {settings.max_budget_ms:g} ms",
+            field="options.time_budget_ms",
+            hint=f"ask for at most {settings.max_budget_ms:g} ms.",
+        )
     for part, name in zip(("cluster", "model"), names(doc, problem), strict=True):
         field = f"{part}_preset" if f"{part}_preset" in doc else f"{part}.name"
         check_text(name, field, NAME_LENGTH)
@@ -105,7 +120,9 @@ def request_hash(doc: dict[str, Any], problem: Problem) -> str:
         batch = orjson.dumps(doc.get("batch"), option=orjson.OPT_SORT_KEYS)
     except orjson.JSONEncodeError:
         batch = json.dumps(doc.get("batch"), sort_keys=True).encode()
-    resolved = repr((problem.cluster, problem.model, problem.options, problem.profile, problem.existing_groups)).encode()
+    resolved = repr(
+        (problem.cluster, problem.model, problem.options, problem.profile, problem.existing_groups)
+    ).encode()
     return hashlib.sha256(_HASH_VERSION + b"\x00" + batch + b"\x00" + resolved).hexdigest()
 
 
@@ -134,14 +151,14 @@ def _pieces(value: Any, steps: int, sort: bool = False) -> Iterator[bytes]:
     call would write."""
     if steps > 0 and isinstance(value, dict) and value:
         opening = b"{"
-        for key in (sorted(value, key=str) if sort else value):
+        for key in sorted(value, key=str) if sort else value:
             yield opening + _json(str(key), sort) + b":"
             yield from _pieces(value[key], steps - 1, sort)
             opening = b","
         yield b"}"
     elif steps > 0 and isinstance(value, list) and len(value) > PIECE_ITEMS:
         for start in range(0, len(value), PIECE_ITEMS):
-            part = _json(value[start:start + PIECE_ITEMS], sort)
+            part = _json(value[start : start + PIECE_ITEMS], sort)
             yield (b"[" if start == 0 else b",") + part[1:-1]
         yield b"]"
     elif steps > 0 and isinstance(value, list) and value:
@@ -217,12 +234,22 @@ def check_group_times(group_times: list[list[float]] | None, plan_json: str | No
     plan = json.loads(plan_json)
     mbs = plan.get("micro_batches", [])
     if len(group_times) != len(mbs):
-        raise ProblemError(f"has {len(group_times)} micro-batches, the plan has {len(mbs)}", field="group_times_s",
-                           hint="give one list per micro-batch, in plan order.")
+        raise ProblemError(
+            f"has {len(group_times)} micro-batches, the plan has {len(mbs)}",
+            field="group_times_s",
+            hint="give one list per micro-batch, in plan order.",
+        )
     for m, (times, mb) in enumerate(zip(group_times, mbs, strict=True)):
         if len(times) != len(mb.get("groups", [])):
-            raise ProblemError(f"has {len(times)} groups, the plan's micro-batch has {len(mb.get('groups', []))}", field=f"group_times_s[{m}]",
-                               hint="give one time per group, in plan order.")
+            raise ProblemError(
+                f"has {len(times)} groups, the plan's micro-batch has {len(mb.get('groups', []))}",
+                field=f"group_times_s[{m}]",
+                hint="give one time per group, in plan order.",
+            )
         for g, t in enumerate(times):
             if not (t >= 0 and t < 1e7):
-                raise ProblemError(f"must be a time in seconds >= 0, got {t!r}", field=f"group_times_s[{m}][{g}]", hint="give measured seconds.")
+                raise ProblemError(
+                    f"must be a time in seconds >= 0, got {t!r}",
+                    field=f"group_times_s[{m}][{g}]",
+                    hint="give measured seconds.",
+                )

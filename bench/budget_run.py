@@ -54,8 +54,19 @@ SHORT_SHARE = 0.75
 """Share of the budgets drawn from 10-300 ms (log-uniform); the rest from 300 ms-3 s."""
 MAX_RANKS = 256
 MAX_SAMPLES = 2048
-TEXT_MODEL = {"name": "gpt-7b-64h", "llm": {"layers": 32, "hidden": 4096, "heads": 64, "kv_heads": 64, "ffn_hidden": 11008, "vocab": 32000,
-                                            "parameters": 7.0e9}, "training": {"zero_stage": 3, "recompute": "full"}}
+TEXT_MODEL = {
+    "name": "gpt-7b-64h",
+    "llm": {
+        "layers": 32,
+        "hidden": 4096,
+        "heads": 64,
+        "kv_heads": 64,
+        "ffn_hidden": 11008,
+        "vocab": 32000,
+        "parameters": 7.0e9,
+    },
+    "training": {"zero_stage": 3, "recompute": "full"},
+}
 """The model of the profile files (FlexSP's fits and the stress profiles): a 7B text model with 64 heads."""
 
 
@@ -142,12 +153,30 @@ def draw_case(index: int, seed: int, backends: tuple[str, ...] = BACKENDS) -> Ca
         workload = rng.choice(sorted(WORKLOADS))
         n = int(round(math.exp(rng.uniform(0.0, math.log(MAX_SAMPLES)))))
         batch = WORKLOADS[workload](n, seed=rng.randrange(1 << 30))
-        model = next((load_preset("models", m, "model_preset") for m in preset_names("models") if name.startswith(f"analytical-{m}-")), TEXT_MODEL)
+        model = next(
+            (
+                load_preset("models", m, "model_preset")
+                for m in preset_names("models")
+                if name.startswith(f"analytical-{m}-")
+            ),
+            TEXT_MODEL,
+        )
         cluster: dict[str, Any] = {"nodes": nodes, "gpus_per_node": per_node}
         other = next(iter(profile.get("speed_by_gpu") or {}), None)
         if other is not None and nodes >= 2:
-            cluster = {"nodes": [{"count": nodes - nodes // 2, "gpus": per_node, "gpu": "H100-SXM"}, {"count": nodes // 2, "gpus": per_node, "gpu": other}]}
-        doc = {"batch": batch, "cluster": cluster, "model": model, "profile": profile, "options": {"backend": backend, "time_budget_ms": budget}}
+            cluster = {
+                "nodes": [
+                    {"count": nodes - nodes // 2, "gpus": per_node, "gpu": "H100-SXM"},
+                    {"count": nodes // 2, "gpus": per_node, "gpu": other},
+                ]
+            }
+        doc = {
+            "batch": batch,
+            "cluster": cluster,
+            "model": model,
+            "profile": profile,
+            "options": {"backend": backend, "time_budget_ms": budget},
+        }
         try:
             CostTables.build(problem_from_json(doc))
         except PlannerError:
@@ -157,7 +186,19 @@ def draw_case(index: int, seed: int, backends: tuple[str, ...] = BACKENDS) -> Ca
 
 
 def _record(case: Case, via: str, wall_ms: float, outcome: str, **kw: Any) -> Record:
-    return Record(case.index, via, case.backend, case.budget_ms, case.ranks, case.samples, case.workload, case.profile, round(wall_ms, 3), outcome, **kw)
+    return Record(
+        case.index,
+        via,
+        case.backend,
+        case.budget_ms,
+        case.ranks,
+        case.samples,
+        case.workload,
+        case.profile,
+        round(wall_ms, 3),
+        outcome,
+        **kw,
+    )
 
 
 def run_python(case: Case, planner: Callable[..., Any] | None = None, backends: Any = None) -> Record:
@@ -177,18 +218,38 @@ def run_python(case: Case, planner: Callable[..., Any] | None = None, backends: 
     try:
         result = call(problem) if backends is None else call(problem, backends=backends)
     except PlannerError as exc:
-        return _record(case, "python", (time.perf_counter() - start) * 1000.0, "refused", note=f"{type(exc).__name__}: {exc}"[:300])
+        return _record(
+            case, "python", (time.perf_counter() - start) * 1000.0, "refused", note=f"{type(exc).__name__}: {exc}"[:300]
+        )
     except Exception as exc:  # noqa: BLE001 - a crash is a result of the run, never its end
-        return _record(case, "python", (time.perf_counter() - start) * 1000.0, "error", note=f"{type(exc).__name__}: {exc}"[:300])
+        return _record(
+            case, "python", (time.perf_counter() - start) * 1000.0, "error", note=f"{type(exc).__name__}: {exc}"[:300]
+        )
     wall = (time.perf_counter() - start) * 1000.0
     cpu_ms = round((time.process_time() - cpu) * 1000.0, 3)
     report = verify(result, problem)
     valid = report.ok and check_assignment(problem, plan_assignment(result, problem)).ok
     details = result.solver.details
-    return _record(case, "python", wall, "plan", valid=valid, solver_backend=result.solver.backend, solver_status=result.solver.status,
-                   note=(result.solver.fallback_reason or None if valid else "; ".join(report.violations[:2]) or "check_assignment failed"),
-                   phases=dict(details.get("phases") or {}), strategies=dict((details.get("heuristic") or {}).get("strategies_ms") or {}), late_solves=late, cpu_ms=cpu_ms,
-                   plan_ms=round(result.solver.wall_ms, 3), **longest_collection())
+    return _record(
+        case,
+        "python",
+        wall,
+        "plan",
+        valid=valid,
+        solver_backend=result.solver.backend,
+        solver_status=result.solver.status,
+        note=(
+            result.solver.fallback_reason or None
+            if valid
+            else "; ".join(report.violations[:2]) or "check_assignment failed"
+        ),
+        phases=dict(details.get("phases") or {}),
+        strategies=dict((details.get("heuristic") or {}).get("strategies_ms") or {}),
+        late_solves=late,
+        cpu_ms=cpu_ms,
+        plan_ms=round(result.solver.wall_ms, 3),
+        **longest_collection(),
+    )
 
 
 gc_passes: list[tuple[int, float]] = []
@@ -229,21 +290,48 @@ def run_cli(case: Case, folder: Path) -> Record:
         files[part] = str(path)
     out = folder / "plan.json"
     dhp = Path(sys.executable).with_name("dhp")
-    command = [str(dhp)] if dhp.exists() else [sys.executable, "-c", "import sys; from api.commands import main; sys.exit(main(sys.argv[1:]))"]
-    command += ["plan", "--compact", "--no-shards", "--out", str(out), *(x for part, path in files.items() for x in (f"--{part}", path))]
+    command = (
+        [str(dhp)]
+        if dhp.exists()
+        else [sys.executable, "-c", "import sys; from api.commands import main; sys.exit(main(sys.argv[1:]))"]
+    )
+    command += [
+        "plan",
+        "--compact",
+        "--no-shards",
+        "--out",
+        str(out),
+        *(x for part, path in files.items() for x in (f"--{part}", path)),
+    ]
     start = time.perf_counter()
     proc = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     process_ms = (time.perf_counter() - start) * 1000.0
     if proc.returncode != 0:
         outcome = "refused" if proc.returncode in (2, 3) else "error"
-        return _record(case, "cli", math.nan, outcome, process_ms=round(process_ms, 3), note=f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}")
+        return _record(
+            case,
+            "cli",
+            math.nan,
+            outcome,
+            process_ms=round(process_ms, 3),
+            note=f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}",
+        )
     doc = json.loads(out.read_text())
     problem = problem_from_json(case.doc)
     report = check_assignment(problem, assignment_from_json(doc, problem.batch.index))
     solver = doc.get("solver") or {}
-    return _record(case, "cli", float(solver.get("wall_ms", math.nan)), "plan", valid=report.ok, solver_backend=solver.get("backend"),
-                   solver_status=solver.get("status"), process_ms=round(process_ms, 3), note=None if report.ok else "; ".join(report.violations[:2]),
-                   phases=dict((solver.get("details") or {}).get("phases") or {}))
+    return _record(
+        case,
+        "cli",
+        float(solver.get("wall_ms", math.nan)),
+        "plan",
+        valid=report.ok,
+        solver_backend=solver.get("backend"),
+        solver_status=solver.get("status"),
+        process_ms=round(process_ms, 3),
+        note=None if report.ok else "; ".join(report.violations[:2]),
+        phases=dict((solver.get("details") or {}).get("phases") or {}),
+    )
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -279,40 +367,74 @@ def summarise(records: list[Record], margin_ms: float) -> dict[str, Any]:
     worst = max(over, key=lambda r: r.wall_ms - r.budget_ms, default=None)
     cli = [r for r in records if r.via == "cli"]
     return {
-        "problems": len(records), "margin_ms": margin_ms,
-        "plans": sum(r.outcome == "plan" for r in records), "refused": sum(r.outcome == "refused" for r in records),
-        "errors": sum(r.outcome == "error" for r in records), "invalid": sum(r.valid is False for r in records),
-        "over": len(over), "worst_over_ms": round(worst.wall_ms - worst.budget_ms, 1) if worst else None, "worst_over_index": worst.index if worst else None,
-        "wall_over_budget_p50": percentile(ratio, 50), "wall_over_budget_p99": percentile(ratio, 99), "wall_over_budget_max": max(ratio, default=None),
-        "by_backend": counts(lambda r: r.backend, list(BACKENDS)), "by_band": counts(lambda r: band_of(r.budget_ms), [band_of(b) for b in BANDS_MS[:-1]]),
+        "problems": len(records),
+        "margin_ms": margin_ms,
+        "plans": sum(r.outcome == "plan" for r in records),
+        "refused": sum(r.outcome == "refused" for r in records),
+        "errors": sum(r.outcome == "error" for r in records),
+        "invalid": sum(r.valid is False for r in records),
+        "over": len(over),
+        "worst_over_ms": round(worst.wall_ms - worst.budget_ms, 1) if worst else None,
+        "worst_over_index": worst.index if worst else None,
+        "wall_over_budget_p50": percentile(ratio, 50),
+        "wall_over_budget_p99": percentile(ratio, 99),
+        "wall_over_budget_max": max(ratio, default=None),
+        "by_backend": counts(lambda r: r.backend, list(BACKENDS)),
+        "by_band": counts(lambda r: band_of(r.budget_ms), [band_of(b) for b in BANDS_MS[:-1]]),
         "over_starved": sum(1 for r in over if r.cpu_ms is not None and r.cpu_ms < STARVED_SHARE * r.wall_ms),
         "stopped_at_deadline": sum(1 for r in records if (r.solver_status or "") == "stopped"),
-        "cli_calls": len(cli), "cli_process_ms_p50": percentile([r.process_ms for r in cli if r.process_ms is not None], 50),
+        "cli_calls": len(cli),
+        "cli_process_ms_p50": percentile([r.process_ms for r in cli if r.process_ms is not None], 50),
         "cli_process_ms_max": max((r.process_ms for r in cli if r.process_ms is not None), default=None),
     }
 
 
 def print_summary(s: dict[str, Any], records: list[Record]) -> None:
     p = print
-    p(f"{s['problems']} problems: {s['plans']} plans, {s['refused']} refused by the planner, {s['errors']} errors; "
-      f"{s['invalid']} invalid plans; {s['stopped_at_deadline']} exact solves stopped at the deadline")
-    p(f"over budget + {s['margin_ms']:.0f} ms: {s['over']}" + (f" (worst +{s['worst_over_ms']} ms, problem {s['worst_over_index']}); "
-      f"{s['over_starved']} of them with under {STARVED_SHARE:.0%} of their wall time in CPU (the process waiting for the machine)" if s["over"] else ""))
+    p(
+        f"{s['problems']} problems: {s['plans']} plans, {s['refused']} refused by the planner, {s['errors']} errors; "
+        f"{s['invalid']} invalid plans; {s['stopped_at_deadline']} exact solves stopped at the deadline"
+    )
+    p(
+        f"over budget + {s['margin_ms']:.0f} ms: {s['over']}"
+        + (
+            f" (worst +{s['worst_over_ms']} ms, problem {s['worst_over_index']}); "
+            f"{s['over_starved']} of them with under {STARVED_SHARE:.0%} of their wall time in CPU (the process waiting for the machine)"
+            if s["over"]
+            else ""
+        )
+    )
 
     def fmt(v: float | None) -> str:
         return "n/a" if v is None else f"{v:.3f}"
 
-    p(f"wall / budget: p50 {fmt(s['wall_over_budget_p50'])}, p99 {fmt(s['wall_over_budget_p99'])}, max {fmt(s['wall_over_budget_max'])}")
+    p(
+        f"wall / budget: p50 {fmt(s['wall_over_budget_p50'])}, p99 {fmt(s['wall_over_budget_p99'])}, max {fmt(s['wall_over_budget_max'])}"
+    )
     for title, key in (("backend", "by_backend"), ("budget band", "by_band")):
-        p(f"by {title}: " + "; ".join(f"{k} {v['over']}/{v['calls']}" + (f" (worst +{v['worst_over_ms']} ms)" if v["over"] else "") for k, v in s[key].items()))
+        p(
+            f"by {title}: "
+            + "; ".join(
+                f"{k} {v['over']}/{v['calls']}" + (f" (worst +{v['worst_over_ms']} ms)" if v["over"] else "")
+                for k, v in s[key].items()
+            )
+        )
     if s["cli_calls"]:
-        p(f"dhp plan in fresh processes: {s['cli_calls']} calls, whole process p50 {s['cli_process_ms_p50']:.0f} ms, max {s['cli_process_ms_max']:.0f} ms")
+        p(
+            f"dhp plan in fresh processes: {s['cli_calls']} calls, whole process p50 {s['cli_process_ms_p50']:.0f} ms, max {s['cli_process_ms_max']:.0f} ms"
+        )
     for r in records:
         if not math.isnan(r.wall_ms) and r.wall_ms > r.budget_ms + s["margin_ms"]:
-            p(f"  over: problem {r.index} ({r.via}, {r.backend}, {r.budget_ms} ms, {r.ranks} ranks, {r.samples} samples): {r.wall_ms:.1f} ms"
-              + (f", {r.plan_ms:.1f} ms on the plan's own clock" if r.plan_ms is not None else "")
-              + (f", longest garbage collection {r.gc_ms:.1f} ms (generation {r.gc_generation})" if r.gc_ms is not None else "")
-              + (f", {r.solver_status}" if r.solver_status else ""))
+            p(
+                f"  over: problem {r.index} ({r.via}, {r.backend}, {r.budget_ms} ms, {r.ranks} ranks, {r.samples} samples): {r.wall_ms:.1f} ms"
+                + (f", {r.plan_ms:.1f} ms on the plan's own clock" if r.plan_ms is not None else "")
+                + (
+                    f", longest garbage collection {r.gc_ms:.1f} ms (generation {r.gc_generation})"
+                    if r.gc_ms is not None
+                    else ""
+                )
+                + (f", {r.solver_status}" if r.solver_status else "")
+            )
         if r.valid is False or r.outcome == "error":
             p(f"  problem {r.index} ({r.via}, {r.backend}, {r.budget_ms} ms): {r.outcome} {r.note}")
 
@@ -322,8 +444,10 @@ def progress(done: int, total: int, over: int, invalid: int, started: float, str
     filled = int(width * done / max(1, total))
     elapsed = time.perf_counter() - started
     eta = elapsed / done * (total - done) if done else 0.0
-    stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total}  over {over}  invalid {invalid}  "
-                 f"{elapsed / 60:.1f} min, about {eta / 60:.1f} min left ")
+    stream.write(
+        f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total}  over {over}  invalid {invalid}  "
+        f"{elapsed / 60:.1f} min, about {eta / 60:.1f} min left "
+    )
     stream.flush()
 
 
@@ -334,8 +458,15 @@ def load_average() -> list[float] | None:
         return None
 
 
-def run(problems: int, seed: int = 0, cli_share: float = 0.0, margin_ms: float = 20.0, backends: tuple[str, ...] = BACKENDS,
-        only: list[int] | None = None, show_progress: bool = True) -> tuple[list[Record], dict[str, Any]]:
+def run(
+    problems: int,
+    seed: int = 0,
+    cli_share: float = 0.0,
+    margin_ms: float = 20.0,
+    backends: tuple[str, ...] = BACKENDS,
+    only: list[int] | None = None,
+    show_progress: bool = True,
+) -> tuple[list[Record], dict[str, Any]]:
     """Plan the problems of run ``seed`` and summarise (see the module docstring)."""
     from planning.planner import warm_up_service
 
@@ -366,28 +497,49 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.budget_run", description=__doc__.split("\n\n")[0])
     ap.add_argument("--problems", type=int, default=5000, help="random problems to plan (default 5000)")
     ap.add_argument("--seed", type=int, default=0, help="the run's seed (problem i is the same for a given seed)")
-    ap.add_argument("--cli-share", type=float, default=0.02, help="share planned by 'dhp plan' in a fresh process (default 0.02)")
-    ap.add_argument("--margin-ms", type=float, default=20.0, help="a call is over when it takes longer than budget + this (default 20)")
-    ap.add_argument("--backends", default=",".join(BACKENDS), help=f"backends drawn from (default {','.join(BACKENDS)})")
+    ap.add_argument(
+        "--cli-share", type=float, default=0.02, help="share planned by 'dhp plan' in a fresh process (default 0.02)"
+    )
+    ap.add_argument(
+        "--margin-ms",
+        type=float,
+        default=20.0,
+        help="a call is over when it takes longer than budget + this (default 20)",
+    )
+    ap.add_argument(
+        "--backends", default=",".join(BACKENDS), help=f"backends drawn from (default {','.join(BACKENDS)})"
+    )
     ap.add_argument("--only", help="comma-separated problem indices to run alone (e.g. to look at one that overran)")
     ap.add_argument("--out", help="write every record and the summary to this JSON file")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
-    if not 1 <= args.problems <= 1_000_000 or not 0.0 <= args.cli_share <= 1.0 or not backends or set(backends) - set(BACKENDS):
+    if (
+        not 1 <= args.problems <= 1_000_000
+        or not 0.0 <= args.cli_share <= 1.0
+        or not backends
+        or set(backends) - set(BACKENDS)
+    ):
         print(f"--problems 1 to 1000000, --cli-share 0 to 1, --backends among {','.join(BACKENDS)}", file=sys.stderr)
         return 2
     only = [int(x) for x in args.only.split(",")] if args.only else None
     count = len(only) if only else args.problems
-    print(f"{count} problems, backends {','.join(backends)}, budgets 10 ms-3 s ({SHORT_SHARE:.0%} under 300 ms), seed {args.seed}; "
-          f"expected about {expected_minutes(count, args.cli_share):.0f} min; load average {load_average()}", flush=True)
+    print(
+        f"{count} problems, backends {','.join(backends)}, budgets 10 ms-3 s ({SHORT_SHARE:.0%} under 300 ms), seed {args.seed}; "
+        f"expected about {expected_minutes(count, args.cli_share):.0f} min; load average {load_average()}",
+        flush=True,
+    )
     started = time.perf_counter()
-    records, summary = run(args.problems, args.seed, args.cli_share, args.margin_ms, backends, only, not args.no_progress)
+    records, summary = run(
+        args.problems, args.seed, args.cli_share, args.margin_ms, backends, only, not args.no_progress
+    )
     summary.update(seconds=round(time.perf_counter() - started, 1), load_average_after=load_average(), seed=args.seed)
     print_summary(summary, records)
     print(f"{summary['seconds'] / 60:.1f} min; load average after {summary['load_average_after']}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"summary": summary, "records": [asdict(r) for r in records]}, indent=1, default=str))
+        Path(args.out).write_text(
+            json.dumps({"summary": summary, "records": [asdict(r) for r in records]}, indent=1, default=str)
+        )
     return 0
 
 

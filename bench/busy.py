@@ -79,6 +79,7 @@ def _ms(values: list[float]) -> dict[str, float | int | None]:
     def r(q: float) -> float | None:
         v = percentile(values, q)
         return None if v is None else round(v, 1)
+
     return {"n": len(values), "p50": r(50), "p99": r(99), "max": r(100)}
 
 
@@ -108,12 +109,21 @@ def run(root: Path, clients: int, kind: str, seconds: float, **settings: str) ->
         srv.stop()
     accepted = [a.server_ms for a in answers if a.status == 201 and a.server_ms is not None]
     refused = [a.server_ms for a in answers if a.status == 503 and a.server_ms is not None]
-    return {"clients": clients, "kind": kind, "seconds": seconds, "budget_ms": BUDGET_MS, "settings": settings,
-            "accepted_server_ms": _ms(accepted), "accepted_within_budget_plus_50ms": sum(1 for x in accepted if x <= BUDGET_MS + 50),
-            "accepted_client_ms": _ms([a.seconds * 1000 for a in answers if a.status == 201]),
-            "accepted_phases_ms": phases([a for a in answers if a.status == 201]),
-            "refused_503_server_ms": _ms(refused), "other_statuses": dict(Counter(a.status for a in answers if a.status not in (201, 503))),
-            "load_average_1m": [round(load0, 2), round(load1, 2)], "cpus": os.cpu_count()}
+    return {
+        "clients": clients,
+        "kind": kind,
+        "seconds": seconds,
+        "budget_ms": BUDGET_MS,
+        "settings": settings,
+        "accepted_server_ms": _ms(accepted),
+        "accepted_within_budget_plus_50ms": sum(1 for x in accepted if x <= BUDGET_MS + 50),
+        "accepted_client_ms": _ms([a.seconds * 1000 for a in answers if a.status == 201]),
+        "accepted_phases_ms": phases([a for a in answers if a.status == 201]),
+        "refused_503_server_ms": _ms(refused),
+        "other_statuses": dict(Counter(a.status for a in answers if a.status not in (201, 503))),
+        "load_average_1m": [round(load0, 2), round(load1, 2)],
+        "cpus": os.cpu_count(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, nargs="+", default=[16, 32])
     parser.add_argument("--kinds", nargs="+", choices=["threads", "lean"], default=["threads", "lean"])
     parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE", help="server settings, e.g. solve_nice=0 (DHP_SOLVE_NICE)")
+    parser.add_argument(
+        "--set", nargs="*", default=[], metavar="NAME=VALUE", help="server settings, e.g. solve_nice=0 (DHP_SOLVE_NICE)"
+    )
     args = parser.parse_args(argv)
     settings = dict(item.split("=", 1) for item in args.set)
     with tempfile.TemporaryDirectory(prefix="dhp-busy-") as tmp:

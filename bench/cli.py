@@ -30,7 +30,9 @@ def _csv_ints(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers (e.g. 8,64,512)") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers (e.g. 8,64,512)"
+        ) from None
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: give positive integers, e.g. 8,64,512")
     return values
@@ -44,29 +46,63 @@ def _csv(text: str) -> tuple[str, ...]:
 
 
 def register(subparsers: Any) -> None:
-    b = subparsers.add_parser("bench", help="benchmark the planner against static and dynamic baselines (JSON, Markdown, PNG)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    b.add_argument("--quick", action="store_true", help="small grid: 8 and 64 ranks, 8 samples per rank, 2 batches (about a minute)")
+    b = subparsers.add_parser(
+        "bench",
+        help="benchmark the planner against static and dynamic baselines (JSON, Markdown, PNG)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    b.add_argument(
+        "--quick",
+        action="store_true",
+        help="small grid: 8 and 64 ranks, 8 samples per rank, 2 batches (about a minute)",
+    )
     b.add_argument("--out", default="bench-results", help="results folder (default bench-results)")
-    b.add_argument("--workloads", type=_csv, help="comma-separated workloads (video,image-sft,anyres,dynamic-res,long-text,mixed) or replay files (.json/.csv)")
+    b.add_argument(
+        "--workloads",
+        type=_csv,
+        help="comma-separated workloads (video,image-sft,anyres,dynamic-res,long-text,mixed) or replay files (.json/.csv)",
+    )
     b.add_argument("--ranks", type=_csv_ints, help="comma-separated cluster sizes (default 8,64,512,4096)")
     b.add_argument("--samples-per-rank", type=_csv_ints, help="batch sizes as samples per rank (default 2,8)")
     b.add_argument("--max-samples", type=int, help="skip cells with more samples (default 8192)")
     b.add_argument("--seeds", type=int, help="seeded batches per cell (default 3)")
     b.add_argument("--repeats", type=int, help="timed calls per batch after the warm-up (default 3)")
     b.add_argument("--budget-ms", type=float, help="budget of the exact backend and of the bucket MILP (default 1000)")
-    b.add_argument("--suite", choices=["baselines", "flexsp", "megatron"], default="baselines",
-                   help="baselines: every planner on the workload grid (default); flexsp: dhp against the real "
-                        "FlexSP solver; megatron: dhp against Megatron-Core's scheduler (see above)")
-    b.add_argument("--profiles", type=_csv, help="comma-separated cost profiles: analytical, zoo names (dhp presets) or profile files (.json)")
+    b.add_argument(
+        "--suite",
+        choices=["baselines", "flexsp", "megatron"],
+        default="baselines",
+        help="baselines: every planner on the workload grid (default); flexsp: dhp against the real "
+        "FlexSP solver; megatron: dhp against Megatron-Core's scheduler (see above)",
+    )
+    b.add_argument(
+        "--profiles",
+        type=_csv,
+        help="comma-separated cost profiles: analytical, zoo names (dhp presets) or profile files (.json)",
+    )
     b.add_argument("--samples", type=_csv_ints, help="batch sizes in samples (replace --samples-per-rank)")
-    b.add_argument("--flexsp-src", help="folder holding FlexSP's galvatron/flexsp_solver (default ../shared/peers/flexsp beside the repository)")
-    b.add_argument("--flexsp-time-limit", type=float, help="SCIP time limit per FlexSP MILP in seconds (default 10, as its scripts; 1 with --quick in the flexsp suite)")
+    b.add_argument(
+        "--flexsp-src",
+        help="folder holding FlexSP's galvatron/flexsp_solver (default ../shared/peers/flexsp beside the repository)",
+    )
+    b.add_argument(
+        "--flexsp-time-limit",
+        type=float,
+        help="SCIP time limit per FlexSP MILP in seconds (default 10, as its scripts; 1 with --quick in the flexsp suite)",
+    )
     b.add_argument("--flexsp-workers", type=int, help="most processes FlexSP's pools start (default 2)")
-    b.add_argument("--flexsp-cache", help="folder keeping FlexSP's answers by their inputs: a re-run reuses them (FlexSP does not depend on dhp's planner)")
-    b.add_argument("--planners", type=_csv, help="comma-separated planners (default: all; dhp-auto only with an exact backend)")
+    b.add_argument(
+        "--flexsp-cache",
+        help="folder keeping FlexSP's answers by their inputs: a re-run reuses them (FlexSP does not depend on dhp's planner)",
+    )
+    b.add_argument(
+        "--planners", type=_csv, help="comma-separated planners (default: all; dhp-auto only with an exact backend)"
+    )
     b.add_argument("--no-memory", action="store_true", help="skip the tracemalloc peak-memory call")
-    b.add_argument("--scaling", action="store_true", help="also measure heuristic planning cost up to 8192 ranks x 65536 samples")
+    b.add_argument(
+        "--scaling", action="store_true", help="also measure heuristic planning cost up to 8192 ranks x 65536 samples"
+    )
     b.add_argument("--scaling-only", action="store_true", help="run only the scaling measurement")
     b.set_defaults(func=cmd_bench)
 
@@ -80,8 +116,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from bench.runner import GridSpec, run_grid, total_steps
     from optimizer.errors import ProblemError
 
-    command = "dhp " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv and Path(sys.argv[0]).name == "dhp" else "dhp bench " + " ".join(
-        shlex.quote(a) for a in _echo(args))
+    command = (
+        "dhp " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        if sys.argv and Path(sys.argv[0]).name == "dhp"
+        else "dhp bench " + " ".join(shlex.quote(a) for a in _echo(args))
+    )
     from bench.flexsp_real import FlexSPSettings, require
 
     out = Path(args.out)
@@ -94,16 +133,31 @@ def cmd_bench(args: argparse.Namespace) -> int:
         kwargs = dict(versus_megatron.QUICK if args.quick else versus_megatron.FULL)
     else:
         kwargs = dict(QUICK) if args.quick else {}
-    for key in ("workloads", "ranks", "samples_per_rank", "samples", "max_samples", "seeds", "repeats", "budget_ms", "planners", "profiles"):
+    for key in (
+        "workloads",
+        "ranks",
+        "samples_per_rank",
+        "samples",
+        "max_samples",
+        "seeds",
+        "repeats",
+        "budget_ms",
+        "planners",
+        "profiles",
+    ):
         value = getattr(args, key)
         if value is not None:
             kwargs[key] = value
     if args.no_memory:
         kwargs["memory"] = False
     if args.max_samples is not None and args.max_samples < 1:
-        raise ProblemError(f"must be >= 1, got {args.max_samples}", field="--max-samples", hint="e.g. --max-samples 8192.")
+        raise ProblemError(
+            f"must be >= 1, got {args.max_samples}", field="--max-samples", hint="e.g. --max-samples 8192."
+        )
     if args.budget_ms is not None and not 1 <= args.budget_ms <= 600_000:
-        raise ProblemError(f"must be from 1 to 600000 ms, got {args.budget_ms}", field="--budget-ms", hint="e.g. --budget-ms 1000.")
+        raise ProblemError(
+            f"must be from 1 to 600000 ms, got {args.budget_ms}", field="--budget-ms", hint="e.g. --budget-ms 1000."
+        )
     if args.workloads:
         from bench.workloads import get_workload
 
@@ -112,8 +166,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     limit = args.flexsp_time_limit
     if limit is None:
         limit = versus.QUICK_TIME_LIMIT_S if suite == "flexsp" and args.quick else 10.0
-    kwargs["flexsp"] = FlexSPSettings(src=args.flexsp_src, time_limit_s=limit, workers=2 if args.flexsp_workers is None else args.flexsp_workers,
-                                      cache=args.flexsp_cache)
+    kwargs["flexsp"] = FlexSPSettings(
+        src=args.flexsp_src,
+        time_limit_s=limit,
+        workers=2 if args.flexsp_workers is None else args.flexsp_workers,
+        cache=args.flexsp_cache,
+    )
     if "flexsp" in kwargs.get("planners", ()) and not args.scaling_only:
         require(kwargs["flexsp"])
     if suite == "megatron" and "megatron" in kwargs["planners"] and not args.scaling_only:
@@ -121,20 +179,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from trainer.megatron import INSTALL_HINT
 
         if not available():
-            raise ProblemError("the megatron suite needs megatron-core, which is not installed", field="--suite",
-                               hint=INSTALL_HINT + ".")
+            raise ProblemError(
+                "the megatron suite needs megatron-core, which is not installed",
+                field="--suite",
+                hint=INSTALL_HINT + ".",
+            )
     out.mkdir(parents=True, exist_ok=True)
     if not args.scaling_only and suite == "megatron":
         spec = GridSpec(**kwargs)
-        with tqdm(total=total_steps(spec), desc="bench megatron", unit="plan", file=sys.stderr,
-                  dynamic_ncols=True) as bar:
+        with tqdm(
+            total=total_steps(spec), desc="bench megatron", unit="plan", file=sys.stderr, dynamic_ncols=True
+        ) as bar:
             doc = run_grid(spec, progress=bar.update)
         _, lines = versus_megatron.write(doc, out, command)
         print("\n".join(lines))
         print(f"wrote {out / 'results.json'}, {out / 'report.md'} and plots")
     elif not args.scaling_only and suite == "flexsp":
         spec = GridSpec(**kwargs)
-        with tqdm(total=total_steps(spec), desc="bench flexsp", unit="plan", file=sys.stderr, dynamic_ncols=True) as bar:
+        with tqdm(
+            total=total_steps(spec), desc="bench flexsp", unit="plan", file=sys.stderr, dynamic_ncols=True
+        ) as bar:
             doc = run_grid(spec, progress=bar.update)
         _, lines = versus.write(doc, out, command)
         print("\n".join(lines))
@@ -147,8 +211,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         g = summary["goals"]
         print(f"wrote {out / 'results.json'}, {out / 'report.md'} and plots")
         if g:
-            print(f"dhp heuristic: video speedup over static at its best {g.get('video_speedup_over_static_best')}, "
-                  f"over static as deployed {g.get('video_speedup_over_static_deployed')}, median ratio to bound {g.get('median_ratio_to_bound')}")
+            print(
+                f"dhp heuristic: video speedup over static at its best {g.get('video_speedup_over_static_best')}, "
+                f"over static as deployed {g.get('video_speedup_over_static_deployed')}, median ratio to bound {g.get('median_ratio_to_bound')}"
+            )
     if args.scaling or args.scaling_only:
         from bench import scaling
 

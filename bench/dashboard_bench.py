@@ -44,7 +44,9 @@ def seed_real(url: str, n: int, samples: int) -> None:
     with httpx.Client(base_url=url, timeout=120) as client:
         for k in range(n):
             backend, budget = ("highs", 200.0) if k % 4 == 3 else ("heuristic", 200.0)
-            client.post("/v1/plans", json=request(WORKLOADS[k % len(WORKLOADS)], k, samples, backend, budget, None)).raise_for_status()
+            client.post(
+                "/v1/plans", json=request(WORKLOADS[k % len(WORKLOADS)], k, samples, backend, budget, None)
+            ).raise_for_status()
 
 
 def replicate(store: Store, total: int, seed: int = 0) -> None:
@@ -65,8 +67,15 @@ def replicate(store: Store, total: int, seed: int = 0) -> None:
             if rng.random() < 0.3:
                 for _ in range(3):
                     measured = row["predicted_step_time_s"] * rng.gauss(1.04, 0.03)
-                    feedback.append({"plan_id": row["id"], "created_at": t, "measured_step_time_s": measured, "predicted_step_time_s": row["predicted_step_time_s"],
-                                     "feedback_json": "{}"})
+                    feedback.append(
+                        {
+                            "plan_id": row["id"],
+                            "created_at": t,
+                            "measured_step_time_s": measured,
+                            "predicted_step_time_s": row["predicted_step_time_s"],
+                            "feedback_json": "{}",
+                        }
+                    )
             if len(rows) >= 500:  # the plans first, then their feedback
                 conn.execute(insert(table), rows)  # type: ignore[arg-type]  # a Table is what insert takes
                 rows = []
@@ -80,9 +89,17 @@ def replicate(store: Store, total: int, seed: int = 0) -> None:
 
 
 def time_endpoints(url: str, plan_id: str) -> list[tuple[str, float, float, int]]:
-    paths = ["/v1/dashboard/plans", "/v1/dashboard/plans?sort=speedup", "/v1/dashboard/plans?sort=budget_ms", "/v1/dashboard/plans?sort=measured_step_time_s",
-             "/v1/dashboard/plans?backend=highs&offset=1000", "/v1/dashboard/changes", "/v1/dashboard/facets", "/v1/dashboard/calibration",
-             f"/v1/dashboard/plans/{plan_id}"]
+    paths = [
+        "/v1/dashboard/plans",
+        "/v1/dashboard/plans?sort=speedup",
+        "/v1/dashboard/plans?sort=budget_ms",
+        "/v1/dashboard/plans?sort=measured_step_time_s",
+        "/v1/dashboard/plans?backend=highs&offset=1000",
+        "/v1/dashboard/changes",
+        "/v1/dashboard/facets",
+        "/v1/dashboard/calibration",
+        f"/v1/dashboard/plans/{plan_id}",
+    ]
     out = []
     with httpx.Client(base_url=url, timeout=120) as client:
         for p in paths:
@@ -103,7 +120,13 @@ def time_endpoints(url: str, plan_id: str) -> list[tuple[str, float, float, int]
 def time_pages(url: str, plan_id: str, chromium: str, repeats: int = 3) -> list[tuple[str, float, int]]:
     from playwright.sync_api import sync_playwright
 
-    pages = ["/dashboard", "/dashboard?sort=speedup", f"/dashboard/plans/{plan_id}", f"/dashboard/plans/{plan_id}/tuning", "/dashboard/calibration"]
+    pages = [
+        "/dashboard",
+        "/dashboard?sort=speedup",
+        f"/dashboard/plans/{plan_id}",
+        f"/dashboard/plans/{plan_id}/tuning",
+        "/dashboard/calibration",
+    ]
     out = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
@@ -152,7 +175,9 @@ def main() -> int:
         fb = conn.scalar(select(func.count()).select_from(FeedbackRow))
     store.close()
     size_mb = (data / "dhp.sqlite3").stat().st_size / 1e6
-    print(f"store: {plans} plans (64 ranks x {args.samples} samples), {fb} feedback, {size_mb:.0f} MB; ready in {time.perf_counter() - t0:.0f} s")
+    print(
+        f"store: {plans} plans (64 ranks x {args.samples} samples), {fb} feedback, {size_mb:.0f} MB; ready in {time.perf_counter() - t0:.0f} s"
+    )
     server = LocalServer(data)
     try:
         print("\n| endpoint | first call after start, ms | median ms after it | bytes |\n|---|---|---|---|")

@@ -87,25 +87,40 @@ class FlexSPSettings:
 
     def __post_init__(self) -> None:
         if not 0 < self.time_limit_s <= 3600:
-            raise ProblemError(f"must be from 0 to 3600 s, got {self.time_limit_s}", field="--flexsp-time-limit", hint="e.g. --flexsp-time-limit 10 (its scripts' value).")
+            raise ProblemError(
+                f"must be from 0 to 3600 s, got {self.time_limit_s}",
+                field="--flexsp-time-limit",
+                hint="e.g. --flexsp-time-limit 10 (its scripts' value).",
+            )
         if not 1 <= self.workers <= 256:
-            raise ProblemError(f"must be from 1 to 256, got {self.workers}", field="--flexsp-workers", hint="e.g. --flexsp-workers 2.")
+            raise ProblemError(
+                f"must be from 1 to 256, got {self.workers}", field="--flexsp-workers", hint="e.g. --flexsp-workers 2."
+            )
 
     @property
     def source(self) -> Path:
         return Path(self.src).expanduser().resolve() if self.src else DEFAULT_SRC
 
     def to_json(self) -> dict[str, Any]:
-        return {"src": str(self.source), "time_limit_s": self.time_limit_s, "workers": self.workers, "mb_option_num": self.mb_option_num,
-                "bucket_num": self.bucket_num, "timeout_s": self.timeout_s, "cache": self.cache}
+        return {
+            "src": str(self.source),
+            "time_limit_s": self.time_limit_s,
+            "workers": self.workers,
+            "mb_option_num": self.mb_option_num,
+            "bucket_num": self.bucket_num,
+            "timeout_s": self.timeout_s,
+            "cache": self.cache,
+        }
 
 
 def missing(settings: FlexSPSettings) -> str | None:
     """Why the real FlexSP solver cannot run here (None when it can)."""
     src = settings.source
     if not (src / SOLVER_DIR / "solver.py").is_file():
-        return (f"FlexSP's source is not at {src} (no {SOLVER_DIR / 'solver.py'}): give --flexsp-src PATH, the folder holding galvatron/flexsp_solver "
-                "(Hetu-Galvatron, branch flexsp)")
+        return (
+            f"FlexSP's source is not at {src} (no {SOLVER_DIR / 'solver.py'}): give --flexsp-src PATH, the folder holding galvatron/flexsp_solver "
+            "(Hetu-Galvatron, branch flexsp)"
+        )
     if importlib.util.find_spec("pyscipopt") is None:
         return "pyscipopt (SCIP) is not installed, FlexSP's solver needs it: pip install 'dhp-planner[flexsp]'"
     return None
@@ -131,6 +146,7 @@ def import_flexsp(src: str | Path) -> Any:
 
 # -- the cost model ------------------------------------------------------------------------------
 
+
 def _pow2_sizes(n_ranks: int) -> list[int]:
     return [1 << k for k in range(1, n_ranks.bit_length()) if (1 << k) <= n_ranks]
 
@@ -145,7 +161,10 @@ def translation(tables: CostTables) -> tuple[dict[str, Any] | None, str | None]:
     if p.sample_constant > 0:
         return None, "the profile has a per-sample constant (time.sample_constant), which FlexSP's cost model lacks"
     if (p.vision_linear or p.vision_quadratic) and float(tables.vision.max(initial=0.0)) > 0:
-        return None, "the profile has vision-encoder terms and the batch has images; FlexSP's cost model has no such term"
+        return (
+            None,
+            "the profile has vision-encoder terms and the batch has images; FlexSP's cost model has no such term",
+        )
     if p.messages_per_step * max(p.intra_latency, p.inter_latency) > 0:
         return None, "the profile has per-message latency, which FlexSP's cost model lacks"
     if p.overlap_with_attention:
@@ -154,27 +173,47 @@ def translation(tables: CostTables) -> tuple[dict[str, Any] | None, str | None]:
         return None, "mixed GPU speeds or capacities: FlexSP's cost model is for one GPU type"
     node = tables.node_size
     if any(b - a != node for a, b in tables.node_ranges) or node & (node - 1):
-        return None, "nodes of different sizes, or not a power of two: FlexSP's intra/inter split by group size does not apply"
+        return (
+            None,
+            "nodes of different sizes, or not a power of two: FlexSP's intra/inter split by group size does not apply",
+        )
     sizes = _pow2_sizes(n)
     allowed = set(tables.degrees.tolist())
     lacking = [s for s in sizes if s not in allowed]
     if lacking:
-        return None, (f"FlexSP may choose group sizes {lacking}, which this problem does not allow (Ulysses heads, max_degree, degree policy); "
-                      f"give the model heads divisible by {n} and options.max_degree {n}")
+        return None, (
+            f"FlexSP may choose group sizes {lacking}, which this problem does not allow (Ulysses heads, max_degree, degree policy); "
+            f"give the model heads divisible by {n} and options.max_degree {n}"
+        )
     cap = float(tables.rank_capacity[0])
     if cap != int(cap):
         return None, f"capacity {cap} tokens per rank is not a whole number; FlexSP's capacity is"
     if int(tables.lengths.max()) > cap * n:
-        return None, f"the longest sample ({int(tables.lengths.max())} tokens) exceeds the domain's capacity ({int(cap)} x {n})"
+        return (
+            None,
+            f"the longest sample ({int(tables.lengths.max())} tokens) exceeds the domain's capacity ({int(cap)} x {n})",
+        )
     llm = problem.model.llm
     layers, hidden = int(llm.layers), int(llm.hidden)
     table: dict[int, float] = {1: 1e10}
     for s in sizes:
         bw = p.bandwidth(s, s <= node)
-        table[s] = math.inf if p.bytes_per_token == 0 else 16.0 * layers * hidden * bw / (2**20 * 1e3 * p.bytes_per_token)
-    cost = {"cluster_size": n, "hidden_size": hidden, "layer_num": layers, "param_size_B": 0.0, "zero_stage": 3, "mixed_precision": True,
-            "act_per_token": 1024.0, "cpt_alpha1": p.quadratic * 1e3, "cpt_alpha2": p.linear * 1e3, "cpt_beta1": p.group_constant * 1e3,
-            "alltoall_bandwidth_dict_gbs": table}
+        table[s] = (
+            math.inf if p.bytes_per_token == 0 else 16.0 * layers * hidden * bw / (2**20 * 1e3 * p.bytes_per_token)
+        )
+    cost = {
+        "cluster_size": n,
+        "hidden_size": hidden,
+        "layer_num": layers,
+        "param_size_B": 0.0,
+        "zero_stage": 3,
+        "mixed_precision": True,
+        "act_per_token": 1024.0,
+        "cpt_alpha1": p.quadratic * 1e3,
+        "cpt_alpha2": p.linear * 1e3,
+        "cpt_beta1": p.group_constant * 1e3,
+        "alltoall_bandwidth_dict_gbs": table,
+    }
     return {"cost_model": cost, "memory_limit_gb": int(cap), "cluster_size": n}, None
 
 
@@ -183,12 +222,20 @@ def build_optimizer(module: Any, params: dict[str, Any], time_limit_s: float) ->
     cost = dict(params["cost_model"])
     cost["alltoall_bandwidth_dict_gbs"] = {int(k): float(v) for k, v in cost["alltoall_bandwidth_dict_gbs"].items()}
     model = module.flexSPCostModel(**cost)
-    return module.flexSPOptimizer(cluster_size=int(params["cluster_size"]), memory_limit_gb=int(params["memory_limit_gb"]), costmodel=model,
-                                  hide_scipoutput=True, hide_alloutput=True, concurrent=False, scip_param_dict={"limits/time": float(time_limit_s)},
-                                  strategy="flexSP")
+    return module.flexSPOptimizer(
+        cluster_size=int(params["cluster_size"]),
+        memory_limit_gb=int(params["memory_limit_gb"]),
+        costmodel=model,
+        hide_scipoutput=True,
+        hide_alloutput=True,
+        concurrent=False,
+        scip_param_dict={"limits/time": float(time_limit_s)},
+        strategy="flexSP",
+    )
 
 
 # -- running it -----------------------------------------------------------------------------------
+
 
 @dataclass
 class FlexSPRun:
@@ -222,8 +269,16 @@ def solve(tables: CostTables, settings: FlexSPSettings, seed: int = 0) -> FlexSP
     why = missing(settings)
     if why is not None:
         return FlexSPRun(None, f"skipped: {why}", {"skipped": True})
-    job = {"src": str(settings.source), "params": params, "lengths": [int(x) for x in tables.lengths.tolist()], "time_limit_s": settings.time_limit_s,
-           "workers": settings.workers, "mb_option_num": settings.mb_option_num, "bucket_num": settings.bucket_num, "seed": seed}
+    job = {
+        "src": str(settings.source),
+        "params": params,
+        "lengths": [int(x) for x in tables.lengths.tolist()],
+        "time_limit_s": settings.time_limit_s,
+        "workers": settings.workers,
+        "mb_option_num": settings.mb_option_num,
+        "bucket_num": settings.bucket_num,
+        "seed": seed,
+    }
     cached = _cache_path(settings, job)
     if cached is not None and cached.is_file():
         result = json.loads(cached.read_text())
@@ -231,20 +286,38 @@ def solve(tables: CostTables, settings: FlexSPSettings, seed: int = 0) -> FlexSP
     with tempfile.TemporaryDirectory(prefix="dhp-flexsp-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job_path.write_text(json.dumps(job))  # an infinite bandwidth (no communication) travels as Infinity
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        )
         start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "bench.flexsp_worker", str(job_path), str(out_path)], env=env, cwd=str(REPO_ROOT),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.flexsp_worker", str(job_path), str(out_path)],
+            env=env,
+            cwd=str(REPO_ROOT),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
             _, err = proc.communicate(timeout=settings.timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-            return FlexSPRun(None, f"FlexSP did not finish within {settings.timeout_s:.0f} s", {"process_wall_s": time.perf_counter() - start})
+            return FlexSPRun(
+                None,
+                f"FlexSP did not finish within {settings.timeout_s:.0f} s",
+                {"process_wall_s": time.perf_counter() - start},
+            )
         process_wall = time.perf_counter() - start
         if proc.returncode != 0 or not out_path.is_file():
             tail = (err or "").strip().splitlines()[-3:]
-            return FlexSPRun(None, f"FlexSP's process failed (exit {proc.returncode}): {' / '.join(tail)}", {"process_wall_s": process_wall})
+            return FlexSPRun(
+                None,
+                f"FlexSP's process failed (exit {proc.returncode}): {' / '.join(tail)}",
+                {"process_wall_s": process_wall},
+            )
         result = json.loads(out_path.read_text())
     result["process_wall_s"] = process_wall
     if cached is not None:
@@ -267,9 +340,14 @@ def _cache_path(settings: FlexSPSettings, job: dict[str, Any]) -> Path | None:
 
 
 def _run_of(result: dict[str, Any], tables: CostTables, settings: FlexSPSettings, extra: dict[str, Any]) -> FlexSPRun:
-    details = {"solve_wall_s": result["solve_wall_s"], "process_wall_s": result.get("process_wall_s"), "micro_batches": len(result["micro_batches"]),
-               "flexsp_predicted_step_time_s": result["flexsp_step_ms"] / 1e3, "settings": settings.to_json(), **extra}
+    details = {
+        "solve_wall_s": result["solve_wall_s"],
+        "process_wall_s": result.get("process_wall_s"),
+        "micro_batches": len(result["micro_batches"]),
+        "flexsp_predicted_step_time_s": result["flexsp_step_ms"] / 1e3,
+        "settings": settings.to_json(),
+        **extra,
+    }
     if not result["micro_batches"]:
         return FlexSPRun(None, "FlexSP found no feasible plan for any micro-batch count it tried", details)
     return FlexSPRun(layout(result["micro_batches"], tables.n_ranks), None, details)
-

@@ -51,8 +51,13 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     opt = build_optimizer(solver, job["params"], float(job["time_limit_s"]))
     seqs = [solver.Sequence(seq=int(length), id=i) for i, length in enumerate(job["lengths"])]
     start = time.perf_counter()
-    groups, results = opt.solve_flexSP_globalbatch_mp_gbmb(seqs, chunk_alg="sort_consec", bucket_alg="dp", mb_option_num=int(job["mb_option_num"]),
-                                                           bucket_num=int(job["bucket_num"]))
+    groups, results = opt.solve_flexSP_globalbatch_mp_gbmb(
+        seqs,
+        chunk_alg="sort_consec",
+        bucket_alg="dp",
+        mb_option_num=int(job["mb_option_num"]),
+        bucket_num=int(job["bucket_num"]),
+    )
     wall = time.perf_counter() - start
     micro_batches = [[[int(sp), [int(s.id) for s in members]] for sp, members in mb] for mb in groups]
     return {"micro_batches": micro_batches, "solve_wall_s": wall, "flexsp_step_ms": float(sum(r["M"] for r in results))}

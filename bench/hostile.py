@@ -216,39 +216,92 @@ SLOT = "\u0001slot\u0001"
 """A string placed where a case's raw JSON text goes; its JSON form is replaced by that text."""
 
 STRINGS: list[tuple[str, str, bool]] = [  # (name, JSON text, a valid string to accept)
-    ("lone-high", r'"\ud800"', False), ("lone-low", r'"\udfff"', False), ("lone-inside", r'"a\udc00b"', False),
-    ("pair-reversed", r'"\ude00\ud83d"', False), ("nul", r'"a\u0000b"', False), ("soh", r'"\u0001"', False),
-    ("tab", r'"tab\there"', False), ("newline", r'"a\nb"', False), ("escape", r'"\u001b[31mred"', False),
-    ("del", r'"\u007f"', False), ("c1-nel", r'"a\u0085b"', False), ("line-separator", r'"a\u2028b"', False),
-    ("noncharacter", r'"\uffff"', False), ("bom", r'"\ufeffname"', False), ("empty", '""', False),
-    ("long-10k", '"' + "x" * 10_000 + '"', False), ("sql-quote", "\"x'); DROP TABLE plans;--\"", False),
-    ("emoji-escaped", r'"ok\ud83d\ude00"', True), ("emoji-utf8", '"ok\U0001f600\u00e9"', True),
+    ("lone-high", r'"\ud800"', False),
+    ("lone-low", r'"\udfff"', False),
+    ("lone-inside", r'"a\udc00b"', False),
+    ("pair-reversed", r'"\ude00\ud83d"', False),
+    ("nul", r'"a\u0000b"', False),
+    ("soh", r'"\u0001"', False),
+    ("tab", r'"tab\there"', False),
+    ("newline", r'"a\nb"', False),
+    ("escape", r'"\u001b[31mred"', False),
+    ("del", r'"\u007f"', False),
+    ("c1-nel", r'"a\u0085b"', False),
+    ("line-separator", r'"a\u2028b"', False),
+    ("noncharacter", r'"\uffff"', False),
+    ("bom", r'"\ufeffname"', False),
+    ("empty", '""', False),
+    ("long-10k", '"' + "x" * 10_000 + '"', False),
+    ("sql-quote", '"x\'); DROP TABLE plans;--"', False),
+    ("emoji-escaped", r'"ok\ud83d\ude00"', True),
+    ("emoji-utf8", '"ok\U0001f600\u00e9"', True),
 ]
 """Hostile strings as JSON text: lone and reversed surrogates, control characters, odd code points, 10k
 characters; the two emoji spellings are valid text and must be accepted where the field is free text."""
 
 VALUES: list[tuple[str, str, bool]] = [  # (name, JSON text, to refuse whatever the field's range)
-    ("tiny", "1e-300", False), ("huge", "1e300", False), ("negative", "-1", False), ("zero", "0", False), ("half", "0.5", False),
-    ("nan", "NaN", True), ("infinity", "Infinity", True), ("minus-infinity", "-Infinity", True), ("beyond-64-bits", str(2**64 + 1), False),
-    ("40-digits", "9" * 40, False), ("float-overflow", "1e400", True), ("string", '"5"', True), ("true", "true", True), ("null", "null", False),
-    ("array", "[1]", True), ("object", "{}", True),
+    ("tiny", "1e-300", False),
+    ("huge", "1e300", False),
+    ("negative", "-1", False),
+    ("zero", "0", False),
+    ("half", "0.5", False),
+    ("nan", "NaN", True),
+    ("infinity", "Infinity", True),
+    ("minus-infinity", "-Infinity", True),
+    ("beyond-64-bits", str(2**64 + 1), False),
+    ("40-digits", "9" * 40, False),
+    ("float-overflow", "1e400", True),
+    ("string", '"5"', True),
+    ("true", "true", True),
+    ("null", "null", False),
+    ("array", "[1]", True),
+    ("object", "{}", True),
 ]
 """Out-of-range numbers (NaN and Infinity as bare tokens) and wrong types for a numeric field. Whether 0 or 1e300
 is in range depends on the field; a non-finite number or a value that is not a number never is."""
 
 QUERY_VALUES: list[tuple[str, str, bool]] = [
-    ("nul", "a%00b", False), ("soh", "%01", False), ("tab", "a%09b", False), ("utf8-surrogate", "%ED%A0%80", False),
-    ("not-utf8", "%FF%FE", False), ("overlong", "%C0%AF", False), ("emoji", "ok%F0%9F%98%80", True),
-    ("long-10k", "x" * 10_000, False), ("sql-quote", "%27%20OR%201%3D1--", True),
+    ("nul", "a%00b", False),
+    ("soh", "%01", False),
+    ("tab", "a%09b", False),
+    ("utf8-surrogate", "%ED%A0%80", False),
+    ("not-utf8", "%FF%FE", False),
+    ("overlong", "%C0%AF", False),
+    ("emoji", "ok%F0%9F%98%80", True),
+    ("long-10k", "x" * 10_000, False),
+    ("sql-quote", "%27%20OR%201%3D1--", True),
 ]
 
-BAD_IDS = ["..%2F..%2Fetc%2Fpasswd", "%27%20OR%20%271%27%3D%271", "1'--", "%27%3B%20DROP%20TABLE%20plans%3B--", "%00", "a%00b",
-           "%FF", "%ED%A0%80", "%F0%9F%98%80", "x" * 5000, "%25", "-1", "%2e%2e", "0" * 32, "a%20b", "%0d%0aX-Injected:%201"]
+BAD_IDS = [
+    "..%2F..%2Fetc%2Fpasswd",
+    "%27%20OR%20%271%27%3D%271",
+    "1'--",
+    "%27%3B%20DROP%20TABLE%20plans%3B--",
+    "%00",
+    "a%00b",
+    "%FF",
+    "%ED%A0%80",
+    "%F0%9F%98%80",
+    "x" * 5000,
+    "%25",
+    "-1",
+    "%2e%2e",
+    "0" * 32,
+    "a%20b",
+    "%0d%0aX-Injected:%201",
+]
 
 
 def _samples(n: int) -> list[dict[str, Any]]:
-    return [{"id": f"s{k + 1}", "text_tokens": 300 + 211 * k, "images": [{"tokens": 256}], "videos": [{"frames": 4, "tokens_per_frame": 64}]}
-            for k in range(n)]
+    return [
+        {
+            "id": f"s{k + 1}",
+            "text_tokens": 300 + 211 * k,
+            "images": [{"tokens": 256}],
+            "videos": [{"frames": 4, "tokens_per_frame": 64}],
+        }
+        for k in range(n)
+    ]
 
 
 def _without(doc: dict[str, Any], *keys: str) -> dict[str, Any]:
@@ -260,9 +313,18 @@ def base_documents() -> dict[str, dict[str, Any]]:
     presets = describe_presets()
     cluster = {**presets["clusters"]["h100-1x8"], "name": "bench-cluster"}
     model = {**presets["models"]["qwen2-vl-7b"], "name": "bench-model"}
-    plan = {"batch": {"samples": _samples(3)}, "cluster": {"nodes": 1, "gpus_per_node": 8}, "model_preset": "qwen2-vl-7b",
-            "options": {"backend": "heuristic", "time_budget_ms": 200}}
-    job = {"dataset": {"samples": _samples(4)}, "global_batch_size": 2, "cluster": {"nodes": 1, "gpus_per_node": 8}, "model_preset": "qwen2-vl-7b"}
+    plan = {
+        "batch": {"samples": _samples(3)},
+        "cluster": {"nodes": 1, "gpus_per_node": 8},
+        "model_preset": "qwen2-vl-7b",
+        "options": {"backend": "heuristic", "time_budget_ms": 200},
+    }
+    job = {
+        "dataset": {"samples": _samples(4)},
+        "global_batch_size": 2,
+        "cluster": {"nodes": 1, "gpus_per_node": 8},
+        "model_preset": "qwen2-vl-7b",
+    }
     return {
         "plan": plan,
         "plan-full-cluster": {**plan, "cluster": cluster},
@@ -270,7 +332,10 @@ def base_documents() -> dict[str, dict[str, Any]]:
         "plan-profile": {**plan, "profile": load_profile("flexsp-gpt7b")},
         "plan-preset": {**_without(plan, "cluster"), "cluster_preset": "h100-1x8"},
         "job": job,
-        "job-batches": {**_without(job, "dataset", "global_batch_size"), "batches": [{"samples": _samples(4)[:2]}, {"samples": _samples(4)[2:]}]},
+        "job-batches": {
+            **_without(job, "dataset", "global_batch_size"),
+            "batches": [{"samples": _samples(4)[:2]}, {"samples": _samples(4)[2:]}],
+        },
         "job-full-cluster": {**job, "cluster": cluster},
         "job-full-model": {**_without(job, "model_preset"), "model": model},
         "job-profile": {**job, "profile": load_profile("flexsp-gpt7b")},
@@ -296,14 +361,21 @@ def splice(doc: dict[str, Any], path: tuple[Any, ...], text: str) -> bytes:
     return json.dumps(copy).replace(json.dumps(SLOT), text).encode()
 
 
-TARGETS = {"plan": "/v1/plans", "job": "/v1/jobs", "feedback": f"/v1/plans/{PLAN}/feedback", "replan": f"/v1/dashboard/plans/{PLAN}/replan"}
+TARGETS = {
+    "plan": "/v1/plans",
+    "job": "/v1/jobs",
+    "feedback": f"/v1/plans/{PLAN}/feedback",
+    "replan": f"/v1/dashboard/plans/{PLAN}/replan",
+}
 
 
 def _target(base: str) -> str:
     return TARGETS[base.split("-")[0]]
 
 
-STRING_FIELDS: list[tuple[str, str, tuple[Any, ...], bool]] = [  # (field, base document, path, free text: emoji must pass)
+STRING_FIELDS: list[
+    tuple[str, str, tuple[Any, ...], bool]
+] = [  # (field, base document, path, free text: emoji must pass)
     ("cluster.name", "plan-full-cluster", ("cluster", "name"), True),
     ("model.name", "plan-full-model", ("model", "name"), True),
     ("profile.source", "plan-profile", ("profile", "source"), True),
@@ -358,53 +430,151 @@ NUMBER_FIELDS: list[tuple[str, str, tuple[Any, ...]]] = [
     ("replan.options.time_budget_ms", "replan", ("options", "time_budget_ms")),
 ]
 
-WRAP = {"existing_groups[0][1]": "[[0, {}]]", "job.options.time_budget_ms": '{{"time_budget_ms": {}}}',
-        "feedback.group_times_s[0][0]": "[[{}]]", "job.options.backend": '{{"backend": {}}}'}
+WRAP = {
+    "existing_groups[0][1]": "[[0, {}]]",
+    "job.options.time_budget_ms": '{{"time_budget_ms": {}}}',
+    "feedback.group_times_s[0][0]": "[[{}]]",
+    "job.options.backend": '{{"backend": {}}}',
+}
 """Fields whose path ends above the value: the text around it."""
 
 SHAPES: list[tuple[str, str, tuple[Any, ...], list[str]]] = [  # wrong types and shapes where the schema says a type
     ("wait", "plan", ("wait",), ['"false"', '"true"', "0", "1", "null", "[]"]),
     ("cache", "plan", ("cache",), ['"yes"', "1", "0", "null", "{}"]),
     ("options.deterministic", "plan", ("options", "deterministic"), ['"true"', "1", "null"]),
-    ("existing_groups", "plan", ("existing_groups",), ["[[true, false]]", '[["0", "1"]]', '"0,1"', "{}", "[[]]", "[[0, 0]]", "[[0.5, 1]]", "[[-1, 0]]",
-                                                      "[[0, 99]]", "[0, 1]", "[[null]]", "[[0, 1]]"]),
-    ("batch", "plan", ("batch",), ["null", "[]", '"x"', "5", "{}", '{"samples": null}', '{"samples": {}}', '{"samples": [null]}',
-                                   '{"samples": [[]]}', '{"samples": ["s1"]}', '{"samples": []}', '{"samples": [{}]}']),
-    ("batch.samples[0].images", "plan", ("batch", "samples", 0, "images"), ["{}", '"x"', "[null]", "[[]]", '[{"tokens": "576"}]', '[{"bogus": 1}]']),
-    ("cluster", "plan", ("cluster",), ["null", "[]", '"h100"', "5", "{}", '{"nodes": []}', '{"nodes": [null]}', '{"nodes": "2", "gpus_per_node": "8"}',
-                                       '{"nodes": true, "gpus_per_node": 8}']),
+    (
+        "existing_groups",
+        "plan",
+        ("existing_groups",),
+        [
+            "[[true, false]]",
+            '[["0", "1"]]',
+            '"0,1"',
+            "{}",
+            "[[]]",
+            "[[0, 0]]",
+            "[[0.5, 1]]",
+            "[[-1, 0]]",
+            "[[0, 99]]",
+            "[0, 1]",
+            "[[null]]",
+            "[[0, 1]]",
+        ],
+    ),
+    (
+        "batch",
+        "plan",
+        ("batch",),
+        [
+            "null",
+            "[]",
+            '"x"',
+            "5",
+            "{}",
+            '{"samples": null}',
+            '{"samples": {}}',
+            '{"samples": [null]}',
+            '{"samples": [[]]}',
+            '{"samples": ["s1"]}',
+            '{"samples": []}',
+            '{"samples": [{}]}',
+        ],
+    ),
+    (
+        "batch.samples[0].images",
+        "plan",
+        ("batch", "samples", 0, "images"),
+        ["{}", '"x"', "[null]", "[[]]", '[{"tokens": "576"}]', '[{"bogus": 1}]'],
+    ),
+    (
+        "cluster",
+        "plan",
+        ("cluster",),
+        [
+            "null",
+            "[]",
+            '"h100"',
+            "5",
+            "{}",
+            '{"nodes": []}',
+            '{"nodes": [null]}',
+            '{"nodes": "2", "gpus_per_node": "8"}',
+            '{"nodes": true, "gpus_per_node": 8}',
+        ],
+    ),
     ("model", "plan-full-model", ("model",), ["null", "[]", '"llama"', "{}", '{"name": "x"}', '{"llm": null}']),
     ("profile", "plan", ("profile",), ["[]", '"p"', "{}", '{"time": null}', '{"time": {}, "comm": []}']),
     ("options", "plan", ("options",), ["null", "[]", '"fast"', "5", '{"bogus": 1}']),
     ("cluster_preset", "plan-preset", ("cluster_preset",), ["5", "[]", "{}", "true"]),
     ("model_preset", "plan", ("model_preset",), ["5", "[]", "{}", "false"]),
-    ("job.dataset", "job", ("dataset",), ["[]", '"x"', '{"samples": "x"}', '{"path": "/etc/passwd"}', '{"samples": [null]}', "{}"]),
-    ("job.batches", "job-batches", ("batches",), ['[[]]', "[null]", "{}", '"x"', "[]", '[{"samples": []}]']),
+    (
+        "job.dataset",
+        "job",
+        ("dataset",),
+        ["[]", '"x"', '{"samples": "x"}', '{"path": "/etc/passwd"}', '{"samples": [null]}', "{}"],
+    ),
+    ("job.batches", "job-batches", ("batches",), ["[[]]", "[null]", "{}", '"x"', "[]", '[{"samples": []}]']),
     ("job.drop_last", "job", ("drop_last",), ['"no"', "1", "[]"]),
     ("job.sampler.group_batches", "job-sampler", ("sampler", "group_batches"), ["0", '"16"', str(2**64)]),
-    ("feedback.group_times_s", "feedback", ("group_times_s",), ['"x"', '[["x"]]', "[[[1]]]", "[1, 2]", "[[" + ",".join(["1"] * 5000) + "]]"]),
-    ("feedback.metrics", "feedback", ("metrics",), ["[]", '{"k": "v"}', '{"k": null}',
-                                                   "{" + ",".join(f'"m{k}": 1' for k in range(65)) + "}", '{"' + "k" * 129 + '": 1}']),
+    (
+        "feedback.group_times_s",
+        "feedback",
+        ("group_times_s",),
+        ['"x"', '[["x"]]', "[[[1]]]", "[1, 2]", "[[" + ",".join(["1"] * 5000) + "]]"],
+    ),
+    (
+        "feedback.metrics",
+        "feedback",
+        ("metrics",),
+        [
+            "[]",
+            '{"k": "v"}',
+            '{"k": null}',
+            "{" + ",".join(f'"m{k}": 1' for k in range(65)) + "}",
+            '{"' + "k" * 129 + '": 1}',
+        ],
+    ),
     ("feedback.notes", "feedback", ("notes",), ["5", "[]", '"' + "n" * 2001 + '"']),
     ("feedback.extra", "feedback", ("bogus",), ["1"]),
     ("replan.options", "replan", ("options",), ["null", "[]", '{"bogus": 1}', '{"backend": 5}']),
 ]
 
-MUST_REFUSE = {"wait": {'"false"', '"true"', "0", "1", "[]"}, "cache": {'"yes"', "1", "0", "{}"}, "options.deterministic": {'"true"', "1"},
-               "existing_groups": {"[[true, false]]", '[["0", "1"]]', '"0,1"', "{}", "[[0.5, 1]]", "[0, 1]", "[[null]]"},
-               "batch": {"null", "[]", '"x"', "5", '{"samples": null}', '{"samples": {}}', '{"samples": [null]}', '{"samples": [[]]}', '{"samples": ["s1"]}'},
-               "job.drop_last": {'"no"', "1", "[]"}, "job.dataset": {"[]", '"x"', '{"samples": "x"}', '{"path": "/etc/passwd"}'},
-               "job.batches": {"[[]]", "[null]", "{}", '"x"'}, "job.sampler.group_batches": {'"16"'}}
+MUST_REFUSE = {
+    "wait": {'"false"', '"true"', "0", "1", "[]"},
+    "cache": {'"yes"', "1", "0", "{}"},
+    "options.deterministic": {'"true"', "1"},
+    "existing_groups": {"[[true, false]]", '[["0", "1"]]', '"0,1"', "{}", "[[0.5, 1]]", "[0, 1]", "[[null]]"},
+    "batch": {
+        "null",
+        "[]",
+        '"x"',
+        "5",
+        '{"samples": null}',
+        '{"samples": {}}',
+        '{"samples": [null]}',
+        '{"samples": [[]]}',
+        '{"samples": ["s1"]}',
+    },
+    "job.drop_last": {'"no"', "1", "[]"},
+    "job.dataset": {"[]", '"x"', '{"samples": "x"}', '{"path": "/etc/passwd"}'},
+    "job.batches": {"[[]]", "[null]", "{}", '"x"'},
+    "job.sampler.group_batches": {'"16"'},
+}
 """The shapes above that are of the wrong JSON type where the schema names one (or a server-side path, which the
 service must not read): accepting them, even coerced, is a finding."""
 
 SAMPLE_SETS: list[tuple[str, str, bool]] = [  # (name, the samples as JSON text, against the batch schema)
-    ("missing-id", '[{"text_tokens": 10}]', False), ("duplicate-id", '[{"id": "s1", "text_tokens": 10}, {"id": "s1", "text_tokens": 20}]', True),
-    ("no-id-beside-s1", '[{"id": "s1", "text_tokens": 10}, {"text_tokens": 20}]', False), ("id-null", '[{"id": null, "text_tokens": 10}]', True),
-    ("id-number", '[{"id": 5, "text_tokens": 10}]', False), ("id-empty", '[{"id": "", "text_tokens": 10}]', True),
-    ("id-array", '[{"id": [], "text_tokens": 10}]', True), ("ids-1-and-int-1", '[{"id": "1", "text_tokens": 10}, {"id": 1, "text_tokens": 20}]', True),
+    ("missing-id", '[{"text_tokens": 10}]', False),
+    ("duplicate-id", '[{"id": "s1", "text_tokens": 10}, {"id": "s1", "text_tokens": 20}]', True),
+    ("no-id-beside-s1", '[{"id": "s1", "text_tokens": 10}, {"text_tokens": 20}]', False),
+    ("id-null", '[{"id": null, "text_tokens": 10}]', True),
+    ("id-number", '[{"id": 5, "text_tokens": 10}]', False),
+    ("id-empty", '[{"id": "", "text_tokens": 10}]', True),
+    ("id-array", '[{"id": [], "text_tokens": 10}]', True),
+    ("ids-1-and-int-1", '[{"id": "1", "text_tokens": 10}, {"id": 1, "text_tokens": 20}]', True),
     ("nfc-and-nfd", '[{"id": "\\u00e9", "text_tokens": 10}, {"id": "e\\u0301", "text_tokens": 20}]', False),
-    ("no-tokens", '[{"id": "s1"}]', False), ("unknown-member", '[{"id": "s1", "text_tokens": 10, "bogus": 1}]', True),
+    ("no-tokens", '[{"id": "s1"}]', False),
+    ("unknown-member", '[{"id": "s1", "text_tokens": 10, "bogus": 1}]', True),
 ]
 
 
@@ -412,25 +582,50 @@ def _malformed(valid: bytes) -> list[tuple[str, bytes, bytes | None]]:
     """(name, body, content type) of bodies that are not a JSON document in UTF-8, or not as JSON at all."""
     as_text = valid.decode()
     return [
-        ("empty", b"", b"application/json"), ("whitespace", b" \r\n\t", b"application/json"), ("open-brace", b"{", b"application/json"),
-        ("truncated", valid[: len(valid) // 2], b"application/json"), ("missing-value", b'{"batch": }', b"application/json"),
-        ("trailing-garbage", valid + b" x", b"application/json"), ("two-documents", valid + valid, b"application/json"),
-        ("single-quotes", as_text.replace('"', "'").encode(), b"application/json"), ("trailing-comma", valid[:-1] + b",}", b"application/json"),
-        ("comment", b"/* c */" + valid, b"application/json"), ("bare-nan", b"NaN", b"application/json"), ("top-array", b"[]", b"application/json"),
-        ("top-null", b"null", b"application/json"), ("top-string", b'"x"', b"application/json"),
+        ("empty", b"", b"application/json"),
+        ("whitespace", b" \r\n\t", b"application/json"),
+        ("open-brace", b"{", b"application/json"),
+        ("truncated", valid[: len(valid) // 2], b"application/json"),
+        ("missing-value", b'{"batch": }', b"application/json"),
+        ("trailing-garbage", valid + b" x", b"application/json"),
+        ("two-documents", valid + valid, b"application/json"),
+        ("single-quotes", as_text.replace('"', "'").encode(), b"application/json"),
+        ("trailing-comma", valid[:-1] + b",}", b"application/json"),
+        ("comment", b"/* c */" + valid, b"application/json"),
+        ("bare-nan", b"NaN", b"application/json"),
+        ("top-array", b"[]", b"application/json"),
+        ("top-null", b"null", b"application/json"),
+        ("top-string", b'"x"', b"application/json"),
         ("deep-array-10000", b"[" * 10_000 + b"]" * 10_000, b"application/json"),
         ("deep-object-10000", b'{"a":' * 10_000 + b"1" + b"}" * 10_000, b"application/json"),
-        ("deep-in-field-10000", valid[:-1] + b', "bogus": ' + b"[" * 10_000 + b"]" * 10_000 + b"}", b"application/json"),
-        ("not-utf8", b'{"batch": "\xff\xfe\xfd"}', b"application/json"), ("bad-utf8-in-string", valid[:-1] + b', "x": "\xc3\x28"}', b"application/json"),
-        ("overlong-utf8", b'{"\xc0\xaf": 1}', b"application/json"), ("utf8-encoded-surrogate", valid[:-1] + b', "x": "\xed\xa0\x80"}', b"application/json"),
-        ("utf16-le-bom", as_text.encode("utf-16"), b"application/json"), ("utf16-be-bom", b"\xfe\xff" + as_text.encode("utf-16-be"), b"application/json"),
-        ("utf16-no-bom", as_text.encode("utf-16-le"), b"application/json"), ("utf8-bom", b"\xef\xbb\xbf" + valid, b"application/json"),
-        ("utf32", as_text.encode("utf-32"), b"application/json"), ("int-5000-digits", b'{"x": ' + b"9" * 5000 + b"}", b"application/json"),
+        (
+            "deep-in-field-10000",
+            valid[:-1] + b', "bogus": ' + b"[" * 10_000 + b"]" * 10_000 + b"}",
+            b"application/json",
+        ),
+        ("not-utf8", b'{"batch": "\xff\xfe\xfd"}', b"application/json"),
+        ("bad-utf8-in-string", valid[:-1] + b', "x": "\xc3\x28"}', b"application/json"),
+        ("overlong-utf8", b'{"\xc0\xaf": 1}', b"application/json"),
+        ("utf8-encoded-surrogate", valid[:-1] + b', "x": "\xed\xa0\x80"}', b"application/json"),
+        ("utf16-le-bom", as_text.encode("utf-16"), b"application/json"),
+        ("utf16-be-bom", b"\xfe\xff" + as_text.encode("utf-16-be"), b"application/json"),
+        ("utf16-no-bom", as_text.encode("utf-16-le"), b"application/json"),
+        ("utf8-bom", b"\xef\xbb\xbf" + valid, b"application/json"),
+        ("utf32", as_text.encode("utf-32"), b"application/json"),
+        ("int-5000-digits", b'{"x": ' + b"9" * 5000 + b"}", b"application/json"),
         ("duplicate-keys", valid[:-1] + b', "batch": 5}', b"application/json"),
-        ("text-plain", valid, b"text/plain"), ("no-content-type", valid, None), ("form", b"batch=1&cluster=2", b"application/x-www-form-urlencoded"),
-        ("multipart", b"--b\r\nContent-Disposition: form-data; name=\"batch\"\r\n\r\n1\r\n--b--\r\n", b"multipart/form-data; boundary=b"),
-        ("charset-utf16-label", valid, b"application/json; charset=utf-16"), ("problem-json", valid, b"application/problem+json"),
-        ("content-type-nul", valid, b"application/json\x00"), ("content-type-junk", valid, b";;;==="),
+        ("text-plain", valid, b"text/plain"),
+        ("no-content-type", valid, None),
+        ("form", b"batch=1&cluster=2", b"application/x-www-form-urlencoded"),
+        (
+            "multipart",
+            b'--b\r\nContent-Disposition: form-data; name="batch"\r\n\r\n1\r\n--b--\r\n',
+            b"multipart/form-data; boundary=b",
+        ),
+        ("charset-utf16-label", valid, b"application/json; charset=utf-16"),
+        ("problem-json", valid, b"application/problem+json"),
+        ("content-type-nul", valid, b"application/json\x00"),
+        ("content-type-junk", valid, b";;;==="),
     ]
 
 
@@ -445,23 +640,48 @@ def body_cases(docs: dict[str, dict[str, Any]]) -> Iterator[Case]:
     for fld, base, path in NUMBER_FIELDS:
         for vname, text, invalid in VALUES:
             raw = WRAP[fld].format(text) if fld in WRAP else text
-            yield Case(f"number/{fld}/{vname}", "POST", _target(base), splice(docs[base], path, raw), expect="refuse" if invalid else "any")
+            yield Case(
+                f"number/{fld}/{vname}",
+                "POST",
+                _target(base),
+                splice(docs[base], path, raw),
+                expect="refuse" if invalid else "any",
+            )
     for fld, base, path, texts in SHAPES:
         for k, text in enumerate(texts):
             expect = "refuse" if text in MUST_REFUSE.get(fld, ()) else "any"
-            yield Case(f"type/{fld}/{k}:{text[:24]}", "POST", _target(base), splice(docs[base], path, text), expect=expect)
+            yield Case(
+                f"type/{fld}/{k}:{text[:24]}", "POST", _target(base), splice(docs[base], path, text), expect=expect
+            )
     for sname, text, invalid in SAMPLE_SETS:
-        yield Case(f"samples/plan/{sname}", "POST", "/v1/plans", splice(docs["plan"], ("batch", "samples"), text), expect="refuse" if invalid else "any")
+        yield Case(
+            f"samples/plan/{sname}",
+            "POST",
+            "/v1/plans",
+            splice(docs["plan"], ("batch", "samples"), text),
+            expect="refuse" if invalid else "any",
+        )
         # An epoch job reads its dataset row by row: an invalid row fails the steps that hold it, with a problem document
         # naming the row (the job is followed to its end, where an internal failure would be a finding); a repeated id
         # makes the steps ambiguous and is refused at once.
-        yield Case(f"samples/job/{sname}", "POST", "/v1/jobs", splice(docs["job"], ("dataset", "samples"), text),
-                   expect="refuse" if sname in ("duplicate-id", "ids-1-and-int-1") else "any")
+        yield Case(
+            f"samples/job/{sname}",
+            "POST",
+            "/v1/jobs",
+            splice(docs["job"], ("dataset", "samples"), text),
+            expect="refuse" if sname in ("duplicate-id", "ids-1-and-int-1") else "any",
+        )
     for fld in ("cluster.name", "batch.samples[0].id", "model.name"):  # plan-ahead: checked before it is stored
         base, path = next((b, p) for f, b, p, _ in STRING_FIELDS if f == fld)
         for sname, text, valid in STRINGS:
             doc = {**docs[base], "wait": False, "cache": False}
-            yield Case(f"ahead/{fld}/{sname}", "POST", "/v1/plans", splice(doc, path, text), expect="accept" if valid else "any")
+            yield Case(
+                f"ahead/{fld}/{sname}",
+                "POST",
+                "/v1/plans",
+                splice(doc, path, text),
+                expect="accept" if valid else "any",
+            )
     for base in ("plan", "job", "feedback", "replan"):
         for mname, body, ctype in _malformed(json.dumps(docs[base]).encode()):
             yield Case(f"malformed/{base}/{mname}", "POST", TARGETS[base], body, content_type=ctype)
@@ -472,19 +692,52 @@ def feedback_cases(docs: dict[str, dict[str, Any]]) -> Iterator[Case]:
     body = json.dumps(doc).encode()
     other = json.dumps({**doc, "measured_step_time_s": 0.75}).encode()
     first = Case("idempotency/first", "POST", target, body, headers=((b"Idempotency-Key", b"hostile-key-1"),))
-    yield Case("idempotency/same-key-other-body", "POST", target, other, headers=((b"Idempotency-Key", b"hostile-key-1"),), first=first, expect="refuse")
-    yield Case("idempotency/same-key-same-body", "POST", target, body, headers=((b"Idempotency-Key", b"hostile-key-2"),),
-               first=Case("idempotency/first-2", "POST", target, body, headers=((b"Idempotency-Key", b"hostile-key-2"),)), expect="accept")
-    for kname, key in (("empty", b""), ("space", b"a b"), ("nul", b"a\x00b"), ("utf8", "clé".encode()), ("latin1", b"cl\xe9"),
-                       ("65-chars", b"k" * 65), ("10k-chars", b"k" * 10_000), ("quote", b"k'--"), ("ctl", b"a\x01b")):
+    yield Case(
+        "idempotency/same-key-other-body",
+        "POST",
+        target,
+        other,
+        headers=((b"Idempotency-Key", b"hostile-key-1"),),
+        first=first,
+        expect="refuse",
+    )
+    yield Case(
+        "idempotency/same-key-same-body",
+        "POST",
+        target,
+        body,
+        headers=((b"Idempotency-Key", b"hostile-key-2"),),
+        first=Case("idempotency/first-2", "POST", target, body, headers=((b"Idempotency-Key", b"hostile-key-2"),)),
+        expect="accept",
+    )
+    for kname, key in (
+        ("empty", b""),
+        ("space", b"a b"),
+        ("nul", b"a\x00b"),
+        ("utf8", "clé".encode()),
+        ("latin1", b"cl\xe9"),
+        ("65-chars", b"k" * 65),
+        ("10k-chars", b"k" * 10_000),
+        ("quote", b"k'--"),
+        ("ctl", b"a\x01b"),
+    ):
         yield Case(f"idempotency/key-{kname}", "POST", target, body, headers=((b"Idempotency-Key", key),))
     yield Case("idempotency/no-key-empty-object", "POST", target, b"{}")
     yield Case("idempotency/no-key-no-such-plan", "POST", "/v1/plans/" + "f" * 32 + "/feedback", body)
 
 
-ID_ROUTES = [("GET", "/v1/plans/{}"), ("GET", "/v1/plans/{}/feedback"), ("POST", "/v1/plans/{}/feedback"), ("GET", "/v1/dashboard/plans/{}"),
-             ("POST", "/v1/dashboard/plans/{}/replan"), ("GET", "/v1/jobs/{}"), ("POST", "/v1/jobs/{}/cancel"), ("POST", "/v1/jobs/{}/resume"),
-             ("GET", "/v1/jobs/{}/plan-file"), ("GET", "/dashboard/plans/{}")]
+ID_ROUTES = [
+    ("GET", "/v1/plans/{}"),
+    ("GET", "/v1/plans/{}/feedback"),
+    ("POST", "/v1/plans/{}/feedback"),
+    ("GET", "/v1/dashboard/plans/{}"),
+    ("POST", "/v1/dashboard/plans/{}/replan"),
+    ("GET", "/v1/jobs/{}"),
+    ("POST", "/v1/jobs/{}/cancel"),
+    ("POST", "/v1/jobs/{}/resume"),
+    ("GET", "/v1/jobs/{}/plan-file"),
+    ("GET", "/dashboard/plans/{}"),
+]
 BODIES = {"/v1/plans/{}/feedback": b'{"measured_step_time_s": 1.0}', "/v1/dashboard/plans/{}/replan": b"{}"}
 
 
@@ -493,20 +746,63 @@ def path_cases() -> Iterator[Case]:
         for k, bad in enumerate(BAD_IDS):
             body = BODIES.get(route, b"" if method == "POST" else None)
             yield Case(f"path/{method} {route}/{k}:{bad[:24]}", method, route.format(bad), body)
-    for target in ("/v1/plans/../../etc/passwd", "/v1/plans/%2e%2e/%2e%2e/etc/passwd", "/../../../../etc/passwd", "/dashboard/../../../etc/passwd",
-                   "/static/../../etc/passwd", "/v1/plans/./x", "//v1//plans", "/v1/plans/", "/V1/PLANS", "/v1/plans;x=1", "/v1/plans?%00",
-                   "/v1/plans#frag", "/v1/plans/" + PLAN + "/../../jobs/" + JOB, "/v1/plans/" + PLAN + "%00", "/v1/plans/%", "/v1/%ff",
-                   "/" + "a" * 20_000, "/v1/plans?" + "&".join(f"p{k}=1" for k in range(2000)), "http://evil.example/v1/plans", "*"):
+    for target in (
+        "/v1/plans/../../etc/passwd",
+        "/v1/plans/%2e%2e/%2e%2e/etc/passwd",
+        "/../../../../etc/passwd",
+        "/dashboard/../../../etc/passwd",
+        "/static/../../etc/passwd",
+        "/v1/plans/./x",
+        "//v1//plans",
+        "/v1/plans/",
+        "/V1/PLANS",
+        "/v1/plans;x=1",
+        "/v1/plans?%00",
+        "/v1/plans#frag",
+        "/v1/plans/" + PLAN + "/../../jobs/" + JOB,
+        "/v1/plans/" + PLAN + "%00",
+        "/v1/plans/%",
+        "/v1/%ff",
+        "/" + "a" * 20_000,
+        "/v1/plans?" + "&".join(f"p{k}=1" for k in range(2000)),
+        "http://evil.example/v1/plans",
+        "*",
+    ):
         yield Case(f"path/raw/{target[:40]}", "GET", target)
-    queries = [("limit", "abc"), ("limit", "-1"), ("limit", "0"), ("limit", "501"), ("limit", "1e300"), ("limit", "9" * 30), ("limit", "NaN"),
-               ("offset", "-1"), ("offset", "9" * 30), ("status", "bogus"), ("status", "%00"), ("status", "done&status=failed"),
-               ("created_after", "NaN"), ("created_after", "0"), ("created_after", "9999-12-31T23:59:59-23:59"), ("created_after", "0001-01-01T00:00:00%2B23:59"),
-               ("created_before", "2026-13-45T99:99:00"), ("created_before", "2026-01-01T00:00:00%2B99:00"), ("created_after", "x" * 5000)]
+    queries = [
+        ("limit", "abc"),
+        ("limit", "-1"),
+        ("limit", "0"),
+        ("limit", "501"),
+        ("limit", "1e300"),
+        ("limit", "9" * 30),
+        ("limit", "NaN"),
+        ("offset", "-1"),
+        ("offset", "9" * 30),
+        ("status", "bogus"),
+        ("status", "%00"),
+        ("status", "done&status=failed"),
+        ("created_after", "NaN"),
+        ("created_after", "0"),
+        ("created_after", "9999-12-31T23:59:59-23:59"),
+        ("created_after", "0001-01-01T00:00:00%2B23:59"),
+        ("created_before", "2026-13-45T99:99:00"),
+        ("created_before", "2026-01-01T00:00:00%2B99:00"),
+        ("created_after", "x" * 5000),
+    ]
     for name, value in queries:
         yield Case(f"query/plans/{name}={value[:24]}", "GET", f"/v1/plans?{name}={value}")
         yield Case(f"query/dashboard/{name}={value[:24]}", "GET", f"/v1/dashboard/plans?{name}={value}")
-    for route in ("/v1/plans?cluster=", "/v1/plans?model=", "/v1/plans?backend=", "/v1/dashboard/plans?cluster=", "/v1/dashboard/calibration?profile=",
-                  "/v1/dashboard/plans?id_prefix=", "/v1/dashboard/plans?sort=", "/v1/dashboard/calibration?limit="):
+    for route in (
+        "/v1/plans?cluster=",
+        "/v1/plans?model=",
+        "/v1/plans?backend=",
+        "/v1/dashboard/plans?cluster=",
+        "/v1/dashboard/calibration?profile=",
+        "/v1/dashboard/plans?id_prefix=",
+        "/v1/dashboard/plans?sort=",
+        "/v1/dashboard/calibration?limit=",
+    ):
         for qname, value, valid in QUERY_VALUES:
             accept = valid and "sort=" not in route and "limit=" not in route and "id_prefix=" not in route
             yield Case(f"query/{route}{qname}", "GET", route + value, expect="accept" if accept else "any")
@@ -514,15 +810,37 @@ def path_cases() -> Iterator[Case]:
         yield Case(f"query/wait_ms={wait[:24]}", "GET", f"/v1/plans/{PLAN}?wait_ms={wait}")
 
 
-TOKEN_ROUTES = [("GET", "/v1/plans"), ("GET", f"/v1/plans/{PLAN}"), ("GET", f"/v1/plans/{PLAN}/feedback"), ("GET", "/v1/presets"),
-                ("GET", f"/v1/jobs/{JOB}"), ("GET", f"/v1/jobs/{JOB}/plan-file"), ("GET", "/v1/dashboard/plans"), ("GET", "/v1/dashboard/facets"),
-                ("GET", "/v1/dashboard/changes"), ("GET", f"/v1/dashboard/plans/{PLAN}"), ("GET", "/v1/dashboard/calibration"),
-                ("POST", f"/v1/jobs/{JOB}/cancel"), ("POST", f"/v1/jobs/{JOB}/resume"), ("HEAD", "/v1/plans")]
+TOKEN_ROUTES = [
+    ("GET", "/v1/plans"),
+    ("GET", f"/v1/plans/{PLAN}"),
+    ("GET", f"/v1/plans/{PLAN}/feedback"),
+    ("GET", "/v1/presets"),
+    ("GET", f"/v1/jobs/{JOB}"),
+    ("GET", f"/v1/jobs/{JOB}/plan-file"),
+    ("GET", "/v1/dashboard/plans"),
+    ("GET", "/v1/dashboard/facets"),
+    ("GET", "/v1/dashboard/changes"),
+    ("GET", f"/v1/dashboard/plans/{PLAN}"),
+    ("GET", "/v1/dashboard/calibration"),
+    ("POST", f"/v1/jobs/{JOB}/cancel"),
+    ("POST", f"/v1/jobs/{JOB}/resume"),
+    ("HEAD", "/v1/plans"),
+]
 BAD_AUTH: list[tuple[str, bytes | None]] = [
-    ("missing", None), ("wrong", b"Bearer wrong-token-0000000000000000"), ("empty", b""), ("scheme-only", b"Bearer"), ("empty-token", b"Bearer "),
-    ("basic", b"Basic " + base64.b64encode(b"dhp:" + TOKEN.encode())), ("other-scheme", b"Token " + TOKEN.encode()),
-    ("token-plus-x", AUTH + b"x"), ("token-prefix", AUTH[:-1]), ("very-long", b"Bearer " + b"A" * 60_000), ("nul", b"Bearer a\x00b"),
-    ("token-nul", AUTH + b"\x00"), ("latin1", b"Bearer \xe9\xe9"), ("comma-list", b"Bearer wrong, " + AUTH),
+    ("missing", None),
+    ("wrong", b"Bearer wrong-token-0000000000000000"),
+    ("empty", b""),
+    ("scheme-only", b"Bearer"),
+    ("empty-token", b"Bearer "),
+    ("basic", b"Basic " + base64.b64encode(b"dhp:" + TOKEN.encode())),
+    ("other-scheme", b"Token " + TOKEN.encode()),
+    ("token-plus-x", AUTH + b"x"),
+    ("token-prefix", AUTH[:-1]),
+    ("very-long", b"Bearer " + b"A" * 60_000),
+    ("nul", b"Bearer a\x00b"),
+    ("token-nul", AUTH + b"\x00"),
+    ("latin1", b"Bearer \xe9\xe9"),
+    ("comma-list", b"Bearer wrong, " + AUTH),
 ]
 
 
@@ -531,12 +849,24 @@ def token_cases() -> Iterator[Case]:
         body = b"" if method == "POST" else None
         for aname, auth in BAD_AUTH:
             yield Case(f"token/{aname}/{method} {target}", method, target, body, auth=auth, expect="refuse")
-        yield Case(f"token/lowercase-scheme/{method} {target}", method, target, body, auth=b"bearer " + TOKEN.encode(),
-                   expect="any" if method == "HEAD" else "accept")
+        yield Case(
+            f"token/lowercase-scheme/{method} {target}",
+            method,
+            target,
+            body,
+            auth=b"bearer " + TOKEN.encode(),
+            expect="any" if method == "HEAD" else "accept",
+        )
     wrong = b"Bearer wrong-token-0000000000000000"
-    yield Case("token/two-headers-right-then-wrong", "GET", "/v1/plans", auth=AUTH, headers=((b"Authorization", wrong),))
-    yield Case("token/two-headers-wrong-then-right", "GET", "/v1/plans", auth=wrong, headers=((b"Authorization", AUTH),))
-    yield Case("token/post-plan-without-token", "POST", "/v1/plans", b'{"batch": "\\ud800"}', auth=None, expect="refuse")
+    yield Case(
+        "token/two-headers-right-then-wrong", "GET", "/v1/plans", auth=AUTH, headers=((b"Authorization", wrong),)
+    )
+    yield Case(
+        "token/two-headers-wrong-then-right", "GET", "/v1/plans", auth=wrong, headers=((b"Authorization", AUTH),)
+    )
+    yield Case(
+        "token/post-plan-without-token", "POST", "/v1/plans", b'{"batch": "\\ud800"}', auth=None, expect="refuse"
+    )
 
 
 def http_cases() -> Iterator[Case]:
@@ -544,10 +874,15 @@ def http_cases() -> Iterator[Case]:
     fb = f"/v1/plans/{PLAN}/feedback"
     head = f"POST {fb} HTTP/1.1\r\nHost: h\r\nAuthorization: {AUTH.decode()}\r\nContent-Type: application/json\r\n".encode()
     raws = [
-        ("content-length-abc", head + b"Content-Length: abc\r\n\r\n" + body), ("content-length-negative", head + b"Content-Length: -1\r\n\r\n" + body),
-        ("content-length-float", head + b"Content-Length: 29.0\r\n\r\n" + body), ("content-length-hex", head + b"Content-Length: 0x1d\r\n\r\n" + body),
+        ("content-length-abc", head + b"Content-Length: abc\r\n\r\n" + body),
+        ("content-length-negative", head + b"Content-Length: -1\r\n\r\n" + body),
+        ("content-length-float", head + b"Content-Length: 29.0\r\n\r\n" + body),
+        ("content-length-hex", head + b"Content-Length: 0x1d\r\n\r\n" + body),
         ("content-length-twice-differing", head + b"Content-Length: 29\r\nContent-Length: 5\r\n\r\n" + body),
-        ("content-length-and-chunked", head + b"Content-Length: 29\r\nTransfer-Encoding: chunked\r\n\r\n1d\r\n" + body + b"\r\n0\r\n\r\n"),
+        (
+            "content-length-and-chunked",
+            head + b"Content-Length: 29\r\nTransfer-Encoding: chunked\r\n\r\n1d\r\n" + body + b"\r\n0\r\n\r\n",
+        ),
         ("chunked-valid", head + b"Transfer-Encoding: chunked\r\n\r\n1d\r\n" + body + b"\r\n0\r\n\r\n"),
         ("chunked-bad-size", head + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n" + body + b"\r\n0\r\n\r\n"),
         ("transfer-encoding-gzip", head + b"Transfer-Encoding: gzip\r\n\r\n" + body),
@@ -559,23 +894,33 @@ def http_cases() -> Iterator[Case]:
         ("header-folded", head + b"X-A: a\r\n b\r\nContent-Length: 29\r\n\r\n" + body),
         ("bare-lf", head.replace(b"\r\n", b"\n") + b"Content-Length: 29\n\n" + body),
         ("expect-100", head + b"Expect: 100-continue\r\nContent-Length: 29\r\n\r\n" + body),
-        ("method-unknown", b"FOO /v1/plans HTTP/1.1\r\nHost: h\r\n\r\n"), ("method-lowercase", b"get /v1/plans HTTP/1.1\r\nHost: h\r\n\r\n"),
+        ("method-unknown", b"FOO /v1/plans HTTP/1.1\r\nHost: h\r\n\r\n"),
+        ("method-lowercase", b"get /v1/plans HTTP/1.1\r\nHost: h\r\n\r\n"),
         ("http-1.0-no-host", b"GET /v1/plans HTTP/1.0\r\nAuthorization: " + AUTH + b"\r\n\r\n"),
         ("http-1.1-no-host", b"GET /v1/plans HTTP/1.1\r\nAuthorization: " + AUTH + b"\r\n\r\n"),
-        ("http-2.0-version", b"GET /v1/plans HTTP/2.0\r\nHost: h\r\n\r\n"), ("http-9.9-version", b"GET /v1/plans HTTP/9.9\r\nHost: h\r\n\r\n"),
-        ("target-with-space", b"GET /v1/plans x HTTP/1.1\r\nHost: h\r\n\r\n"), ("target-ctl", b"GET /v1/pl\x01ans HTTP/1.1\r\nHost: h\r\n\r\n"),
+        ("http-2.0-version", b"GET /v1/plans HTTP/2.0\r\nHost: h\r\n\r\n"),
+        ("http-9.9-version", b"GET /v1/plans HTTP/9.9\r\nHost: h\r\n\r\n"),
+        ("target-with-space", b"GET /v1/plans x HTTP/1.1\r\nHost: h\r\n\r\n"),
+        ("target-ctl", b"GET /v1/pl\x01ans HTTP/1.1\r\nHost: h\r\n\r\n"),
         ("target-utf8", "GET /v1/plans/é HTTP/1.1\r\nHost: h\r\n\r\n".encode()),
         ("host-nul", b"GET /healthz HTTP/1.1\r\nHost: a\x00b\r\n\r\n"),
     ]
     for name, data in raws:
         yield Case(f"http/{name}", "POST" if data.startswith(b"POST") else "GET", raw=data)
     for method in ("PUT", "DELETE", "PATCH", "TRACE", "OPTIONS"):
-        yield Case(f"http/method-{method}/v1/plans", method, "/v1/plans", body=b"{}" if method in ("PUT", "PATCH") else None)
+        yield Case(
+            f"http/method-{method}/v1/plans", method, "/v1/plans", body=b"{}" if method in ("PUT", "PATCH") else None
+        )
         yield Case(f"http/method-{method}/v1/plans/id", method, f"/v1/plans/{PLAN}")
     yield Case("http/head-plan", "HEAD", f"/v1/plans/{PLAN}")
     yield Case("http/get-with-body", "GET", "/v1/plans", b'{"x": "\\ud800"}')
     big = b'{"batch": {"samples": [' + b" " * (17 << 20) + b"]}}"
-    yield Case("http/body-over-16-mib", "POST", "/v1/plans", raw=head.replace(fb.encode(), b"/v1/plans") + b"Content-Length: %d\r\n\r\n" % len(big) + big)
+    yield Case(
+        "http/body-over-16-mib",
+        "POST",
+        "/v1/plans",
+        raw=head.replace(fb.encode(), b"/v1/plans") + b"Content-Length: %d\r\n\r\n" % len(big) + big,
+    )
 
 
 def all_cases() -> list[Case]:
@@ -607,6 +952,7 @@ def spread(cases: list[Case], limit: int | None) -> list[Case]:
 
 # ---- running them ------------------------------------------------------------------------------------------
 
+
 def judge(reply: Reply, method: str) -> tuple[str | None, list[str]]:
     """What is wrong with an error answer as a problem document: (why it is not one, or None; the members it lacks of field and hint).
     An answer to HEAD has no body: only its content type is judged."""
@@ -618,7 +964,9 @@ def judge(reply: Reply, method: str) -> tuple[str | None, list[str]]:
         return None, []
     if not isinstance(doc, dict):
         return f"body is not a JSON object: {reply.body[:60]!r}", []
-    absent = [m for m in ("type", "title", "status", "detail") if not isinstance(doc.get(m), int if m == "status" else str)]
+    absent = [
+        m for m in ("type", "title", "status", "detail") if not isinstance(doc.get(m), int if m == "status" else str)
+    ]
     if absent:
         return f"lacks {absent}", []
     if doc["status"] != reply.status:
@@ -649,12 +997,24 @@ class Tally:
     elapsed_s: float = 0.0
 
     def report(self) -> dict[str, Any]:
-        return {"store": self.store, "cases": self.cases, "by_status": {str(k): v for k, v in sorted(self.by_status.items())},
-                "no_answer": sum(1 for d in self.dropped if not d["answered"]), "http_500": self.http_500, "dropped": self.dropped,
-                "not_problem_json": self.not_problem, "lacking_field_or_hint": self.lacking, "refused_valid": self.refused_valid,
-                "accepted_invalid": self.accepted_invalid, "closed_by_server": self.closed_by_server, "server_exits": self.server_exits,
-                "accepted_then_polled": dict(self.later), "failed_internally_later": self.failed_later, "elapsed_s": round(self.elapsed_s, 1),
-                "answers": self.answers}
+        return {
+            "store": self.store,
+            "cases": self.cases,
+            "by_status": {str(k): v for k, v in sorted(self.by_status.items())},
+            "no_answer": sum(1 for d in self.dropped if not d["answered"]),
+            "http_500": self.http_500,
+            "dropped": self.dropped,
+            "not_problem_json": self.not_problem,
+            "lacking_field_or_hint": self.lacking,
+            "refused_valid": self.refused_valid,
+            "accepted_invalid": self.accepted_invalid,
+            "closed_by_server": self.closed_by_server,
+            "server_exits": self.server_exits,
+            "accepted_then_polled": dict(self.later),
+            "failed_internally_later": self.failed_later,
+            "elapsed_s": round(self.elapsed_s, 1),
+            "answers": self.answers,
+        }
 
 
 class Target:
@@ -672,7 +1032,9 @@ class Target:
             plan = self.send(Case("setup/plan", "POST", "/v1/plans", json.dumps(docs["plan"]).encode()))
             job = self.send(Case("setup/job", "POST", "/v1/jobs", json.dumps(docs["job"]).encode()))
             if plan.status != 201 or job.status != 202:
-                raise RuntimeError(f"setup failed: plan {plan.status} {plan.body[:300]!r}, job {job.status} {job.body[:300]!r}")
+                raise RuntimeError(
+                    f"setup failed: plan {plan.status} {plan.body[:300]!r}, job {job.status} {job.body[:300]!r}"
+                )
             self.plan_id, self.job_id = plan.json()["id"], job.json()["id"]
             self.poll(f"/v1/jobs/{self.job_id}", "status", ("running", "cancelling"))
         except BaseException:
@@ -683,7 +1045,9 @@ class Target:
         return self.wire.exchange(case.encode(self.host, self.plan_id, self.job_id), case.method)
 
     def get(self, target: str, timeout_s: float = READ_TIMEOUT_S) -> Reply:
-        return self.wire.exchange(Case("poll", "GET", target).encode(self.host, self.plan_id, self.job_id), "GET", timeout_s)
+        return self.wire.exchange(
+            Case("poll", "GET", target).encode(self.host, self.plan_id, self.job_id), "GET", timeout_s
+        )
 
     def poll(self, target: str, member: str, waiting: tuple[str, ...], deadline_s: float = 60.0) -> dict[str, Any]:
         """GET ``target`` until its ``member`` is none of ``waiting``; the last document."""
@@ -723,8 +1087,14 @@ def _later(target: Target, case: Case, reply: Reply, tally: Tally) -> None:
         tally.later[f"job:{final.get('status')}"] += 1
         internal = [f for f in (final.get("summary") or {}).get("failures", []) if f.get("kind") == "internal"]
         error = final.get("error") or {}
-        if (final.get("status") == "failed" and not error.get("field")) or internal or final.get("status") == "interrupted":
-            tally.failed_later.append({"case": case.name, "status": final.get("status"), "error": error, "internal_steps": internal[:3]})
+        if (
+            (final.get("status") == "failed" and not error.get("field"))
+            or internal
+            or final.get("status") == "interrupted"
+        ):
+            tally.failed_later.append(
+                {"case": case.name, "status": final.get("status"), "error": error, "internal_steps": internal[:3]}
+            )
 
 
 def run_case(target: Target, case: Case, tally: Tally) -> None:
@@ -751,7 +1121,13 @@ def run_case(target: Target, case: Case, tally: Tally) -> None:
         elif lacks:
             tally.lacking.append({"case": case.name, "status": reply.status, "lacks": lacks})
     if case.expect == "accept" and reply.status >= 300:
-        tally.refused_valid.append({"case": case.name, "status": reply.status, "detail": (reply.json() or {}).get("detail") if reply.status >= 400 else None})
+        tally.refused_valid.append(
+            {
+                "case": case.name,
+                "status": reply.status,
+                "detail": (reply.json() or {}).get("detail") if reply.status >= 400 else None,
+            }
+        )
     if case.expect == "refuse" and reply.status < 300:
         tally.accepted_invalid.append({"case": case.name, "status": reply.status})
     if reply.closes or reply.cut:
@@ -760,7 +1136,9 @@ def run_case(target: Target, case: Case, tally: Tally) -> None:
         try:
             check = target.get("/healthz", FOLLOW_UP_TIMEOUT_S)
             if check.status != 200:
-                tally.dropped.append({"case": case.name, "answered": True, "why": f"GET /healthz after it answered {check.status}"})
+                tally.dropped.append(
+                    {"case": case.name, "answered": True, "why": f"GET /healthz after it answered {check.status}"}
+                )
                 target.wire.close()
         except Dropped as exc:
             tally.dropped.append({"case": case.name, "answered": True, "why": f"GET /healthz after it: {exc}"})
@@ -808,12 +1186,21 @@ def failed(report: dict[str, Any]) -> bool:
 
 def text(report: dict[str, Any]) -> str:
     """The report of one store for a reader."""
-    lines = [f"== {report['store']}: {report['cases']} cases in {report['elapsed_s']} s; answers by status {report['by_status']}, "
-             f"no answer {report['no_answer']}"]
-    sections = [("500 answers", report["http_500"]), ("dropped connections", report["dropped"]), ("server exits", report["server_exits"]),
-                ("not a problem document", report["not_problem_json"]), ("problem documents lacking field/hint", report["lacking_field_or_hint"]),
-                ("valid input refused", report["refused_valid"]), ("invalid input accepted", report["accepted_invalid"]),
-                ("accepted, then failed internally", report["failed_internally_later"]), ("connection closed by the server (announced)", report["closed_by_server"])]
+    lines = [
+        f"== {report['store']}: {report['cases']} cases in {report['elapsed_s']} s; answers by status {report['by_status']}, "
+        f"no answer {report['no_answer']}"
+    ]
+    sections = [
+        ("500 answers", report["http_500"]),
+        ("dropped connections", report["dropped"]),
+        ("server exits", report["server_exits"]),
+        ("not a problem document", report["not_problem_json"]),
+        ("problem documents lacking field/hint", report["lacking_field_or_hint"]),
+        ("valid input refused", report["refused_valid"]),
+        ("invalid input accepted", report["accepted_invalid"]),
+        ("accepted, then failed internally", report["failed_internally_later"]),
+        ("connection closed by the server (announced)", report["closed_by_server"]),
+    ]
     lines.append(f"   accepted and followed to the end: {report['accepted_then_polled']}")
     for title, items in sections:
         lines.append(f"-- {title}: {len(items)}")

@@ -59,7 +59,9 @@ class Connection:
             self._writer.close()
         self._reader = self._writer = None
 
-    async def request(self, method: str, path: str, body: bytes = b"", content_type: str = "application/json") -> Answer:
+    async def request(
+        self, method: str, path: str, body: bytes = b"", content_type: str = "application/json"
+    ) -> Answer:
         reader, writer = await self._open()
         head = f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
         if body or method in ("POST", "PUT", "PATCH"):
@@ -86,8 +88,14 @@ class Connection:
         return Answer(status, time.perf_counter() - t0, headers, data, t0)
 
 
-async def drive(url: str, clients: int, seconds: float, body_for: Callable[[int, int], bytes], path: str = "/v1/plans",
-                pause_after_503_s: float = 0.01) -> list[Answer]:
+async def drive(
+    url: str,
+    clients: int,
+    seconds: float,
+    body_for: Callable[[int, int], bytes],
+    path: str = "/v1/plans",
+    pause_after_503_s: float = 0.01,
+) -> list[Answer]:
     """``clients`` connections, each sending ``POST path`` with ``body_for(client, n)`` one after the other for
     ``seconds`` (no retries; after a 503 a client waits ``pause_after_503_s``). Connection failures are answers
     with status 0."""
@@ -145,10 +153,12 @@ def percentile(values: list[float], q: float) -> float | None:
 def probe_for(url: str, path: str, every_s: float, seconds: float) -> list[tuple[int, float]]:
     """``GET path`` every ``every_s`` seconds for ``seconds``: (status, seconds) of each answer. Meant to run in a
     process of its own (:func:`start_probe`), so that what it measures is the service, not the load's client."""
+
     async def run() -> list[Answer]:
         until = asyncio.Event()
         asyncio.get_running_loop().call_later(seconds, until.set)
         return await probe(url, path, every_s, until)
+
     return [(a.status, a.seconds) for a in asyncio.run(run())]
 
 
@@ -157,8 +167,11 @@ class Probe:
     waits for it and gives its answers."""
 
     def __init__(self, url: str, path: str, every_s: float, seconds: float) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.http_load", url, path, str(every_s), str(seconds)], stdout=subprocess.PIPE,
-                                     cwd=Path(__file__).resolve().parent.parent)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.http_load", url, path, str(every_s), str(seconds)],
+            stdout=subprocess.PIPE,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
 
     def result(self) -> list[tuple[int, float]]:
         out, _ = self.proc.communicate()

@@ -38,6 +38,7 @@ def memory_mib(pid: int) -> dict[str, float | None]:
     def field(name: str) -> float | None:
         m = re.search(rf"{name}:\s+(\d+) kB", text)
         return round(int(m.group(1)) / 1024, 1) if m else None
+
     return {"rss": field("VmRSS"), "peak": field("VmHWM")}
 
 
@@ -52,8 +53,13 @@ def timings(header: str) -> dict[str, float]:
 
 
 def body(samples: int, budget_ms: float, seed: int) -> bytes:
-    doc = {"batch": WORKLOADS["video"](samples, seed=seed), "cluster": {"nodes": 32, "gpus_per_node": 8}, "model_preset": "qwen2-vl-7b",
-           "options": {"backend": "heuristic", "time_budget_ms": budget_ms}, "cache": False}
+    doc = {
+        "batch": WORKLOADS["video"](samples, seed=seed),
+        "cluster": {"nodes": 32, "gpus_per_node": 8},
+        "model_preset": "qwen2-vl-7b",
+        "options": {"backend": "heuristic", "time_budget_ms": budget_ms},
+        "cache": False,
+    }
     return json.dumps(doc).encode()
 
 
@@ -71,8 +77,15 @@ def run(samples: list[int], budgets: list[float], repeat: int) -> list[dict[str,
                             t0 = time.perf_counter()
                             r = http.post("/v1/plans", content=data)
                             took = (time.perf_counter() - t0) * 1000
-                            row = {"samples": n, "budget_ms": budget, "status": r.status_code, "body_mib": round(len(data) / 2**20, 1),
-                                   "client_ms": round(took, 1), "server": timings(r.headers.get("server-timing", "")), "memory_mib": memory_mib(srv.proc.pid)}
+                            row = {
+                                "samples": n,
+                                "budget_ms": budget,
+                                "status": r.status_code,
+                                "body_mib": round(len(data) / 2**20, 1),
+                                "client_ms": round(took, 1),
+                                "server": timings(r.headers.get("server-timing", "")),
+                                "memory_mib": memory_mib(srv.proc.pid),
+                            }
                             if r.status_code >= 400:
                                 row["error"] = {k: r.json().get(k) for k in ("detail", "field", "hint")}
                             rows.append(row)

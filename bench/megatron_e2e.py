@@ -97,8 +97,19 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--timeout-s", type=float, default=1800.0, help="longest a single training run may take (default 1800)")
     add("--out-dir", default="docs/results-megatron-e2e", help="where e2e.json, e2e.md and logs/ go")
     args = ap.parse_args(argv)
-    positive = ("procs", "steps", "samples", "shortest", "capacity_tokens", "hidden", "layers", "heads", "kv_heads",
-                "budget_ms", "profile_repeats")
+    positive = (
+        "procs",
+        "steps",
+        "samples",
+        "shortest",
+        "capacity_tokens",
+        "hidden",
+        "layers",
+        "heads",
+        "kv_heads",
+        "budget_ms",
+        "profile_repeats",
+    )
     for name in positive:
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -108,9 +119,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         args.longest = args.capacity_tokens * min(4, widest_power_of_two(args.procs))
     widest = widest_power_of_two(min(args.procs, args.check_procs) if args.check_procs else args.procs)
     if args.longest > args.capacity_tokens * widest:
-        ap.error(f"--longest {args.longest} needs more than {widest} ranks of {args.capacity_tokens} tokens, which "
-                 f"Megatron's scheduler cannot place; give --longest <= {args.capacity_tokens * widest} or raise "
-                 "--capacity-tokens")
+        ap.error(
+            f"--longest {args.longest} needs more than {widest} ranks of {args.capacity_tokens} tokens, which "
+            f"Megatron's scheduler cannot place; give --longest <= {args.capacity_tokens * widest} or raise "
+            "--capacity-tokens"
+        )
     if args.longest < args.shortest:
         ap.error("--longest must be >= --shortest")
     most = max(args.procs, args.check_procs)
@@ -148,13 +161,31 @@ def flags(**values: Any) -> list[str]:
 def fit_profile(args: argparse.Namespace, out_dir: Path) -> tuple[Path, dict[str, Any] | None]:
     """Run ``dhp profile`` for the trainer's model; returns (profile file, fit report)."""
     path, report = out_dir / "profile.json", out_dir / "profile_report.json"
-    cmd = [sys.executable, "-m", "api.commands", "profile",
-           *flags(arch="llama", device="cpu", threads=1, procs=args.procs, hidden=args.hidden, heads=args.heads,
-                  kv_heads=args.kv_heads, layers=args.layers, ffn_hidden=2 * args.hidden, vocab=96,
-                  lengths=",".join(map(str, profile_lengths(args.shortest, args.longest))),
-                  degrees=",".join(map(str, profile_degrees(args.procs))), repeats=args.profile_repeats,
-                  capacity_tokens=args.capacity_tokens, out=path, report=report),
-           *shlex.split(args.profile_extra)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "api.commands",
+        "profile",
+        *flags(
+            arch="llama",
+            device="cpu",
+            threads=1,
+            procs=args.procs,
+            hidden=args.hidden,
+            heads=args.heads,
+            kv_heads=args.kv_heads,
+            layers=args.layers,
+            ffn_hidden=2 * args.hidden,
+            vocab=96,
+            lengths=",".join(map(str, profile_lengths(args.shortest, args.longest))),
+            degrees=",".join(map(str, profile_degrees(args.procs))),
+            repeats=args.profile_repeats,
+            capacity_tokens=args.capacity_tokens,
+            out=path,
+            report=report,
+        ),
+        *shlex.split(args.profile_extra),
+    ]
     log(f"fitting the profile: {' '.join(cmd[1:])}")
     t0 = time.perf_counter()
     res = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True)
@@ -162,8 +193,10 @@ def fit_profile(args: argparse.Namespace, out_dir: Path) -> tuple[Path, dict[str
     (out_dir / "logs" / "profile.log").write_text(res.stderr)
     if res.returncode != 0:
         last = [line for line in res.stderr.splitlines() if line.strip()][-1:] or ["(no output)"]
-        raise SystemExit(f"dhp profile failed (exit {res.returncode}): {last[0]} -- rerun on a quiet machine, raise "
-                         "--profile-repeats, pass flags with --profile-extra, or give --profile FILE")
+        raise SystemExit(
+            f"dhp profile failed (exit {res.returncode}): {last[0]} -- rerun on a quiet machine, raise "
+            "--profile-repeats, pass flags with --profile-extra, or give --profile FILE"
+        )
     for line in res.stderr.splitlines():
         if line.startswith(("fit:", "rings:", "transfers:")):
             log(f"  {line}")
@@ -185,15 +218,44 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def train(arm: str, procs: int, steps: int, dtype: str, args: argparse.Namespace, profile: Path, barrier_s: float,
-          out: Path, reference: bool = False) -> dict[str, Any]:
+def train(
+    arm: str,
+    procs: int,
+    steps: int,
+    dtype: str,
+    args: argparse.Namespace,
+    profile: Path,
+    barrier_s: float,
+    out: Path,
+    reference: bool = False,
+) -> dict[str, Any]:
     """One ``trainer.train_hf`` run of an arm under torchrun; returns its summary (rank 0's ``--out``)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", *flags(nproc_per_node=procs, master_port=_free_port()),
-           "-m", "trainer.train_hf",
-           *flags(arm=arm, steps=steps, samples=args.samples, shortest=args.shortest, longest=args.longest,
-                  seed=args.seed, dtype=dtype, hidden=args.hidden, layers=args.layers, heads=args.heads,
-                  kv_heads=args.kv_heads, profile=profile, capacity_tokens=args.capacity_tokens,
-                  budget_ms=args.budget_ms, barrier_s=repr(barrier_s), out=out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *flags(nproc_per_node=procs, master_port=_free_port()),
+        "-m",
+        "trainer.train_hf",
+        *flags(
+            arm=arm,
+            steps=steps,
+            samples=args.samples,
+            shortest=args.shortest,
+            longest=args.longest,
+            seed=args.seed,
+            dtype=dtype,
+            hidden=args.hidden,
+            layers=args.layers,
+            heads=args.heads,
+            kv_heads=args.kv_heads,
+            profile=profile,
+            capacity_tokens=args.capacity_tokens,
+            budget_ms=args.budget_ms,
+            barrier_s=repr(barrier_s),
+            out=out,
+        ),
+    ]
     if reference:
         cmd.append("--reference")
     logs = out.parent / "logs"
@@ -238,18 +300,25 @@ def arm_figures(steps: list[dict[str, Any]]) -> dict[str, Any]:
     predicted = [float(s["predicted_s"]) for s in steps]
     errors = [p / m - 1.0 for p, m in zip(predicted, measured, strict=True)]
     # Each group's own time (the slowest of its ranks, barriers excluded) against its prediction.
-    per_micro_batch = [pair for s in steps
-                       for pair in zip(s.get("group_times_s", []), s.get("group_predicted_s", []), strict=True)]
+    per_micro_batch = [
+        pair for s in steps for pair in zip(s.get("group_times_s", []), s.get("group_predicted_s", []), strict=True)
+    ]
     pairs = [(m, p) for ms, ps in per_micro_batch for m, p in zip(ms, ps, strict=True)]
     groups = [p / m - 1.0 for m, p in pairs if m > 0 and p is not None]
     mean = statistics.fmean
-    return {"steps": len(steps), "measured_median_s": statistics.median(measured), "measured_mean_s": mean(measured),
-            "predicted_median_s": statistics.median(predicted), "predicted_mean_s": mean(predicted),
-            "error_of_means": mean(predicted) / mean(measured) - 1.0,
-            "mean_abs_step_error": mean(abs(e) for e in errors), "worst_step_error": max(errors, key=abs),
-            "mean_abs_group_error": mean(abs(e) for e in groups) if groups else None,
-            "micro_batches_mean": mean(len(s["groups"]) for s in steps),
-            "verified": all((s.get("verification") or {}).get("ok", True) for s in steps)}
+    return {
+        "steps": len(steps),
+        "measured_median_s": statistics.median(measured),
+        "measured_mean_s": mean(measured),
+        "predicted_median_s": statistics.median(predicted),
+        "predicted_mean_s": mean(predicted),
+        "error_of_means": mean(predicted) / mean(measured) - 1.0,
+        "mean_abs_step_error": mean(abs(e) for e in errors),
+        "worst_step_error": max(errors, key=abs),
+        "mean_abs_group_error": mean(abs(e) for e in groups) if groups else None,
+        "micro_batches_mean": mean(len(s["groups"]) for s in steps),
+        "verified": all((s.get("verification") or {}).get("ok", True) for s in steps),
+    }
 
 
 def loss_check(runs: dict[str, dict[str, Any]], dtype: str) -> dict[str, Any]:
@@ -264,8 +333,15 @@ def loss_check(runs: dict[str, dict[str, Any]], dtype: str) -> dict[str, Any]:
         worst = max(worst, (max(values) - min(values)) / scale)
     reference = {a: runs[a].get("max_loss_rel_diff") for a in arms}
     ok = worst <= TOLERANCE[dtype] and all(v is None or v <= TOLERANCE[dtype] for v in reference.values())
-    return {"dtype": dtype, "steps": n, "losses": losses, "max_rel_diff_between_arms": worst,
-            "max_rel_diff_to_one_process": reference, "tolerance": TOLERANCE[dtype], "equal": ok}
+    return {
+        "dtype": dtype,
+        "steps": n,
+        "losses": losses,
+        "max_rel_diff_between_arms": worst,
+        "max_rel_diff_to_one_process": reference,
+        "tolerance": TOLERANCE[dtype],
+        "equal": ok,
+    }
 
 
 def summarise(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -284,56 +360,84 @@ def table(record: dict[str, Any]) -> str:
     """The markdown report of a record (see the module docstring)."""
     s = record["settings"]
     figures = summarise(record)
-    lines = [f"# Measured step times: static, Megatron-Core's scheduler, dhp under Megatron's rules, dhp "
-             f"({s['procs']} processes)", "",
-             f"`trainer.train_hf` under torchrun, gloo on CPU, {s['procs']} processes on {s['cores']} cores, "
-             f"one thread each; Llama {s['layers']} x {s['hidden']} ({s['heads']} heads, {s['kv_heads']} key/value "
-             f"heads, {s['dtype']}); {s['samples']} samples per step, lengths {s['shortest']}..{s['longest']} "
-             f"(log-uniform, seed {s['seed']}), {s['capacity_tokens']} tokens per rank; {s['steps']} timed steps per "
-             f"arm after {s['warmup']} warm-up steps. Measured: the slowest rank's step (forward, backward, barriers, "
-             "gradient all-reduce, optimizer). Predicted: the plan's step time under the profile of its execution.", "",
-             "| arm | execution | measured median (ms) | measured mean (ms) | predicted mean (ms) "
-             "| predicted / measured - 1 | mean abs error: steps, groups | speedup over (a) (predicted) "
-             "| speedup over (b) (predicted) | micro-batches |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Measured step times: static, Megatron-Core's scheduler, dhp under Megatron's rules, dhp "
+        f"({s['procs']} processes)",
+        "",
+        f"`trainer.train_hf` under torchrun, gloo on CPU, {s['procs']} processes on {s['cores']} cores, "
+        f"one thread each; Llama {s['layers']} x {s['hidden']} ({s['heads']} heads, {s['kv_heads']} key/value "
+        f"heads, {s['dtype']}); {s['samples']} samples per step, lengths {s['shortest']}..{s['longest']} "
+        f"(log-uniform, seed {s['seed']}), {s['capacity_tokens']} tokens per rank; {s['steps']} timed steps per "
+        f"arm after {s['warmup']} warm-up steps. Measured: the slowest rank's step (forward, backward, barriers, "
+        "gradient all-reduce, optimizer). Predicted: the plan's step time under the profile of its execution.",
+        "",
+        "| arm | execution | measured median (ms) | measured mean (ms) | predicted mean (ms) "
+        "| predicted / measured - 1 | mean abs error: steps, groups | speedup over (a) (predicted) "
+        "| speedup over (b) (predicted) | micro-batches |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for arm in [a for a in ARM_ORDER if a in figures]:
         f = figures[arm]
-        over = [f"{f[f'speedup_over_{b}']:.3f}x ({f[f'predicted_speedup_over_{b}']:.3f}x)"
-                if f"speedup_over_{b}" in f else "-" for b in ("static", "megatron")]
+        over = [
+            f"{f[f'speedup_over_{b}']:.3f}x ({f[f'predicted_speedup_over_{b}']:.3f}x)"
+            if f"speedup_over_{b}" in f
+            else "-"
+            for b in ("static", "megatron")
+        ]
         execution = record["timing"][arm].get("execution", "")
         group = "-" if f["mean_abs_group_error"] is None else f"{f['mean_abs_group_error'] * 100:.1f}%"
-        lines.append(f"| {LABELS[arm]} | {execution} | {f['measured_median_s'] * 1e3:.1f} | "
-                     f"{f['measured_mean_s'] * 1e3:.1f} | {f['predicted_mean_s'] * 1e3:.1f} | "
-                     f"{f['error_of_means'] * 100:+.1f}% | {f['mean_abs_step_error'] * 100:.1f}%, {group} | "
-                     f"{over[0]} | {over[1]} | {f['micro_batches_mean']:.1f} |")
+        lines.append(
+            f"| {LABELS[arm]} | {execution} | {f['measured_median_s'] * 1e3:.1f} | "
+            f"{f['measured_mean_s'] * 1e3:.1f} | {f['predicted_mean_s'] * 1e3:.1f} | "
+            f"{f['error_of_means'] * 100:+.1f}% | {f['mean_abs_step_error'] * 100:.1f}%, {group} | "
+            f"{over[0]} | {over[1]} | {f['micro_batches_mean']:.1f} |"
+        )
     sample = record["sample_profile"]
     fitted = record.get("profile_report") or {}
-    rings = (f"; rings R^2 {fitted['ring_r2']:.4f}, largest relative error {fitted['ring_max_rel_error']:.3f}, "
-             f"{fitted['latency_s'] * 1e6:.0f} us per message" if "ring_r2" in fitted else "")
-    lines += ["", f"Profile: {record.get('profile_source', '')}{rings}.", "",
-              "Per-sample profile (arms b, c; `trainer.per_sample_costs`): sample_constant a0 + b = "
-              f"{sample['time']['sample_constant'] * 1e3:.3f} ms, group_constant = the barrier "
-              f"{record['barrier_s'] * 1e3:.3f} ms, messages per sample {sample['comm']['messages_per_step']:g} per "
-              f"ring step + {sample['comm'].get('messages_fixed', 0):g}, step constant "
-              f"{sample['time'].get('step_constant', 0) * 1e3:.3f} ms (one barrier fewer than barrier groups)."]
+    rings = (
+        f"; rings R^2 {fitted['ring_r2']:.4f}, largest relative error {fitted['ring_max_rel_error']:.3f}, "
+        f"{fitted['latency_s'] * 1e6:.0f} us per message"
+        if "ring_r2" in fitted
+        else ""
+    )
+    lines += [
+        "",
+        f"Profile: {record.get('profile_source', '')}{rings}.",
+        "",
+        "Per-sample profile (arms b, c; `trainer.per_sample_costs`): sample_constant a0 + b = "
+        f"{sample['time']['sample_constant'] * 1e3:.3f} ms, group_constant = the barrier "
+        f"{record['barrier_s'] * 1e3:.3f} ms, messages per sample {sample['comm']['messages_per_step']:g} per "
+        f"ring step + {sample['comm'].get('messages_fixed', 0):g}, step constant "
+        f"{sample['time'].get('step_constant', 0) * 1e3:.3f} ms (one barrier fewer than barrier groups).",
+    ]
     unverified = [a for a, f in figures.items() if not f["verified"]]
     if unverified:
-        lines += ["", "Plans not valid under their execution's rules (run as planned, see e2e.json): "
-                  f"{', '.join(unverified)}."]
+        lines += [
+            "",
+            f"Plans not valid under their execution's rules (run as planned, see e2e.json): {', '.join(unverified)}.",
+        ]
     check = record.get("check")
     if check:
         n = check["steps"]
-        lines += ["", f"## Loss check: {check['procs']} processes, {check['dtype']}, {n} steps", "",
-                  "| arm | " + " | ".join(f"step {k} loss" for k in range(n))
-                  + " | largest relative difference to one process |",
-                  "|---|" + "---|" * n + "---|"]
+        lines += [
+            "",
+            f"## Loss check: {check['procs']} processes, {check['dtype']}, {n} steps",
+            "",
+            "| arm | "
+            + " | ".join(f"step {k} loss" for k in range(n))
+            + " | largest relative difference to one process |",
+            "|---|" + "---|" * n + "---|",
+        ]
         for arm in [a for a in ARM_ORDER if a in check["losses"]]:
             ref = check["max_rel_diff_to_one_process"].get(arm)
             losses = " | ".join(f"{v:.12f}" for v in check["losses"][arm][:n])
             lines.append(f"| {LABELS[arm]} | {losses} | {'-' if ref is None else f'{ref:.2e}'} |")
         verdict = "equal" if check["equal"] else "NOT equal"
-        lines += ["", "Largest relative difference between arms at the same step: "
-                  f"{check['max_rel_diff_between_arms']:.2e} (tolerance {check['tolerance']:g}: {verdict})."]
+        lines += [
+            "",
+            "Largest relative difference between arms at the same step: "
+            f"{check['max_rel_diff_between_arms']:.2e} (tolerance {check['tolerance']:g}: {verdict}).",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -355,28 +459,58 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"barrier over {args.procs} processes: {barrier_s * 1e6:.1f} us")
     packed = json.loads(profile.read_text())
     packed["capacity_tokens_per_rank"] = args.capacity_tokens
-    names = ("procs", "steps", "warmup", "samples", "shortest", "longest", "capacity_tokens", "seed", "hidden",
-             "layers", "heads", "kv_heads", "budget_ms")
+    names = (
+        "procs",
+        "steps",
+        "warmup",
+        "samples",
+        "shortest",
+        "longest",
+        "capacity_tokens",
+        "seed",
+        "hidden",
+        "layers",
+        "heads",
+        "kv_heads",
+        "budget_ms",
+    )
     settings = {k: getattr(args, k) for k in names}
     settings.update(cores=os.cpu_count(), dtype="float32", arms=args.arm_list)
-    record: dict[str, Any] = {"settings": settings, "profile": packed,
-                              "profile_source": packed.get("source", str(profile)), "profile_report": report,
-                              "barrier_s": barrier_s,
-                              "sample_profile": per_sample_profile(packed, barrier_s), "timing": {}, "check": None}
+    record: dict[str, Any] = {
+        "settings": settings,
+        "profile": packed,
+        "profile_source": packed.get("source", str(profile)),
+        "profile_report": report,
+        "barrier_s": barrier_s,
+        "sample_profile": per_sample_profile(packed, barrier_s),
+        "timing": {},
+        "check": None,
+    }
     arms = args.arm_list
     for k, arm in enumerate(arms):
         log(f"[{k + 1}/{len(arms)}] timing {LABELS[arm]} on {args.procs} processes, {args.warmup} + {args.steps} steps")
-        run = train(arm, args.procs, args.warmup + args.steps, "float32", args, profile, barrier_s,
-                    out_dir / f"time_{arm}.json")
-        run["steps"] = run["steps"][args.warmup:]
+        run = train(
+            arm, args.procs, args.warmup + args.steps, "float32", args, profile, barrier_s, out_dir / f"time_{arm}.json"
+        )
+        run["steps"] = run["steps"][args.warmup :]
         record["timing"][arm] = run
     if args.check_procs:
         runs = {}
         for k, arm in enumerate(arms):
-            log(f"[{k + 1}/{len(arms)}] loss check of {LABELS[arm]} on {args.check_procs} processes, "
-                f"{args.check_dtype}")
-            runs[arm] = train(arm, args.check_procs, args.check_steps, args.check_dtype, args, profile, barrier_s,
-                              out_dir / f"check_{arm}.json", reference=True)
+            log(
+                f"[{k + 1}/{len(arms)}] loss check of {LABELS[arm]} on {args.check_procs} processes, {args.check_dtype}"
+            )
+            runs[arm] = train(
+                arm,
+                args.check_procs,
+                args.check_steps,
+                args.check_dtype,
+                args,
+                profile,
+                barrier_s,
+                out_dir / f"check_{arm}.json",
+                reference=True,
+            )
         kept = {a: {"steps": r["steps"], "max_parameter_diff": r.get("max_parameter_diff")} for a, r in runs.items()}
         record["check"] = {"procs": args.check_procs, **loss_check(runs, args.check_dtype), "runs": kept}
     record["wall_s"] = time.perf_counter() - started

@@ -52,8 +52,9 @@ def _timed_calls(scheduler: Any, batches: list[list[tuple[int, int]]]) -> tuple[
     return times[0], times[1:]
 
 
-def time_point(ranks: int, samples: int, batches: int, workload: str = "video", profile: str = ANALYTICAL,
-               budget_ms: float = 200.0) -> list[dict[str, Any]]:
+def time_point(
+    ranks: int, samples: int, batches: int, workload: str = "video", profile: str = ANALYTICAL, budget_ms: float = 200.0
+) -> list[dict[str, Any]]:
     """Construction, warm-up and timed-call milliseconds of both schedulers at one point (see the module docstring)."""
     from trainer.megatron import DomainGroup, PlannedCPScheduler, balanced_scheduler_class
 
@@ -67,9 +68,17 @@ def time_point(ranks: int, samples: int, batches: int, workload: str = "video", 
     balanced = balanced_scheduler_class()  # imported here, outside the construction's time
     made: list[tuple[str, Callable[[], Any]]] = [
         ("megatron", lambda: balanced(cap, DomainGroup(ranks))),
-        ("dhp", lambda: PlannedCPScheduler(cap, DomainGroup(ranks), profile=request.get("profile"),
-                                           cluster=request["cluster"], budget_ms=budget_ms,
-                                           model=request.get("model") or request.get("model_preset"))),
+        (
+            "dhp",
+            lambda: PlannedCPScheduler(
+                cap,
+                DomainGroup(ranks),
+                profile=request.get("profile"),
+                cluster=request["cluster"],
+                budget_ms=budget_ms,
+                model=request.get("model") or request.get("model_preset"),
+            ),
+        ),
     ]
     rows = []
     for name, make in made:
@@ -77,22 +86,37 @@ def time_point(ranks: int, samples: int, batches: int, workload: str = "video", 
         scheduler = make()
         construct = (time.perf_counter() - start) * 1000.0
         warm, times = _timed_calls(scheduler, lists)
-        rows.append({"ranks": ranks, "samples": samples, "scheduler": name, "profile": profile,
-                     "max_seq_len_per_rank": cap,
-                     "construct_ms": construct, "warm_up_ms": warm, "wall_ms": times,
-                     "median_ms": statistics.median(times), "max_ms": max(times)})
+        rows.append(
+            {
+                "ranks": ranks,
+                "samples": samples,
+                "scheduler": name,
+                "profile": profile,
+                "max_seq_len_per_rank": cap,
+                "construct_ms": construct,
+                "warm_up_ms": warm,
+                "wall_ms": times,
+                "median_ms": statistics.median(times),
+                "max_ms": max(times),
+            }
+        )
     return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.megatron_timing", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--points", type=_points, default=DEFAULT_POINTS,
-                        help="RANKSxSAMPLES points (default 64x512,1024x8192)")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.megatron_timing",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--points", type=_points, default=DEFAULT_POINTS, help="RANKSxSAMPLES points (default 64x512,1024x8192)"
+    )
     parser.add_argument("--batches", type=int, default=5, help="timed batches per point after the warm-up (default 5)")
     parser.add_argument("--workload", default="video", help="workload of the batches (default video)")
-    parser.add_argument("--profile", default=ANALYTICAL,
-                        help="cost profile: analytical (default), a zoo name or a profile file")
+    parser.add_argument(
+        "--profile", default=ANALYTICAL, help="cost profile: analytical (default), a zoo name or a profile file"
+    )
     parser.add_argument("--budget-ms", type=float, default=200.0, help="dhp's planning budget per batch (default 200)")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
@@ -104,11 +128,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for ranks, samples in args.points:
         for r in time_point(ranks, samples, args.batches, args.workload, args.profile, args.budget_ms):
             rows.append(r)
-            print(f"| {ranks} | {samples} | {r['scheduler']} | {r['construct_ms']:.1f} | {r['warm_up_ms']:.1f} | "
-                  f"{r['median_ms']:.1f} | {r['max_ms']:.1f} |", flush=True)
-    print(f"{args.batches} timed batches per point after one warm-up; workload {args.workload}, "
-          f"profile {args.profile}, "
-          f"dhp budget {args.budget_ms:g} ms", file=sys.stderr)
+            print(
+                f"| {ranks} | {samples} | {r['scheduler']} | {r['construct_ms']:.1f} | {r['warm_up_ms']:.1f} | "
+                f"{r['median_ms']:.1f} | {r['max_ms']:.1f} |",
+                flush=True,
+            )
+    print(
+        f"{args.batches} timed batches per point after one warm-up; workload {args.workload}, "
+        f"profile {args.profile}, "
+        f"dhp budget {args.budget_ms:g} ms",
+        file=sys.stderr,
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": " ".join(sys.argv), "rows": rows}, f, indent=1)

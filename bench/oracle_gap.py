@@ -36,7 +36,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--instances", type=int, default=300)
     ap.add_argument("--first", type=int, default=0, help="first seed")
-    ap.add_argument("--budget-ms", type=float, default=1000.0, help="budget of the solver backends (heuristic: the same)")
+    ap.add_argument(
+        "--budget-ms", type=float, default=1000.0, help="budget of the solver backends (heuristic: the same)"
+    )
     ap.add_argument("--backends", default="heuristic,cpsat,highs,cbc,default")
     ap.add_argument("--verbose", action="store_true", help="print every refuted claim")
     args = ap.parse_args()
@@ -60,15 +62,26 @@ def main() -> None:
             if args.verbose:
                 bad = [k for k, v in o.flags().items() if v]
                 if bad:
-                    print(f"  seed {seed} {tags} {b}: {bad} optimum {optimum:.6g} step {o.step} bound {o.bound} status {o.status} {o.message or ''}")
-    print(f"{args.instances} instances (seeds {args.first}..{args.first + args.instances - 1}), {args.instances - n_infeasible} feasible, "
-          f"{n_infeasible} infeasible by the oracle; solver budget {args.budget_ms:.0f} ms; {time.perf_counter() - start:.0f} s")
-    header = f"{'backend':10} {'reached':>13} {'mean':>7} {'worst':>7} {'optimal':>7} " + " ".join(f"{c:>20}" for c in CLAIMS) + f" {'unknown':>8}"
+                    print(
+                        f"  seed {seed} {tags} {b}: {bad} optimum {optimum:.6g} step {o.step} bound {o.bound} status {o.status} {o.message or ''}"
+                    )
+    print(
+        f"{args.instances} instances (seeds {args.first}..{args.first + args.instances - 1}), {args.instances - n_infeasible} feasible, "
+        f"{n_infeasible} infeasible by the oracle; solver budget {args.budget_ms:.0f} ms; {time.perf_counter() - start:.0f} s"
+    )
+    header = (
+        f"{'backend':10} {'reached':>13} {'mean':>7} {'worst':>7} {'optimal':>7} "
+        + " ".join(f"{c:>20}" for c in CLAIMS)
+        + f" {'unknown':>8}"
+    )
     print(header)
     for b in backends:
         s = summarise(outcomes[b])
-        print(f"{b:10} {s['reached']:>4}/{s['feasible']:<4}{100 * s['reached_rate']:3.0f}% {s['mean_ratio']:7.4f} {s['worst_ratio']:7.4f} {s['optimal_claims']:>7} "
-              + " ".join(f"{s[c]:>20}" for c in CLAIMS) + f" {s['unknown']:>8}")
+        print(
+            f"{b:10} {s['reached']:>4}/{s['feasible']:<4}{100 * s['reached_rate']:3.0f}% {s['mean_ratio']:7.4f} {s['worst_ratio']:7.4f} {s['optimal_claims']:>7} "
+            + " ".join(f"{s[c]:>20}" for c in CLAIMS)
+            + f" {s['unknown']:>8}"
+        )
     print("per profile (reached / feasible, mean ratio):")
     for p in PROFILES:
         cells = []

@@ -50,7 +50,9 @@ Planner = Callable[[Problem, Workload], Outcome]
 def plan_assignment(plan: Plan, problem: Problem) -> Assignment:
     """The assignment behind a plan (sample ids back to indices)."""
     index = problem.batch.index
-    return Assignment(tuple(tuple((g.ranks, tuple(index[s] for s in g.samples)) for g in mb.groups) for mb in plan.micro_batches))
+    return Assignment(
+        tuple(tuple((g.ranks, tuple(index[s] for s in g.samples)) for g in mb.groups) for mb in plan.micro_batches)
+    )
 
 
 def _static_deployed(problem: Problem, workload: Workload) -> Outcome:
@@ -104,8 +106,14 @@ def dhp_default(budget_ms: float, backend: str = "auto") -> Planner:
         options = replace(base, time_budget_ms=budget_ms, backend=backend, max_micro_batches=cap)
         p = plan(replace(problem, options=options))
         s = p.solver
-        details = {"backend": s.backend, "status": s.status, "phases": s.details.get("phases", {}), "chosen": s.details.get("chosen"),
-                   "budget_ms": budget_ms, "solver_wall_ms": s.wall_ms}
+        details = {
+            "backend": s.backend,
+            "status": s.status,
+            "phases": s.details.get("phases", {}),
+            "chosen": s.details.get("chosen"),
+            "budget_ms": budget_ms,
+            "solver_wall_ms": s.wall_ms,
+        }
         return Outcome(plan_assignment(p, problem), s.fallback_reason, details)
 
     return run
@@ -115,9 +123,16 @@ def _dhp(backend: str) -> Planner:
     def run(problem: Problem, workload: Workload) -> Outcome:
         from planning.planner import plan
 
-        p = plan(replace(problem, options=replace(problem.options, backend=backend)))  # as users call it: static layout as a floor
+        p = plan(
+            replace(problem, options=replace(problem.options, backend=backend))
+        )  # as users call it: static layout as a floor
         s = p.solver
-        details = {"backend": s.backend, "status": s.status, "phases": s.details.get("phases", {}), "chosen": s.details.get("chosen")}
+        details = {
+            "backend": s.backend,
+            "status": s.status,
+            "phases": s.details.get("phases", {}),
+            "chosen": s.details.get("chosen"),
+        }
         return Outcome(plan_assignment(p, problem), s.fallback_reason, details)
 
     return run
@@ -146,9 +161,14 @@ def dhp_megatron(request: Mapping[str, Any], budget_ms: float = MEGATRON_BUDGET_
         scheduler = schedulers.get(key)
         if scheduler is None:
             start = time.perf_counter()
-            scheduler = PlannedCPScheduler(key[0], DomainGroup(key[1]), profile=request.get("profile"),
-                                           cluster=request["cluster"], budget_ms=budget_ms,
-                                           model=request.get("model") or request.get("model_preset"))
+            scheduler = PlannedCPScheduler(
+                key[0],
+                DomainGroup(key[1]),
+                profile=request.get("profile"),
+                cluster=request["cluster"],
+                budget_ms=budget_ms,
+                model=request.get("model") or request.get("model_preset"),
+            )
             details["construct_ms"] = (time.perf_counter() - start) * 1000.0
             schedulers[key] = scheduler
         pairs = [(i, int(length)) for i, length in enumerate(problem.batch.lengths)]
@@ -156,8 +176,12 @@ def dhp_megatron(request: Mapping[str, Any], budget_ms: float = MEGATRON_BUDGET_
         _, sample_id_groups = scheduler.get_groups_and_subsamples(pairs, None)
         wall = (time.perf_counter() - start) * 1000.0
         solver = scheduler.last.get("plan", {}).get("solver", {})
-        details.update(predicted_step_time_s=scheduler.last.get("predicted_step_time_s"), backend=solver.get("backend"),
-                       status=solver.get("status"), barrier_groups=len(sample_id_groups))
+        details.update(
+            predicted_step_time_s=scheduler.last.get("predicted_step_time_s"),
+            backend=solver.get("backend"),
+            status=solver.get("status"),
+            barrier_groups=len(sample_id_groups),
+        )
         return Outcome(assignment_of(sample_id_groups, {i: i for i in range(len(pairs))}), None, details, wall)
 
     return run
@@ -186,8 +210,20 @@ could run it: the floor a dynamic schedule must beat there)."""
 REQUEST_PLANNERS: dict[str, Callable[[Mapping[str, Any]], Planner]] = {"dhp-megatron": dhp_megatron}
 """Planners made from the request documents of a cell (cluster, model, profile) as well: :func:`planner_for`."""
 
-NAMES: tuple[str, ...] = ("static-deployed", "static-best", "static-best-megatron", "megatron", "bucket-milp", "flexsp",
-                          "dhp-heuristic", "dhp-auto", "dhp-heuristic-default", "dhp-default", "dhp-1s", "dhp-megatron")
+NAMES: tuple[str, ...] = (
+    "static-deployed",
+    "static-best",
+    "static-best-megatron",
+    "megatron",
+    "bucket-milp",
+    "flexsp",
+    "dhp-heuristic",
+    "dhp-auto",
+    "dhp-heuristic-default",
+    "dhp-default",
+    "dhp-1s",
+    "dhp-megatron",
+)
 """Every planner, in report order."""
 
 DEFAULT_EXCLUDED = ("flexsp", "dhp-heuristic-default", "dhp-default", "dhp-1s", "dhp-megatron", "static-best-megatron")
@@ -217,12 +253,16 @@ def planner_for(name: str, flexsp: FlexSPSettings | None = None, request: Mappin
     ``request`` (the cell's request document, :func:`bench.runner.make_request`)."""
     if name in REQUEST_PLANNERS:
         if request is None:
-            raise ProblemError(f"planner {name!r} is made from the request documents", field="planners",
-                               hint=f"call planner_for({name!r}, request=bench.runner.make_request(...)).")
+            raise ProblemError(
+                f"planner {name!r} is made from the request documents",
+                field="planners",
+                hint=f"call planner_for({name!r}, request=bench.runner.make_request(...)).",
+            )
         return REQUEST_PLANNERS[name](request)
     if name == "flexsp" and flexsp is not None:
         return flexsp_planner(flexsp)
     return PLANNERS[name]
+
 
 LABELS = {
     "static-deployed": "static as deployed",

@@ -31,16 +31,23 @@ def free_port() -> int:
 
 
 def default_bin_dir() -> Path:
-    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: [int(x) for x in p.parent.name.split(".") if x.isdigit()])
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"),
+        key=lambda p: [int(x) for x in p.parent.name.split(".") if x.isdigit()],
+    )
     if not versions:
-        raise RuntimeError("no PostgreSQL under /usr/lib/postgresql: install Debian's postgresql package, or pass bin_dir")
+        raise RuntimeError(
+            "no PostgreSQL under /usr/lib/postgresql: install Debian's postgresql package, or pass bin_dir"
+        )
     return versions[-1]
 
 
 class PostgresServer:
     """One PostgreSQL server in ``root`` (data in ``root/data``, log in ``root/postgres.log``), started at construction."""
 
-    def __init__(self, root: Path, port: int | None = None, bin_dir: Path | None = None, ready_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, root: Path, port: int | None = None, bin_dir: Path | None = None, ready_timeout_s: float = 60.0
+    ) -> None:
         self.root = root
         self.data = root / "data"
         self.port = port or free_port()
@@ -52,7 +59,20 @@ class PostgresServer:
         if self._as_postgres:
             shutil.chown(root, "postgres")
         if not (self.data / "PG_VERSION").exists():
-            self._run([str(self.bin / "initdb"), "-D", str(self.data), "-U", "dhp", "--auth=trust", "-E", "UTF8", "--no-sync"], check=True)
+            self._run(
+                [
+                    str(self.bin / "initdb"),
+                    "-D",
+                    str(self.data),
+                    "-U",
+                    "dhp",
+                    "--auth=trust",
+                    "-E",
+                    "UTF8",
+                    "--no-sync",
+                ],
+                check=True,
+            )
         self.start()
         with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
             if conn.execute("SELECT 1 FROM pg_database WHERE datname = 'dhp'").fetchone() is None:
@@ -77,14 +97,29 @@ class PostgresServer:
         """Start the server (after a kill: crash recovery first) and wait until it accepts connections."""
         log = open(self.root / "postgres.log", "ab")  # noqa: SIM115 (the child keeps it)
         # fsync off: a kill -9 of the server process (not of the machine) loses nothing the server acknowledged.
-        args = [str(self.bin / "postgres"), "-D", str(self.data), "-p", str(self.port), "-h", "127.0.0.1", "-k", str(self.root),
-                "-c", "fsync=off", "-c", "max_connections=100"]
+        args = [
+            str(self.bin / "postgres"),
+            "-D",
+            str(self.data),
+            "-p",
+            str(self.port),
+            "-h",
+            "127.0.0.1",
+            "-k",
+            str(self.root),
+            "-c",
+            "fsync=off",
+            "-c",
+            "max_connections=100",
+        ]
         self.proc = subprocess.Popen(self._command(args), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"PostgreSQL exited with {self.proc.returncode}: {(self.root / 'postgres.log').read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"PostgreSQL exited with {self.proc.returncode}: {(self.root / 'postgres.log').read_text()[-2000:]}"
+                )
             try:
                 with psycopg.connect(self.admin_dsn, connect_timeout=1):
                     return

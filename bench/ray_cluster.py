@@ -18,7 +18,9 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     split = args_in.index("--") if "--" in args_in else len(args_in)
-    ap = argparse.ArgumentParser(prog="python -m bench.ray_cluster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.ray_cluster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--nodes", type=int, default=2, help="nodes of the simulated cluster (the head included)")
     ap.add_argument("--cpus-per-node", type=int, default=1)
     ap.add_argument("--out", required=True)
@@ -33,8 +35,13 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.nodes - 1):
             cluster.add_node(num_cpus=args.cpus_per_node)
         cluster.wait_for_nodes()
-        print(f"simulated Ray cluster at {cluster.address}: {args.nodes} nodes x {args.cpus_per_node} CPU", file=sys.stderr)
-        code = dhp(["plan-epoch", *args_in[split + 1:], "--engine", "ray", "--address", cluster.address, "--out", args.out])
+        print(
+            f"simulated Ray cluster at {cluster.address}: {args.nodes} nodes x {args.cpus_per_node} CPU",
+            file=sys.stderr,
+        )
+        code = dhp(
+            ["plan-epoch", *args_in[split + 1 :], "--engine", "ray", "--address", cluster.address, "--out", args.out]
+        )
     finally:
         ray.shutdown()
         cluster.shutdown()

@@ -88,10 +88,16 @@ class GridSpec:
         for name in self.profiles:
             resolve_profile(name)
         if any(n < 1 for n in self.samples):
-            raise ProblemError(f"batch sizes must be >= 1, got {self.samples}", field="--samples", hint="e.g. --samples 512.")
+            raise ProblemError(
+                f"batch sizes must be >= 1, got {self.samples}", field="--samples", hint="e.g. --samples 512."
+            )
         for r in self.ranks:
             if r < 1 or (r > GPUS_PER_NODE and r % GPUS_PER_NODE):
-                raise ProblemError(f"{r} ranks is not a whole number of {GPUS_PER_NODE}-GPU nodes", field="--ranks", hint=f"use 1..{GPUS_PER_NODE} or a multiple of {GPUS_PER_NODE}.")
+                raise ProblemError(
+                    f"{r} ranks is not a whole number of {GPUS_PER_NODE}-GPU nodes",
+                    field="--ranks",
+                    hint=f"use 1..{GPUS_PER_NODE} or a multiple of {GPUS_PER_NODE}.",
+                )
         unknown = [p for p in self.planners if p not in NAMES]
         if unknown:
             raise ProblemError(f"unknown planner(s) {unknown}", field="--planners", hint=f"use some of {list(NAMES)}.")
@@ -133,7 +139,12 @@ def cluster_doc(ranks: int, profile: dict[str, Any] | None = None) -> dict[str, 
     nodes = ranks // GPUS_PER_NODE
     other = next(iter((profile or {}).get("speed_by_gpu") or {}), None)
     if other is not None and nodes >= 2:
-        return {"nodes": [{"count": nodes - nodes // 2, "gpus": GPUS_PER_NODE, "gpu": "H100-SXM"}, {"count": nodes // 2, "gpus": GPUS_PER_NODE, "gpu": other}]}
+        return {
+            "nodes": [
+                {"count": nodes - nodes // 2, "gpus": GPUS_PER_NODE, "gpu": "H100-SXM"},
+                {"count": nodes // 2, "gpus": GPUS_PER_NODE, "gpu": other},
+            ]
+        }
     return {"nodes": nodes, "gpus_per_node": GPUS_PER_NODE}
 
 
@@ -143,13 +154,24 @@ def model_doc(ranks: int, profile: dict[str, Any] | None) -> dict[str, Any]:
 
     doc = load_preset("models", MODEL_PRESET, "model_preset")
     if profile is not None and (profile.get("comm") or {}).get("scheme") == "ulysses":
-        doc = {**doc, "name": f"{doc.get('name', MODEL_PRESET)}-{ranks}heads", "llm": {**doc["llm"], "heads": ranks, "kv_heads": ranks}}
+        doc = {
+            **doc,
+            "name": f"{doc.get('name', MODEL_PRESET)}-{ranks}heads",
+            "llm": {**doc["llm"], "heads": ranks, "kv_heads": ranks},
+        }
     return doc
 
 
-def make_request(workload: Workload, ranks: int, n: int, seed: int, budget_ms: float,
-                 profile: dict[str, Any] | None = None, max_micro_batches: int = MAX_MICRO_BATCHES,
-                 whole_domain_groups: bool = False) -> dict[str, Any]:
+def make_request(
+    workload: Workload,
+    ranks: int,
+    n: int,
+    seed: int,
+    budget_ms: float,
+    profile: dict[str, Any] | None = None,
+    max_micro_batches: int = MAX_MICRO_BATCHES,
+    whole_domain_groups: bool = False,
+) -> dict[str, Any]:
     """The request document of one seeded batch of ``workload`` on ``ranks`` GPUs: batch, cluster, options, and
     the bench's model (its preset name under the analytical profile, ``profile`` None) with the profile."""
     options: dict[str, Any] = {"time_budget_ms": budget_ms, "solver_workers": 1, "max_micro_batches": max_micro_batches}
@@ -164,9 +186,16 @@ def make_request(workload: Workload, ranks: int, n: int, seed: int, budget_ms: f
     return doc
 
 
-def make_problem(workload: Workload, ranks: int, n: int, seed: int, budget_ms: float,
-                 profile: dict[str, Any] | None = None, max_micro_batches: int = MAX_MICRO_BATCHES,
-                 whole_domain_groups: bool = False) -> Problem:
+def make_problem(
+    workload: Workload,
+    ranks: int,
+    n: int,
+    seed: int,
+    budget_ms: float,
+    profile: dict[str, Any] | None = None,
+    max_micro_batches: int = MAX_MICRO_BATCHES,
+    whole_domain_groups: bool = False,
+) -> Problem:
     """The problem of :func:`make_request`'s document."""
     doc = make_request(workload, ranks, n, seed, budget_ms, profile, max_micro_batches, whole_domain_groups)
     return problem_from_json(doc)
@@ -232,8 +261,14 @@ def rules_case(problem: Problem, rules: str) -> RulesCase:
     return RulesCase(under, tables, bound, source)
 
 
-def run_cell(spec: GridSpec, workload_name: str, ranks: int, n: int, tick: Callable[[], None] = lambda: None,
-             profile: str = ANALYTICAL) -> Iterator[dict[str, Any]]:
+def run_cell(
+    spec: GridSpec,
+    workload_name: str,
+    ranks: int,
+    n: int,
+    tick: Callable[[], None] = lambda: None,
+    profile: str = ANALYTICAL,
+) -> Iterator[dict[str, Any]]:
     """Records (one per planner and batch) of one cell; a batch infeasible under a planner's rules gives a record
     saying so."""
     workload = get_workload(workload_name)
@@ -241,8 +276,9 @@ def run_cell(spec: GridSpec, workload_name: str, ranks: int, n: int, tick: Calla
     planners: dict[str, Planner] = {}  # made once per cell, from its first request (cluster, model, profile)
     for seed in range(spec.seeds):
         base = {"workload": workload.name, "ranks": ranks, "samples": n, "seed": seed, "profile": profile}
-        request = make_request(workload, ranks, n, seed, spec.budget_ms, profile_doc, spec.max_micro_batches,
-                               "flexsp" in spec.planners)
+        request = make_request(
+            workload, ranks, n, seed, spec.budget_ms, profile_doc, spec.max_micro_batches, "flexsp" in spec.planners
+        )
         cases: dict[str, RulesCase | str] = {}
         try:
             problem = problem_from_json(request)
@@ -284,8 +320,14 @@ def run_cell(spec: GridSpec, workload_name: str, ranks: int, n: int, tick: Calla
                 walls.append(ms if own is None else own)
                 if own is not None:
                     calls.append(ms)
-            row: dict[str, Any] = {**base, "planner": name, "rules": rules, "wall_ms": walls,
-                                   "lower_bound_s": case.bound, "bound_source": case.bound_source}
+            row: dict[str, Any] = {
+                **base,
+                "planner": name,
+                "rules": rules,
+                "wall_ms": walls,
+                "lower_bound_s": case.bound,
+                "bound_source": case.bound_source,
+            }
             if calls:
                 row["call_ms"] = calls
             if spec.memory and seed == 0 and not once:
@@ -302,8 +344,9 @@ def run_cell(spec: GridSpec, workload_name: str, ranks: int, n: int, tick: Calla
                 row.update(details=out.details, note=out.note, micro_batches=len(out.assignment.micro_batches))
                 if report.ok:
                     ratio = step / case.bound if case.bound > 0 else 1.0
-                    row.update(status="ok", step_time_s=step, ratio_to_bound=ratio,
-                               verified_step_time_s=report.step_time_s)
+                    row.update(
+                        status="ok", step_time_s=step, ratio_to_bound=ratio, verified_step_time_s=report.step_time_s
+                    )
                     steps[name] = step
                 else:
                     row.update(status="invalid", step_time_s=step, note="; ".join(report.violations[:3]))
@@ -330,13 +373,27 @@ def run_grid(spec: GridSpec, progress: Callable[[int], Any] | None = None) -> di
     for profile in spec.profiles:
         for w, r, n in spec.cells():
             if n > spec.max_samples:
-                skipped.append({"workload": w, "ranks": r, "samples": n, "profile": profile, "reason": f"more than max_samples {spec.max_samples}"})
+                skipped.append(
+                    {
+                        "workload": w,
+                        "ranks": r,
+                        "samples": n,
+                        "profile": profile,
+                        "reason": f"more than max_samples {spec.max_samples}",
+                    }
+                )
                 if progress:
                     progress(spec.seeds * len(spec.planners))
                 continue
             records.extend(run_cell(spec, w, r, n, (lambda: progress(1)) if progress else (lambda: None), profile))
-    return {"spec": spec.to_json(), "backends": backends, "started_unix": started, "elapsed_s": time.time() - started,
-            "records": records, "skipped": skipped}
+    return {
+        "spec": spec.to_json(),
+        "backends": backends,
+        "started_unix": started,
+        "elapsed_s": time.time() - started,
+        "records": records,
+        "skipped": skipped,
+    }
 
 
 def total_steps(spec: GridSpec) -> int:

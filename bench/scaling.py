@@ -53,8 +53,14 @@ def _problem(ranks: int, samples: int, workload: str, seed: int, cli: bool = Fal
         from optimizer.problem.documents import problem_from_json
         from optimizer.problem.workloads import WORKLOADS
 
-        return problem_from_json({"cluster": {"nodes": max(1, ranks // 8), "gpus_per_node": min(8, ranks)}, "model_preset": "qwen2-vl-7b",
-                                  "batch": WORKLOADS[workload](samples, seed=seed), "options": {"time_budget_ms": 600_000.0}})
+        return problem_from_json(
+            {
+                "cluster": {"nodes": max(1, ranks // 8), "gpus_per_node": min(8, ranks)},
+                "model_preset": "qwen2-vl-7b",
+                "batch": WORKLOADS[workload](samples, seed=seed),
+                "options": {"time_budget_ms": 600_000.0},
+            }
+        )
     from bench.runner import make_problem
     from bench.workloads import get_workload
 
@@ -100,8 +106,16 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def measure_point(ranks: int, samples: int, repeats: int, workload: str, profile: bool, budget_ms: float | None = None,
-                  backend: str = "heuristic", cli: bool = False) -> dict[str, Any]:
+def measure_point(
+    ranks: int,
+    samples: int,
+    repeats: int,
+    workload: str,
+    profile: bool,
+    budget_ms: float | None = None,
+    backend: str = "heuristic",
+    cli: bool = False,
+) -> dict[str, Any]:
     """One point, in this process (see the module docstring)."""
     from optimizer.errors import ProblemError
     from planning import fixed_work
@@ -123,7 +137,11 @@ def measure_point(ranks: int, samples: int, repeats: int, workload: str, profile
             pass  # a refused budget refuses the measured batch alike, below
         out["first_call_ms"] = (time.perf_counter() - t0) * 1000.0
         del warm
-        out.update(estimate_ms=fixed_work.problem_estimate_ms(problem), minimum_budget_ms=fixed_work.problem_budget_ms(problem), rates=fixed_work.describe())
+        out.update(
+            estimate_ms=fixed_work.problem_estimate_ms(problem),
+            minimum_budget_ms=fixed_work.problem_budget_ms(problem),
+            rates=fixed_work.describe(),
+        )
         for _ in range(repeats):
             t0 = time.perf_counter()
             p = _plan(problem, budget_ms, backend)
@@ -131,13 +149,29 @@ def measure_point(ranks: int, samples: int, repeats: int, workload: str, profile
             heur.append(p.solver.details.get("phases", {}).get("heuristic_ms", float("nan")))
             for name, ms in p.solver.details.get("phases", {}).items():
                 phases.setdefault(name, []).append(ms)
-        out.update(status="ok", wall_ms=walls, heuristic_ms=heur, ratio_to_bound=p.ratio_to_bound, phases=p.solver.details.get("phases", {}),
-                   phase_medians={name: _median(ms) for name, ms in phases.items()}, solver_wall_ms=p.solver.wall_ms,
-                   skipped=p.solver.details.get("skipped", {}), backend_used=p.solver.backend, solver_status=p.solver.status)
+        out.update(
+            status="ok",
+            wall_ms=walls,
+            heuristic_ms=heur,
+            ratio_to_bound=p.ratio_to_bound,
+            phases=p.solver.details.get("phases", {}),
+            phase_medians={name: _median(ms) for name, ms in phases.items()},
+            solver_wall_ms=p.solver.wall_ms,
+            skipped=p.solver.details.get("skipped", {}),
+            backend_used=p.solver.backend,
+            solver_status=p.solver.status,
+        )
     except ProblemError as exc:  # a budget below what the batch needs here: refused at once
-        out.update(status="refused", error=str(exc), refused_after_ms=(time.perf_counter() - t0) * 1000.0, wall_ms=walls)
+        out.update(
+            status="refused", error=str(exc), refused_after_ms=(time.perf_counter() - t0) * 1000.0, wall_ms=walls
+        )
     except (MemoryError, Exception) as exc:  # noqa: BLE001 - a failing point is a result
-        out.update(status="error", error=f"{type(exc).__name__}: {exc}", failed_after_ms=(time.perf_counter() - start) * 1000.0, wall_ms=walls)
+        out.update(
+            status="error",
+            error=f"{type(exc).__name__}: {exc}",
+            failed_after_ms=(time.perf_counter() - start) * 1000.0,
+            wall_ms=walls,
+        )
     if profile or out["status"] == "error":
         text, _ = _profile_summary(lambda: _plan(problem, budget_ms, backend))
         out["profile"] = text
@@ -147,15 +181,21 @@ def measure_point(ranks: int, samples: int, repeats: int, workload: str, profile
 
 def point_table(point: dict[str, Any]) -> str:
     """One measured point as text: wall times, the median of each phase, the fixed-work estimate."""
-    lines = [f"{point['ranks']} ranks x {point['samples']} samples ({point['workload']}), backend {point['backend']}, "
-             f"budget {point.get('budget_ms', 'none')} ms: {point['status']}"]
+    lines = [
+        f"{point['ranks']} ranks x {point['samples']} samples ({point['workload']}), backend {point['backend']}, "
+        f"budget {point.get('budget_ms', 'none')} ms: {point['status']}"
+    ]
     if point.get("estimate_ms") is not None:
-        lines.append(f"fixed work expected here: about {point['estimate_ms']:.0f} ms (refused below {point['minimum_budget_ms']:.0f} ms)")
+        lines.append(
+            f"fixed work expected here: about {point['estimate_ms']:.0f} ms (refused below {point['minimum_budget_ms']:.0f} ms)"
+        )
     if point.get("error"):
         lines.append(point["error"])
     if point.get("wall_ms"):
-        lines.append(f"plan() wall ms over {len(point['wall_ms'])} calls: median {_median(point['wall_ms']):.1f}, "
-                     f"all {', '.join(f'{w:.0f}' for w in point['wall_ms'])}; first call in the process {point.get('first_call_ms', float('nan')):.0f}")
+        lines.append(
+            f"plan() wall ms over {len(point['wall_ms'])} calls: median {_median(point['wall_ms']):.1f}, "
+            f"all {', '.join(f'{w:.0f}' for w in point['wall_ms'])}; first call in the process {point.get('first_call_ms', float('nan')):.0f}"
+        )
     for name, ms in point.get("phase_medians", {}).items():
         lines.append(f"  {name:<16} {ms:9.1f}")
     for name, why in point.get("skipped", {}).items():
@@ -163,25 +203,63 @@ def point_table(point: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_point(ranks: int, samples: int, repeats: int, workload: str = "video", profile: bool = False,
-              timeout_s: float = 600.0, memory_gb: float = 8.0) -> dict[str, Any]:
+def run_point(
+    ranks: int,
+    samples: int,
+    repeats: int,
+    workload: str = "video",
+    profile: bool = False,
+    timeout_s: float = 600.0,
+    memory_gb: float = 8.0,
+) -> dict[str, Any]:
     """One point in a child process under ``memory_gb`` of address space and ``timeout_s`` seconds."""
     limit = int(memory_gb * 2**30)
 
     def limits() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    cmd = [sys.executable, "-m", "bench.scaling", "--point", str(ranks), str(samples), "--repeats", str(repeats), "--workload", workload]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.scaling",
+        "--point",
+        str(ranks),
+        str(samples),
+        "--repeats",
+        str(repeats),
+        "--workload",
+        workload,
+    ]
     if profile:
         cmd.append("--profile")
     start = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, preexec_fn=limits, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            preexec_fn=limits,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
     except subprocess.TimeoutExpired:
-        return {"ranks": ranks, "samples": samples, "workload": workload, "status": "timeout", "error": f"no answer within {timeout_s:.0f} s", "failed_after_ms": timeout_s * 1000.0}
+        return {
+            "ranks": ranks,
+            "samples": samples,
+            "workload": workload,
+            "status": "timeout",
+            "error": f"no answer within {timeout_s:.0f} s",
+            "failed_after_ms": timeout_s * 1000.0,
+        }
     if proc.returncode != 0 or not proc.stdout.strip():
-        return {"ranks": ranks, "samples": samples, "workload": workload, "status": "crashed", "error": (proc.stderr or "")[-2000:],
-                "failed_after_ms": (time.perf_counter() - start) * 1000.0}
+        return {
+            "ranks": ranks,
+            "samples": samples,
+            "workload": workload,
+            "status": "crashed",
+            "error": (proc.stderr or "")[-2000:],
+            "failed_after_ms": (time.perf_counter() - start) * 1000.0,
+        }
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -199,12 +277,19 @@ def fit_exponent(points: list[dict[str, Any]]) -> float | None:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else None
 
 
-def run_scaling(points: tuple[tuple[int, int], ...] = DIAGONAL, workload: str = "video", timeout_s: float = 600.0,
-                memory_gb: float = 8.0, progress: Any = None) -> dict[str, Any]:
+def run_scaling(
+    points: tuple[tuple[int, int], ...] = DIAGONAL,
+    workload: str = "video",
+    timeout_s: float = 600.0,
+    memory_gb: float = 8.0,
+    progress: Any = None,
+) -> dict[str, Any]:
     results = []
     for ranks, samples in points:
         repeats = 7 if samples <= 2048 else 5 if samples <= 8192 else 3
-        r = run_point(ranks, samples, repeats, workload, profile=samples >= 32768, timeout_s=timeout_s, memory_gb=memory_gb)
+        r = run_point(
+            ranks, samples, repeats, workload, profile=samples >= 32768, timeout_s=timeout_s, memory_gb=memory_gb
+        )
         if r.get("wall_ms"):
             w = sorted(r["wall_ms"])
             r["median_ms"] = w[len(w) // 2]
@@ -215,26 +300,43 @@ def run_scaling(points: tuple[tuple[int, int], ...] = DIAGONAL, workload: str = 
         results.append(r)
         if progress:
             progress(1)
-    return {"workload": workload, "memory_limit_gb": memory_gb, "timeout_s": timeout_s, "points": results, "exponent": fit_exponent(results)}
+    return {
+        "workload": workload,
+        "memory_limit_gb": memory_gb,
+        "timeout_s": timeout_s,
+        "points": results,
+        "exponent": fit_exponent(results),
+    }
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    lines = ["## Heuristic planning cost as the problem grows", "",
-             f"Workload {doc['workload']}; each point in its own process (limit {doc['memory_limit_gb']:.0f} GiB, {doc['timeout_s']:.0f} s); "
-             "`plan()` with the heuristic backend, as users call it: tables, bound, heuristic, static floor, verification.", "",
-             "Median and p99 over the calls after a first one on another batch of the same size; the first call in the fresh process "
-             "(kernels loaded, the process's memory first touched at that size) is shown apart.", "",
-             "| ranks | samples | median ms | p99 ms | first call ms | heuristic phase ms | goal ms | ratio to bound | peak RSS MiB | status |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Heuristic planning cost as the problem grows",
+        "",
+        f"Workload {doc['workload']}; each point in its own process (limit {doc['memory_limit_gb']:.0f} GiB, {doc['timeout_s']:.0f} s); "
+        "`plan()` with the heuristic backend, as users call it: tables, bound, heuristic, static floor, verification.",
+        "",
+        "Median and p99 over the calls after a first one on another batch of the same size; the first call in the fresh process "
+        "(kernels loaded, the process's memory first touched at that size) is shown apart.",
+        "",
+        "| ranks | samples | median ms | p99 ms | first call ms | heuristic phase ms | goal ms | ratio to bound | peak RSS MiB | status |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for p in doc["points"]:
         heur = p.get("heuristic_ms") or []
         h = sorted(heur)[len(heur) // 2] if heur else None
-        lines.append(f"| {p['ranks']} | {p['samples']} | {p.get('median_ms', float('nan')):.1f} | {p.get('p99_ms', float('nan')):.1f} | "
-                     f"{p.get('first_call_ms', float('nan')):.1f} | "
-                     f"{h if h is None else round(h, 1)} | {p.get('target_ms', '')} | {p.get('ratio_to_bound', float('nan')):.3f} | "
-                     f"{p.get('peak_rss_mb', float('nan')):.0f} | {p['status']}{': ' + p['error'][:160].replace('|', '/') if p.get('error') else ''} |")
+        lines.append(
+            f"| {p['ranks']} | {p['samples']} | {p.get('median_ms', float('nan')):.1f} | {p.get('p99_ms', float('nan')):.1f} | "
+            f"{p.get('first_call_ms', float('nan')):.1f} | "
+            f"{h if h is None else round(h, 1)} | {p.get('target_ms', '')} | {p.get('ratio_to_bound', float('nan')):.3f} | "
+            f"{p.get('peak_rss_mb', float('nan')):.0f} | {p['status']}{': ' + p['error'][:160].replace('|', '/') if p.get('error') else ''} |"
+        )
     k = doc.get("exponent")
-    lines += ["", f"Fitted growth exponent (time ~ samples^k over finished points): k = {'n/a' if k is None else f'{k:.2f}'}.", ""]
+    lines += [
+        "",
+        f"Fitted growth exponent (time ~ samples^k over finished points): k = {'n/a' if k is None else f'{k:.2f}'}.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -261,17 +363,27 @@ def plot(doc: dict[str, Any], path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.scaling", description="one scaling point (used by dhp bench --scaling)")
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.scaling", description="one scaling point (used by dhp bench --scaling)"
+    )
     ap.add_argument("--point", nargs=2, type=int, metavar=("RANKS", "SAMPLES"), required=True)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workload", default="video")
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--budget-ms", type=float, default=None, help="plan with this budget (default: one no plan reaches)")
+    ap.add_argument(
+        "--budget-ms", type=float, default=None, help="plan with this budget (default: one no plan reaches)"
+    )
     ap.add_argument("--backend", default="heuristic")
     ap.add_argument("--table", action="store_true", help="print the point's phases as text instead of JSON")
-    ap.add_argument("--cli", action="store_true", help="the batch of 'dhp example' with the options of 'dhp plan' (no micro-batch cap)")
+    ap.add_argument(
+        "--cli",
+        action="store_true",
+        help="the batch of 'dhp example' with the options of 'dhp plan' (no micro-batch cap)",
+    )
     args = ap.parse_args(argv)
-    point = measure_point(args.point[0], args.point[1], args.repeats, args.workload, args.profile, args.budget_ms, args.backend, args.cli)
+    point = measure_point(
+        args.point[0], args.point[1], args.repeats, args.workload, args.profile, args.budget_ms, args.backend, args.cli
+    )
     print(point_table(point) if args.table else json.dumps(point))
     return 0
 

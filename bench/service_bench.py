@@ -54,13 +54,23 @@ def Server(data_dir: Path, workers: int = 1, **env: str) -> LocalServer:
 
 
 def big_request() -> dict[str, Any]:
-    return {"batch": WORKLOADS["video"](512), "cluster_preset": "h100-8x8", "model_preset": "qwen2-vl-7b",
-            "options": {"backend": "heuristic", "time_budget_ms": 1000}, "cache": False}
+    return {
+        "batch": WORKLOADS["video"](512),
+        "cluster_preset": "h100-8x8",
+        "model_preset": "qwen2-vl-7b",
+        "options": {"backend": "heuristic", "time_budget_ms": 1000},
+        "cache": False,
+    }
 
 
 def small_request(seed: int) -> dict[str, Any]:
-    return {"batch": WORKLOADS["video"](16, seed=seed), "cluster": {"nodes": 2, "gpus_per_node": 8}, "model_preset": "qwen2-vl-7b",
-            "options": {"backend": "heuristic", "time_budget_ms": 1000}, "cache": False}
+    return {
+        "batch": WORKLOADS["video"](16, seed=seed),
+        "cluster": {"nodes": 2, "gpus_per_node": 8},
+        "model_preset": "qwen2-vl-7b",
+        "options": {"backend": "heuristic", "time_budget_ms": 1000},
+        "cache": False,
+    }
 
 
 def server_timing(header: str) -> dict[str, float]:
@@ -118,27 +128,42 @@ def latency(data_dir: Path, rounds: int) -> dict[str, Any]:
                 assert r.headers["x-plan-cache"] == "hit"
     finally:
         server.stop()
-    return {"cache_hit_median_ms": statistics.median(hits), "cache_hit_p99_ms": pct(hits, 99),
-            "e2e_median_ms": statistics.median(e2e), "e2e_p99_ms": pct(e2e, 99), "solve_median_ms": statistics.median(solve),
-            "solve_p99_ms": pct(solve, 99), "overhead_median_ms": statistics.median(overhead), "overhead_p99_ms": pct(overhead, 99),
-            "service_only_median_ms": statistics.median(service_only), "service_only_p99_ms": pct(service_only, 99),
-            "median_difference_ms": statistics.median(e2e) - statistics.median(solve),
-            "in_process_parse_plan_encode_median_ms": statistics.median(in_process), "rounds": rounds,
-            "server_phases_median_ms": {k: statistics.median(v) for k, v in phases.items()}}
+    return {
+        "cache_hit_median_ms": statistics.median(hits),
+        "cache_hit_p99_ms": pct(hits, 99),
+        "e2e_median_ms": statistics.median(e2e),
+        "e2e_p99_ms": pct(e2e, 99),
+        "solve_median_ms": statistics.median(solve),
+        "solve_p99_ms": pct(solve, 99),
+        "overhead_median_ms": statistics.median(overhead),
+        "overhead_p99_ms": pct(overhead, 99),
+        "service_only_median_ms": statistics.median(service_only),
+        "service_only_p99_ms": pct(service_only, 99),
+        "median_difference_ms": statistics.median(e2e) - statistics.median(solve),
+        "in_process_parse_plan_encode_median_ms": statistics.median(in_process),
+        "rounds": rounds,
+        "server_phases_median_ms": {k: statistics.median(v) for k, v in phases.items()},
+    }
 
 
-async def _drive(url: str, docs: list[bytes], concurrency: int, path: str = "/v1/plans") -> list[tuple[int, dict[str, str], bytes]]:
+async def _drive(
+    url: str, docs: list[bytes], concurrency: int, path: str = "/v1/plans"
+) -> list[tuple[int, dict[str, str], bytes]]:
     queue: asyncio.Queue[bytes] = asyncio.Queue()
     for d in docs:
         queue.put_nowait(d)
     out: list[tuple[int, dict[str, str], bytes]] = []
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, headers={"content-type": "application/json"}, timeout=60, limits=limits) as client:
+    async with httpx.AsyncClient(
+        base_url=url, headers={"content-type": "application/json"}, timeout=60, limits=limits
+    ) as client:
+
         async def worker() -> None:
             while not queue.empty():
                 body = queue.get_nowait()
                 r = await client.post(path, content=body)
                 out.append((r.status_code, dict(r.headers), r.content))
+
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return out
 
@@ -154,8 +179,14 @@ def throughput(data_dir: Path, n: int, concurrency: int) -> dict[str, float]:
     finally:
         server.stop()
     codes = [c for c, _, _ in results]
-    return {"requests": n, "concurrency": concurrency, "ok": sum(c in (200, 201) for c in codes), "non_ok": sum(c not in (200, 201) for c in codes),
-            "seconds": wall, "requests_per_s": n / wall}
+    return {
+        "requests": n,
+        "concurrency": concurrency,
+        "ok": sum(c in (200, 201) for c in codes),
+        "non_ok": sum(c not in (200, 201) for c in codes),
+        "seconds": wall,
+        "requests_per_s": n / wall,
+    }
 
 
 def overload(data_dir: Path, n: int) -> dict[str, Any]:
@@ -184,10 +215,21 @@ def overload(data_dir: Path, n: int) -> dict[str, Any]:
             stored = client.get("/v1/plans", params={"limit": 1}).json()["total"]
     finally:
         server.stop()
-    return {"capacity": capacity, "clients": 2 * capacity, "requests": len(all_results), "seconds": wall,
-            "answered_now_201": sum(c == 201 for c, _, _ in now), "accepted_ahead_202": sum(c == 202 for c, _, _ in ahead),
-            "rejected_503": len(rejected), "rejected_503_with_retry_after": sum(1 for h in rejected if h.get("retry-after")),
-            "other_5xx": other_5xx, "other_4xx": other, "accepted": len(accepted), "accepted_read_back_done": found_done, "stored_plans": stored}
+    return {
+        "capacity": capacity,
+        "clients": 2 * capacity,
+        "requests": len(all_results),
+        "seconds": wall,
+        "answered_now_201": sum(c == 201 for c, _, _ in now),
+        "accepted_ahead_202": sum(c == 202 for c, _, _ in ahead),
+        "rejected_503": len(rejected),
+        "rejected_503_with_retry_after": sum(1 for h in rejected if h.get("retry-after")),
+        "other_5xx": other_5xx,
+        "other_4xx": other,
+        "accepted": len(accepted),
+        "accepted_read_back_done": found_done,
+        "stored_plans": stored,
+    }
 
 
 def main() -> None:
@@ -197,29 +239,54 @@ def main() -> None:
     args = ap.parse_args()
     rounds, n_small, n_over = (15, 60, 16) if args.quick else (200, 600, 80)
     load_before = os.getloadavg()[0]
-    print(f"machine: {os.cpu_count()} CPUs, load average {load_before:.2f} at the start (other work on the machine inflates every figure)")
+    print(
+        f"machine: {os.cpu_count()} CPUs, load average {load_before:.2f} at the start (other work on the machine inflates every figure)"
+    )
     with tempfile.TemporaryDirectory(prefix="dhp-service-bench-") as tmp:
         data = Path(tmp)
         lat = latency(data, rounds)
         print(f"latency, POST /v1/plans, 64 ranks x 512 samples, heuristic, {lat['rounds']} requests:")
         print(f"  end-to-end  median {lat['e2e_median_ms']:.2f} ms   p99 {lat['e2e_p99_ms']:.2f} ms")
-        print(f"  solve alone median {lat['solve_median_ms']:.2f} ms   p99 {lat['solve_p99_ms']:.2f} ms   (planning.planner.plan in process)")
-        print(f"  overhead    median {lat['overhead_median_ms']:.2f} ms   p99 {lat['overhead_p99_ms']:.2f} ms   "
-              "(per request: end-to-end minus that request's planner wall time; goal <= 3 ms)")
-        print(f"  of which the service alone median {lat['service_only_median_ms']:.2f} ms   p99 {lat['service_only_p99_ms']:.2f} ms   "
-              "(also minus the request's translation by problem_from_json and the plan's encoding, which `dhp plan` pays too)")
-        print("  server-side phases, median ms (Server-Timing): " + ", ".join(f"{k} {v:.2f}" for k, v in lat["server_phases_median_ms"].items()))
-        print(f"  identical request again (plan cache hit): median {lat['cache_hit_median_ms']:.2f} ms   p99 {lat['cache_hit_p99_ms']:.2f} ms")
-        print(f"  difference of medians {lat['median_difference_ms']:.2f} ms; in process parse + plan + encode (what `dhp plan` does) median "
-              f"{lat['in_process_parse_plan_encode_median_ms']:.2f} ms")
+        print(
+            f"  solve alone median {lat['solve_median_ms']:.2f} ms   p99 {lat['solve_p99_ms']:.2f} ms   (planning.planner.plan in process)"
+        )
+        print(
+            f"  overhead    median {lat['overhead_median_ms']:.2f} ms   p99 {lat['overhead_p99_ms']:.2f} ms   "
+            "(per request: end-to-end minus that request's planner wall time; goal <= 3 ms)"
+        )
+        print(
+            f"  of which the service alone median {lat['service_only_median_ms']:.2f} ms   p99 {lat['service_only_p99_ms']:.2f} ms   "
+            "(also minus the request's translation by problem_from_json and the plan's encoding, which `dhp plan` pays too)"
+        )
+        print(
+            "  server-side phases, median ms (Server-Timing): "
+            + ", ".join(f"{k} {v:.2f}" for k, v in lat["server_phases_median_ms"].items())
+        )
+        print(
+            f"  identical request again (plan cache hit): median {lat['cache_hit_median_ms']:.2f} ms   p99 {lat['cache_hit_p99_ms']:.2f} ms"
+        )
+        print(
+            f"  difference of medians {lat['median_difference_ms']:.2f} ms; in process parse + plan + encode (what `dhp plan` does) median "
+            f"{lat['in_process_parse_plan_encode_median_ms']:.2f} ms"
+        )
         thr = throughput(data, n_small, 8)
-        print(f"throughput, small requests (16 samples, 2x8 GPUs), dhp serve --workers 2, {thr['concurrency']} concurrent clients:")
-        print(f"  {thr['requests']} requests in {thr['seconds']:.2f} s = {thr['requests_per_s']:.0f} requests/s ({thr['non_ok']} not OK)")
+        print(
+            f"throughput, small requests (16 samples, 2x8 GPUs), dhp serve --workers 2, {thr['concurrency']} concurrent clients:"
+        )
+        print(
+            f"  {thr['requests']} requests in {thr['seconds']:.2f} s = {thr['requests_per_s']:.0f} requests/s ({thr['non_ok']} not OK)"
+        )
         ov = overload(data, n_over)
-        print(f"twice capacity: capacity {ov['capacity']} (2 solving + 2 waiting), {ov['clients']} clients without retries, {ov['requests']} requests:")
-        print(f"  answered 201: {ov['answered_now_201']}, plan-ahead 202: {ov['accepted_ahead_202']}, 503: {ov['rejected_503']} "
-              f"({ov['rejected_503_with_retry_after']} with Retry-After), other 5xx: {ov['other_5xx']}, other 4xx: {ov['other_4xx']}")
-        print(f"  accepted {ov['accepted']}, read back done {ov['accepted_read_back_done']}, stored {ov['stored_plans']}")
+        print(
+            f"twice capacity: capacity {ov['capacity']} (2 solving + 2 waiting), {ov['clients']} clients without retries, {ov['requests']} requests:"
+        )
+        print(
+            f"  answered 201: {ov['answered_now_201']}, plan-ahead 202: {ov['accepted_ahead_202']}, 503: {ov['rejected_503']} "
+            f"({ov['rejected_503_with_retry_after']} with Retry-After), other 5xx: {ov['other_5xx']}, other 4xx: {ov['other_4xx']}"
+        )
+        print(
+            f"  accepted {ov['accepted']}, read back done {ov['accepted_read_back_done']}, stored {ov['stored_plans']}"
+        )
         print(f"load average {os.getloadavg()[0]:.2f} at the end")
         if args.json:
             Path(args.json).write_text(json.dumps({"latency": lat, "throughput": thr, "overload": ov}, indent=2))

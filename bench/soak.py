@@ -65,8 +65,13 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 def request(seed: int, n: int = 48, backend: str = "auto", cache: bool = False) -> dict[str, Any]:
-    return {"batch": WORKLOADS["video"](n, seed=seed), "cluster": {"nodes": 2, "gpus_per_node": 8}, "model_preset": "qwen2-vl-7b",
-            "options": {"backend": backend, "time_budget_ms": BUDGET_MS}, "cache": cache}
+    return {
+        "batch": WORKLOADS["video"](n, seed=seed),
+        "cluster": {"nodes": 2, "gpus_per_node": 8},
+        "model_preset": "qwen2-vl-7b",
+        "options": {"backend": backend, "time_budget_ms": BUDGET_MS},
+        "cache": cache,
+    }
 
 
 def server(data_dir: Path, **env: str) -> LocalServer:
@@ -96,7 +101,9 @@ def one_plan_per_batch(root: Path) -> dict[str, Any]:
 
         def post() -> None:
             barrier.wait()
-            r = httpx.post(srv.url + "/v1/plans", content=body, headers={"content-type": "application/json"}, timeout=60)
+            r = httpx.post(
+                srv.url + "/v1/plans", content=body, headers={"content-type": "application/json"}, timeout=60
+            )
             answers.append((r.status_code, r.json().get("id") if r.status_code < 300 else None))
 
         threads = [threading.Thread(target=post) for _ in range(16)]
@@ -104,8 +111,12 @@ def one_plan_per_batch(root: Path) -> dict[str, Any]:
             t.start()
         for t in threads:
             t.join()
-        return {"requests": 16, "statuses": sorted({s for s, _ in answers}), "distinct_plan_ids": len({i for _, i in answers if i}),
-                "solves": solves(srv.url)}
+        return {
+            "requests": 16,
+            "statuses": sorted({s for s, _ in answers}),
+            "distinct_plan_ids": len({i for _, i in answers if i}),
+            "solves": solves(srv.url),
+        }
     finally:
         srv.stop()
 
@@ -113,8 +124,15 @@ def one_plan_per_batch(root: Path) -> dict[str, Any]:
 def _times(answers: list[Answer]) -> dict[str, Any]:
     client = [a.seconds * 1000 for a in answers]
     inside = [a.server_ms for a in answers if a.server_ms is not None]
-    return {"n": len(answers), "client_p50_ms": pct(client, 50), "client_p99_ms": pct(client, 99), "client_max_ms": pct(client, 100),
-            "server_p50_ms": pct(inside, 50), "server_p99_ms": pct(inside, 99), "server_max_ms": pct(inside, 100)}
+    return {
+        "n": len(answers),
+        "client_p50_ms": pct(client, 50),
+        "client_p99_ms": pct(client, 99),
+        "client_max_ms": pct(client, 100),
+        "server_p50_ms": pct(inside, 50),
+        "server_p99_ms": pct(inside, 99),
+        "server_max_ms": pct(inside, 100),
+    }
 
 
 def overload(root: Path, clients: int, seconds: float, workers: int, queue_limit: int) -> dict[str, Any]:
@@ -135,15 +153,29 @@ def overload(root: Path, clients: int, seconds: float, workers: int, queue_limit
         after = httpx.post(srv.url + "/v1/plans", json=request(seed=99_999), timeout=60)
         recovery_ms = (time.perf_counter() - t0) * 1000
         ok_ms = [a.seconds * 1000 for a in accepted]
-        return {"clients": clients, "capacity": workers + queue_limit, "seconds": seconds, "accepted": _times(accepted),
-                "accepted_within_budget_plus_50ms": sum(1 for x in ok_ms if x <= BUDGET_MS + 50), "refused_503": _times(refused),
-                "refused_over_50ms": sum(1 for a in refused if a.seconds > 0.05),
-                "retry_after_s": sorted({int(a.headers.get("retry-after", "-1")) for a in refused}),
-                "refusals_by_reason": {why: {"n": len(v), "client_p99_ms": pct([a.seconds * 1000 for a in v], 99), "client_max_ms": pct([a.seconds * 1000 for a in v], 100)}
-                                       for why, v in reasons.items()},
-                "other_statuses": dict(Counter(a.status for a in answers if a.status not in (201, 503))),
-                "server_peak_rss_mib": peak_rss_mib(srv.proc.pid), "after_load_status": after.status_code, "after_load_ms": round(recovery_ms, 1),
-                "load_average": os.getloadavg()[0]}
+        return {
+            "clients": clients,
+            "capacity": workers + queue_limit,
+            "seconds": seconds,
+            "accepted": _times(accepted),
+            "accepted_within_budget_plus_50ms": sum(1 for x in ok_ms if x <= BUDGET_MS + 50),
+            "refused_503": _times(refused),
+            "refused_over_50ms": sum(1 for a in refused if a.seconds > 0.05),
+            "retry_after_s": sorted({int(a.headers.get("retry-after", "-1")) for a in refused}),
+            "refusals_by_reason": {
+                why: {
+                    "n": len(v),
+                    "client_p99_ms": pct([a.seconds * 1000 for a in v], 99),
+                    "client_max_ms": pct([a.seconds * 1000 for a in v], 100),
+                }
+                for why, v in reasons.items()
+            },
+            "other_statuses": dict(Counter(a.status for a in answers if a.status not in (201, 503))),
+            "server_peak_rss_mib": peak_rss_mib(srv.proc.pid),
+            "after_load_status": after.status_code,
+            "after_load_ms": round(recovery_ms, 1),
+            "load_average": os.getloadavg()[0],
+        }
     finally:
         srv.stop()
 
@@ -155,16 +187,33 @@ def big_body(valid: bool) -> bytes:
     pad = "x" * (0 if not valid else 820)
     while size < BIG_BODY_BYTES:
         k = len(samples)
-        sample = {"id": f"clip-{k:08d}{pad}", "text_tokens": 100 + k % 900, "videos": [{"frames": 4 + k % 50, "tokens_per_frame": 196}] * 2}
+        sample = {
+            "id": f"clip-{k:08d}{pad}",
+            "text_tokens": 100 + k % 900,
+            "videos": [{"frames": 4 + k % 50, "tokens_per_frame": 196}] * 2,
+        }
         samples.append(sample)
         size += len(json.dumps(sample)) + 2
-    return json.dumps({"batch": {"samples": samples}, "cluster": {"nodes": 2, "gpus_per_node": 8}, "model_preset": "qwen2-vl-7b",
-                       "options": {"backend": "heuristic", "time_budget_ms": 3000}, "cache": False}).encode()
+    return json.dumps(
+        {
+            "batch": {"samples": samples},
+            "cluster": {"nodes": 2, "gpus_per_node": 8},
+            "model_preset": "qwen2-vl-7b",
+            "options": {"backend": "heuristic", "time_budget_ms": 3000},
+            "cache": False,
+        }
+    ).encode()
 
 
 def _healthz(probe: list[tuple[int, float]]) -> dict[str, Any]:
     ms = [s * 1000 for _, s in probe]
-    return {"n": len(ms), "p50_ms": pct(ms, 50), "p99_ms": pct(ms, 99), "max_ms": pct(ms, 100), "not_200": sum(1 for st, _ in probe if st != 200)}
+    return {
+        "n": len(ms),
+        "p50_ms": pct(ms, 50),
+        "p99_ms": pct(ms, 99),
+        "max_ms": pct(ms, 100),
+        "not_200": sum(1 for st, _ in probe if st != 200),
+    }
 
 
 def big_bodies(root: Path, clients: int) -> dict[str, Any]:
@@ -190,18 +239,34 @@ def big_bodies(root: Path, clients: int) -> dict[str, Any]:
             t0 = time.perf_counter()
             answers = asyncio.run(all_at_once())
             wall = time.perf_counter() - t0
-            by_status = {str(s): {"n": len(v), "min_s": round(min(v), 2), "median_s": round(statistics.median(v), 2), "max_s": round(max(v), 2)}
-                         for s in sorted({a.status for a in answers}) for v in [[a.seconds for a in answers if a.status == s]]}
+            by_status = {
+                str(s): {
+                    "n": len(v),
+                    "min_s": round(min(v), 2),
+                    "median_s": round(statistics.median(v), 2),
+                    "max_s": round(max(v), 2),
+                }
+                for s in sorted({a.status for a in answers})
+                for v in [[a.seconds for a in answers if a.status == s]]
+            }
             details = Counter(json.loads(a.body).get("detail", "")[:70] for a in answers if a.status >= 400 and a.body)
-            out["valid" if valid else "over_sample_limit"] = {"body_mib": round(len(body) / 2**20, 2), "samples": body.count(b'"id"'), "wall_s": round(wall, 2),
-                                                              "answers": by_status, "details": dict(details), "healthz": _healthz(probe.result())}
+            out["valid" if valid else "over_sample_limit"] = {
+                "body_mib": round(len(body) / 2**20, 2),
+                "samples": body.count(b'"id"'),
+                "wall_s": round(wall, 2),
+                "answers": by_status,
+                "details": dict(details),
+                "healthz": _healthz(probe.result()),
+            }
         out["server_peak_rss_mib"] = peak_rss_mib(srv.proc.pid)
         return out
     finally:
         srv.stop()
 
 
-def _load(url: str, seconds: float, seed0: int, acked: list[str], statuses: Counter[int], lock: threading.Lock) -> list[threading.Thread]:
+def _load(
+    url: str, seconds: float, seed0: int, acked: list[str], statuses: Counter[int], lock: threading.Lock
+) -> list[threading.Thread]:
     """4 clients sending plan-now and plan-ahead requests for ``seconds`` (connection failures are waited out)."""
     stop = time.monotonic() + seconds
 
@@ -258,7 +323,12 @@ def kill_run(root: Path, run: int, seconds: float) -> dict[str, Any]:
     store.close()
     again = server(data, solve_workers="2", queue_limit="8")
     try:
-        return {"run": run, "pending_when_killed": pending_at_restart, **_read_back(again.url, acked), "statuses_during_load": dict(statuses)}
+        return {
+            "run": run,
+            "pending_when_killed": pending_at_restart,
+            **_read_back(again.url, acked),
+            "statuses_during_load": dict(statuses),
+        }
     finally:
         again.stop()
 
@@ -286,20 +356,32 @@ def postgres_kill_run(root: Path, run: int, seconds: float, down_s: float) -> di
         during.subtract(before)
         for t in threads:
             t.join()
-        return {"run": run, "pending_when_killed": pending, **_read_back(srv.url, acked), "statuses_during_load": dict(statuses),
-                "statuses_while_down": {k: v for k, v in during.items() if v}, "server_alive": srv.proc.poll() is None}
+        return {
+            "run": run,
+            "pending_when_killed": pending,
+            **_read_back(srv.url, acked),
+            "statuses_during_load": dict(statuses),
+            "statuses_while_down": {k: v for k, v in during.items() if v},
+            "server_alive": srv.proc.poll() is None,
+        }
     finally:
         srv.stop()
         pg.stop()
 
 
 def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"runs": len(runs), "acknowledged": sum(r["acknowledged"] for r in runs), "missing": sum(r["missing"] for r in runs),
-            "done": sum(r["done"] for r in runs), "failed": sum(r["failed"] for r in runs), "still_pending": sum(r["pending"] for r in runs),
-            "pending_when_killed": sum(r.get("pending_when_killed", 0) for r in runs),
-            "http_500": sum(r["statuses_during_load"].get(500, 0) for r in runs),
-            "http_503": sum(r["statuses_during_load"].get(503, 0) for r in runs),
-            "median_acknowledged": statistics.median(r["acknowledged"] for r in runs)}
+    return {
+        "runs": len(runs),
+        "acknowledged": sum(r["acknowledged"] for r in runs),
+        "missing": sum(r["missing"] for r in runs),
+        "done": sum(r["done"] for r in runs),
+        "failed": sum(r["failed"] for r in runs),
+        "still_pending": sum(r["pending"] for r in runs),
+        "pending_when_killed": sum(r.get("pending_when_killed", 0) for r in runs),
+        "http_500": sum(r["statuses_during_load"].get(500, 0) for r in runs),
+        "http_503": sum(r["statuses_during_load"].get(503, 0) for r in runs),
+        "median_acknowledged": statistics.median(r["acknowledged"] for r in runs),
+    }
 
 
 def main() -> None:
@@ -310,7 +392,9 @@ def main() -> None:
     ap.add_argument("--queue-limit", type=int, default=2)
     ap.add_argument("--big-clients", type=int, default=24)
     ap.add_argument("--pg-down", type=float, default=2.0, help="seconds PostgreSQL stays down after its kill")
-    ap.add_argument("--skip", default="", help="comma-separated phases to skip: one-plan, overload, big-bodies, kill, pg-kill")
+    ap.add_argument(
+        "--skip", default="", help="comma-separated phases to skip: one-plan, overload, big-bodies, kill, pg-kill"
+    )
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     print(json.dumps({"machine": {"cpus": os.cpu_count(), "load_average": os.getloadavg()}}), flush=True)
@@ -321,7 +405,16 @@ def main() -> None:
         if "overload" not in skip:
             capacity = args.solve_workers + args.queue_limit
             for factor in (2, 8):
-                print(json.dumps({f"overload_{factor}x": overload(root, factor * capacity, args.seconds, args.solve_workers, args.queue_limit)}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            f"overload_{factor}x": overload(
+                                root, factor * capacity, args.seconds, args.solve_workers, args.queue_limit
+                            )
+                        }
+                    ),
+                    flush=True,
+                )
         if "big-bodies" not in skip:
             print(json.dumps({"big_bodies": big_bodies(root, args.big_clients)}), flush=True)
         if "kill" not in skip:

@@ -35,7 +35,9 @@ def warm_up(backends: list[str]) -> None:
     from solver_models import available_backends
 
     available_backends()  # imports OR-Tools, PuLP and HiGHS
-    problem = problem_from_json({"batch": WORKLOADS["video"](32, seed=99), "cluster_preset": "h100-1x8", "model_preset": "qwen2-vl-7b"})
+    problem = problem_from_json(
+        {"batch": WORKLOADS["video"](32, seed=99), "cluster_preset": "h100-1x8", "model_preset": "qwen2-vl-7b"}
+    )
     for name in backends:
         plan(replace(problem, options=replace(problem.options, backend=name, time_budget_ms=100.0)))
 
@@ -46,19 +48,36 @@ def run(args: argparse.Namespace) -> list[dict]:
         cluster, n = SIZES[size]
         for workload in args.workloads:
             for seed in range(args.seeds):
-                doc = {"batch": WORKLOADS[workload](n, seed=seed), "cluster_preset": cluster, "model_preset": args.model,
-                       "options": {"degree_policy": args.policy, "solver_workers": args.workers}}
+                doc = {
+                    "batch": WORKLOADS[workload](n, seed=seed),
+                    "cluster_preset": cluster,
+                    "model_preset": args.model,
+                    "options": {"degree_policy": args.policy, "solver_workers": args.workers},
+                }
                 base = problem_from_json(doc)
                 runs = []
                 for backend in ["heuristic", *args.backends]:
                     for budget in args.budgets:
-                        problem = replace(base, options=replace(base.options, backend=backend, time_budget_ms=float(budget)))
+                        problem = replace(
+                            base, options=replace(base.options, backend=backend, time_budget_ms=float(budget))
+                        )
                         t0 = time.perf_counter()
                         result = plan(problem)
                         wall = (time.perf_counter() - t0) * 1000.0
-                        runs.append({"size": size, "workload": workload, "seed": seed, "backend": backend, "budget": budget,
-                                     "step": result.predicted_step_time_s, "bound": result.lower_bound_s, "wall": wall,
-                                     "status": result.solver.status, "improved": result.solver.fallback_reason is None and backend != "heuristic"})
+                        runs.append(
+                            {
+                                "size": size,
+                                "workload": workload,
+                                "seed": seed,
+                                "backend": backend,
+                                "budget": budget,
+                                "step": result.predicted_step_time_s,
+                                "bound": result.lower_bound_s,
+                                "wall": wall,
+                                "status": result.solver.status,
+                                "improved": result.solver.fallback_reason is None and backend != "heuristic",
+                            }
+                        )
                 best_bound = max(r["bound"] for r in runs)
                 for r in runs:
                     r["ratio"] = r["step"] / best_bound
@@ -67,19 +86,27 @@ def run(args: argparse.Namespace) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    keys = sorted({(r["size"], r["workload"], r["backend"], r["budget"]) for r in rows},
-                  key=lambda k: (k[0], k[1], ["heuristic", "cpsat", "highs", "cbc"].index(k[2]), k[3]))
+    keys = sorted(
+        {(r["size"], r["workload"], r["backend"], r["budget"]) for r in rows},
+        key=lambda k: (k[0], k[1], ["heuristic", "cpsat", "highs", "cbc"].index(k[2]), k[3]),
+    )
     head = f"{'ranks':>5} {'workload':<10} {'planner':<14} {'budget ms':>9} {'ratio med':>9} {'ratio max':>9} {'wall med':>9} {'wall max':>9} {'over max':>9} {'improved':>8}"
     lines = [head, "-" * len(head)]
     for size, workload, backend, budget in keys:
-        sel = [r for r in rows if (r["size"], r["workload"], r["backend"], r["budget"]) == (size, workload, backend, budget)]
+        sel = [
+            r
+            for r in rows
+            if (r["size"], r["workload"], r["backend"], r["budget"]) == (size, workload, backend, budget)
+        ]
         ratios = [r["ratio"] for r in sel]
         walls = [r["wall"] for r in sel]
         over = max(w - budget for w in walls)
         name = "heuristic" if backend == "heuristic" else f"heur+{backend}"
         improved = sum(r["improved"] for r in sel)
-        lines.append(f"{size:>5} {workload:<10} {name:<14} {budget:>9} {statistics.median(ratios):>9.4f} {max(ratios):>9.4f} "
-                     f"{statistics.median(walls):>9.1f} {max(walls):>9.1f} {over:>+9.1f} {improved:>5}/{len(sel)}")
+        lines.append(
+            f"{size:>5} {workload:<10} {name:<14} {budget:>9} {statistics.median(ratios):>9.4f} {max(ratios):>9.4f} "
+            f"{statistics.median(walls):>9.1f} {max(walls):>9.1f} {over:>+9.1f} {improved:>5}/{len(sel)}"
+        )
     return "\n".join(lines)
 
 
@@ -91,8 +118,14 @@ def instances(args: argparse.Namespace):
         cluster, n = SIZES[size]
         for workload in args.workloads:
             for seed in range(args.seeds):
-                problem = problem_from_json({"batch": WORKLOADS[workload](n, seed=seed), "cluster_preset": cluster, "model_preset": args.model,
-                                             "options": {"degree_policy": args.policy}})
+                problem = problem_from_json(
+                    {
+                        "batch": WORKLOADS[workload](n, seed=seed),
+                        "cluster_preset": cluster,
+                        "model_preset": args.model,
+                        "options": {"degree_policy": args.policy},
+                    }
+                )
                 yield size, workload, seed, CostTables.build(problem)
 
 
@@ -148,14 +181,23 @@ def excess_check(args: argparse.Namespace) -> None:
                 excess[key] = excess.get(key, 0.0) + float((len(r) * col[list(s)] - least[list(s)]).sum())
         step = assignment_step_time(tables, plan_)
         top = sorted(excess.items(), key=lambda kv: -kv[1])[:5]
-        print(f"{size:>4} ranks {workload:<10} seed {seed} policy {args.policy}: step/bound {step / bound:.4f}; N x (step - bound) "
-              f"{tables.n_ranks * (step - bound):.1f} rank-s = idle {idle:.1f} + excess area by group size (* spans nodes) "
-              + ", ".join(f"{k}: {v:.1f}" for k, v in top))
+        print(
+            f"{size:>4} ranks {workload:<10} seed {seed} policy {args.policy}: step/bound {step / bound:.4f}; N x (step - bound) "
+            f"{tables.n_ranks * (step - bound):.1f} rank-s = idle {idle:.1f} + excess area by group size (* spans nodes) "
+            + ", ".join(f"{k}: {v:.1f}" for k, v in top)
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[64, 256], choices=sorted(SIZES), help="ranks (64: h100-8x8 x 512 samples, 256: h100-32x8 x 2048)")
+    ap.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=[64, 256],
+        choices=sorted(SIZES),
+        help="ranks (64: h100-8x8 x 512 samples, 256: h100-32x8 x 2048)",
+    )
     ap.add_argument("--workloads", nargs="+", default=["video", "image-sft"], choices=sorted(WORKLOADS))
     ap.add_argument("--budgets", type=int, nargs="+", default=[50, 200, 1000], help="time budgets in ms")
     ap.add_argument("--backends", nargs="+", default=["cpsat", "highs"], choices=["cpsat", "highs", "cbc"])
@@ -165,7 +207,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=1, help="solver threads")
     ap.add_argument("--quick", action="store_true", help="one seed, 64 ranks, 200 ms")
     ap.add_argument("--lp-check", action="store_true", help="compare the level LP bound with the area bound instead")
-    ap.add_argument("--excess", action="store_true", help="where the heuristic's plan spends rank-seconds beyond the bound, instead")
+    ap.add_argument(
+        "--excess", action="store_true", help="where the heuristic's plan spends rank-seconds beyond the bound, instead"
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.seeds, args.sizes, args.budgets = 1, [64], [200]
@@ -179,8 +223,10 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     rows = run(args)
     print(table(rows))
-    print(f"\nratio: step time / best bound proved for the instance (max over all its runs); wall: whole plan() call, ms; "
-          f"{args.seeds} seed(s), policy {args.policy}, {args.workers} solver thread(s); {time.perf_counter() - t0:.0f} s")
+    print(
+        f"\nratio: step time / best bound proved for the instance (max over all its runs); wall: whole plan() call, ms; "
+        f"{args.seeds} seed(s), policy {args.policy}, {args.workers} solver thread(s); {time.perf_counter() - t0:.0f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -32,14 +32,28 @@ GAP_FOR_EXACT = 1.03
 """Heuristic step time above this multiple of the bound: cases where the exact path should improve on it."""
 
 FULL: dict[str, Any] = {
-    "workloads": ("video", "long-text", "mixed", "image-sft", "anyres"), "ranks": (64, 256), "samples": (512,), "seeds": 3,
+    "workloads": ("video", "long-text", "mixed", "image-sft", "anyres"),
+    "ranks": (64, 256),
+    "samples": (512,),
+    "seeds": 3,
     "profiles": ("analytical", "flexsp-gpt7b", "flexsp-gpt30b", "stress-slow-inter", "stress-group-constant"),
-    "planners": PLANNERS, "repeats": 1, "memory": False, "max_micro_batches": 512, "max_samples": 512,
+    "planners": PLANNERS,
+    "repeats": 1,
+    "memory": False,
+    "max_micro_batches": 512,
+    "max_samples": 512,
 }
 """The grid of the issue: 5 workloads x 3 seeds x 64 and 256 ranks x 512 samples x 5 profiles."""
 
-QUICK: dict[str, Any] = {**FULL, "workloads": ("video",), "ranks": (16,), "samples": (32,), "seeds": 1, "profiles": ("flexsp-gpt7b",),
-                         "max_micro_batches": 32}
+QUICK: dict[str, Any] = {
+    **FULL,
+    "workloads": ("video",),
+    "ranks": (16,),
+    "samples": (32,),
+    "seeds": 1,
+    "profiles": ("flexsp-gpt7b",),
+    "max_micro_batches": 32,
+}
 """A small variant (CI): one video batch of 32 samples on 16 ranks under FlexSP's gpt-7b profile (with a 1 s SCIP limit)."""
 QUICK_TIME_LIMIT_S = 1.0
 
@@ -67,7 +81,9 @@ def cases(doc: dict[str, Any]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"profile": profile, "workload": w, "ranks": ranks, "samples": n, "seed": seed}
         bound = next((r.get("lower_bound_s") for r in recs.values() if r.get("lower_bound_s") is not None), None)
         row["lower_bound_s"] = bound
-        row["bound_source"] = next((r.get("bound_source") for r in recs.values() if r.get("bound_source") is not None), None)
+        row["bound_source"] = next(
+            (r.get("bound_source") for r in recs.values() if r.get("bound_source") is not None), None
+        )
         for p in PLANNERS:
             r = recs.get(p, {})
             row[f"{p}_status"] = r.get("status")
@@ -94,17 +110,33 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
     both = [r for r in rows if r["dhp_over_flexsp"] is not None]
     wins = [r for r in both if r[f"{DEFAULT}_s"] <= r[f"{FLEXSP}_s"] * (1 + 1e-9)]
     to_bound = [r["dhp1s_over_bound"] for r in rows if r["dhp1s_over_bound"] is not None]
-    gap_cases = [r for r in rows if r["heuristic_over_bound"] is not None and r["heuristic_over_bound"] > GAP_FOR_EXACT and r[f"{ONE_S}_s"] is not None]
+    gap_cases = [
+        r
+        for r in rows
+        if r["heuristic_over_bound"] is not None
+        and r["heuristic_over_bound"] > GAP_FOR_EXACT
+        and r[f"{ONE_S}_s"] is not None
+    ]
     improved = [r for r in gap_cases if r[f"{ONE_S}_s"] < r[f"{HEURISTIC}_s"] * (1 - 1e-9)]
-    walls: dict[str, list[float]] = {p: [r[f"{p}_wall_ms"] for r in rows if r[f"{p}_wall_ms"] is not None and r[f"{p}_status"] == "ok"] for p in PLANNERS}
+    walls: dict[str, list[float]] = {
+        p: [r[f"{p}_wall_ms"] for r in rows if r[f"{p}_wall_ms"] is not None and r[f"{p}_status"] == "ok"]
+        for p in PLANNERS
+    }
     flexsp_walls = [r["flexsp_solve_wall_s"] for r in rows if r["flexsp_solve_wall_s"] is not None]
     per_profile = {}
     for prof in dict.fromkeys(r["profile"] for r in rows):
         mine = [r for r in rows if r["profile"] == prof]
         ratios = [r["dhp_over_flexsp"] for r in mine if r["dhp_over_flexsp"] is not None]
-        per_profile[prof] = {"cases": len(mine), "with_flexsp": len(ratios), "dhp_wins_or_ties": sum(1 for x in ratios if x <= 1 + 1e-9),
-                             "median_dhp_over_flexsp": median_or_none(ratios), "worst_dhp_over_flexsp": max(ratios) if ratios else None,
-                             "median_dhp1s_over_bound": median_or_none([r["dhp1s_over_bound"] for r in mine if r["dhp1s_over_bound"] is not None])}
+        per_profile[prof] = {
+            "cases": len(mine),
+            "with_flexsp": len(ratios),
+            "dhp_wins_or_ties": sum(1 for x in ratios if x <= 1 + 1e-9),
+            "median_dhp_over_flexsp": median_or_none(ratios),
+            "worst_dhp_over_flexsp": max(ratios) if ratios else None,
+            "median_dhp1s_over_bound": median_or_none(
+                [r["dhp1s_over_bound"] for r in mine if r["dhp1s_over_bound"] is not None]
+            ),
+        }
     return {
         "cases": len(rows),
         "cases_with_flexsp": len(both),
@@ -117,23 +149,62 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
         "heuristic_gap_cases": len(gap_cases),
         "exact_path_strictly_better": len(improved),
         "exact_path_better_on_every_gap_case": len(improved) == len(gap_cases) if gap_cases else None,
-        "wall_ms": {p: {"median": median_or_none(v), "max": max(v, default=None)} for p, v in walls.items() if p != FLEXSP},
+        "wall_ms": {
+            p: {"median": median_or_none(v), "max": max(v, default=None)} for p, v in walls.items() if p != FLEXSP
+        },
         "flexsp_solve_wall_s": {"median": median_or_none(flexsp_walls), "max": max(flexsp_walls, default=None)},
         "per_profile": per_profile,
-        "skipped_flexsp": sorted({f"{r['profile']}: {(r.get(f'{FLEXSP}_note') or '').removeprefix('skipped: ')}" for r in rows if r[f"{FLEXSP}_status"] == "skipped"}),
+        "skipped_flexsp": sorted(
+            {
+                f"{r['profile']}: {(r.get(f'{FLEXSP}_note') or '').removeprefix('skipped: ')}"
+                for r in rows
+                if r[f"{FLEXSP}_status"] == "skipped"
+            }
+        ),
     }
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """The per-case table (Markdown; also what the command prints)."""
-    head = ["profile", "workload", "ranks", "seed", "bound s", "heuristic s", "dhp@200ms s", "dhp@1s s", "FlexSP s", "dhp/FlexSP", "dhp@1s/FlexSP",
-            "dhp/bound", "dhp@1s/bound", "dhp wall ms", "dhp@1s wall ms", "FlexSP wall s"]
+    head = [
+        "profile",
+        "workload",
+        "ranks",
+        "seed",
+        "bound s",
+        "heuristic s",
+        "dhp@200ms s",
+        "dhp@1s s",
+        "FlexSP s",
+        "dhp/FlexSP",
+        "dhp@1s/FlexSP",
+        "dhp/bound",
+        "dhp@1s/bound",
+        "dhp wall ms",
+        "dhp@1s wall ms",
+        "FlexSP wall s",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in sorted(rows, key=lambda r: (r["profile"], r["workload"], r["ranks"], r["seed"])):
         flex = fmt(r[f"{FLEXSP}_s"]) if r[f"{FLEXSP}_status"] == "ok" else (r[f"{FLEXSP}_status"] or "n/a")
-        cells = [r["profile"], r["workload"], str(r["ranks"]), str(r["seed"]), fmt(r["lower_bound_s"]), fmt(r[f"{HEURISTIC}_s"]), fmt(r[f"{DEFAULT}_s"]),
-                 fmt(r[f"{ONE_S}_s"]), flex, fmt(r["dhp_over_flexsp"]), fmt(r["dhp1s_over_flexsp"]), fmt(r["dhp_over_bound"]),
-                 fmt(r["dhp1s_over_bound"]), fmt(r[f"{DEFAULT}_wall_ms"], ".0f"), fmt(r[f"{ONE_S}_wall_ms"], ".0f"), fmt(r["flexsp_solve_wall_s"], ".1f")]
+        cells = [
+            r["profile"],
+            r["workload"],
+            str(r["ranks"]),
+            str(r["seed"]),
+            fmt(r["lower_bound_s"]),
+            fmt(r[f"{HEURISTIC}_s"]),
+            fmt(r[f"{DEFAULT}_s"]),
+            fmt(r[f"{ONE_S}_s"]),
+            flex,
+            fmt(r["dhp_over_flexsp"]),
+            fmt(r["dhp1s_over_flexsp"]),
+            fmt(r["dhp_over_bound"]),
+            fmt(r["dhp1s_over_bound"]),
+            fmt(r[f"{DEFAULT}_wall_ms"], ".0f"),
+            fmt(r[f"{ONE_S}_wall_ms"], ".0f"),
+            fmt(r["flexsp_solve_wall_s"], ".1f"),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -154,9 +225,11 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
         f"- FlexSP solve wall time: median {fmt(s['flexsp_solve_wall_s']['median'], '.1f')} s, max {fmt(s['flexsp_solve_wall_s']['max'], '.1f')} s",
     ]
     for prof, p in s["per_profile"].items():
-        lines.append(f"- {prof}: {p['cases']} cases, FlexSP on {p['with_flexsp']}; dhp at 200 ms at most FlexSP on {p['dhp_wins_or_ties']}; "
-                     f"dhp/FlexSP median {fmt(p['median_dhp_over_flexsp'])}, worst {fmt(p['worst_dhp_over_flexsp'])}; "
-                     f"dhp@1s/bound median {fmt(p['median_dhp1s_over_bound'])}")
+        lines.append(
+            f"- {prof}: {p['cases']} cases, FlexSP on {p['with_flexsp']}; dhp at 200 ms at most FlexSP on {p['dhp_wins_or_ties']}; "
+            f"dhp/FlexSP median {fmt(p['median_dhp_over_flexsp'])}, worst {fmt(p['worst_dhp_over_flexsp'])}; "
+            f"dhp@1s/bound median {fmt(p['median_dhp1s_over_bound'])}"
+        )
     for note in s["skipped_flexsp"]:
         lines.append(f"- FlexSP skipped under {note}")
     return lines
@@ -201,7 +274,11 @@ def bound_plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
     profiles = list(dict.fromkeys(r["profile"] for r in rows if r["lower_bound_s"]))
     if not profiles:
         return []
-    series = [(DEFAULT, "dhp @ 200 ms", "o", -0.2), (ONE_S, "dhp @ 1 s", "x", 0.0), (FLEXSP, "FlexSP (real solver)", "^", 0.2)]
+    series = [
+        (DEFAULT, "dhp @ 200 ms", "o", -0.2),
+        (ONE_S, "dhp @ 1 s", "x", 0.0),
+        (FLEXSP, "FlexSP (real solver)", "^", 0.2),
+    ]
     fig, ax = plt.subplots(figsize=(max(5.5, 1.6 + 1.5 * len(profiles)), 4.8))
     for key, label, marker, shift in series:
         xs, ys = [], []
@@ -227,18 +304,28 @@ def write(doc: dict[str, Any], out: Path, command: str, plots: bool = True) -> t
     out.mkdir(parents=True, exist_ok=True)
     rows = cases(doc)
     s = summarize(doc)
-    (out / "results.json").write_text(json.dumps({**doc, "cases": rows, "summary": s, "command": command}, indent=1, default=str))
+    (out / "results.json").write_text(
+        json.dumps({**doc, "cases": rows, "summary": s, "command": command}, indent=1, default=str)
+    )
     paths = plot(rows, out) + bound_plot(rows, out) if plots else []
     spec = doc["spec"]
     text = table(rows) + [""] + summary_lines(s)
-    md = ["# dhp against the real FlexSP solver", "", f"Command: `{command}`", "",
-          f"Workloads {', '.join(spec['workloads'])}; ranks {', '.join(map(str, spec['ranks']))}; samples {', '.join(map(str, spec['samples']))}; "
-          f"{spec['seeds']} seeds; profiles {', '.join(spec['profiles'])}. FlexSP: SCIP limit {spec['flexsp']['time_limit_s']:g} s per MILP, "
-          f"at most {spec['flexsp']['workers']} processes, source {spec['flexsp']['src']}. Ran {doc['elapsed_s']:.0f} s.", "",
-          "Every step time is the verifier's (`optimizer.verify.verifier.check_assignment`) under the case's profile. dhp plans with the engine's default "
-          "options (micro-batches as the defaults allow, largest group as the default max_degree); the bound and the verification allow groups "
-          "up to the whole domain, as FlexSP's plans use. Wall times: dhp's whole plan() call; FlexSP's solve call (its own process pools).", "",
-          *text, ""]
+    md = [
+        "# dhp against the real FlexSP solver",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Workloads {', '.join(spec['workloads'])}; ranks {', '.join(map(str, spec['ranks']))}; samples {', '.join(map(str, spec['samples']))}; "
+        f"{spec['seeds']} seeds; profiles {', '.join(spec['profiles'])}. FlexSP: SCIP limit {spec['flexsp']['time_limit_s']:g} s per MILP, "
+        f"at most {spec['flexsp']['workers']} processes, source {spec['flexsp']['src']}. Ran {doc['elapsed_s']:.0f} s.",
+        "",
+        "Every step time is the verifier's (`optimizer.verify.verifier.check_assignment`) under the case's profile. dhp plans with the engine's default "
+        "options (micro-batches as the defaults allow, largest group as the default max_degree); the bound and the verification allow groups "
+        "up to the whole domain, as FlexSP's plans use. Wall times: dhp's whole plan() call; FlexSP's solve call (its own process pools).",
+        "",
+        *text,
+        "",
+    ]
     md += [f"![{Path(p).stem}]({Path(p).name})" for p in paths]
     (out / "report.md").write_text("\n".join(md) + "\n")
     return s, text

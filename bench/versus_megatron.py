@@ -31,14 +31,26 @@ PLANNERS = (MEGATRON, DHP, STATIC)
 SCHEDULERS = (MEGATRON, DHP)
 
 FULL: dict[str, Any] = {
-    "workloads": ("video", "long-text", "mixed", "image-sft", "anyres"), "ranks": (64, 256), "samples": (512,),
-    "seeds": 3, "profiles": ("flexsp-gpt7b", "stress-slow-inter", "stress-group-constant"), "planners": PLANNERS,
-    "repeats": 1, "memory": False, "max_samples": 512,
+    "workloads": ("video", "long-text", "mixed", "image-sft", "anyres"),
+    "ranks": (64, 256),
+    "samples": (512,),
+    "seeds": 3,
+    "profiles": ("flexsp-gpt7b", "stress-slow-inter", "stress-group-constant"),
+    "planners": PLANNERS,
+    "repeats": 1,
+    "memory": False,
+    "max_samples": 512,
 }
 """The grid: 5 workloads x 3 seeds x 64 and 256 ranks x 512 samples x 3 profiles."""
 
-QUICK: dict[str, Any] = {**FULL, "workloads": ("video",), "ranks": (16,), "samples": (64,), "seeds": 1,
-                         "profiles": ("flexsp-gpt7b",)}
+QUICK: dict[str, Any] = {
+    **FULL,
+    "workloads": ("video",),
+    "ranks": (16,),
+    "samples": (64,),
+    "seeds": 1,
+    "profiles": ("flexsp-gpt7b",),
+}
 """A small variant (CI): one video batch of 64 samples on 16 ranks under FlexSP's gpt-7b profile."""
 
 LABEL = {MEGATRON: "Megatron", DHP: "dhp", STATIC: "static"}
@@ -73,11 +85,14 @@ def _profile_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     speedups = [r["speedup"] for r in both]
     to_static = [r["megatron_over_static"] for r in rows if r["megatron_over_static"] is not None]
     out: dict[str, Any] = {
-        "batches": len(rows), "with_both": len(both),
+        "batches": len(rows),
+        "with_both": len(both),
         "dhp_faster": sum(1 for r in both if r[f"{DHP}_s"] < r[f"{MEGATRON}_s"] * (1 - 1e-9)),
-        "median_speedup": median_or_none(speedups), "min_speedup": min(speedups, default=None),
+        "median_speedup": median_or_none(speedups),
+        "min_speedup": min(speedups, default=None),
         "max_speedup": max(speedups, default=None),
-        "megatron_slower_than_static": sum(1 for x in to_static if x > 1 + 1e-9), "with_static": len(to_static),
+        "megatron_slower_than_static": sum(1 for x in to_static if x > 1 + 1e-9),
+        "with_static": len(to_static),
     }
     for p in PLANNERS:
         out[f"{p}_median_ratio"] = median_or_none([r[f"{p}_ratio"] for r in rows if r[f"{p}_ratio"] is not None])
@@ -92,22 +107,51 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
     rows = cases(doc)
     profiles = dict.fromkeys(r["profile"] for r in rows)
     per_profile = {prof: _profile_summary([r for r in rows if r["profile"] == prof]) for prof in profiles}
-    notes = sorted({f"{r['profile']} {r['workload']} {r['ranks']}x{r['samples']} seed {r['seed']}: "
-                    f"{p} {r[f'{p}_status']}: {r.get(f'{p}_note')}"
-                    for r in rows for p in PLANNERS if r[f"{p}_status"] not in (None, "ok")})
+    notes = sorted(
+        {
+            f"{r['profile']} {r['workload']} {r['ranks']}x{r['samples']} seed {r['seed']}: "
+            f"{p} {r[f'{p}_status']}: {r.get(f'{p}_note')}"
+            for r in rows
+            for p in PLANNERS
+            if r[f"{p}_status"] not in (None, "ok")
+        }
+    )
     return {"all": _profile_summary(rows), "per_profile": per_profile, "without_plan": notes}
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """The per-batch table (Markdown)."""
-    head = ["profile", "workload", "ranks", "seed", "bound s", "Megatron s", "dhp s", "static s", "speedup",
-            "Megatron/bound", "dhp/bound", "Megatron ms", "dhp ms"]
+    head = [
+        "profile",
+        "workload",
+        "ranks",
+        "seed",
+        "bound s",
+        "Megatron s",
+        "dhp s",
+        "static s",
+        "speedup",
+        "Megatron/bound",
+        "dhp/bound",
+        "Megatron ms",
+        "dhp ms",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in sorted(rows, key=lambda r: (r["profile"], r["workload"], r["ranks"], r["seed"])):
         steps = [fmt(r[f"{p}_s"]) if r[f"{p}_status"] == "ok" else (r[f"{p}_status"] or "n/a") for p in PLANNERS]
-        cells = [r["profile"], r["workload"], str(r["ranks"]), str(r["seed"]), fmt(r["lower_bound_s"]), *steps,
-                 fmt(r["speedup"], ".2f"), fmt(r[f"{MEGATRON}_ratio"]), fmt(r[f"{DHP}_ratio"]),
-                 fmt(r[f"{MEGATRON}_wall_ms"], ".1f"), fmt(r[f"{DHP}_wall_ms"], ".1f")]
+        cells = [
+            r["profile"],
+            r["workload"],
+            str(r["ranks"]),
+            str(r["seed"]),
+            fmt(r["lower_bound_s"]),
+            *steps,
+            fmt(r["speedup"], ".2f"),
+            fmt(r[f"{MEGATRON}_ratio"]),
+            fmt(r[f"{DHP}_ratio"]),
+            fmt(r[f"{MEGATRON}_wall_ms"], ".1f"),
+            fmt(r[f"{DHP}_wall_ms"], ".1f"),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -115,15 +159,31 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 def summary_table(s: dict[str, Any]) -> list[str]:
     """Per profile (and all batches): dhp faster on X of Y, the speedups, the medians to the bound and the wall
     times (Markdown)."""
-    head = ["profile", "dhp faster", "speedup median", "min", "max", "Megatron/bound", "dhp/bound", "static/bound",
-            "Megatron ms median (max)", "dhp ms median (max)"]
+    head = [
+        "profile",
+        "dhp faster",
+        "speedup median",
+        "min",
+        "max",
+        "Megatron/bound",
+        "dhp/bound",
+        "static/bound",
+        "Megatron ms median (max)",
+        "dhp ms median (max)",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, p in [*s["per_profile"].items(), ("all", s["all"])]:
         mw, dw = p[f"{MEGATRON}_wall_ms"], p[f"{DHP}_wall_ms"]
-        cells = [name, f"{p['dhp_faster']} of {p['with_both']}", *(fmt(p[k], ".2f") + "x" for k in SPEEDUPS),
-                 fmt(p[f"{MEGATRON}_median_ratio"]), fmt(p[f"{DHP}_median_ratio"]),
-                 fmt(p[f"{STATIC}_median_ratio"]), f"{fmt(mw['median'], '.1f')} ({fmt(mw['max'], '.1f')})",
-                 f"{fmt(dw['median'], '.1f')} ({fmt(dw['max'], '.1f')})"]
+        cells = [
+            name,
+            f"{p['dhp_faster']} of {p['with_both']}",
+            *(fmt(p[k], ".2f") + "x" for k in SPEEDUPS),
+            fmt(p[f"{MEGATRON}_median_ratio"]),
+            fmt(p[f"{DHP}_median_ratio"]),
+            fmt(p[f"{STATIC}_median_ratio"]),
+            f"{fmt(mw['median'], '.1f')} ({fmt(mw['max'], '.1f')})",
+            f"{fmt(dw['median'], '.1f')} ({fmt(dw['max'], '.1f')})",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -141,7 +201,8 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
             f"static {fmt(p[f'{STATIC}_median_ratio'])}; "
             f"Megatron slower than static on {p['megatron_slower_than_static']} of {p['with_static']}; "
             f"wall ms median (max): Megatron {fmt(mw['median'], '.1f')} ({fmt(mw['max'], '.1f')}), "
-            f"dhp {fmt(dw['median'], '.1f')} ({fmt(dw['max'], '.1f')})")
+            f"dhp {fmt(dw['median'], '.1f')} ({fmt(dw['max'], '.1f')})"
+        )
     lines += [f"- no plan: {note}" for note in s["without_plan"]]
     return lines
 
@@ -158,8 +219,9 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
     for ranks, marker in zip(sorted({r["ranks"] for r in rows}), "osD^v", strict=False):
         xs, ys = [], []
         for i, prof in enumerate(profiles):
-            mine = [r["speedup"] for r in rows
-                    if r["profile"] == prof and r["ranks"] == ranks and r["speedup"] is not None]
+            mine = [
+                r["speedup"] for r in rows if r["profile"] == prof and r["ranks"] == ranks and r["speedup"] is not None
+            ]
             xs += [i + (k - (len(mine) - 1) / 2) * 0.02 for k in range(len(mine))]
             ys += mine
         left.scatter(xs, ys, marker=marker, alpha=0.7, label=f"{ranks} ranks")
@@ -169,8 +231,11 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
     for key, shift, marker in ((MEGATRON, -0.12, "x"), (DHP, 0.12, "o")):
         xs, ys = [], []
         for i, prof in enumerate(profiles):
-            walls = [r[f"{key}_wall_ms"] for r in rows
-                     if r["profile"] == prof and r[f"{key}_wall_ms"] is not None and r[f"{key}_status"] == "ok"]
+            walls = [
+                r[f"{key}_wall_ms"]
+                for r in rows
+                if r["profile"] == prof and r[f"{key}_wall_ms"] is not None and r[f"{key}_status"] == "ok"
+            ]
             xs += [i + shift] * len(walls)
             ys += walls
         right.scatter(xs, ys, marker=marker, alpha=0.7, label=LABEL[key])
@@ -196,19 +261,35 @@ def write(doc: dict[str, Any], out: Path, command: str, plots: bool = True) -> t
     paths = plot(rows, out) if plots else []
     spec = doc["spec"]
     text = summary_lines(s)
-    md = ["# dhp against Megatron-Core's hybrid context-parallel scheduler", "", f"Command: `{command}`", "",
-          f"Workloads {', '.join(spec['workloads'])}; ranks {', '.join(map(str, spec['ranks']))}; "
-          f"samples {', '.join(map(str, spec['samples']))}; {spec['seeds']} seeds; "
-          f"profiles {', '.join(spec['profiles'])}. "
-          f"Ran {doc['elapsed_s']:.0f} s.", "",
-          "Megatron: megatron-core's `BalancedCPScheduler`; dhp: `trainer.megatron.PlannedCPScheduler` "
-          "(200 ms budget); static: static at its best under the same rules. All are verified and scored by "
-          "`optimizer.verify.verifier.check_assignment` under the batch's profile and Megatron-Core's rules (aligned "
-          "process groups, one sub-sample at a time in memory, barrier groups uncapped); the bound is the best proven "
-          "under those rules. Wall times: each scheduler's `get_groups_and_subsamples` call.", "",
-          "## Summary", "", "Speedup: Megatron's step time over dhp's, per batch.", "", *summary_table(s), "",
-          *text, "",
-          "## Per batch", "", *table(rows), ""]
+    md = [
+        "# dhp against Megatron-Core's hybrid context-parallel scheduler",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Workloads {', '.join(spec['workloads'])}; ranks {', '.join(map(str, spec['ranks']))}; "
+        f"samples {', '.join(map(str, spec['samples']))}; {spec['seeds']} seeds; "
+        f"profiles {', '.join(spec['profiles'])}. "
+        f"Ran {doc['elapsed_s']:.0f} s.",
+        "",
+        "Megatron: megatron-core's `BalancedCPScheduler`; dhp: `trainer.megatron.PlannedCPScheduler` "
+        "(200 ms budget); static: static at its best under the same rules. All are verified and scored by "
+        "`optimizer.verify.verifier.check_assignment` under the batch's profile and Megatron-Core's rules (aligned "
+        "process groups, one sub-sample at a time in memory, barrier groups uncapped); the bound is the best proven "
+        "under those rules. Wall times: each scheduler's `get_groups_and_subsamples` call.",
+        "",
+        "## Summary",
+        "",
+        "Speedup: Megatron's step time over dhp's, per batch.",
+        "",
+        *summary_table(s),
+        "",
+        *text,
+        "",
+        "## Per batch",
+        "",
+        *table(rows),
+        "",
+    ]
     md += [f"![{Path(p).stem}]({Path(p).name})" for p in paths]
     (out / "report.md").write_text("\n".join(md) + "\n")
     return s, text

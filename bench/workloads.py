@@ -75,18 +75,48 @@ def _gen(f: Callable[..., dict[str, Any]]) -> Callable[[int, int], dict[str, Any
 WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
-        Workload("video", _gen(base.long_tail_video), VIDEO_TEXT_CAP + VIDEO_MAX_FRAMES * base.TOKENS_PER_FRAME, "qwen2-vl-7b",
-                 "long-tail video SFT, 196 tokens per frame, log-normal frame counts up to 1,200"),
-        Workload("image-sft", _gen(base.image_sft), TEXT_CAP + 8 * base.TOKENS_PER_LLAVA_IMAGE, "qwen2-vl-7b",
-                 "LLaVA-1.5-style image SFT, 576 tokens per image, 0-8 images"),
-        Workload("anyres", _gen(base.anyres_images), TEXT_CAP + 37 * base.TOKENS_PER_CROP, "qwen2-vl-7b",
-                 "LLaVA-NeXT anyres, 729 tokens per crop, up to 6x6 crops plus a base view"),
-        Workload("dynamic-res", _gen(base.dynamic_resolution), TEXT_CAP + 4 * 16384, "qwen2-vl-7b",
-                 "Qwen2-VL dynamic resolution, 4-16,384 tokens per image, 1-4 images"),
-        Workload("long-text", _gen(base.long_text), LONG_TEXT_CAP, "llama3-8b",
-                 "long-context text, log-normal lengths (median 2K) up to 128K"),
-        Workload("mixed", _gen(base.mixed), VIDEO_TEXT_CAP + VIDEO_MAX_FRAMES * base.TOKENS_PER_FRAME, "qwen2-vl-7b",
-                 "40% image SFT, 20% dynamic resolution, 25% video, 15% long text"),
+        Workload(
+            "video",
+            _gen(base.long_tail_video),
+            VIDEO_TEXT_CAP + VIDEO_MAX_FRAMES * base.TOKENS_PER_FRAME,
+            "qwen2-vl-7b",
+            "long-tail video SFT, 196 tokens per frame, log-normal frame counts up to 1,200",
+        ),
+        Workload(
+            "image-sft",
+            _gen(base.image_sft),
+            TEXT_CAP + 8 * base.TOKENS_PER_LLAVA_IMAGE,
+            "qwen2-vl-7b",
+            "LLaVA-1.5-style image SFT, 576 tokens per image, 0-8 images",
+        ),
+        Workload(
+            "anyres",
+            _gen(base.anyres_images),
+            TEXT_CAP + 37 * base.TOKENS_PER_CROP,
+            "qwen2-vl-7b",
+            "LLaVA-NeXT anyres, 729 tokens per crop, up to 6x6 crops plus a base view",
+        ),
+        Workload(
+            "dynamic-res",
+            _gen(base.dynamic_resolution),
+            TEXT_CAP + 4 * 16384,
+            "qwen2-vl-7b",
+            "Qwen2-VL dynamic resolution, 4-16,384 tokens per image, 1-4 images",
+        ),
+        Workload(
+            "long-text",
+            _gen(base.long_text),
+            LONG_TEXT_CAP,
+            "llama3-8b",
+            "long-context text, log-normal lengths (median 2K) up to 128K",
+        ),
+        Workload(
+            "mixed",
+            _gen(base.mixed),
+            VIDEO_TEXT_CAP + VIDEO_MAX_FRAMES * base.TOKENS_PER_FRAME,
+            "qwen2-vl-7b",
+            "40% image SFT, 20% dynamic resolution, 25% video, 15% long text",
+        ),
     )
 }
 
@@ -97,7 +127,11 @@ def get_workload(name: str) -> Workload:
         return WORKLOADS[name]
     if name.endswith((".json", ".csv")):
         return load_replay(name)
-    raise ProblemError(f"unknown workload {name!r}", field="--workloads", hint=f"use one of {sorted(WORKLOADS)} or a replay file ending in .json or .csv.")
+    raise ProblemError(
+        f"unknown workload {name!r}",
+        field="--workloads",
+        hint=f"use one of {sorted(WORKLOADS)} or a replay file ending in .json or .csv.",
+    )
 
 
 # -- replay ------------------------------------------------------------------------------------
@@ -107,25 +141,35 @@ def _positive_int(value: Any, where: str) -> int:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise ProblemError(f"must be a whole number of tokens, got {value!r}", field=where, hint="give token counts as integers.") from None
+        raise ProblemError(
+            f"must be a whole number of tokens, got {value!r}", field=where, hint="give token counts as integers."
+        ) from None
     if not number.is_integer() or number < 0:
-        raise ProblemError(f"must be a whole number of tokens >= 0, got {value!r}", field=where, hint="give token counts as integers.")
+        raise ProblemError(
+            f"must be a whole number of tokens >= 0, got {value!r}", field=where, hint="give token counts as integers."
+        )
     return int(number)
 
 
 def _entries_from_json(doc: Any, where: str) -> tuple[list[dict[str, Any]], int | None]:
     if not isinstance(doc, dict):
-        raise ProblemError("must be a JSON object", field=where, hint='use {"lengths": [...]} or a batch document {"samples": [...]}.')
+        raise ProblemError(
+            "must be a JSON object", field=where, hint='use {"lengths": [...]} or a batch document {"samples": [...]}.'
+        )
     limit = _positive_int(doc["max_length"], f"{where}.max_length") if doc.get("max_length") is not None else None
     if "lengths" in doc:
         lengths = doc["lengths"]
         if not isinstance(lengths, list) or not lengths:
-            raise ProblemError("must be a non-empty list of token counts", field=f"{where}.lengths", hint="e.g. [812, 20480, 4096].")
+            raise ProblemError(
+                "must be a non-empty list of token counts", field=f"{where}.lengths", hint="e.g. [812, 20480, 4096]."
+            )
         entries = []
         for k, v in enumerate(lengths):
             n = _positive_int(v, f"{where}.lengths[{k}]")
             if n < 1:
-                raise ProblemError("must be >= 1", field=f"{where}.lengths[{k}]", hint="every sample has at least one token.")
+                raise ProblemError(
+                    "must be >= 1", field=f"{where}.lengths[{k}]", hint="every sample has at least one token."
+                )
             entries.append({"text_tokens": n})
         return entries, limit
     if "samples" in doc:
@@ -133,7 +177,11 @@ def _entries_from_json(doc: Any, where: str) -> tuple[list[dict[str, Any]], int 
 
         batch_from_json(doc, where=where)  # validates every sample, names the bad field
         return [{k: v for k, v in s.items() if k != "id"} for s in doc["samples"]], limit
-    raise ProblemError("has neither 'lengths' nor 'samples'", field=where, hint='use {"lengths": [...]} or a batch document {"samples": [...]}.')
+    raise ProblemError(
+        "has neither 'lengths' nor 'samples'",
+        field=where,
+        hint='use {"lengths": [...]} or a batch document {"samples": [...]}.',
+    )
 
 
 def _entries_from_csv(path: Path) -> list[dict[str, Any]]:
@@ -141,7 +189,11 @@ def _entries_from_csv(path: Path) -> list[dict[str, Any]]:
         reader = csv.DictReader(fh)
         fields = set(reader.fieldnames or [])
         if "length" not in fields and "text_tokens" not in fields:
-            raise ProblemError(f"header {sorted(fields)} has no 'length' or 'text_tokens' column", field=str(path), hint="start the file with a header line: length  (or text_tokens,visual_tokens).")
+            raise ProblemError(
+                f"header {sorted(fields)} has no 'length' or 'text_tokens' column",
+                field=str(path),
+                hint="start the file with a header line: length  (or text_tokens,visual_tokens).",
+            )
         entries = []
         for row_no, row in enumerate(reader, start=2):
             where = f"{path}:{row_no}"
@@ -161,25 +213,37 @@ def _entries_from_csv(path: Path) -> list[dict[str, Any]]:
 
 
 def _entry_length(entry: dict[str, Any]) -> int:
-    return int(entry.get("text_tokens", 0)) + sum(int(im["tokens"]) * int(im.get("frames", 1)) for im in entry.get("images", []))
+    return int(entry.get("text_tokens", 0)) + sum(
+        int(im["tokens"]) * int(im.get("frames", 1)) for im in entry.get("images", [])
+    )
 
 
 def load_replay(path: str | Path) -> Workload:
     """A workload that replays the lengths of a JSON or CSV file (format in the module docstring)."""
     p = Path(path)
     if not p.is_file():
-        raise ProblemError(f"no such file: {p}", field="--workloads", hint="give the path of a .json or .csv file of sample lengths.")
+        raise ProblemError(
+            f"no such file: {p}", field="--workloads", hint="give the path of a .json or .csv file of sample lengths."
+        )
     if p.suffix == ".csv":
         entries, limit = _entries_from_csv(p), None
     else:
         try:
             doc = json.loads(p.read_text())
         except json.JSONDecodeError as exc:
-            raise ProblemError(f"is not valid JSON: {exc}", field=str(p), hint="check the file; see the replay format in bench/workloads.py.") from None
+            raise ProblemError(
+                f"is not valid JSON: {exc}",
+                field=str(p),
+                hint="check the file; see the replay format in bench/workloads.py.",
+            ) from None
         entries, limit = _entries_from_json(doc, str(p))
     longest = max(_entry_length(e) for e in entries)
     if limit is not None and limit < longest:
-        raise ProblemError(f"max_length {limit} is below the longest sample in the file ({longest})", field=f"{p}.max_length", hint="raise max_length or leave it out.")
+        raise ProblemError(
+            f"max_length {limit} is below the longest sample in the file ({longest})",
+            field=f"{p}.max_length",
+            hint="raise max_length or leave it out.",
+        )
 
     def generate(n: int, seed: int) -> dict[str, Any]:
         rng = np.random.default_rng(seed)

@@ -39,7 +39,10 @@ def log(message: str) -> None:
 def make_dataset(n: int, seed: int, shortest: int, longest: int) -> dict[str, list[int]]:
     """Token ids of ``n`` samples, lengths log-uniform between the bounds."""
     rng = random.Random(seed)
-    return {f"s{i}": [rng.randrange(96) for _ in range(int(round(shortest * (longest / shortest) ** rng.random())))] for i in range(n)}
+    return {
+        f"s{i}": [rng.randrange(96) for _ in range(int(round(shortest * (longest / shortest) ** rng.random())))]
+        for i in range(n)
+    }
 
 
 def rank_loop(rank: int, world: int, plan_dir: str, tokens: dict[str, list[int]], cfg: Any) -> dict[str, Any]:
@@ -101,8 +104,14 @@ def main(argv: list[str] | None = None) -> int:
         for sid, ids in tokens.items():
             fh.write(json.dumps({"id": sid, "text_tokens": len(ids)}) + "\n")
 
-    job = {"dataset": {"path": str(data)}, "global_batch_size": args.batch, "sampler": {"kind": args.sampler, "seed": args.seed},
-           "cluster": {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node}, "model": cfg.model_document(), "profile": PROFILE}
+    job = {
+        "dataset": {"path": str(data)},
+        "global_batch_size": args.batch,
+        "sampler": {"kind": args.sampler, "seed": args.seed},
+        "cluster": {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node},
+        "model": cfg.model_document(),
+        "profile": PROFILE,
+    }
     result = run_job(build_epoch(job_from_json(job)), work_dir / "plan", LocalEngine(1))
     assert result.index is not None
     log(summary_text(result.index["summary"]))
@@ -112,8 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     predicted = [r["predicted_step_time_s"] for r in result.records]
     for step, loss in enumerate(ranks[0]["losses"]):
         same = all(abs(r["losses"][step] - loss) < 1e-9 for r in ranks)
-        log(f"step {step}: loss {loss:.4f} (equal on all {world} ranks: {same}), {max(r['seconds'][step] for r in ranks) * 1000:.0f} ms, "
-            f"predicted under the example profile {predicted[step] * 1000:.1f} ms")
+        log(
+            f"step {step}: loss {loss:.4f} (equal on all {world} ranks: {same}), {max(r['seconds'][step] for r in ranks) * 1000:.0f} ms, "
+            f"predicted under the example profile {predicted[step] * 1000:.1f} ms"
+        )
     return 0
 
 

@@ -88,17 +88,28 @@ def main(argv: list[str] | None = None) -> int:
         from trainer.profiler import ProfileSettings, measure_profile
 
         grid = sorted({max(32, lengths[0]), lengths[len(lengths) // 2], lengths[-1], (lengths[0] + lengths[-1]) // 2})
-        settings = ProfileSettings(lengths=tuple(grid), degrees=tuple(range(1, min(world, 4) + 1)), mixes=(1, 2), repeats=5, device="cpu",
-                                   procs=min(world, args.gpus_per_node), threads=1)
+        settings = ProfileSettings(
+            lengths=tuple(grid),
+            degrees=tuple(range(1, min(world, 4) + 1)),
+            mixes=(1, 2),
+            repeats=5,
+            device="cpu",
+            procs=min(world, args.gpus_per_node),
+            threads=1,
+        )
         profile, report = measure_profile(cfg, settings, progress=log)
         log(f"profile fit: R^2 {report['r2']:.4f}, largest relative error {report['max_rel_error']:.3f}")
         if args.profile_out:
             with open(args.profile_out, "w") as fh:
                 json.dump(profile, fh, indent=2)
 
-    request = {"batch": {"samples": [{"id": k, "text_tokens": len(v)} for k, v in samples.items()]},
-               "cluster": {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node},
-               "model": cfg.model_document(), "profile": profile, "options": {"time_budget_ms": 500}}
+    request = {
+        "batch": {"samples": [{"id": k, "text_tokens": len(v)} for k, v in samples.items()]},
+        "cluster": {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node},
+        "model": cfg.model_document(),
+        "profile": profile,
+        "options": {"time_budget_ms": 500},
+    }
     plan_doc, client = get_plan(request, args.service)
     groups = [[g["ranks"] for g in mb["groups"]] for mb in plan_doc["micro_batches"]]
     log(f"plan: {len(groups)} micro-batches {groups}, predicted step {plan_doc['predicted_step_time_s'] * 1000:.1f} ms")
@@ -108,28 +119,53 @@ def main(argv: list[str] | None = None) -> int:
     # The fastest step, as the profile keeps the fastest run of each point: other work on the
     # machine only ever adds time. The median is printed too.
     measured = min(per_step)
-    group_times = [[max(results[rank]["micro_batch_seconds"][0][m] for rank in g["ranks"]) for g in mb["groups"]]
-                   for m, mb in enumerate(plan_doc["micro_batches"])]
+    group_times = [
+        [max(results[rank]["micro_batch_seconds"][0][m] for rank in g["ranks"]) for g in mb["groups"]]
+        for m, mb in enumerate(plan_doc["micro_batches"])
+    ]
     # The plan predicts the micro-batches; the gradient all-reduce after them is the same for every
     # plan and is not in the cost model, so it is reported apart.
     n_mb = len(plan_doc["micro_batches"])
-    mb_part = [sum(max(r["micro_batch_seconds"][s][m] for r in results) for m in range(n_mb)) for s in range(args.steps)]
+    mb_part = [
+        sum(max(r["micro_batch_seconds"][s][m] for r in results) for m in range(n_mb)) for s in range(args.steps)
+    ]
     predicted = plan_doc["predicted_step_time_s"]
     error = (measured - predicted) / predicted
     mb_error = (min(mb_part) - predicted) / predicted
     log(f"loss {results[0]['loss']:.4f}; step times {[round(s * 1000, 1) for s in per_step]} ms")
-    log(f"predicted {predicted * 1000:.1f} ms, measured {measured * 1000:.1f} ms (fastest of {args.steps}; median {statistics.median(per_step) * 1000:.1f} ms), error {error * 100:+.1f}%")
-    log(f"micro-batches alone (without the gradient all-reduce): measured {min(mb_part) * 1000:.1f} ms, error {mb_error * 100:+.1f}%")
+    log(
+        f"predicted {predicted * 1000:.1f} ms, measured {measured * 1000:.1f} ms (fastest of {args.steps}; median {statistics.median(per_step) * 1000:.1f} ms), error {error * 100:+.1f}%"
+    )
+    log(
+        f"micro-batches alone (without the gradient all-reduce): measured {min(mb_part) * 1000:.1f} ms, error {mb_error * 100:+.1f}%"
+    )
     for m, mb in enumerate(plan_doc["micro_batches"]):
-        pairs = ", ".join(f"{g['ranks']}: {g['predicted_time_s'] * 1000:.1f}/{t * 1000:.1f}" for g, t in zip(mb["groups"], group_times[m], strict=True))
+        pairs = ", ".join(
+            f"{g['ranks']}: {g['predicted_time_s'] * 1000:.1f}/{t * 1000:.1f}"
+            for g, t in zip(mb["groups"], group_times[m], strict=True)
+        )
         log(f"  micro-batch {m} (predicted/measured ms): {pairs}")
     if client is not None and "id" in plan_doc:
-        answer = client.feedback(str(plan_doc["id"]), measured, group_times_s=group_times, notes="examples/train_tiny.py")
+        answer = client.feedback(
+            str(plan_doc["id"]), measured, group_times_s=group_times, notes="examples/train_tiny.py"
+        )
         log(f"feedback sent: {answer}" if answer is not None else "feedback not stored (local plan or service down)")
     if args.json:
-        print(json.dumps({"predicted_step_time_s": predicted, "measured_step_time_s": measured, "median_step_time_s": statistics.median(per_step), "relative_error": error,
-                          "micro_batches_s": min(mb_part), "micro_batches_relative_error": mb_error,
-                          "step_times_s": per_step, "group_times_s": group_times, "loss": results[0]["loss"]}))
+        print(
+            json.dumps(
+                {
+                    "predicted_step_time_s": predicted,
+                    "measured_step_time_s": measured,
+                    "median_step_time_s": statistics.median(per_step),
+                    "relative_error": error,
+                    "micro_batches_s": min(mb_part),
+                    "micro_batches_relative_error": mb_error,
+                    "step_times_s": per_step,
+                    "group_times_s": group_times,
+                    "loss": results[0]["loss"],
+                }
+            )
+        )
     return 0
 
 

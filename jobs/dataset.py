@@ -64,7 +64,11 @@ def read_jsonl(path: Path) -> list[Any]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as exc:
-                raise ProblemError(f"{path} line {line_no} is not valid JSON ({exc.msg})", field="dataset.path", hint="write one sample object per line.") from None
+                raise ProblemError(
+                    f"{path} line {line_no} is not valid JSON ({exc.msg})",
+                    field="dataset.path",
+                    hint="write one sample object per line.",
+                ) from None
     return rows
 
 
@@ -74,13 +78,25 @@ def read_parquet(path: Path) -> list[Any]:
     try:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several types for unreadable files
-        raise ProblemError(f"cannot read {path} as Parquet: {exc}", field="dataset.path", hint="give a Parquet file with one sample a row.") from None
+        raise ProblemError(
+            f"cannot read {path} as Parquet: {exc}",
+            field="dataset.path",
+            hint="give a Parquet file with one sample a row.",
+        ) from None
     names = set(table.column_names)
     if "id" not in names:
-        raise ProblemError(f"{path} has no column 'id' (columns: {sorted(names)})", field="dataset.path", hint="add a string column 'id' with each sample's unique id.")
+        raise ProblemError(
+            f"{path} has no column 'id' (columns: {sorted(names)})",
+            field="dataset.path",
+            hint="add a string column 'id' with each sample's unique id.",
+        )
     extra = sorted(names - {"id", "text_tokens", "images", "videos"})
     if extra:
-        raise ProblemError(f"{path} has unknown column(s) {extra}", field="dataset.path", hint="keep only id, text_tokens, images and videos.")
+        raise ProblemError(
+            f"{path} has unknown column(s) {extra}",
+            field="dataset.path",
+            hint="keep only id, text_tokens, images and videos.",
+        )
     # column by column: much faster than a dictionary per row from pyarrow
     ids = table.column("id").to_pylist()
     rows: list[dict[str, Any]] = [{"id": sid} if sid is not None else {} for sid in ids]
@@ -92,7 +108,9 @@ def read_parquet(path: Path) -> list[Any]:
         if key in names:
             for row, items in zip(rows, table.column(key).to_pylist(), strict=True):
                 if items:
-                    row[key] = [{k: v for k, v in item.items() if v is not None} for item in items]  # struct members are scalars
+                    row[key] = [
+                        {k: v for k, v in item.items() if v is not None} for item in items
+                    ]  # struct members are scalars
     return rows
 
 
@@ -102,15 +120,21 @@ def read_rows(path: str | Path) -> tuple[list[Any], str]:
     try:
         data = p.read_bytes()
     except OSError as exc:
-        raise ProblemError(f"cannot read {p}: {exc.strerror or exc}", field="dataset.path", hint="check the path.") from None
+        raise ProblemError(
+            f"cannot read {p}: {exc.strerror or exc}", field="dataset.path", hint="check the path."
+        ) from None
     if p.suffix == ".parquet":
         rows = read_parquet(p)
-        suspect = any(isinstance(sid := row.get("id"), str) and "\x00" in sid for row in rows)  # Arrow strings may hold NUL, never a lone surrogate
+        suspect = any(
+            isinstance(sid := row.get("id"), str) and "\x00" in sid for row in rows
+        )  # Arrow strings may hold NUL, never a lone surrogate
     elif p.suffix in (".jsonl", ".ndjson"):
         rows = read_jsonl(p)
         suspect = may_break_rule(data)
     else:
-        raise ProblemError(f"{p.name}: unknown dataset format", field="dataset.path", hint="use a .jsonl or .parquet file.")
+        raise ProblemError(
+            f"{p.name}: unknown dataset format", field="dataset.path", hint="use a .jsonl or .parquet file."
+        )
     bad = first_bad_text(rows, "dataset") if suspect else None
     if bad is not None:
         raise ProblemError(f"{p.name}: {bad[0]} {bad[1]}", field="dataset.path", hint=TEXT_HINT)
@@ -120,14 +144,20 @@ def read_rows(path: str | Path) -> tuple[list[Any], str]:
 def _check_row(row: Any, k: int, model: ModelSpec | None) -> tuple[int, ProblemError | None]:
     where = f"dataset[{k}]"
     if not isinstance(row, dict):
-        return 0, ProblemError(f"must be a JSON object, got {type(row).__name__}", field=where, hint="give each sample as an object with 'id'.")
+        return 0, ProblemError(
+            f"must be a JSON object, got {type(row).__name__}",
+            field=where,
+            hint="give each sample as an object with 'id'.",
+        )
     if row.get("id") is None:
         return 0, ProblemError("is required", field=f"{where}.id", hint="give every sample a unique string id.")
     try:
         batch = batch_from_json({"samples": [row]}, model, where="batch")
     except ProblemError as exc:
         tail = (exc.field or "").removeprefix("batch.samples[0]")
-        return 0, ProblemError(exc.message, field=f"{where}{tail}" if tail.startswith((".", "[")) else where, hint=exc.hint)
+        return 0, ProblemError(
+            exc.message, field=f"{where}{tail}" if tail.startswith((".", "[")) else where, hint=exc.hint
+        )
     return batch.lengths[0], None
 
 
@@ -142,7 +172,9 @@ def _all_valid(rows: list[Any], model: ModelSpec | None) -> np.ndarray | None:
     return np.asarray(batch.lengths, dtype=np.int64)
 
 
-def load(rows: list[Any], model: ModelSpec | None, fingerprint: str, source: str = "dataset", lengths: bool = True) -> Dataset:
+def load(
+    rows: list[Any], model: ModelSpec | None, fingerprint: str, source: str = "dataset", lengths: bool = True
+) -> Dataset:
     """Check the rows: every row an object with an id, ids unique across the dataset. With
     ``lengths`` every row is also checked as a sample and measured (the length-grouped sampler needs
     the lengths); without, the full check of each sample happens when its step is planned."""
@@ -153,16 +185,30 @@ def load(rows: list[Any], model: ModelSpec | None, fingerprint: str, source: str
     for k, row in enumerate(rows):
         sid = row.get("id") if isinstance(row, dict) else None
         if not isinstance(row, dict):
-            errors[k] = ProblemError(f"must be a JSON object, got {type(row).__name__}", field=f"dataset[{k}]", hint="give each sample as an object with 'id'.")
+            errors[k] = ProblemError(
+                f"must be a JSON object, got {type(row).__name__}",
+                field=f"dataset[{k}]",
+                hint="give each sample as an object with 'id'.",
+            )
         elif sid is None:
-            errors[k] = ProblemError("is required", field=f"dataset[{k}].id", hint="give every sample a unique string id.")
+            errors[k] = ProblemError(
+                "is required", field=f"dataset[{k}].id", hint="give every sample a unique string id."
+            )
         elif (isinstance(sid, int) and not isinstance(sid, bool)) or (isinstance(sid, str) and sid):
             key = str(sid)
             if key in seen:
-                raise ProblemError(f"sample id {key!r} appears in rows {seen[key]} and {k}", field=f"dataset[{k}].id", hint="make every sample id unique.")
+                raise ProblemError(
+                    f"sample id {key!r} appears in rows {seen[key]} and {k}",
+                    field=f"dataset[{k}].id",
+                    hint="make every sample id unique.",
+                )
             seen[key] = k
         else:
-            errors[k] = ProblemError(f"must be a non-empty string, got {sid!r}", field=f"dataset[{k}].id", hint="give every sample a unique string id.")
+            errors[k] = ProblemError(
+                f"must be a non-empty string, got {sid!r}",
+                field=f"dataset[{k}].id",
+                hint="give every sample a unique string id.",
+            )
     measured = np.zeros(len(rows), dtype=np.int64)
     if lengths:
         fast = None if errors else _all_valid(rows, model)
@@ -192,7 +238,19 @@ def write_parquet(path: str | Path, samples: list[dict[str, Any]]) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    visual = pa.list_(pa.struct([("tokens", pa.int64()), ("width", pa.int64()), ("height", pa.int64()), ("frames", pa.int64()), ("tokens_per_frame", pa.int64())]))
+    visual = pa.list_(
+        pa.struct(
+            [
+                ("tokens", pa.int64()),
+                ("width", pa.int64()),
+                ("height", pa.int64()),
+                ("frames", pa.int64()),
+                ("tokens_per_frame", pa.int64()),
+            ]
+        )
+    )
     schema = pa.schema([("id", pa.string()), ("text_tokens", pa.int64()), ("images", visual), ("videos", visual)])
-    table = pa.Table.from_pylist([{k: s.get(k) for k in ("id", "text_tokens", "images", "videos")} for s in samples], schema=schema)
+    table = pa.Table.from_pylist(
+        [{k: s.get(k) for k in ("id", "text_tokens", "images", "videos")} for s in samples], schema=schema
+    )
     pq.write_table(table, path)

@@ -29,17 +29,28 @@ def _never() -> bool:
 
 
 def _lost(chunk: Chunk, exc: BaseException) -> list[dict[str, Any]]:
-    error = {"kind": "internal", "field": None, "message": f"the task planning this step died: {type(exc).__name__}: {exc}",
-             "hint": "resume the job to plan the step again.", "sample": None}
-    return [failed_record(step, [str(s.get("id")) if isinstance(s, dict) else "?" for s in samples], {**error, "step": step})
-            for step, samples, _ in chunk]
+    error = {
+        "kind": "internal",
+        "field": None,
+        "message": f"the task planning this step died: {type(exc).__name__}: {exc}",
+        "hint": "resume the job to plan the step again.",
+        "sample": None,
+    }
+    return [
+        failed_record(
+            step, [str(s.get("id")) if isinstance(s, dict) else "?" for s in samples], {**error, "step": step}
+        )
+        for step, samples, _ in chunk
+    ]
 
 
 class Engine:
     name = "engine"
     workers = 1
 
-    def map(self, template: dict[str, Any], chunks: Sequence[Chunk], should_stop: StopCheck = _never) -> Iterator[list[dict[str, Any]]]:
+    def map(
+        self, template: dict[str, Any], chunks: Sequence[Chunk], should_stop: StopCheck = _never
+    ) -> Iterator[list[dict[str, Any]]]:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -77,7 +88,9 @@ class LocalEngine(Engine):
         self.workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
         self.in_process = self.workers == 1 if in_process is None else in_process
 
-    def map(self, template: dict[str, Any], chunks: Sequence[Chunk], should_stop: StopCheck = _never) -> Iterator[list[dict[str, Any]]]:
+    def map(
+        self, template: dict[str, Any], chunks: Sequence[Chunk], should_stop: StopCheck = _never
+    ) -> Iterator[list[dict[str, Any]]]:
         if self.in_process:
             for chunk in chunks:
                 if should_stop():
@@ -85,7 +98,12 @@ class LocalEngine(Engine):
                 yield plan_chunk(template, chunk)
             return
         # spawn: the workers start clean (no copy of this process's threads or locks)
-        pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker, initargs=(template,))
+        pool = ProcessPoolExecutor(
+            self.workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(template,),
+        )
         try:
             todo = list(chunks)[::-1]
             running: dict[Future[list[dict[str, Any]]], Chunk] = {}
@@ -112,6 +130,7 @@ class LocalEngine(Engine):
 
 # -- Ray ---------------------------------------------------------------------------------------
 
+
 def _ray_task(template: dict[str, Any], chunk: Chunk) -> list[dict[str, Any]]:
     """A Ray task: plan the chunk, and note the node that planned it."""
     import ray
@@ -134,7 +153,9 @@ class RayEngine(Engine):
         except ImportError:
             from optimizer.errors import ProblemError
 
-            raise ProblemError("Ray is not installed", field="--engine", hint="pip install 'dhp-planner[ray]', or use --engine local.") from None
+            raise ProblemError(
+                "Ray is not installed", field="--engine", hint="pip install 'dhp-planner[ray]', or use --engine local."
+            ) from None
         self._ray = ray
         self.address = address
         self._started = False
@@ -147,7 +168,11 @@ class RayEngine(Engine):
             except ConnectionError as exc:
                 from optimizer.errors import ProblemError
 
-                raise ProblemError(f"cannot reach a Ray cluster at {address!r}: {exc}", field="--address", hint="give the head node's address (host:6379), or leave --address out to start a local instance.") from None
+                raise ProblemError(
+                    f"cannot reach a Ray cluster at {address!r}: {exc}",
+                    field="--address",
+                    hint="give the head node's address (host:6379), or leave --address out to start a local instance.",
+                ) from None
             self._started = True
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.workers = max(1, min(cpus, workers) if workers is not None else cpus)
@@ -157,7 +182,9 @@ class RayEngine(Engine):
         nodes = [n for n in self._ray.nodes() if n.get("Alive")]
         return {"engine": self.name, "workers": self.workers, "nodes": len(nodes), "address": self.address}
 
-    def map(self, template: dict[str, Any], chunks: Sequence[Chunk], should_stop: StopCheck = _never) -> Iterator[list[dict[str, Any]]]:
+    def map(
+        self, template: dict[str, Any], chunks: Sequence[Chunk], should_stop: StopCheck = _never
+    ) -> Iterator[list[dict[str, Any]]]:
         ray = self._ray
         ref = ray.put(template)
         todo = list(chunks)[::-1]

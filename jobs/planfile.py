@@ -56,8 +56,11 @@ class Journal:
         except json.JSONDecodeError:
             header = {}
         if header.get("inputs_hash") != inputs_hash or header.get("steps") != total:
-            raise ProblemError(f"{self.path.parent} holds a job planned from other inputs", field="--out",
-                               hint="use another output directory, or --fresh to discard the earlier job's progress.")
+            raise ProblemError(
+                f"{self.path.parent} holds a job planned from other inputs",
+                field="--out",
+                hint="use another output directory, or --fresh to discard the earlier job's progress.",
+            )
         for line in lines[1:]:
             if not line.strip():
                 continue
@@ -114,12 +117,25 @@ def new_communicators(records: list[dict[str, Any]]) -> list[int]:
 def _schema() -> Any:
     import pyarrow as pa
 
-    return pa.schema([
-        ("step", pa.int64()), ("status", pa.string()), ("sample_ids", pa.list_(pa.string())),
-        ("predicted_step_time_s", pa.float64()), ("lower_bound_s", pa.float64()), ("gap", pa.float64()), ("micro_batches", pa.int64()),
-        ("static_step_time_s", pa.float64()), ("static_degree", pa.int64()), ("static_degrees", pa.list_(pa.int64())), ("static_times", pa.list_(pa.float64())),
-        ("communicators", pa.int64()), ("new_communicators", pa.int64()), ("plan", pa.string()), ("error", pa.string()),
-    ])
+    return pa.schema(
+        [
+            ("step", pa.int64()),
+            ("status", pa.string()),
+            ("sample_ids", pa.list_(pa.string())),
+            ("predicted_step_time_s", pa.float64()),
+            ("lower_bound_s", pa.float64()),
+            ("gap", pa.float64()),
+            ("micro_batches", pa.int64()),
+            ("static_step_time_s", pa.float64()),
+            ("static_degree", pa.int64()),
+            ("static_degrees", pa.list_(pa.int64())),
+            ("static_times", pa.list_(pa.float64())),
+            ("communicators", pa.int64()),
+            ("new_communicators", pa.int64()),
+            ("plan", pa.string()),
+            ("error", pa.string()),
+        ]
+    )
 
 
 def write_plan_file(path: Path, records: list[dict[str, Any]]) -> str:
@@ -131,13 +147,30 @@ def write_plan_file(path: Path, records: list[dict[str, Any]]) -> str:
     rows = []
     for r, new in zip(records, fresh, strict=True):
         ok = r["status"] == "ok"
-        rows.append({
-            "step": r["step"], "status": r["status"], "sample_ids": r["sample_ids"],
-            **{k: r.get(k) for k in ("predicted_step_time_s", "lower_bound_s", "gap", "micro_batches", "static_step_time_s", "static_degree",
-                                     "static_degrees", "static_times", "plan")},
-            "communicators": len(r["communicators"]) if ok else None, "new_communicators": new if ok else None,
-            "error": json.dumps(r["error"], sort_keys=True) if r.get("error") else None,
-        })
+        rows.append(
+            {
+                "step": r["step"],
+                "status": r["status"],
+                "sample_ids": r["sample_ids"],
+                **{
+                    k: r.get(k)
+                    for k in (
+                        "predicted_step_time_s",
+                        "lower_bound_s",
+                        "gap",
+                        "micro_batches",
+                        "static_step_time_s",
+                        "static_degree",
+                        "static_degrees",
+                        "static_times",
+                        "plan",
+                    )
+                },
+                "communicators": len(r["communicators"]) if ok else None,
+                "new_communicators": new if ok else None,
+                "error": json.dumps(r["error"], sort_keys=True) if r.get("error") else None,
+            }
+        )
     table = pa.Table.from_pylist(rows, schema=_schema())
     tmp = path.with_suffix(".parquet.tmp")
     pq.write_table(table, tmp, compression="zstd", row_group_size=ROW_GROUP)
@@ -171,6 +204,12 @@ def read_plan_table(path: str | Path, columns: list[str] | None = None) -> Any:
     try:
         return pq.read_table(p, columns=columns)
     except FileNotFoundError:
-        raise ProblemError(f"no plan file at {p}", field="plan_file", hint="run 'dhp plan-epoch' first, or give the directory it wrote.") from None
+        raise ProblemError(
+            f"no plan file at {p}",
+            field="plan_file",
+            hint="run 'dhp plan-epoch' first, or give the directory it wrote.",
+        ) from None
     except Exception as exc:
-        raise ProblemError(f"cannot read {p}: {exc}", field="plan_file", hint="give a plan.parquet written by 'dhp plan-epoch'.") from None
+        raise ProblemError(
+            f"cannot read {p}: {exc}", field="plan_file", hint="give a plan.parquet written by 'dhp plan-epoch'."
+        ) from None

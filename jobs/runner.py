@@ -58,15 +58,26 @@ def make_chunks(epoch: Epoch, steps: list[int], size: int) -> list[Chunk]:
     chunks: list[Chunk] = []
     for i in range(0, len(steps), size):
         chunk: list[tuple[int, Sequence[Any], Any]] = []
-        for s in steps[i:i + size]:
+        for s in steps[i : i + size]:
             bad = epoch.step_error(s)
-            chunk.append((s, epoch.step_samples(s), None if bad is None else (epoch.data.sample_id(bad[0]), _error_doc(bad[1]))))
+            chunk.append(
+                (s, epoch.step_samples(s), None if bad is None else (epoch.data.sample_id(bad[0]), _error_doc(bad[1])))
+            )
         chunks.append(chunk)
     return chunks
 
 
-def run_job(epoch: Epoch, out: str | Path, engine: Engine, *, progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
-            fresh: bool = False, keep_journal: bool = False, on_records: Callable[[list[dict[str, Any]]], None] | None = None) -> JobResult:
+def run_job(
+    epoch: Epoch,
+    out: str | Path,
+    engine: Engine,
+    *,
+    progress: Progress | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    fresh: bool = False,
+    keep_journal: bool = False,
+    on_records: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> JobResult:
     """Plan ``epoch`` into directory ``out`` on ``engine`` (see the module docstring).
 
     ``on_records`` sees every batch of new records (the service stores them as they come)."""
@@ -78,7 +89,11 @@ def run_job(epoch: Epoch, out: str | Path, engine: Engine, *, progress: Progress
     directory.mkdir(parents=True, exist_ok=True)
     total = len(epoch)
     index = planfile.read_index(directory)
-    if index is not None and index.get("inputs_hash") == epoch.inputs_hash and (directory / planfile.PLAN_FILE).exists():
+    if (
+        index is not None
+        and index.get("inputs_hash") == epoch.inputs_hash
+        and (directory / planfile.PLAN_FILE).exists()
+    ):
         return JobResult("done", directory, total, total, 0, total, time.perf_counter() - start, index)
     journal = planfile.Journal(directory / planfile.JOURNAL_FILE)
     done = journal.load(epoch.inputs_hash, total)
@@ -111,14 +126,29 @@ def run_job(epoch: Epoch, out: str | Path, engine: Engine, *, progress: Progress
     wall_s = time.perf_counter() - start
     spec = epoch.spec
     index = {
-        "format": planfile.FORMAT, "version": planfile.VERSION, "plan_file": planfile.PLAN_FILE, "plan_file_sha256": digest,
-        "inputs_hash": epoch.inputs_hash, "steps": total,
-        "job": {"source": epoch.data.source, "samples": len(epoch.data), "global_batch_size": spec.global_batch_size,
-                "sampler": spec.sampler.__dict__ if spec.batches is None else None, "drop_last": spec.drop_last,
-                "max_steps": spec.max_steps, "template": spec.template},
+        "format": planfile.FORMAT,
+        "version": planfile.VERSION,
+        "plan_file": planfile.PLAN_FILE,
+        "plan_file_sha256": digest,
+        "inputs_hash": epoch.inputs_hash,
+        "steps": total,
+        "job": {
+            "source": epoch.data.source,
+            "samples": len(epoch.data),
+            "global_batch_size": spec.global_batch_size,
+            "sampler": spec.sampler.__dict__ if spec.batches is None else None,
+            "drop_last": spec.drop_last,
+            "max_steps": spec.max_steps,
+            "template": spec.template,
+        },
         "summary": summarize(records),
-        "run": {**engine.describe(), "wall_s": round(wall_s, 3), "planned_now": planned_now, "reused_from_journal": reused,
-                "steps_by_worker": dict(sorted(Counter(r.get("worker", "this process") for r in records).items()))},
+        "run": {
+            **engine.describe(),
+            "wall_s": round(wall_s, 3),
+            "planned_now": planned_now,
+            "reused_from_journal": reused,
+            "steps_by_worker": dict(sorted(Counter(r.get("worker", "this process") for r in records).items())),
+        },
     }
     planfile.write_index(directory / planfile.INDEX_FILE, index)
     if keep_journal:

@@ -15,7 +15,7 @@ from jobs.spec import SamplerSpec
 def cut(order: np.ndarray, size: int, drop_last: bool) -> list[np.ndarray]:
     """``order`` in consecutive steps of ``size`` rows."""
     n = len(order) - (len(order) % size if drop_last else 0)
-    return [order[i:i + size] for i in range(0, n, size)]
+    return [order[i : i + size] for i in range(0, n, size)]
 
 
 def _rng(spec: SamplerSpec) -> np.random.Generator:
@@ -37,7 +37,7 @@ def length_grouped(lengths: np.ndarray, size: int, spec: SamplerSpec, drop_last:
     rng = _rng(spec)
     order = rng.permutation(len(lengths)).astype(np.int64)
     mega = size * spec.group_batches
-    runs = [order[i:i + mega] for i in range(0, len(order), mega)]
+    runs = [order[i : i + mega] for i in range(0, len(order), mega)]
     sorted_order = np.concatenate([run[np.argsort(-lengths[run], kind="stable")] for run in runs])
     steps = cut(sorted_order, size, drop_last)
     if not steps:

@@ -53,8 +53,14 @@ class JobSpec:
 
     def inputs_hash(self, data_fingerprint: str) -> str:
         """A digest of everything that decides the plans: a journal is only resumed under the same one."""
-        doc = {"template": self.template, "global_batch_size": self.global_batch_size, "sampler": self.sampler.__dict__,
-               "drop_last": self.drop_last, "max_steps": self.max_steps, "data": data_fingerprint}
+        doc = {
+            "template": self.template,
+            "global_batch_size": self.global_batch_size,
+            "sampler": self.sampler.__dict__,
+            "drop_last": self.drop_last,
+            "max_steps": self.max_steps,
+            "data": data_fingerprint,
+        }
         return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -75,17 +81,37 @@ def sampler_from_json(doc: Any) -> SamplerSpec:
     if isinstance(doc, str):
         doc = {"kind": doc}
     if not isinstance(doc, Mapping):
-        raise ProblemError(f"must be an object, got {type(doc).__name__}", field="sampler", hint='e.g. {"kind": "shuffle", "seed": 0}.')
+        raise ProblemError(
+            f"must be an object, got {type(doc).__name__}", field="sampler", hint='e.g. {"kind": "shuffle", "seed": 0}.'
+        )
     extra = sorted(set(doc) - {"kind", "seed", "epoch", "group_batches"})
     if extra:
-        raise ProblemError(f"unknown field(s) {extra}", field="sampler", hint="allowed fields are ['epoch', 'group_batches', 'kind', 'seed'].")
+        raise ProblemError(
+            f"unknown field(s) {extra}",
+            field="sampler",
+            hint="allowed fields are ['epoch', 'group_batches', 'kind', 'seed'].",
+        )
     kind = doc.get("kind", "sequential")
     if kind not in SAMPLERS:
-        raise ProblemError(f"must be one of {SAMPLERS}, got {kind!r}", field="sampler.kind", hint="use 'sequential', 'shuffle' or 'length-grouped'.")
-    return SamplerSpec(kind=kind,
-                       seed=_int(doc, "seed", "sampler.", 0, 0, 2**63 - 1, "give a non-negative integer seed."),
-                       epoch=_int(doc, "epoch", "sampler.", 0, 0, 2**31 - 1, "give the epoch number (0, 1, ...)."),
-                       group_batches=_int(doc, "group_batches", "sampler.", 16, 1, 100_000, "give how many steps' samples are sorted by length together, e.g. 16."))
+        raise ProblemError(
+            f"must be one of {SAMPLERS}, got {kind!r}",
+            field="sampler.kind",
+            hint="use 'sequential', 'shuffle' or 'length-grouped'.",
+        )
+    return SamplerSpec(
+        kind=kind,
+        seed=_int(doc, "seed", "sampler.", 0, 0, 2**63 - 1, "give a non-negative integer seed."),
+        epoch=_int(doc, "epoch", "sampler.", 0, 0, 2**31 - 1, "give the epoch number (0, 1, ...)."),
+        group_batches=_int(
+            doc,
+            "group_batches",
+            "sampler.",
+            16,
+            1,
+            100_000,
+            "give how many steps' samples are sorted by length together, e.g. 16.",
+        ),
+    )
 
 
 def job_options(options: Any) -> dict[str, Any]:
@@ -94,7 +120,11 @@ def job_options(options: Any) -> dict[str, Any]:
     if options is None:
         options = {}
     if not isinstance(options, Mapping):
-        raise ProblemError(f"must be an object, got {type(options).__name__}", field="options", hint="give the options document of a plan request.")
+        raise ProblemError(
+            f"must be an object, got {type(options).__name__}",
+            field="options",
+            hint="give the options document of a plan request.",
+        )
     out = dict(options)
     out.setdefault("backend", "heuristic")
     if out["backend"] == "heuristic":
@@ -107,45 +137,83 @@ def job_options(options: Any) -> dict[str, Any]:
 def job_from_json(doc: Any, *, allow_path: bool = True) -> JobSpec:
     """Read a job document (see the module docstring); ``allow_path=False`` refuses dataset paths (the service)."""
     if not isinstance(doc, Mapping):
-        raise ProblemError(f"must be a JSON object, got {type(doc).__name__}", field="job", hint="see jobs/spec.py for the job document.")
+        raise ProblemError(
+            f"must be a JSON object, got {type(doc).__name__}",
+            field="job",
+            hint="see jobs/spec.py for the job document.",
+        )
     extra = sorted(set(doc) - JOB_KEYS)
     if extra:
         raise ProblemError(f"unknown field(s) {extra}", field="job", hint=f"allowed fields are {sorted(JOB_KEYS)}.")
     dataset, batches = doc.get("dataset"), doc.get("batches")
     if (dataset is None) == (batches is None):
-        raise ProblemError("give either 'dataset' or 'batches'", field="dataset", hint='e.g. "dataset": {"samples": [...]} with "global_batch_size", or "batches": [{"samples": [...]}, ...].')
+        raise ProblemError(
+            "give either 'dataset' or 'batches'",
+            field="dataset",
+            hint='e.g. "dataset": {"samples": [...]} with "global_batch_size", or "batches": [{"samples": [...]}, ...].',
+        )
     path = samples = None
     if dataset is not None:
         if not isinstance(dataset, Mapping) or set(dataset) - {"path", "samples"} or len(dataset) != 1:
-            raise ProblemError("must be an object with exactly one of 'path' or 'samples'", field="dataset", hint='e.g. {"path": "samples.jsonl"} or {"samples": [{"id": "a", "text_tokens": 100}]}.')
+            raise ProblemError(
+                "must be an object with exactly one of 'path' or 'samples'",
+                field="dataset",
+                hint='e.g. {"path": "samples.jsonl"} or {"samples": [{"id": "a", "text_tokens": 100}]}.',
+            )
         if "path" in dataset:
             if not allow_path:
-                raise ProblemError("a server-side path is not accepted here", field="dataset.path", hint="send the samples inline: {\"samples\": [...]}.")
+                raise ProblemError(
+                    "a server-side path is not accepted here",
+                    field="dataset.path",
+                    hint='send the samples inline: {"samples": [...]}.',
+                )
             path = dataset["path"]
             if not isinstance(path, str) or not path:
-                raise ProblemError(f"must be a file path, got {path!r}", field="dataset.path", hint="give a .jsonl or .parquet file.")
+                raise ProblemError(
+                    f"must be a file path, got {path!r}", field="dataset.path", hint="give a .jsonl or .parquet file."
+                )
         else:
             samples = dataset["samples"]
             if not isinstance(samples, list) or not samples:
-                raise ProblemError("must be a non-empty list of samples", field="dataset.samples", hint="list the samples as in a batch document.")
+                raise ProblemError(
+                    "must be a non-empty list of samples",
+                    field="dataset.samples",
+                    hint="list the samples as in a batch document.",
+                )
         size = _int(doc, "global_batch_size", "", None, 1, MAX_BATCH, "give the samples per step, e.g. 512.")
         if size is None:
-            raise ProblemError("is required with 'dataset'", field="global_batch_size", hint="give the samples per step, e.g. 512.")
+            raise ProblemError(
+                "is required with 'dataset'", field="global_batch_size", hint="give the samples per step, e.g. 512."
+            )
     else:
         if not isinstance(batches, list) or not batches:
-            raise ProblemError("must be a non-empty list of batch documents", field="batches", hint='e.g. [{"samples": [...]}, {"samples": [...]}].')
+            raise ProblemError(
+                "must be a non-empty list of batch documents",
+                field="batches",
+                hint='e.g. [{"samples": [...]}, {"samples": [...]}].',
+            )
         if doc.get("global_batch_size") is not None or doc.get("sampler") is not None:
-            raise ProblemError("apply to 'dataset' only", field="global_batch_size" if doc.get("global_batch_size") is not None else "sampler",
-                               hint="explicit batches are planned as given; drop the field.")
+            raise ProblemError(
+                "apply to 'dataset' only",
+                field="global_batch_size" if doc.get("global_batch_size") is not None else "sampler",
+                hint="explicit batches are planned as given; drop the field.",
+            )
         size = None
     drop_last = doc.get("drop_last", False)
     if not isinstance(drop_last, bool):
         raise ProblemError(f"must be true or false, got {drop_last!r}", field="drop_last", hint="use a JSON boolean.")
     template = {k: doc[k] for k in TEMPLATE_KEYS if doc.get(k) is not None}
     template["options"] = job_options(doc.get("options"))
-    return JobSpec(template=template, global_batch_size=size, sampler=sampler_from_json(doc.get("sampler")), drop_last=drop_last,
-                   max_steps=_int(doc, "max_steps", "", None, 1, 10**9, "give the most steps to plan, or leave it out."),
-                   dataset_path=path, samples=samples, batches=batches)
+    return JobSpec(
+        template=template,
+        global_batch_size=size,
+        sampler=sampler_from_json(doc.get("sampler")),
+        drop_last=drop_last,
+        max_steps=_int(doc, "max_steps", "", None, 1, 10**9, "give the most steps to plan, or leave it out."),
+        dataset_path=path,
+        samples=samples,
+        batches=batches,
+    )
 
 
 def check_template(template: Mapping[str, Any]) -> None:

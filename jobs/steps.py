@@ -56,7 +56,11 @@ def build_epoch(spec: JobSpec) -> Epoch:
         for k, b in enumerate(spec.batches):
             samples = b.get("samples") if isinstance(b, dict) else None
             if not isinstance(samples, list) or not samples:
-                raise ProblemError("must be a batch document with a non-empty 'samples' list", field=f"batches[{k}]", hint='e.g. {"samples": [{"id": "a", "text_tokens": 100}]}.')
+                raise ProblemError(
+                    "must be a batch document with a non-empty 'samples' list",
+                    field=f"batches[{k}]",
+                    hint='e.g. {"samples": [{"id": "a", "text_tokens": 100}]}.',
+                )
             bounds.append((len(rows), len(rows) + len(samples)))
             rows.extend(samples)
         data = ds.load(rows, model, ds.inline_fingerprint(spec.batches), "batches", lengths=False)
@@ -67,12 +71,17 @@ def build_epoch(spec: JobSpec) -> Epoch:
             rows, digest = ds.read_rows(spec.dataset_path)
             data = ds.load(rows, model, digest, spec.dataset_path, lengths=measure)
         else:
-            data = ds.load(list(spec.samples or []), model, ds.inline_fingerprint(spec.samples), "dataset.samples", lengths=measure)
+            data = ds.load(
+                list(spec.samples or []), model, ds.inline_fingerprint(spec.samples), "dataset.samples", lengths=measure
+            )
         assert spec.global_batch_size is not None
         steps = epoch_steps(data.lengths, spec.global_batch_size, spec.sampler, spec.drop_last)
         if not steps:
-            raise ProblemError(f"the dataset's {len(data)} samples make no full step of {spec.global_batch_size}", field="global_batch_size",
-                               hint="lower global_batch_size or set drop_last to false.")
+            raise ProblemError(
+                f"the dataset's {len(data)} samples make no full step of {spec.global_batch_size}",
+                field="global_batch_size",
+                hint="lower global_batch_size or set drop_last to false.",
+            )
     if spec.max_steps is not None:
-        steps = steps[:spec.max_steps]
+        steps = steps[: spec.max_steps]
     return Epoch(spec=spec, data=data, steps=steps, inputs_hash=spec.inputs_hash(data.fingerprint))

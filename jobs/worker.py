@@ -33,16 +33,32 @@ def plan_doc(plan: Plan) -> dict[str, Any]:
         "ratio_to_bound": plan.ratio_to_bound,
         "scheme": plan.scheme,
         "domain_size": plan.domain_size,
-        "micro_batches": [{"predicted_time_s": mb.predicted_time_s,
-                           "groups": [{"ranks": list(g.ranks), "samples": list(g.samples), "lengths": list(g.lengths),
-                                       "predicted_time_s": g.predicted_time_s, "intra_node": g.intra_node} for g in mb.groups]}
-                          for mb in plan.micro_batches],
+        "micro_batches": [
+            {
+                "predicted_time_s": mb.predicted_time_s,
+                "groups": [
+                    {
+                        "ranks": list(g.ranks),
+                        "samples": list(g.samples),
+                        "lengths": list(g.lengths),
+                        "predicted_time_s": g.predicted_time_s,
+                        "intra_node": g.intra_node,
+                    }
+                    for g in mb.groups
+                ],
+            }
+            for mb in plan.micro_batches
+        ],
         "communicators": [list(c) for c in plan.communicators],
         "solver": {"backend": plan.solver.backend, "status": plan.solver.status},
     }
     if plan.static_baseline is not None:
         sb = plan.static_baseline
-        doc["static_baseline"] = {"degree": sb.degree, "micro_batches": sb.micro_batches, "predicted_step_time_s": sb.predicted_step_time_s}
+        doc["static_baseline"] = {
+            "degree": sb.degree,
+            "micro_batches": sb.micro_batches,
+            "predicted_step_time_s": sb.predicted_step_time_s,
+        }
     if plan.new_communicators is not None:
         doc["new_communicators"] = [list(c) for c in plan.new_communicators]
     return doc
@@ -94,7 +110,9 @@ def failed_record(step: int, ids: Sequence[str], error: dict[str, Any], wall_ms:
     return {"step": step, "status": "failed", "sample_ids": list(ids), "error": error, "wall_ms": wall_ms}
 
 
-def plan_step(template: Mapping[str, Any], step: int, samples: Sequence[Any], bad: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+def plan_step(
+    template: Mapping[str, Any], step: int, samples: Sequence[Any], bad: tuple[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """The record of one step (see the module docstring). ``bad``: the id and error document of
     an invalid sample of the step found when the dataset was read."""
     from optimizer.problem.documents import problem_from_json

@@ -63,7 +63,9 @@ def stopped_reason(name: str) -> str:
 
 
 def busy_reason(name: str) -> str:
-    return f"{name} is still running solves stopped at earlier deadlines in this process: not started again until they end"
+    return (
+        f"{name} is still running solves stopped at earlier deadlines in this process: not started again until they end"
+    )
 
 
 def _load_ms(backends: Backends, name: str) -> float:
@@ -71,7 +73,9 @@ def _load_ms(backends: Backends, name: str) -> float:
     return backend.load_ms() if backend is not None else 0.0
 
 
-def choose_backend(tables: CostTables, requested: str, remaining_ms: float, backends: Backends, reserve: float | None = None) -> str:
+def choose_backend(
+    tables: CostTables, requested: str, remaining_ms: float, backends: Backends, reserve: float | None = None
+) -> str:
     """The backend for ``requested``; ``auto`` picks by size and time left.
 
     ``auto``: the heuristic alone when less than MIN_SOLVER_MS would be left to a solver, or, for
@@ -88,12 +92,19 @@ def choose_backend(tables: CostTables, requested: str, remaining_ms: float, back
         return "heuristic"
     for name in AUTO_ORDER:
         backend = backends.get(name)
-        if backend is not None and backend.available() and solver_ms - backend.load_ms() >= MIN_SOLVER_MS and not busy(name):
+        if (
+            backend is not None
+            and backend.available()
+            and solver_ms - backend.load_ms() >= MIN_SOLVER_MS
+            and not busy(name)
+        ):
             return name
     return "heuristic"
 
 
-def solver_may_follow(tables: CostTables, backend: str, budget_ms: float, heuristic_share: float, heuristic_ms_per_sample: float) -> bool:
+def solver_may_follow(
+    tables: CostTables, backend: str, budget_ms: float, heuristic_share: float, heuristic_ms_per_sample: float
+) -> bool:
     """Whether a budget of ``budget_ms`` leaves an exact backend time after the heuristic (then the
     heuristic gets ``heuristic_share`` of it, else nearly all)."""
     expected_ms = heuristic_ms_per_sample * tables.n_samples + reserve_ms(tables) + MIN_SOLVER_MS
@@ -113,13 +124,25 @@ def no_time_for(name: str, solver_ms: float, backends: Backends) -> str | None:
     cost = _load_ms(backends, name)
     if cost and solver_ms - cost < MIN_SOLVER_MS:
         library = "OR-Tools" if name == "cpsat" else "PuLP"
-        return (f"{library} is not loaded in this process yet (about {cost:.0f} ms, once) and only {solver_ms:.0f} ms "
-                "are left for the solver: give a larger budget, use --backend highs, or plan from a running service")
+        return (
+            f"{library} is not loaded in this process yet (about {cost:.0f} ms, once) and only {solver_ms:.0f} ms "
+            "are left for the solver: give a larger budget, use --backend highs, or plan from a running service"
+        )
     return None
 
 
-def run_backend(tables: CostTables, name: str, backends: Backends, hint: Assignment, h_time: float, bound: float, deadline: float,
-                stats: SolverStats, start: float, clock: Callable[[], float]) -> tuple[Assignment, SolverStats]:
+def run_backend(
+    tables: CostTables,
+    name: str,
+    backends: Backends,
+    hint: Assignment,
+    h_time: float,
+    bound: float,
+    deadline: float,
+    stats: SolverStats,
+    start: float,
+    clock: Callable[[], float],
+) -> tuple[Assignment, SolverStats]:
     """Backend ``name`` started from ``hint`` until ``deadline``; its answer only when checked valid and better."""
     trace = list(stats.trace)
 
@@ -128,33 +151,87 @@ def run_backend(tables: CostTables, name: str, backends: Backends, hint: Assignm
 
     backend = backends.get(name)
     if backend is None or not backend.available():
-        return hint, SolverStats(**{**stats.__dict__, "backend": name, "status": "fallback", "fallback_reason": f"backend {name!r} is not installed (pip install 'dhp-planner[solver]')"})
+        return hint, SolverStats(
+            **{
+                **stats.__dict__,
+                "backend": name,
+                "status": "fallback",
+                "fallback_reason": f"backend {name!r} is not installed (pip install 'dhp-planner[solver]')",
+            }
+        )
     if busy(name):
-        return hint, SolverStats(**{**stats.__dict__, "backend": name, "status": "fallback", "fallback_reason": busy_reason(name)})
+        return hint, SolverStats(
+            **{**stats.__dict__, "backend": name, "status": "fallback", "fallback_reason": busy_reason(name)}
+        )
     options = tables.problem.options
-    watched = solve_watched(name, backend, tables, hint, deadline, hard_stop_for(deadline, options.deterministic, options.time_budget_ms), on_improvement, clock)
+    watched = solve_watched(
+        name,
+        backend,
+        tables,
+        hint,
+        deadline,
+        hard_stop_for(deadline, options.deterministic, options.time_budget_ms),
+        on_improvement,
+        clock,
+    )
     if watched.stopped:
-        return hint, SolverStats(**{**stats.__dict__, "backend": name, "status": "stopped", "details": {**stats.details, "stopped_after_ms": round(watched.waited_ms, 3)},
-                                    "fallback_reason": stopped_reason(name)})
+        return hint, SolverStats(
+            **{
+                **stats.__dict__,
+                "backend": name,
+                "status": "stopped",
+                "details": {**stats.details, "stopped_after_ms": round(watched.waited_ms, 3)},
+                "fallback_reason": stopped_reason(name),
+            }
+        )
     result = watched.result
     if result is None:  # a solver crash must never lose the heuristic plan
         exc = watched.error
         why = f"{type(exc).__name__}: {exc}" if exc is not None else f"{name} returned nothing"
         return hint, SolverStats(**{**stats.__dict__, "backend": name, "status": "fallback", "fallback_reason": why})
     best_bound = max(bound, result.bound_s or 0.0)
-    base = dict(backend=name, status=result.status, objective_s=h_time, bound_s=best_bound, trace=tuple(trace), details=dict(result.details))
+    base = dict(
+        backend=name,
+        status=result.status,
+        objective_s=h_time,
+        bound_s=best_bound,
+        trace=tuple(trace),
+        details=dict(result.details),
+    )
     if result.assignment is None:
-        return hint, SolverStats(**{**stats.__dict__, **base, "status": "fallback", "fallback_reason": result.message or f"{name} returned no solution ({result.status})"})
+        return hint, SolverStats(
+            **{
+                **stats.__dict__,
+                **base,
+                "status": "fallback",
+                "fallback_reason": result.message or f"{name} returned no solution ({result.status})",
+            }
+        )
     check = check_assignment(tables.problem, result.assignment)
     if not check.ok:
-        return hint, SolverStats(**{**stats.__dict__, **base, "status": "fallback", "fallback_reason": f"{name} answer invalid: {check.violations[0]}"})
+        return hint, SolverStats(
+            **{
+                **stats.__dict__,
+                **base,
+                "status": "fallback",
+                "fallback_reason": f"{name} answer invalid: {check.violations[0]}",
+            }
+        )
     if check.micro_batches_s >= h_time * (1 - 1e-9):
-        return hint, SolverStats(**{**stats.__dict__, **base, "fallback_reason": f"{name} found nothing better than its starting plan"})
+        return hint, SolverStats(
+            **{**stats.__dict__, **base, "fallback_reason": f"{name} found nothing better than its starting plan"}
+        )
     return result.assignment, SolverStats(**{**stats.__dict__, **base, "objective_s": check.micro_batches_s})
 
 
-def rescue(tables: CostTables, error: InfeasibleError, backends: Backends, deadline: float, start: float,
-           clock: Callable[[], float]) -> tuple[Assignment, SolverStats]:
+def rescue(
+    tables: CostTables,
+    error: InfeasibleError,
+    backends: Backends,
+    deadline: float,
+    start: float,
+    clock: Callable[[], float],
+) -> tuple[Assignment, SolverStats]:
     """A plan from the whole exact model when the heuristic found none.
 
     The heuristic's InfeasibleError stands only when infeasibility is proven: by counting memory
@@ -173,14 +250,27 @@ def rescue(tables: CostTables, error: InfeasibleError, backends: Backends, deadl
     if full_model_pairs(tables) > FULL_MODEL_PAIRS:
         why = "the batch is too large for the whole exact model"
     elif backend is None or not backend.available():
-        why = f"no exact backend could run in the {left_ms:.0f} ms left" if name in ("heuristic", "auto") else f"backend {name!r} is not installed"
+        why = (
+            f"no exact backend could run in the {left_ms:.0f} ms left"
+            if name in ("heuristic", "auto")
+            else f"backend {name!r} is not installed"
+        )
     elif busy(name):
         why = busy_reason(name)
     else:
         why = no_time_for(name, left_ms, backends)
     result = None
     if why is None and backend is not None:
-        watched = solve_watched(name, backend, tables, None, deadline, hard_stop_for(deadline, options.deterministic, options.time_budget_ms), None, clock)
+        watched = solve_watched(
+            name,
+            backend,
+            tables,
+            None,
+            deadline,
+            hard_stop_for(deadline, options.deterministic, options.time_budget_ms),
+            None,
+            clock,
+        )
         result = watched.result
         if watched.stopped:
             why = f"the whole exact model ({name}) had not answered at the deadline (stopped there)"
@@ -189,16 +279,26 @@ def rescue(tables: CostTables, error: InfeasibleError, backends: Backends, deadl
     if result is not None and result.assignment is not None and check_assignment(tables.problem, result.assignment).ok:
         objective = assignment_step_time(tables, result.assignment)
         elapsed = (clock() - start) * 1000.0
-        return result.assignment, SolverStats(backend=name, status=result.status, wall_ms=elapsed, objective_s=objective, bound_s=result.bound_s,
-                                              trace=(TracePoint(elapsed, objective, result.bound_s),),
-                                              details={**result.details, "rescue": f"the heuristic found no plan ({error.message}); the whole model did"})
+        return result.assignment, SolverStats(
+            backend=name,
+            status=result.status,
+            wall_ms=elapsed,
+            objective_s=objective,
+            bound_s=result.bound_s,
+            trace=(TracePoint(elapsed, objective, result.bound_s),),
+            details={**result.details, "rescue": f"the heuristic found no plan ({error.message}); the whole model did"},
+        )
     if result is not None and result.status == "infeasible" and tables.homogeneous:
-        raise InfeasibleError(f"{error.message}; the whole exact model ({name}) proves that no plan exists", field=error.field, hint=error.hint)
+        raise InfeasibleError(
+            f"{error.message}; the whole exact model ({name}) proves that no plan exists",
+            field=error.field,
+            hint=error.hint,
+        )
     if why is None and result is not None:
         why = f"the whole exact model ({name}) found no plan in time ({result.status})"
     raise PlannerError(
         f"no plan found within the budget: the heuristic found none ({error.message}) and {why}; infeasibility is not proven",
         field="options.time_budget_ms",
         hint="give a larger budget (options.time_budget_ms) with an exact backend installed (pip install 'dhp-planner[solver]'), "
-             "or allow more micro-batches (options.max_micro_batches).",
+        "or allow more micro-batches (options.max_micro_batches).",
     )

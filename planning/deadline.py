@@ -19,7 +19,9 @@ class Deadline:
     clock: Callable[[], float] = time.perf_counter
 
     @classmethod
-    def after_ms(cls, budget_ms: float, start: float | None = None, clock: Callable[[], float] = time.perf_counter) -> Deadline:
+    def after_ms(
+        cls, budget_ms: float, start: float | None = None, clock: Callable[[], float] = time.perf_counter
+    ) -> Deadline:
         """A budget of ``budget_ms`` from ``start`` (a ``clock()`` instant; now when omitted)."""
         begin = clock() if start is None else start
         return cls(begin, begin + budget_ms / 1000.0, clock)

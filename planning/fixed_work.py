@@ -121,13 +121,27 @@ def _time_phases(problem: Problem) -> PhaseTimes:
     marks.append(clock())
     best_static(tables)
     marks.append(clock())
-    result = build_plan(tables, assignment, SolverStats(backend="heuristic", status="heuristic", wall_ms=0.0, objective_s=step, bound_s=bound), bound)
+    result = build_plan(
+        tables,
+        assignment,
+        SolverStats(backend="heuristic", status="heuristic", wall_ms=0.0, objective_s=step, bound_s=bound),
+        bound,
+    )
     marks.append(clock())
     verify(result, problem).raise_if_failed()
     marks.append(clock())
     ms = [(b - a) * 1000.0 for a, b in zip(marks, marks[1:], strict=False)]
-    return PhaseTimes(tables=ms[0], matrices=ms[1], cells=cells, quick_bound=ms[2], tight_bound=ms[3], heuristic=ms[4], static=ms[5],
-                      build=ms[6], verify=ms[7])
+    return PhaseTimes(
+        tables=ms[0],
+        matrices=ms[1],
+        cells=cells,
+        quick_bound=ms[2],
+        tight_bound=ms[3],
+        heuristic=ms[4],
+        static=ms[5],
+        build=ms[6],
+        verify=ms[7],
+    )
 
 
 @dataclass(frozen=True)
@@ -154,9 +168,14 @@ def calibration_problems() -> tuple[Problem, Problem, Problem]:
             tokens = [2000 + (i * 7919) % 12_000 + (100_000 if i % 61 == 0 else 0) for i in range(n)]
         else:
             tokens = [200 + (i * 7919) % 3000 for i in range(n)]
-        return problem_from_json({"cluster": {"nodes": CALIBRATION_RANKS // 8, "gpus_per_node": 8}, "model_preset": "qwen2-vl-7b",
-                                  "batch": {"samples": [{"id": f"c{i}", "text_tokens": t} for i, t in enumerate(tokens)]},
-                                  "options": {"backend": "heuristic"}})
+        return problem_from_json(
+            {
+                "cluster": {"nodes": CALIBRATION_RANKS // 8, "gpus_per_node": 8},
+                "model_preset": "qwen2-vl-7b",
+                "batch": {"samples": [{"id": f"c{i}", "text_tokens": t} for i, t in enumerate(tokens)]},
+                "options": {"backend": "heuristic"},
+            }
+        )
 
     small, large = CALIBRATION_SAMPLES
     return problem(small, False), problem(large, True), problem(large, False)
@@ -170,8 +189,15 @@ def rates_from(small: Calibration, slotted: Calibration, light: Calibration) -> 
     light_ms, small_ms = light.fixed_ms - slot_ms * light.slots, small.fixed_ms - slot_ms * small.slots
     sample_ms = max(0.0, (light_ms - small_ms) / max(1, light.samples - small.samples))
     p, n = slotted.phases, slotted.samples
-    return Rates(base_ms=max(0.0, small_ms - sample_ms * small.samples), sample_ms=sample_ms, slot_ms=slot_ms, cell_ms=p.matrices / max(1, p.cells),
-                 finish_ms=(p.build + p.verify) / n, static_ms=p.static / n, tight_bound_ms=p.tight_bound / n)
+    return Rates(
+        base_ms=max(0.0, small_ms - sample_ms * small.samples),
+        sample_ms=sample_ms,
+        slot_ms=slot_ms,
+        cell_ms=p.matrices / max(1, p.cells),
+        finish_ms=(p.build + p.verify) / n,
+        static_ms=p.static / n,
+        tight_bound_ms=p.tight_bound / n,
+    )
 
 
 def _fastest(runs: list[PhaseTimes]) -> PhaseTimes:
@@ -185,7 +211,9 @@ def calibrate(repeats: int = CALIBRATION_REPEATS) -> Rates:
     measured = []
     for problem in calibration_problems():
         slots = problem.cluster.domain_size * fewest_micro_batches(problem)
-        measured.append(Calibration(len(problem.batch), slots, _fastest([time_phases(problem) for _ in range(repeats)])))
+        measured.append(
+            Calibration(len(problem.batch), slots, _fastest([time_phases(problem) for _ in range(repeats)]))
+        )
     found = rates_from(*measured)
     with _lock:
         _rates = found
@@ -198,7 +226,9 @@ _rates: Rates | None = None
 _override: Rates | None = None
 
 
-UNMEASURED = Rates(base_ms=0.0, sample_ms=0.0, slot_ms=0.0, cell_ms=0.0, finish_ms=0.0, static_ms=0.0, tight_bound_ms=0.0)
+UNMEASURED = Rates(
+    base_ms=0.0, sample_ms=0.0, slot_ms=0.0, cell_ms=0.0, finish_ms=0.0, static_ms=0.0, tight_bound_ms=0.0
+)
 """The rates when measuring failed (the error is :data:`last_error`): no budget is refused and nothing
 is kept back but constants."""
 last_error: str | None = None
@@ -238,8 +268,15 @@ def fixed_rates(value: Rates) -> Iterator[Rates]:
         _override = before
 
 
-def minimum_budget_ms(n_samples: int, n_ranks: int, backend: str = "heuristic", *, sizes: int | None = None, speeds: int = 1,
-                      micro_batches: int = 1) -> float:
+def minimum_budget_ms(
+    n_samples: int,
+    n_ranks: int,
+    backend: str = "heuristic",
+    *,
+    sizes: int | None = None,
+    speeds: int = 1,
+    micro_batches: int = 1,
+) -> float:
     """Milliseconds this machine needs at least to answer for a batch of ``n_samples`` samples on
     ``n_ranks`` ranks: LOW_SHARE of :func:`estimate_ms`, the fixed work at the rates measured here.
     A budget below it cannot be kept whatever is skipped; the planner refuses it at once.
@@ -252,8 +289,15 @@ def minimum_budget_ms(n_samples: int, n_ranks: int, backend: str = "heuristic", 
     return LOW_SHARE * estimate_ms(n_samples, n_ranks, backend, sizes=sizes, speeds=speeds, micro_batches=micro_batches)
 
 
-def estimate_ms(n_samples: int, n_ranks: int, backend: str = "heuristic", *, sizes: int | None = None, speeds: int = 1,
-                micro_batches: int = 1) -> float:
+def estimate_ms(
+    n_samples: int,
+    n_ranks: int,
+    backend: str = "heuristic",
+    *,
+    sizes: int | None = None,
+    speeds: int = 1,
+    micro_batches: int = 1,
+) -> float:
     """The fixed work of the module docstring for a batch of this size, at the measured rates
     (arguments as for :func:`minimum_budget_ms`; the default ``sizes`` are the dense sizes up to
     DENSE_SIZES, which every size policy but ``pow2`` and ``aligned`` allows)."""
@@ -289,7 +333,11 @@ def problem_estimate_ms(problem: Problem) -> float:
 
 def _problem_size(problem: Problem) -> tuple[int, int, str, dict[str, int]]:
     speeds = {problem.cost_profile.speed_for(node.gpu.name) for node in problem.cluster.nodes}
-    size = {"sizes": len(allowed_degrees(problem)), "speeds": len(speeds), "micro_batches": fewest_micro_batches(problem)}
+    size = {
+        "sizes": len(allowed_degrees(problem)),
+        "speeds": len(speeds),
+        "micro_batches": fewest_micro_batches(problem),
+    }
     return len(problem.batch), problem.cluster.domain_size, problem.options.backend, size
 
 

@@ -49,7 +49,16 @@ from optimizer.plan.evaluate import assignment_step_time, build_plan
 from optimizer.plan.plan import Assignment, Plan, SolverStats, TracePoint
 from optimizer.problem.problem import Problem
 from optimizer.verify.verifier import verify
-from planning.backends import Backends, choose_backend, finish_reserve_ms, no_time_for, rescue, reserve_ms, run_backend, solver_may_follow
+from planning.backends import (
+    Backends,
+    choose_backend,
+    finish_reserve_ms,
+    no_time_for,
+    rescue,
+    reserve_ms,
+    run_backend,
+    solver_may_follow,
+)
 from planning.deadline import Deadline
 from planning.fixed_work import SAFETY, phase_ms, problem_budget_ms, problem_estimate_ms, suggested_budget_ms
 from planning.group_reuse import reuse_groups
@@ -67,8 +76,14 @@ OPTIMAL_GAP = 1e-4
 round times up to 0.1 us units, so a proof is never closer than that rounding)."""
 
 
-def plan(problem: Problem, *, deadline: Deadline | None = None, backends: Backends | None = None,
-         compare_static: bool = True, clock: Callable[[], float] = time.perf_counter) -> Plan:
+def plan(
+    problem: Problem,
+    *,
+    deadline: Deadline | None = None,
+    backends: Backends | None = None,
+    compare_static: bool = True,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Plan:
     """The verified plan of ``problem`` (see the module docstring). ``backends`` maps names to exact
     backends (default: the built-in ones of :mod:`solver_models`)."""
     warm_up()  # once per process, before the budget's clock starts (planning.warm)
@@ -127,11 +142,19 @@ def _plan(problem: Problem, compare_static: bool, deadline: Deadline, backends: 
     binding = max(parts, key=parts.__getitem__)
     bound = parts[binding]
     lap("bound_ms")
-    solver_follows = solver_may_follow(tables, options.backend, deadline.budget_ms, HEURISTIC_SHARE, HEURISTIC_MS_PER_SAMPLE)
+    solver_follows = solver_may_follow(
+        tables, options.backend, deadline.budget_ms, HEURISTIC_SHARE, HEURISTIC_MS_PER_SAMPLE
+    )
     # The heuristic's strategies after its first plan stop in time for the work after them (the static
     # comparison, building and verifying the plan: the reserve estimated from the batch's size).
-    h_deadline = None if deterministic else min(deadline.at(HEURISTIC_SHARE if solver_follows else HEURISTIC_ALONE),
-                                                deadline.due - reserve_ms(tables) / 1000.0)
+    h_deadline = (
+        None
+        if deterministic
+        else min(
+            deadline.at(HEURISTIC_SHARE if solver_follows else HEURISTIC_ALONE),
+            deadline.due - reserve_ms(tables) / 1000.0,
+        )
+    )
     rescued: SolverStats | None = None
     strategies: dict[str, Any] = {}
     try:
@@ -150,13 +173,22 @@ def _plan(problem: Problem, compare_static: bool, deadline: Deadline, backends: 
     eval_start = clock()
     h_time = assignment_step_time(tables, hint)
     if not math.isfinite(h_time):
-        raise ProblemError(f"gives a step time of {h_time} s, not a finite number of seconds", field="profile" if problem.profile is not None else "cluster",
-                           hint="check the cost coefficients (seconds, bytes, FLOP/s in SI units) for values too large or too small.")
+        raise ProblemError(
+            f"gives a step time of {h_time} s, not a finite number of seconds",
+            field="profile" if problem.profile is not None else "cluster",
+            hint="check the cost coefficients (seconds, bytes, FLOP/s in SI units) for values too large or too small.",
+        )
     eval_ms = (clock() - eval_start) * 1000.0
     h_ms = (clock() - start) * 1000.0
     chosen: Assignment = hint
-    stats = SolverStats(backend="heuristic", status="heuristic", wall_ms=h_ms, objective_s=h_time, bound_s=bound,
-                        trace=(TracePoint(h_ms, h_time, bound),))
+    stats = SolverStats(
+        backend="heuristic",
+        status="heuristic",
+        wall_ms=h_ms,
+        objective_s=h_time,
+        bound_s=bound,
+        trace=(TracePoint(h_ms, h_time, bound),),
+    )
     if rescued is not None:
         stats = rescued
 
@@ -189,7 +221,10 @@ def _plan(problem: Problem, compare_static: bool, deadline: Deadline, backends: 
             skipped["tighter_bounds"] = f"only the single-sample bound: {why}"
     reserve = reserve_ms(tables, eval_ms)
     upper = min(h_time, static[0].predicted_step_time_s) if static is not None else h_time
-    solver_next = rescued is None and choose_backend(tables, options.backend, deadline.left_ms(), backends, reserve) != "heuristic"
+    solver_next = (
+        rescued is None
+        and choose_backend(tables, options.backend, deadline.left_ms(), backends, reserve) != "heuristic"
+    )
     sized = size_bound_within(tables, upper, bound, deadline, reserve, deterministic, solver_next)
     if sized is not None:
         if sized > bound:
@@ -197,24 +232,46 @@ def _plan(problem: Problem, compare_static: bool, deadline: Deadline, backends: 
             stats = replace(stats, bound_s=max(bound, stats.bound_s or 0.0))
         lap("size_bound_ms")
     remaining_ms = deadline.left_ms()
-    backend_name = "heuristic" if rescued is not None else choose_backend(tables, options.backend, remaining_ms, backends, reserve)
+    backend_name = (
+        "heuristic" if rescued is not None else choose_backend(tables, options.backend, remaining_ms, backends, reserve)
+    )
     skip = no_time_for(backend_name, remaining_ms - reserve, backends) if backend_name != "heuristic" else None
     if skip:
-        stats = SolverStats(**{**stats.__dict__, "backend": backend_name, "status": "fallback", "fallback_reason": skip})
+        stats = SolverStats(
+            **{**stats.__dict__, "backend": backend_name, "status": "fallback", "fallback_reason": skip}
+        )
     elif backend_name != "heuristic":
         # The solver starts from the best plan known: the heuristic's, or the static layout when faster.
         first, first_time = hint, h_time
         if static is not None and static[0].predicted_step_time_s < h_time * (1 - 1e-9):
             first, first_time = static[1], static[0].predicted_step_time_s
-        chosen, stats = run_backend(tables, backend_name, backends, first, first_time, bound, deadline.due - reserve / 1000.0, stats, start, clock)
+        chosen, stats = run_backend(
+            tables,
+            backend_name,
+            backends,
+            first,
+            first_time,
+            bound,
+            deadline.due - reserve / 1000.0,
+            stats,
+            start,
+            clock,
+        )
         if first is not hint:
-            stats = SolverStats(**{**stats.__dict__, "details": {**stats.details, "solver_start": f"static layout CP {static[0].degree}"}})  # type: ignore[index]
+            stats = SolverStats(
+                **{
+                    **stats.__dict__,
+                    "details": {**stats.details, "solver_start": f"static layout CP {static[0].degree}"},
+                }
+            )  # type: ignore[index]
         lap("solver_ms")
     chosen_time = stats.objective_s if stats.objective_s is not None else assignment_step_time(tables, chosen)
     if static is not None and static[0].predicted_step_time_s < chosen_time * (1 - 1e-9):
         # The static layout is a plan like any other: never return something slower.
         chosen = static[1]
-        stats = SolverStats(**{**stats.__dict__, "details": {**stats.details, "chosen": f"static layout CP {static[0].degree}"}})
+        stats = SolverStats(
+            **{**stats.__dict__, "details": {**stats.details, "chosen": f"static layout CP {static[0].degree}"}}
+        )
     chosen = align_blocks(tables, chosen)
     reuse_deadline = None if deterministic else deadline.due
     reused, hint_reused = reuse_groups(tables, chosen, reuse_deadline), reuse_groups(tables, hint, reuse_deadline)
@@ -227,16 +284,34 @@ def _plan(problem: Problem, compare_static: bool, deadline: Deadline, backends: 
     report = verify(result, problem)
     lap("verify_ms")
     if not report.ok and chosen is not hint:
-        stats = SolverStats(**{**stats.__dict__, "status": "fallback", "fallback_reason": "solver plan failed verification: " + report.violations[0]})
+        stats = SolverStats(
+            **{
+                **stats.__dict__,
+                "status": "fallback",
+                "fallback_reason": "solver plan failed verification: " + report.violations[0],
+            }
+        )
         result = build_plan(tables, hint, stats, bound, static[0] if static else None)
         report = verify(result, problem)
     report.raise_if_failed()
     wall_ms = (clock() - start) * 1000.0
-    if result.lower_bound_s > (bound + problem.cost_profile.step_constant) * (1 + 1e-12):  # build_plan adds the per-step constant
+    if result.lower_bound_s > (bound + problem.cost_profile.step_constant) * (
+        1 + 1e-12
+    ):  # build_plan adds the per-step constant
         binding = f"{result.solver.backend} (proven by the solver)"
-    final = SolverStats(**{**result.solver.__dict__, "wall_ms": wall_ms,
-                           "details": {**result.solver.details, "phases": phases, "bound": binding, "heuristic": strategies,
-                                       **({"skipped": skipped} if skipped else {})}})
+    final = SolverStats(
+        **{
+            **result.solver.__dict__,
+            "wall_ms": wall_ms,
+            "details": {
+                **result.solver.details,
+                "phases": phases,
+                "bound": binding,
+                "heuristic": strategies,
+                **({"skipped": skipped} if skipped else {}),
+            },
+        }
+    )
     return replace(result, solver=final)
 
 

@@ -37,7 +37,9 @@ def cache_dir() -> Path:
 
 def key() -> str:
     """The machine (host, processor, cores, Python) and the code (every file of the planning packages)."""
-    digest = hashlib.sha256(f"{platform.node()}|{platform.machine()}|{platform.processor()}|{os.cpu_count()}|{sys.version}".encode())
+    digest = hashlib.sha256(
+        f"{platform.node()}|{platform.machine()}|{platform.processor()}|{os.cpu_count()}|{sys.version}".encode()
+    )
     root = Path(__file__).resolve().parent.parent
     for package in _CODE:
         for path in sorted((root / package).rglob("*.py")):

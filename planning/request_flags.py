@@ -11,7 +11,9 @@ from optimizer.errors import ProblemError
 from optimizer.problem.options import OPTION_SPECS
 
 
-def add_request_flags(p: argparse.ArgumentParser, options_help: str = "options file (the 'options' document of a request)") -> None:
+def add_request_flags(
+    p: argparse.ArgumentParser, options_help: str = "options file (the 'options' document of a request)"
+) -> None:
     cl = p.add_mutually_exclusive_group()
     cl.add_argument("--cluster", help="cluster file (see examples/cluster.json)")
     cl.add_argument("--cluster-preset", help="a preset cluster name (dhp presets)")
@@ -22,7 +24,9 @@ def add_request_flags(p: argparse.ArgumentParser, options_help: str = "options f
     md.add_argument("--model", help="model file (see examples/model.json)")
     md.add_argument("--model-preset", help="a preset model name (dhp presets)")
     pf = p.add_mutually_exclusive_group()
-    pf.add_argument("--profile", help="measured cost profile (see examples/profile.json); replaces the analytical cost model")
+    pf.add_argument(
+        "--profile", help="measured cost profile (see examples/profile.json); replaces the analytical cost model"
+    )
     pf.add_argument("--profile-preset", help="a profile of the zoo by name (dhp presets), e.g. flexsp-gpt7b")
     p.add_argument("--options", help=options_help)
     for spec in OPTION_SPECS:  # the planner options that have a flag
@@ -61,8 +65,11 @@ def request_parts(args: argparse.Namespace, options: dict[str, Any] | None = Non
     if args.options:
         given = read_json_file(args.options, "--options")
         if not isinstance(given, dict):
-            raise ProblemError(f"must be a JSON object of options, got {type(given).__name__}", field="--options",
-                               hint='e.g. {"time_budget_ms": 200, "backend": "heuristic"}.')
+            raise ProblemError(
+                f"must be a JSON object of options, got {type(given).__name__}",
+                field="--options",
+                hint='e.g. {"time_budget_ms": 200, "backend": "heuristic"}.',
+            )
         merged = dict(given)
     for spec in OPTION_SPECS:
         value = getattr(args, spec.name, None)

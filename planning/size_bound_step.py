@@ -29,8 +29,15 @@ and HiGHS overshoots its time limit by up to 18 ms."""
 LP_SETUP_MS = 1.0
 
 
-def size_bound_within(tables: CostTables, upper_s: float, bound_s: float, deadline: Deadline, reserve_ms: float,
-                      deterministic: bool, solver_follows: bool) -> float | None:
+def size_bound_within(
+    tables: CostTables,
+    upper_s: float,
+    bound_s: float,
+    deadline: Deadline,
+    reserve_ms: float,
+    deterministic: bool,
+    solver_follows: bool,
+) -> float | None:
     """The LP bound, or None when skipped (see the module docstring), out of time or not installed."""
     if deterministic or not upper_s > bound_s * (1 + SIZE_BOUND_GAP):
         return None

@@ -118,8 +118,16 @@ def _collect_young() -> None:
         gc.collect(0)
 
 
-def solve_watched(name: str, backend: Backend, tables: CostTables, hint: Assignment | None, deadline: float, hard_stop: float,
-                  on_improvement: ImprovementCallback | None, clock: Callable[[], float]) -> Watched:
+def solve_watched(
+    name: str,
+    backend: Backend,
+    tables: CostTables,
+    hint: Assignment | None,
+    deadline: float,
+    hard_stop: float,
+    on_improvement: ImprovementCallback | None,
+    clock: Callable[[], float],
+) -> Watched:
     """``backend.solve(tables, options, hint, deadline, on_improvement)`` in a thread, awaited until
     ``hard_stop`` (a ``clock()`` instant; see the module docstring); ``name`` is the backend's name
     for :func:`busy`."""

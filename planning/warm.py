@@ -34,27 +34,55 @@ def warm_up_requests() -> list[dict]:
     """
     lengths = [90_000, 40_000, 20_000, 9_000, 6_000, 3_000, 2_000, 1_500, 1_000, 800, 600, 400, 300, 200, 100, 50]
     samples = [{"id": f"w{i}", "text_tokens": n} for i, n in enumerate(lengths)]
-    samples += [{"id": "img", "text_tokens": 100, "images": [{"tokens": 576}, {"tokens": 576}]},
-                {"id": "vid", "text_tokens": 50, "videos": [{"frames": 16, "tokens_per_frame": 196}]}]
+    samples += [
+        {"id": "img", "text_tokens": 100, "images": [{"tokens": 576}, {"tokens": 576}]},
+        {"id": "vid", "text_tokens": 50, "videos": [{"frames": 16, "tokens_per_frame": 196}]},
+    ]
     many = [{"id": f"m{i}", "text_tokens": 64 + (i * 7919) % 6000} for i in range(160)]
     small = [{"id": f"s{i}", "text_tokens": 50 + 37 * i} for i in range(30)]
     tight = [{"id": f"t{i}", "text_tokens": n} for i, n in enumerate([5200, 5000, 3000, 2500, 1200, 900, 400, 300])]
     heuristic = {"backend": "heuristic", "time_budget_ms": 60_000}
     profile: dict[str, Any] = {
         "time": {"quadratic": 5e-9, "linear": 1.8e-4, "sample_constant": 0.0, "group_constant": 0.05},
-        "comm": {"scheme": "ulysses", "bytes_per_token": 2e6,
-                 "bandwidth_bytes_per_s": {"intra": {"2": 1.2e11, "4": 1.0e11, "8": 9.6e10}, "inter": {"16": 1.0e10, "32": 6e9}}},
+        "comm": {
+            "scheme": "ulysses",
+            "bytes_per_token": 2e6,
+            "bandwidth_bytes_per_s": {
+                "intra": {"2": 1.2e11, "4": 1.0e11, "8": 9.6e10},
+                "inter": {"16": 1.0e10, "32": 6e9},
+            },
+        },
         "capacity_tokens_per_rank": 2600,
     }
     return [
-        {"cluster_preset": "mixed-h100-a100", "model_preset": "qwen2-vl-7b", "batch": {"samples": samples}, "options": heuristic},
-        {"cluster_preset": "h100-8x8", "model_preset": "llama3-8b", "batch": {"samples": samples + many},
-         "options": {**heuristic, "cp_scheme": "ulysses", "degree_policy": "pow2"}},
-        {"cluster": {"nodes": 2, "gpus_per_node": 4}, "model_preset": "llama3-8b", "profile": profile, "batch": {"samples": tight},
-         "options": {**heuristic, "max_micro_batches": 1}},
-        {"cluster": {"nodes": [{"count": 1, "gpus": 4, "gpu": "H100-SXM"}, {"count": 1, "gpus": 4, "gpu": "A100-80GB"}]}, "model_preset": "llama3-8b",
-         "profile": {**profile, "comm": {**profile["comm"], "scheme": "ring"}, "speed_by_gpu": {"A100-80GB": 0.6}},
-         "batch": {"samples": tight + small}, "options": {**heuristic, "max_micro_batches": 3}},
+        {
+            "cluster_preset": "mixed-h100-a100",
+            "model_preset": "qwen2-vl-7b",
+            "batch": {"samples": samples},
+            "options": heuristic,
+        },
+        {
+            "cluster_preset": "h100-8x8",
+            "model_preset": "llama3-8b",
+            "batch": {"samples": samples + many},
+            "options": {**heuristic, "cp_scheme": "ulysses", "degree_policy": "pow2"},
+        },
+        {
+            "cluster": {"nodes": 2, "gpus_per_node": 4},
+            "model_preset": "llama3-8b",
+            "profile": profile,
+            "batch": {"samples": tight},
+            "options": {**heuristic, "max_micro_batches": 1},
+        },
+        {
+            "cluster": {
+                "nodes": [{"count": 1, "gpus": 4, "gpu": "H100-SXM"}, {"count": 1, "gpus": 4, "gpu": "A100-80GB"}]
+            },
+            "model_preset": "llama3-8b",
+            "profile": {**profile, "comm": {**profile["comm"], "scheme": "ring"}, "speed_by_gpu": {"A100-80GB": 0.6}},
+            "batch": {"samples": tight + small},
+            "options": {**heuristic, "max_micro_batches": 3},
+        },
     ]
 
 

@@ -31,7 +31,13 @@ def problems() -> list[dict]:
     docs = [instance(seed)[0] for seed in range(60)]
     for workload in ("video", "long-text", "mixed", "image-sft"):
         for seed in range(2):
-            docs.append({"cluster_preset": "h100-8x8", "model_preset": "qwen2-vl-7b", "batch": WORKLOADS[workload](512, seed=seed)})
+            docs.append(
+                {
+                    "cluster_preset": "h100-8x8",
+                    "model_preset": "qwen2-vl-7b",
+                    "batch": WORKLOADS[workload](512, seed=seed),
+                }
+            )
     return docs
 
 

@@ -64,7 +64,12 @@ def _name(key: tuple) -> str:
     return key[0] + "_".join(str(k) for k in key[1:])
 
 
-def solve_model(model: SlotModel, time_limit_s: float, options: PlanOptions, on_solution: Callable[[int, int | None], None] | None = None) -> ModelResult:
+def solve_model(
+    model: SlotModel,
+    time_limit_s: float,
+    options: PlanOptions,
+    on_solution: Callable[[int, int | None], None] | None = None,
+) -> ModelResult:
     """Solve one slot model with CP-SAT within ``time_limit_s`` seconds of this call (building the
     model included); ends early when this thread's solve is asked to stop (:mod:`solver_models.stop`)."""
     called = time.perf_counter()  # loading OR-Tools (the first time) counts too
@@ -127,7 +132,12 @@ def solve_model(model: SlotModel, time_limit_s: float, options: PlanOptions, on_
     finally:
         if unregister is not None:
             unregister()
-    name = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible", cp_model.MODEL_INVALID: "error"}.get(status, "timeout")
+    name = {
+        cp_model.OPTIMAL: "optimal",
+        cp_model.FEASIBLE: "feasible",
+        cp_model.INFEASIBLE: "infeasible",
+        cp_model.MODEL_INVALID: "error",
+    }.get(status, "timeout")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         bound = int(solver.best_objective_bound) if status == cp_model.UNKNOWN else None
         return ModelResult(name, None, None, None, bound)
@@ -163,7 +173,14 @@ class CpSatBackend:
 
         return 0.0 if "ortools.sat.python.cp_model" in sys.modules else IMPORT_MS
 
-    def solve(self, tables: CostTables, options: PlanOptions, hint: Assignment | None, deadline: float, on_improvement: ImprovementCallback | None = None) -> SolveResult:
+    def solve(
+        self,
+        tables: CostTables,
+        options: PlanOptions,
+        hint: Assignment | None,
+        deadline: float,
+        on_improvement: ImprovementCallback | None = None,
+    ) -> SolveResult:
         return improve(tables, options, hint, deadline, solve_model, on_improvement, clock=time.perf_counter)
 
 

@@ -203,7 +203,14 @@ class SlotModel:
             # 2. slot time within its micro-batch (through U_m in a neighbourhood model)
             out.append(Row((*load, ((ceiling, self.slot_m[s]), -1)), "<=", 0, "time"))
             # 3. memory per rank; x only on open slots
-            out.append(Row((*((("x", q, s), self.item_tokens[q]) for q, _ in pairs), (("y", s), -self.slot_cap[s])), "<=", 0, "memory"))
+            out.append(
+                Row(
+                    (*((("x", q, s), self.item_tokens[q]) for q, _ in pairs), (("y", s), -self.slot_cap[s])),
+                    "<=",
+                    0,
+                    "memory",
+                )
+            )
         # 4. node and micro-batch capacity
         for slots, ranks in self.capacity_rows():
             out.append(Row(tuple((("y", s), self.slot_d[s]) for s in slots), "<=", ranks, "ranks"))
@@ -216,7 +223,13 @@ class SlotModel:
         return out
 
     def size(self) -> dict[str, int]:
-        return {"slots": self.n_slots, "items": len(self.items), "samples": sum(len(m) for m in self.items), "pairs": len(self.arcs), "micro_batches": self.n_mb}
+        return {
+            "slots": self.n_slots,
+            "items": len(self.items),
+            "samples": sum(len(m) for m in self.items),
+            "pairs": len(self.arcs),
+            "micro_batches": self.n_mb,
+        }
 
     def decode(self, x: dict[tuple[int, int], int]) -> list[list[Group]]:
         """The groups of every micro-batch of the model for the values ``x`` (open slots are those with members), fixed groups included.
@@ -244,15 +257,20 @@ class SlotModel:
                     spanning[cls.m].append(s)
                     continue
                 free = free_by_pool[cls.pool]
-                ranks, free_by_pool[cls.pool] = tuple(free[: cls.d]), free[cls.d:]
+                ranks, free_by_pool[cls.pool] = tuple(free[: cls.d]), free[cls.d :]
                 mbs[cls.m].append((ranks, tuple(members[s])))
         # Spanning slots take the free ranks left, from the nodes with most free ranks first.
         for m in range(self.n_mb):
             if not spanning[m]:
                 continue
-            left = sorted((p for p in range(len(self.pools)) if self.pools[p].m == m), key=lambda p: -len(free_by_pool[p]))
+            left = sorted(
+                (p for p in range(len(self.pools)) if self.pools[p].m == m), key=lambda p: -len(free_by_pool[p])
+            )
             rest = [r for p in left for r in free_by_pool[p]]
-            rest += sorted(set(self.mb_ranks[m]) - {r for p in range(len(self.pools)) if self.pools[p].m == m for r in self.pools[p].ranks})
+            rest += sorted(
+                set(self.mb_ranks[m])
+                - {r for p in range(len(self.pools)) if self.pools[p].m == m for r in self.pools[p].ranks}
+            )
             for s in sorted(spanning[m], key=lambda s: -self.classes[self.slot_class[s]].d):
                 d = self.classes[self.slot_class[s]].d
                 take = _spanning_pick(rest, d, self.node_of_rank)
@@ -313,7 +331,9 @@ class _Builder:
             p = len(self.pools)
             self.pools.append(Pool(m, node, ranks))
             if sizes_for is None:
-                choice = [(j, len(ranks) // d) for j, d in enumerate(self.degrees) if d <= min(len(ranks), self.node_size)]
+                choice = [
+                    (j, len(ranks) // d) for j, d in enumerate(self.degrees) if d <= min(len(ranks), self.node_size)
+                ]
             else:
                 choice = [(j, min(k, len(ranks) // self.degrees[j])) for j, k in sizes_for.get(node, [])]
             for j, count in choice:
@@ -347,7 +367,16 @@ class _Builder:
         tokens = [int(lengths[v].max()) for v in items]
         return items, tokens, np.array([v[0] for v in items])
 
-    def finish(self, n_mb: int, mb_ranks: list[list[int]], samples: list[int], floor_s: list[float], fixed: list[list[Group]], symmetric: bool, offset: float) -> SlotModel:
+    def finish(
+        self,
+        n_mb: int,
+        mb_ranks: list[list[int]],
+        samples: list[int],
+        floor_s: list[float],
+        fixed: list[list[Group]],
+        symmetric: bool,
+        offset: float,
+    ) -> SlotModel:
         items, tokens, _ = self.items(samples)
         b = to_units(self.b_s)
         class_b = [to_units(float(self.t.group_constants(cls.intra)[cls.j])) for cls in self.classes]
@@ -359,7 +388,9 @@ class _Builder:
             cls = self.classes[c]
             slot_m.append(cls.m)
             slot_d.append(cls.d)
-            slot_cap.append(int(math.floor(cls.capacity * cls.d * (1 + 1e-9))))  # the verifier's tolerance: no plan it accepts is cut off
+            slot_cap.append(
+                int(math.floor(cls.capacity * cls.d * (1 + 1e-9)))
+            )  # the verifier's tolerance: no plan it accepts is cut off
         for c, cls in enumerate(self.classes):
             key = (cls.intra, cls.speed)
             if key not in columns:
@@ -374,10 +405,26 @@ class _Builder:
                 for s in cls.slots:
                     arcs.append((q, s, tq))
         return SlotModel(
-            n_mb=n_mb, b=b, classes=self.classes, slot_class=self.slot_class, slot_m=slot_m, slot_d=slot_d, slot_cap=slot_cap,
-            pools=self.pools, mb_ranks=mb_ranks, items=items, item_tokens=tokens, arcs=arcs,
-            floor=[to_units(f) if f > 0 else 0 for f in floor_s], fixed=fixed, symmetric_mbs=symmetric, exact=self.exact, upper=upper, offset=offset,
-            node_of_rank=self.node_of, slot_b=[class_b[c] for c in self.slot_class],
+            n_mb=n_mb,
+            b=b,
+            classes=self.classes,
+            slot_class=self.slot_class,
+            slot_m=slot_m,
+            slot_d=slot_d,
+            slot_cap=slot_cap,
+            pools=self.pools,
+            mb_ranks=mb_ranks,
+            items=items,
+            item_tokens=tokens,
+            arcs=arcs,
+            floor=[to_units(f) if f > 0 else 0 for f in floor_s],
+            fixed=fixed,
+            symmetric_mbs=symmetric,
+            exact=self.exact,
+            upper=upper,
+            offset=offset,
+            node_of_rank=self.node_of,
+            slot_b=[class_b[c] for c in self.slot_class],
         )
 
 
@@ -414,7 +461,9 @@ def full_model(tables: CostTables, hint: Assignment | None, upper_s: float) -> S
     return model
 
 
-def neighbourhood_model(tables: CostTables, current: list[list[Group]], free: list[list[int]], upper_s: float, resize: bool) -> SlotModel:
+def neighbourhood_model(
+    tables: CostTables, current: list[list[Group]], free: list[list[int]], upper_s: float, resize: bool
+) -> SlotModel:
     """Free the groups ``free[m]`` (indices into ``current[m]``) and keep the others.
 
     Objective: K sum_m T_m + sum_m U_m with U_m >= every freed slot's time in m and T_m >= U_m,
@@ -468,7 +517,11 @@ def neighbourhood_model(tables: CostTables, current: list[list[Group]], free: li
                 wanted = set(counts) | {0} | {j for j in pow2 if bld.degrees[j] <= room}
                 for j in list(counts):
                     wanted |= {j - 1, j + 1}
-                counts_r = {j: counts.get(j, 0) + (room if j == 0 else 1) for j in wanted if 0 <= j < len(bld.degrees) and bld.degrees[j] <= min(room, bld.node_size)}
+                counts_r = {
+                    j: counts.get(j, 0) + (room if j == 0 else 1)
+                    for j in wanted
+                    if 0 <= j < len(bld.degrees) and bld.degrees[j] <= min(room, bld.node_size)
+                }
                 sizes[node] = counts_r
         bld.add_pools(k, ranks, {node: sorted(c.items()) for node, c in sizes.items()})
         if span:

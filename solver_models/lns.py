@@ -79,9 +79,18 @@ def full_model_pairs(tables: CostTables) -> int:
     return n * n_mb * per_mb
 
 
-def improve(tables: CostTables, options: PlanOptions, hint: Assignment | None, deadline: float, solve_model: ModelSolver,
-            on_improvement: ImprovementCallback | None, clock: Callable[[], float] = time.perf_counter,
-            round_s: float = ROUND_S, min_round_s: float = MIN_ROUND_S, lateness_s: float = 0.002) -> SolveResult:
+def improve(
+    tables: CostTables,
+    options: PlanOptions,
+    hint: Assignment | None,
+    deadline: float,
+    solve_model: ModelSolver,
+    on_improvement: ImprovementCallback | None,
+    clock: Callable[[], float] = time.perf_counter,
+    round_s: float = ROUND_S,
+    min_round_s: float = MIN_ROUND_S,
+    lateness_s: float = 0.002,
+) -> SolveResult:
     """Improve ``hint`` with ``solve_model`` until ``deadline`` (see the module docstring).
 
     Without a hint (the heuristic found no plan) only the whole-problem model can run.
@@ -96,14 +105,23 @@ def improve(tables: CostTables, options: PlanOptions, hint: Assignment | None, d
     return _lns(tables, options, hint, deadline, solve_model, on_improvement, clock, round_s, min_round_s, lateness_s)
 
 
-def _whole(tables: CostTables, options: PlanOptions, hint: Assignment | None, deadline: float, solve_model: ModelSolver,
-           on_improvement: ImprovementCallback | None, clock: Callable[[], float]) -> SolveResult:
+def _whole(
+    tables: CostTables,
+    options: PlanOptions,
+    hint: Assignment | None,
+    deadline: float,
+    solve_model: ModelSolver,
+    on_improvement: ImprovementCallback | None,
+    clock: Callable[[], float],
+) -> SolveResult:
     start = clock()
     if hint is not None:
         h_time = assignment_step_time(tables, hint)
     else:  # no plan known: the slowest any group could be (every sample in it, slowest placement)
         slowest = tables.time_matrix(False, float(tables.rank_speed.min()))
-        h_time = float(np.maximum(tables.group_constants(False), tables.group_constants(True)).max()) + float(slowest.max(axis=1).sum())
+        h_time = float(np.maximum(tables.group_constants(False), tables.group_constants(True)).max()) + float(
+            slowest.max(axis=1).sum()
+        )
     model = full_model(tables, hint, h_time)
     build_ms = (clock() - start) * 1000.0
     details = {"mode": "full", "build_ms": round(build_ms, 3), **model.size()}
@@ -112,7 +130,13 @@ def _whole(tables: CostTables, options: PlanOptions, hint: Assignment | None, de
     else:
         left = deadline - clock() - MARGIN_S
     if left <= 0.001:
-        return SolveResult(None, "timeout", wall_ms=(clock() - start) * 1000.0, message="no time left after building the model", details=details)
+        return SolveResult(
+            None,
+            "timeout",
+            wall_ms=(clock() - start) * 1000.0,
+            message="no time left after building the model",
+            details=details,
+        )
     slack = rounding_slack(model)
     certified = bool(tables.homogeneous)
     trace: list[TracePoint] = []
@@ -133,22 +157,38 @@ def _whole(tables: CostTables, options: PlanOptions, hint: Assignment | None, de
     wall_ms = (clock() - start) * 1000.0
     details.update(model_status=res.status, certified_bound=certified)
     if res.y is None or res.x is None:
-        return SolveResult(None, res.status, bound_s=bound_s(res.bound), wall_ms=wall_ms, trace=trace,
-                           message=f"the solver returned no plan ({res.status}{': ' + res.message if res.message else ''})", details=details)
+        return SolveResult(
+            None,
+            res.status,
+            bound_s=bound_s(res.bound),
+            wall_ms=wall_ms,
+            trace=trace,
+            message=f"the solver returned no plan ({res.status}{': ' + res.message if res.message else ''})",
+            details=details,
+        )
     groups = model.decode(res.x)
     assignment = Assignment.of([[(r, s) for r, s in mb] for mb in groups])
     objective = assignment_step_time(tables, assignment)
     bound = bound_s(res.bound)
     status = "optimal" if res.status == "optimal" and certified else "feasible"
-    return SolveResult(assignment, status, objective_s=objective, bound_s=bound, wall_ms=wall_ms, trace=trace, details=details)
+    return SolveResult(
+        assignment, status, objective_s=objective, bound_s=bound, wall_ms=wall_ms, trace=trace, details=details
+    )
 
 
 def _mb_times(tables: CostTables, current: list[list[Group]]) -> list[list[float]]:
     return [[tables.group_time(list(s), r) for r, s in mb] for mb in current]
 
 
-def _neighbourhood(tables: CostTables, current: list[list[Group]], times: list[list[float]], rng: np.random.Generator, extra: int, m: int,
-                   trade: bool = False) -> list[list[int]]:
+def _neighbourhood(
+    tables: CostTables,
+    current: list[list[Group]],
+    times: list[list[float]],
+    rng: np.random.Generator,
+    extra: int,
+    m: int,
+    trade: bool = False,
+) -> list[list[int]]:
     """Group indices to free per micro-batch: the slowest groups of ``m``, the slowest one's node mates
     and ``extra`` light groups, sometimes with groups of a second micro-batch (with ``trade``, the
     slowest of the slowest other one), at most SAMPLES_PER_EXTRA x ``extra`` samples."""
@@ -160,7 +200,11 @@ def _neighbourhood(tables: CostTables, current: list[list[Group]], times: list[l
     heavy = order[::-1][: max(1, extra // 3)]
     free[m].update(heavy)
     nodes = {int(node_of[r]) for r in mb[slow][0]}
-    mates = [k for k, (r, _) in enumerate(mb) if len({int(node_of[x]) for x in r}) == 1 and int(node_of[r[0]]) in nodes] if len(nodes) == 1 else []
+    mates = (
+        [k for k, (r, _) in enumerate(mb) if len({int(node_of[x]) for x in r}) == 1 and int(node_of[r[0]]) in nodes]
+        if len(nodes) == 1
+        else []
+    )
     light = [k for k in order[: extra * 2] if k not in free[m]]
     if light:
         free[m].update(int(k) for k in rng.choice(light, size=min(extra, len(light)), replace=False))
@@ -190,8 +234,18 @@ def _neighbourhood(tables: CostTables, current: list[list[Group]], times: list[l
     return [sorted(f) for f in free]
 
 
-def _lns(tables: CostTables, options: PlanOptions, hint: Assignment, deadline: float, solve_model: ModelSolver,
-         on_improvement: ImprovementCallback | None, clock: Callable[[], float], round_s: float, min_round_s: float, lateness_s: float) -> SolveResult:
+def _lns(
+    tables: CostTables,
+    options: PlanOptions,
+    hint: Assignment,
+    deadline: float,
+    solve_model: ModelSolver,
+    on_improvement: ImprovementCallback | None,
+    clock: Callable[[], float],
+    round_s: float,
+    min_round_s: float,
+    lateness_s: float,
+) -> SolveResult:
     start = clock()
     current: list[list[Group]] = [list(mb) for mb in hint.micro_batches]
     times = _mb_times(tables, current)
@@ -212,7 +266,9 @@ def _lns(tables: CostTables, options: PlanOptions, hint: Assignment, deadline: f
     if options.deterministic:
         round_s = DETERMINISTIC_ROUND_S
         max_rounds = int(options.time_budget_ms / 1000.0 / (DETERMINISTIC_ROUND_SHARE * round_s))
-    while ((rounds < max_rounds) if max_rounds is not None else (deadline - clock() > min_round_s)) and not stop_requested():
+    while (
+        (rounds < max_rounds) if max_rounds is not None else (deadline - clock() > min_round_s)
+    ) and not stop_requested():
         mb_time = np.array([max(t) for t in times])
         m = int(rng.choice(len(current), p=mb_time / mb_time.sum())) if rounds % 2 else int(np.argmax(mb_time))
         free = _neighbourhood(tables, current, times, rng, extra, m, trade=rounds % TRADE_EVERY == TRADE_EVERY - 1)
@@ -269,9 +325,24 @@ def _lns(tables: CostTables, options: PlanOptions, hint: Assignment, deadline: f
         keep = [k for k in range(len(current)) if current[k]]
         current, times = [current[k] for k in keep], [times[k] for k in keep]
     assignment = Assignment.of([[(r, s) for r, s in mb] for mb in current])
-    details = {"mode": "lns", "rounds": rounds, "improved_rounds": improved, "timeouts": timeouts,
-               "build_ms": round(build_ms, 3), "solve_ms": round(solve_ms, 3), "overrun_ms": round(overrun * 1000.0, 3), "largest_model": largest}
+    details = {
+        "mode": "lns",
+        "rounds": rounds,
+        "improved_rounds": improved,
+        "timeouts": timeouts,
+        "build_ms": round(build_ms, 3),
+        "solve_ms": round(solve_ms, 3),
+        "overrun_ms": round(overrun * 1000.0, 3),
+        "largest_model": largest,
+    }
     if errors:
         details.update(errors=errors, last_error=last_error)
-    return SolveResult(assignment, "feasible", objective_s=best, bound_s=None,
-                       wall_ms=(clock() - start) * 1000.0, trace=trace, details=details)
+    return SolveResult(
+        assignment,
+        "feasible",
+        objective_s=best,
+        bound_s=None,
+        wall_ms=(clock() - start) * 1000.0,
+        trace=trace,
+        details=details,
+    )

@@ -81,7 +81,9 @@ def level_bound(tables: CostTables, upper_s: float) -> tuple[float, dict[str, in
     # Buckets: first feasible level, log area at the top level, log tokens.
     first = np.argmax(np.isfinite(e), axis=1)
     step = math.log1p(BUCKET_STEP)
-    key = np.stack([first, np.floor(np.log(e[:, -1]) / step), np.floor(np.log(np.maximum(lengths, 1.0)) / step)], axis=1).astype(np.int64)
+    key = np.stack(
+        [first, np.floor(np.log(e[:, -1]) / step), np.floor(np.log(np.maximum(lengths, 1.0)) / step)], axis=1
+    ).astype(np.int64)
     _, bucket, counts = np.unique(key, axis=0, return_inverse=True, return_counts=True)
     bucket = bucket.ravel()
     n_q = counts.shape[0]
@@ -114,15 +116,20 @@ def level_bound(tables: CostTables, upper_s: float) -> tuple[float, dict[str, in
     bounds_q = np.searchsorted(qs[order], np.arange(n_q + 1))
     # 1. every sample in some level
     for q in range(n_q):
-        sel = order[bounds_q[q]:bounds_q[q + 1]]
+        sel = order[bounds_q[q] : bounds_q[q + 1]]
         row(w_cols[sel], np.ones(sel.shape[0]), float(counts[q]), float(counts[q]))
     order_k = np.argsort(ks, kind="stable")
     bounds_k = np.searchsorted(ks[order_k], np.arange(n_k + 1))
     for k in range(n_k):
-        sel = order_k[bounds_k[k]:bounds_k[k + 1]]
+        sel = order_k[bounds_k[k] : bounds_k[k + 1]]
         q_sel = qs[sel]
         # 2. rank-seconds per level
-        row(np.concatenate([[col_a[k]], w_cols[sel]]), np.concatenate([[float(n_ranks)], -(e_q[q_sel, k] + b * l_q[q_sel] / cap)]), 0.0, inf)
+        row(
+            np.concatenate([[col_a[k]], w_cols[sel]]),
+            np.concatenate([[float(n_ranks)], -(e_q[q_sel, k] + b * l_q[q_sel] / cap)]),
+            0.0,
+            inf,
+        )
         # 3. memory per level
         row(np.concatenate([[col_n[k]], w_cols[sel]]), np.concatenate([[float(n_ranks) * cap], -l_q[q_sel]]), 0.0, inf)
         # 4. level times
@@ -134,7 +141,16 @@ def level_bound(tables: CostTables, upper_s: float) -> tuple[float, dict[str, in
 
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
-    h.addCols(n_cols, cost, np.zeros(n_cols), np.full(n_cols, inf), 0, np.zeros(n_cols, dtype=np.int32), np.zeros(0, dtype=np.int32), np.zeros(0))
+    h.addCols(
+        n_cols,
+        cost,
+        np.zeros(n_cols),
+        np.full(n_cols, inf),
+        0,
+        np.zeros(n_cols, dtype=np.int32),
+        np.zeros(0, dtype=np.int32),
+        np.zeros(0),
+    )
     starts = np.cumsum([0] + [c.shape[0] for c, _ in entries[:-1]]).astype(np.int32)
     index = np.concatenate([c for c, _ in entries]).astype(np.int32)
     value = np.concatenate([v for _, v in entries]).astype(np.float64)

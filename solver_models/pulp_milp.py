@@ -149,7 +149,9 @@ def _highs_solver(time_limit_s: float, options: PlanOptions, warm: bool) -> Any:
                 if index:
                     import numpy as np
 
-                    lp.solverModel.setSolution(len(index), np.asarray(index, dtype=np.int32), np.asarray(values, dtype=np.float64))
+                    lp.solverModel.setSolution(
+                        len(index), np.asarray(index, dtype=np.int32), np.asarray(values, dtype=np.float64)
+                    )
             highs = lp.solverModel
             if not options.deterministic:
                 highs.setOptionValue("time_limit", max(0.001, ends - time.perf_counter()))
@@ -164,7 +166,9 @@ def _highs_solver(time_limit_s: float, options: PlanOptions, warm: bool) -> Any:
                 if unregister is not None:
                     unregister()
 
-    return WarmHiGHS(msg=False, timeLimit=max(0.001, time_limit_s), threads=highs_threads(options.solver_workers), gapRel=HIGHS_GAP)
+    return WarmHiGHS(
+        msg=False, timeLimit=max(0.001, time_limit_s), threads=highs_threads(options.solver_workers), gapRel=HIGHS_GAP
+    )
 
 
 @functools.cache
@@ -213,7 +217,9 @@ def _set_start(model: SlotModel, y: list[Any], x: dict[tuple[int, int], Any], t_
 
 
 def _solve_with(solver_name: str, model: SlotModel, time_limit_s: float, options: PlanOptions) -> ModelResult:
-    called = time.perf_counter()  # the limit counts from here: loading PuLP (the first time) and building the model are part of it
+    called = (
+        time.perf_counter()
+    )  # the limit counts from here: loading PuLP (the first time) and building the model are part of it
     import pulp
 
     if solver_name == "highs":
@@ -245,7 +251,14 @@ def _solve_with(solver_name: str, model: SlotModel, time_limit_s: float, options
         log.close()
         with warnings.catch_warnings():  # the bundled CBC binary is what a plain install has
             warnings.simplefilter("ignore", DeprecationWarning)
-            solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, threads=options.solver_workers, warmStart=warm, timeMode="elapsed", logPath=log.name)
+            solver = pulp.PULP_CBC_CMD(
+                msg=False,
+                timeLimit=limit,
+                threads=options.solver_workers,
+                warmStart=warm,
+                timeMode="elapsed",
+                logPath=log.name,
+            )
     try:
         try:
             prob.solve(solver)
@@ -265,7 +278,13 @@ def _solve_with(solver_name: str, model: SlotModel, time_limit_s: float, options
         if solver_name == "highs" and highs_state not in ("kTimeLimit", "kInterrupt", "kIterationLimit"):
             return ModelResult("error", None, None, None, None, message=f"HiGHS ended with model status {highs_state}")
         state = "timeout" if sol == pulp.LpSolutionNoSolutionFound else "error"
-        return ModelResult(state, None, None, None, _scaled_bound(_highs_bound(prob, solver_name), scale) if not model.tiebreak else None)
+        return ModelResult(
+            state,
+            None,
+            None,
+            None,
+            _scaled_bound(_highs_bound(prob, solver_name), scale) if not model.tiebreak else None,
+        )
     yv = [int(round(v.value() or 0)) for v in y]
     xv = {k: int(round(v.value() or 0)) for k, v in x.items()}
     objective = int(round(sum(v.value() or 0.0 for v in t_mb) * scale))
@@ -326,8 +345,15 @@ def _highs_bound(prob: Any, solver_name: str) -> float | None:
     return bound
 
 
-def _model_solver(solver_name: str) -> Callable[[SlotModel, float, PlanOptions, Callable[[int, int | None], None] | None], ModelResult]:
-    def solve_model(model: SlotModel, time_limit_s: float, options: PlanOptions, on_solution: Callable[[int, int | None], None] | None = None) -> ModelResult:
+def _model_solver(
+    solver_name: str,
+) -> Callable[[SlotModel, float, PlanOptions, Callable[[int, int | None], None] | None], ModelResult]:
+    def solve_model(
+        model: SlotModel,
+        time_limit_s: float,
+        options: PlanOptions,
+        on_solution: Callable[[int, int | None], None] | None = None,
+    ) -> ModelResult:
         res = _solve_with(solver_name, model, time_limit_s, options)
         if on_solution is not None and res.objective is not None:
             on_solution(res.objective, res.bound)
@@ -377,11 +403,29 @@ class PulpBackend:
     def load_ms(self) -> float:
         return 0.0 if "pulp" in sys.modules else IMPORT_MS
 
-    def solve(self, tables: CostTables, options: PlanOptions, hint: Assignment | None, deadline: float, on_improvement: ImprovementCallback | None = None) -> SolveResult:
+    def solve(
+        self,
+        tables: CostTables,
+        options: PlanOptions,
+        hint: Assignment | None,
+        deadline: float,
+        on_improvement: ImprovementCallback | None = None,
+    ) -> SolveResult:
         if self.name == "cbc":
-            return improve(tables, options, hint, deadline, _model_solver(self.name), on_improvement,
-                           round_s=0.3 + CBC_OVERHEAD_S, min_round_s=2 * CBC_OVERHEAD_S, lateness_s=0.02)
-        return improve(tables, options, hint, deadline, _model_solver(self.name), on_improvement, lateness_s=HIGHS_LATENESS_S)
+            return improve(
+                tables,
+                options,
+                hint,
+                deadline,
+                _model_solver(self.name),
+                on_improvement,
+                round_s=0.3 + CBC_OVERHEAD_S,
+                min_round_s=2 * CBC_OVERHEAD_S,
+                lateness_s=0.02,
+            )
+        return improve(
+            tables, options, hint, deadline, _model_solver(self.name), on_improvement, lateness_s=HIGHS_LATENESS_S
+        )
 
 
 register("highs", lambda: PulpBackend("highs"))

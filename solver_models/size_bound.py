@@ -67,8 +67,12 @@ def column_count(tables: CostTables) -> int:
     return int((len(tables.degrees) - tables.min_degree_index).sum()) + len(tables.degrees)
 
 
-def size_bound(tables: CostTables, upper_s: float = math.inf, deadline: float | None = None,
-               clock: Callable[[], float] = time.perf_counter) -> float | None:
+def size_bound(
+    tables: CostTables,
+    upper_s: float = math.inf,
+    deadline: float | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float | None:
     """The bound of the module docstring in seconds (at most ``upper_s``), or None when HiGHS is
     missing, fails, or ``deadline`` (an instant of ``clock``) passes first."""
     highspy = _highs()
@@ -121,13 +125,13 @@ def size_bound(tables: CostTables, upper_s: float = math.inf, deadline: float | 
     lo = [1.0] * n
     hi = [1.0] * n
     for j in range(k):
-        index += [g[j:j + 1], mem_cols[j]]
+        index += [g[j : j + 1], mem_cols[j]]
         values += [np.array([cap * deg[j]]), -lengths[ii[mem_cols[j]]]]
         row_len.append(1 + mem_cols[j].shape[0])
         lo.append(0.0)
         hi.append(inf)
         if heavy_count[j]:
-            index += [g[j:j + 1], heavy_cols[j]]
+            index += [g[j : j + 1], heavy_cols[j]]
             values += [np.ones(1), -np.ones(heavy_count[j])]
             row_len.append(1 + int(heavy_count[j]))
             lo.append(0.0)
@@ -143,10 +147,27 @@ def size_bound(tables: CostTables, upper_s: float = math.inf, deadline: float | 
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", 1)
     h.setOptionValue("presolve", "off")  # HiGHS presolve took 1 s on LPs the simplex solves in 25 ms
-    h.addCols(n_cols, cost, np.zeros(n_cols), np.full(n_cols, inf), 0, np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32), np.zeros(0))
+    h.addCols(
+        n_cols,
+        cost,
+        np.zeros(n_cols),
+        np.full(n_cols, inf),
+        0,
+        np.zeros(0, dtype=np.int32),
+        np.zeros(0, dtype=np.int32),
+        np.zeros(0),
+    )
     starts = np.concatenate([[0], np.cumsum(row_len)[:-1]]).astype(np.int32)
     flat_index = np.concatenate(index).astype(np.int32)
-    h.addRows(len(lo), np.array(lo), np.array(hi), flat_index.shape[0], starts, flat_index, np.concatenate(values).astype(np.float64))
+    h.addRows(
+        len(lo),
+        np.array(lo),
+        np.array(hi),
+        flat_index.shape[0],
+        starts,
+        flat_index,
+        np.concatenate(values).astype(np.float64),
+    )
     z_finish = finish[ii, jj]
     dropped = np.zeros(n_z, dtype=bool)
     for m in range(m_low, m_high + 1):

@@ -15,9 +15,15 @@ from optimizer.verify.verifier import check_assignment
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def small_request(n: int = 24, seed: int = 0, workload: str = "video", nodes: int = 2, **options: Any) -> dict[str, Any]:
-    return {"batch": WORKLOADS[workload](n, seed=seed), "cluster": {"nodes": nodes, "gpus_per_node": 8}, "model_preset": "qwen2-vl-7b",
-            "options": {"backend": "heuristic", "time_budget_ms": 2000, **options}}
+def small_request(
+    n: int = 24, seed: int = 0, workload: str = "video", nodes: int = 2, **options: Any
+) -> dict[str, Any]:
+    return {
+        "batch": WORKLOADS[workload](n, seed=seed),
+        "cluster": {"nodes": nodes, "gpus_per_node": 8},
+        "model_preset": "qwen2-vl-7b",
+        "options": {"backend": "heuristic", "time_budget_ms": 2000, **options},
+    }
 
 
 def assert_verified(plan_doc: dict[str, Any], request_doc: dict[str, Any]) -> None:
@@ -26,9 +32,6 @@ def assert_verified(plan_doc: dict[str, Any], request_doc: dict[str, Any]) -> No
     report = check_assignment(problem, assignment_from_json(plan_doc, problem.batch.index))
     assert report.ok, report.violations
     assert abs(report.step_time_s - plan_doc["predicted_step_time_s"]) <= 1e-9 * max(1.0, report.step_time_s)
-
-
-
 
 
 def empty_postgres(url: str) -> Any:

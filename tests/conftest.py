@@ -15,7 +15,11 @@ from optimizer.problem.workloads import long_tail_video
 @pytest.fixture
 def make_problem():
     def make(batch=None, cluster_preset="h100-8x8", model_preset="qwen2-vl-7b", **options):
-        doc = {"batch": batch or long_tail_video(64, seed=0), "cluster_preset": cluster_preset, "model_preset": model_preset}
+        doc = {
+            "batch": batch or long_tail_video(64, seed=0),
+            "cluster_preset": cluster_preset,
+            "model_preset": model_preset,
+        }
         if options:
             doc["options"] = options
         return problem_from_json(doc)

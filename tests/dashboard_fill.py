@@ -32,9 +32,21 @@ PLANS: list[tuple[str, int, int, str, float, str | None]] = [
 ]
 
 
-def request(workload: str, seed: int, n: int, backend: str, budget_ms: float, profile: str | None, cluster_preset: str = "h100-8x8") -> dict[str, Any]:
-    doc: dict[str, Any] = {"batch": WORKLOADS[workload](n, seed=seed), "cluster_preset": cluster_preset, "model_preset": "qwen2-vl-7b",
-                           "options": {"backend": backend, "time_budget_ms": budget_ms}}
+def request(
+    workload: str,
+    seed: int,
+    n: int,
+    backend: str,
+    budget_ms: float,
+    profile: str | None,
+    cluster_preset: str = "h100-8x8",
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "batch": WORKLOADS[workload](n, seed=seed),
+        "cluster_preset": cluster_preset,
+        "model_preset": "qwen2-vl-7b",
+        "options": {"backend": backend, "time_budget_ms": budget_ms},
+    }
     if profile:
         doc["profile"] = load_profile(profile)
     return doc
@@ -61,9 +73,15 @@ def fill(url: str, headers: dict[str, str] | None = None, steps: int = 3, seed: 
         for k, plan in enumerate(out.plans):
             bias = BIAS[out.profile_of[plan["id"]]]
             for step in range(steps):
-                body: dict[str, Any] = {"measured_step_time_s": plan["predicted_step_time_s"] * bias * (1 + rng.gauss(0, 0.025)), "step": 100 * k + step}
+                body: dict[str, Any] = {
+                    "measured_step_time_s": plan["predicted_step_time_s"] * bias * (1 + rng.gauss(0, 0.025)),
+                    "step": 100 * k + step,
+                }
                 if step == 0:
-                    body["group_times_s"] = [[g["predicted_time_s"] * bias * (1 + rng.gauss(0, 0.03)) for g in mb["groups"]] for mb in plan["micro_batches"]]
+                    body["group_times_s"] = [
+                        [g["predicted_time_s"] * bias * (1 + rng.gauss(0, 0.03)) for g in mb["groups"]]
+                        for mb in plan["micro_batches"]
+                    ]
                 client.post(f"/v1/plans/{plan['id']}/feedback", json=body).raise_for_status()
                 out.feedback += 1
     return out

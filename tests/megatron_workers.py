@@ -44,20 +44,34 @@ def _batch(rank: int, lengths: list[list[int]]) -> list[dict[str, torch.Tensor]]
     out = []
     for k, packed in enumerate(lengths):
         cu = torch.tensor([0, *torch.tensor(packed).cumsum(0).tolist()], dtype=torch.int32)
-        tokens = torch.cat([torch.full((n,), rank * 1000 + k * 100 + j, dtype=torch.int64) for j, n in enumerate(packed)])
+        tokens = torch.cat(
+            [torch.full((n,), rank * 1000 + k * 100 + j, dtype=torch.int64) for j, n in enumerate(packed)]
+        )
         out.append({"tokens": tokens, "cu_seqlens": cu})
     return out
 
 
-def megatron_step_worker(rank: int, world_size: int, lengths: dict[int, list[list[int]]], capacity: int, profile: dict[str, Any],
-                         modes: tuple[bool, ...]) -> list[dict[str, Any]]:
+def megatron_step_worker(
+    rank: int,
+    world_size: int,
+    lengths: dict[int, list[list[int]]],
+    capacity: int,
+    profile: dict[str, Any],
+    modes: tuple[bool, ...],
+) -> list[dict[str, Any]]:
     """The global batch through Megatron's wrapper and forward-backward loop once per mode (``deterministic``
     False: rank 0 plans and broadcasts; True: every rank plans); what each rank ran each time."""
     return [_megatron_step(rank, world_size, lengths, capacity, profile, deterministic) for deterministic in modes]
 
 
-def _megatron_step(rank: int, world_size: int, lengths: dict[int, list[list[int]]], capacity: int, profile: dict[str, Any],
-                   deterministic: bool) -> dict[str, Any]:
+def _megatron_step(
+    rank: int,
+    world_size: int,
+    lengths: dict[int, list[list[int]]],
+    capacity: int,
+    profile: dict[str, Any],
+    deterministic: bool,
+) -> dict[str, Any]:
     from megatron.core import parallel_state
     from megatron.core.datasets.data_schedule import HybridCPDataLoaderWrapper
     from megatron.core.pipeline_parallel import hybrid_cp_schedule, schedules
@@ -74,9 +88,13 @@ def _megatron_step(rank: int, world_size: int, lengths: dict[int, list[list[int]
     scheduler = install(wrapper, profile=profile, gpus_per_node=2, budget_ms=2000, deterministic=deterministic)
     samples, sample_id_groups = next(wrapper)
 
-    for name, value in {"get_data_parallel_rank": lambda **kw: rank, "get_tensor_model_parallel_rank": lambda: 0,
-                        "get_tensor_model_parallel_src_rank": lambda: rank, "get_tensor_model_parallel_group": lambda **kw: tp_groups[rank],
-                        "get_data_parallel_group": lambda **kw: world}.items():
+    for name, value in {
+        "get_data_parallel_rank": lambda **kw: rank,
+        "get_tensor_model_parallel_rank": lambda: 0,
+        "get_tensor_model_parallel_src_rank": lambda: rank,
+        "get_tensor_model_parallel_group": lambda **kw: tp_groups[rank],
+        "get_data_parallel_group": lambda **kw: world,
+    }.items():
         setattr(parallel_state, name, value)
     hybrid_cp_schedule.torch = _CPUTorch()  # type: ignore[attr-defined]
     ran: list[dict[str, Any]] = []
@@ -89,7 +107,13 @@ def _megatron_step(rank: int, world_size: int, lengths: dict[int, list[list[int]
 
     def forward_step(func: Any, data_iterator: Any, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         sample = next(data_iterator)
-        ran.append({"tokens": sample["tokens"].tolist()[:1], "length": int(sample["tokens"].numel()), "cp": int(sample["local_cp_size"])})
+        ran.append(
+            {
+                "tokens": sample["tokens"].tolist()[:1],
+                "length": int(sample["tokens"].numel()),
+                "cp": int(sample["local_cp_size"]),
+            }
+        )
         return torch.zeros(()), torch.tensor(int(sample["tokens"].numel()))
 
     schedules.forward_step = forward_step  # type: ignore[assignment]
@@ -97,9 +121,30 @@ def _megatron_step(rank: int, world_size: int, lengths: dict[int, list[list[int]
     dist.barrier = barrier  # type: ignore[assignment]
     try:
         hybrid_cp_schedule.hybrid_context_parallel_forward_backward(
-            None, iter([(samples, sample_id_groups)]), None, 1, None, None, [], None, False, False, False, contextlib.nullcontext, 0,
-            lambda first, only, mb: mb, None)
+            None,
+            iter([(samples, sample_id_groups)]),
+            None,
+            1,
+            None,
+            None,
+            [],
+            None,
+            False,
+            False,
+            False,
+            contextlib.nullcontext,
+            0,
+            lambda first, only, mb: mb,
+            None,
+        )
     finally:
         dist.barrier = real_barrier  # type: ignore[assignment]
-    return {"ran": ran, "barriers": barriers[0], "groups": len(sample_id_groups), "digest": scheduler.last["digest"],
-            "sample_id_groups": sample_id_groups, "received": sorted(samples), "source": scheduler.last.get("source")}
+    return {
+        "ran": ran,
+        "barriers": barriers[0],
+        "groups": len(sample_id_groups),
+        "digest": scheduler.last["digest"],
+        "sample_id_groups": sample_id_groups,
+        "received": sorted(samples),
+        "source": scheduler.last.get("source"),
+    }

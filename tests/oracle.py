@@ -23,7 +23,7 @@ def _set_partitions(items: list[int]):
     first, rest = items[0], items[1:]
     for part in _set_partitions(rest):
         for k in range(len(part)):
-            yield part[:k] + [[first] + part[k]] + part[k + 1:]
+            yield part[:k] + [[first] + part[k]] + part[k + 1 :]
         yield [[first]] + part
 
 
@@ -76,7 +76,9 @@ def brute_force_optimum(problem: Problem) -> float:
                 low = mask & -mask
                 i = low.bit_length() - 1
                 prev = mask ^ low
-                times[mask] = (times[prev] if prev else profile.group_constant + profile.group_exchange_time(d, intra)) + t[i]
+                times[mask] = (
+                    times[prev] if prev else profile.group_constant + profile.group_exchange_time(d, intra)
+                ) + t[i]
             tokens = [0] * (1 << n)
             per_sample = problem.options.memory == "sample"  # samples run one at a time: the longest binds
             for mask in range(1, 1 << n):

@@ -55,8 +55,14 @@ class Outcome:
         plan_ok = self.kind == "plan"
         return {
             "bound_above": plan_ok and self.bound is not None and self.feasible and self.bound > opt * (1 + NOISE),
-            "false_optimal": plan_ok and self.status == "optimal" and self.feasible and self.step > opt * (1 + OPTIMAL_GAP),
-            "false_optimal_strict": plan_ok and self.status == "optimal" and self.feasible and self.step > opt * (1 + NOISE),
+            "false_optimal": plan_ok
+            and self.status == "optimal"
+            and self.feasible
+            and self.step > opt * (1 + OPTIMAL_GAP),
+            "false_optimal_strict": plan_ok
+            and self.status == "optimal"
+            and self.feasible
+            and self.step > opt * (1 + NOISE),
             "false_infeasible": self.kind == "infeasible" and self.feasible,
             "below_optimum": plan_ok and (not self.feasible or self.step < opt * (1 - NOISE)),
             "unknown": self.kind == "error" and self.feasible,
@@ -74,8 +80,15 @@ def judge(doc: dict, optimum: float, backend: str, budget_ms: float) -> Outcome:
         return Outcome(backend, optimum, "infeasible", message=str(exc))
     except PlannerError as exc:
         return Outcome(backend, optimum, "error", message=str(exc))
-    return Outcome(backend, optimum, "plan", step=result.predicted_step_time_s, bound=result.lower_bound_s, status=result.solver.status,
-                   verified=verify(result, problem).ok)
+    return Outcome(
+        backend,
+        optimum,
+        "plan",
+        step=result.predicted_step_time_s,
+        bound=result.lower_bound_s,
+        status=result.solver.status,
+        verified=verify(result, problem).ok,
+    )
 
 
 def summarise(outcomes: list[Outcome]) -> dict:
@@ -86,9 +99,13 @@ def summarise(outcomes: list[Outcome]) -> dict:
     feasible = sum(o.feasible for o in outcomes)
     reached = sum(r <= 1 + REACHED for r in ratios)
     return {
-        "instances": len(outcomes), "feasible": feasible, "planned": len(ratios), "reached": reached,
+        "instances": len(outcomes),
+        "feasible": feasible,
+        "planned": len(ratios),
+        "reached": reached,
         "reached_rate": reached / feasible if feasible else float("nan"),
         "optimal_claims": sum(o.status == "optimal" for o in outcomes),
-        "mean_ratio": sum(ratios) / len(ratios) if ratios else float("nan"), "worst_ratio": max(ratios, default=float("nan")),
+        "mean_ratio": sum(ratios) / len(ratios) if ratios else float("nan"),
+        "worst_ratio": max(ratios, default=float("nan")),
         **counts,
     }

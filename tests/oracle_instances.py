@@ -37,8 +37,19 @@ _BASE = {
 
 
 def _model(heads: int) -> dict:
-    return {"name": f"tiny-{heads}h", "llm": {"layers": 32, "hidden": 3840, "heads": heads, "kv_heads": heads, "ffn_hidden": 11008,
-                                               "vocab": 32000, "parameters": 7.0e9}, "training": {"zero_stage": 3, "recompute": "full"}}
+    return {
+        "name": f"tiny-{heads}h",
+        "llm": {
+            "layers": 32,
+            "hidden": 3840,
+            "heads": heads,
+            "kv_heads": heads,
+            "ffn_hidden": 11008,
+            "vocab": 32000,
+            "parameters": 7.0e9,
+        },
+        "training": {"zero_stage": 3, "recompute": "full"},
+    }
 
 
 def _profile(name: str, rng: random.Random, scheme: str) -> dict | None:
@@ -72,10 +83,18 @@ def instance(seed: int) -> tuple[dict, dict]:
     heads = rng.choice([60, 60, 12, 32])  # hidden is 60 x 64 (divisible by each)
     prof = _profile(name, rng, scheme)
     if mixed:
-        cluster = {"nodes": [{"count": 1, "gpus": per_node, "gpu": "H100-SXM"}, {"count": nodes - 1, "gpus": per_node, "gpu": "A100-80GB"}]}
+        cluster = {
+            "nodes": [
+                {"count": 1, "gpus": per_node, "gpu": "H100-SXM"},
+                {"count": nodes - 1, "gpus": per_node, "gpu": "A100-80GB"},
+            ]
+        }
         if prof is not None:
             prof["speed_by_gpu"] = {"A100-80GB": 0.6}
-            prof["capacity_tokens_per_rank"] = {"default": prof["capacity_tokens_per_rank"], "A100-80GB": int(prof["capacity_tokens_per_rank"] * 0.8)}
+            prof["capacity_tokens_per_rank"] = {
+                "default": prof["capacity_tokens_per_rank"],
+                "A100-80GB": int(prof["capacity_tokens_per_rank"] * 0.8),
+            }
     else:
         cluster = {"nodes": [{"count": nodes, "gpus": per_node, "gpu": "H100-SXM"}]}
     options: dict = {"degree_policy": policy, "max_micro_batches": rng.choice([1, 2, 2, 3])}
@@ -91,7 +110,13 @@ def instance(seed: int) -> tuple[dict, dict]:
         share = rng.choice([rng.uniform(0.02, 0.4), rng.uniform(0.4, 1.0), rng.uniform(1.0, 2.5)])
         lengths.append(max(16, int(share * capacity)))
     doc["batch"] = {"samples": [{"id": f"s{i}", "text_tokens": x} for i, x in enumerate(lengths)]}
-    tags = {"seed": seed, "profile": name, "shape": f"{nodes}x{per_node}{'-mixed' if mixed else ''}", "scheme": scheme, "policy": policy}
+    tags = {
+        "seed": seed,
+        "profile": name,
+        "shape": f"{nodes}x{per_node}{'-mixed' if mixed else ''}",
+        "scheme": scheme,
+        "policy": policy,
+    }
     return doc, tags
 
 

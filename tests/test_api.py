@@ -46,8 +46,15 @@ def test_plan_is_verified_and_has_the_cli_shape(client):
 
 
 def test_cli_input_files_work_unchanged(client):
-    files = {k: json.loads((ROOT / "examples" / f).read_text()) for k, f in
-             (("batch", "batch_small.json"), ("cluster", "cluster.json"), ("model", "model.json"), ("options", "options.json"))}
+    files = {
+        k: json.loads((ROOT / "examples" / f).read_text())
+        for k, f in (
+            ("batch", "batch_small.json"),
+            ("cluster", "cluster.json"),
+            ("model", "model.json"),
+            ("options", "options.json"),
+        )
+    }
     files["options"] = {**files["options"], "backend": "heuristic"}
     r = client.post("/v1/plans", json=files)
     assert r.status_code == 201, r.text
@@ -97,7 +104,12 @@ def test_list_filters_and_pagination(client):
         seen += [i["id"] for i in page["items"]]
         offset = page["next_offset"]
     assert sorted(seen) == sorted(ids)
-    assert client.get("/v1/plans", params={"status": "done", "backend": "heuristic", "model": "qwen2-vl-7b"}).json()["total"] == 5
+    assert (
+        client.get("/v1/plans", params={"status": "done", "backend": "heuristic", "model": "qwen2-vl-7b"}).json()[
+            "total"
+        ]
+        == 5
+    )
     assert client.get("/v1/plans", params={"backend": "cpsat"}).json()["total"] == 0
     assert client.get("/v1/plans", params={"created_after": "2999-01-01T00:00:00Z"}).json()["total"] == 0
     assert client.get("/v1/plans", params={"created_before": "2999-01-01T00:00:00"}).json()["total"] == 5
@@ -110,7 +122,9 @@ def test_list_filters_and_pagination(client):
 def test_feedback_is_stored_beside_the_prediction(client):
     plan = client.post("/v1/plans", json=small_request(n=8)).json()
     shape = [[0.5] * len(mb["groups"]) for mb in plan["micro_batches"]]
-    r = client.post(f"/v1/plans/{plan['id']}/feedback", json={"measured_step_time_s": 2.0, "group_times_s": shape, "step": 7})
+    r = client.post(
+        f"/v1/plans/{plan['id']}/feedback", json={"measured_step_time_s": 2.0, "group_times_s": shape, "step": 7}
+    )
     assert r.status_code == 201, r.text
     fb = r.json()
     assert fb["predicted_step_time_s"] == pytest.approx(plan["predicted_step_time_s"])
@@ -119,8 +133,16 @@ def test_feedback_is_stored_beside_the_prediction(client):
     assert [f["id"] for f in listed] == [fb["id"]]
     assert listed[0]["group_times_s"] == shape and listed[0]["step"] == 7  # the per-group detail reads back
     assert "dhp_measured_over_predicted_count 1.0" in client.get("/metrics").text
-    assert_problem(client.post(f"/v1/plans/{plan['id']}/feedback", json={"measured_step_time_s": 2.0, "group_times_s": shape + [[1.0]]}), 422, "group_times_s")
-    assert_problem(client.post(f"/v1/plans/{plan['id']}/feedback", json={"measured_step_time_s": -1}), 422, "measured_step_time_s")
+    assert_problem(
+        client.post(
+            f"/v1/plans/{plan['id']}/feedback", json={"measured_step_time_s": 2.0, "group_times_s": shape + [[1.0]]}
+        ),
+        422,
+        "group_times_s",
+    )
+    assert_problem(
+        client.post(f"/v1/plans/{plan['id']}/feedback", json={"measured_step_time_s": -1}), 422, "measured_step_time_s"
+    )
     assert_problem(client.post("/v1/plans/nope/feedback", json={"measured_step_time_s": 1.0}), 404, "plan_id")
 
 
@@ -137,7 +159,11 @@ def test_retried_feedback_is_stored_once(client):
     client.post(url, json={"measured_step_time_s": 2.2})  # no key: two sends are two steps
     assert [f["measured_step_time_s"] for f in client.get(url).json()] == [2.0, 2.1, 2.2, 2.2]
     assert "dhp_measured_over_predicted_count 4.0" in client.get("/metrics").text  # the retry is not measured twice
-    assert_problem(client.post(url, json={"measured_step_time_s": 2.0}, headers={"Idempotency-Key": "x" * 65}), 422, "idempotency-key")
+    assert_problem(
+        client.post(url, json={"measured_step_time_s": 2.0}, headers={"Idempotency-Key": "x" * 65}),
+        422,
+        "idempotency-key",
+    )
 
 
 def test_errors_are_problem_documents_naming_the_field(client):
@@ -145,11 +171,15 @@ def test_errors_are_problem_documents_naming_the_field(client):
     req["batch"]["samples"][2]["text_tokens"] = -5
     body = assert_problem(client.post("/v1/plans", json=req), 422, "batch.samples[2].text_tokens")
     assert body["hint"]
-    assert_problem(client.post("/v1/plans", json={**small_request(), "cluster_preset": "h100-8x8"}), 422, "cluster_preset")
+    assert_problem(
+        client.post("/v1/plans", json={**small_request(), "cluster_preset": "h100-8x8"}), 422, "cluster_preset"
+    )
     assert_problem(client.post("/v1/plans", json={**small_request(), "model_preset": "gpt-9"}), 422, "model_preset")
     assert_problem(client.post("/v1/plans", json={**small_request(), "colour": "red"}), 422, "colour")
     assert_problem(client.post("/v1/plans", json={"cluster_preset": "h100-8x8"}), 422, "batch")
-    assert_problem(client.post("/v1/plans", json={**small_request(), "options": {"backend": "magic"}}), 422, "options.backend")
+    assert_problem(
+        client.post("/v1/plans", json={**small_request(), "options": {"backend": "magic"}}), 422, "options.backend"
+    )
     assert_problem(client.post("/v1/plans", content=b"{not json", headers={"content-type": "application/json"}), 422)
     assert_problem(client.get("/v1/plans/0123456789abcdef0123456789abcdef"), 404, "plan_id")
     assert_problem(client.get("/v1/nothing-here"), 404)
@@ -158,8 +188,12 @@ def test_errors_are_problem_documents_naming_the_field(client):
 
 def test_infeasible_request_is_422(client):
     # One sample far larger than the memory of the whole cluster.
-    req = {"batch": {"samples": [{"id": "huge", "text_tokens": 50_000_000}]}, "cluster": {"nodes": 1, "gpus_per_node": 2}, "model_preset": "llama3-8b",
-           "options": {"backend": "heuristic"}}
+    req = {
+        "batch": {"samples": [{"id": "huge", "text_tokens": 50_000_000}]},
+        "cluster": {"nodes": 1, "gpus_per_node": 2},
+        "model_preset": "llama3-8b",
+        "options": {"backend": "heuristic"},
+    }
     body = assert_problem(client.post("/v1/plans", json=req), 422)
     assert body["type"].endswith("/infeasible") and body["hint"]
 
@@ -168,8 +202,14 @@ def test_limits_from_settings(make_client):
     client = make_client(max_samples=10, max_ranks=8, max_budget_ms=500, max_body_bytes=4096)
     assert_problem(client.post("/v1/plans", json=small_request(n=11, nodes=1)), 422, "batch.samples")
     assert_problem(client.post("/v1/plans", json=small_request(n=4, nodes=2)), 422, "cluster")
-    assert_problem(client.post("/v1/plans", json={**small_request(n=4, nodes=1), "cluster": None, "cluster_preset": "h100-8x8"}), 422, "cluster_preset")
-    assert_problem(client.post("/v1/plans", json=small_request(n=4, nodes=1, time_budget_ms=501)), 422, "options.time_budget_ms")
+    assert_problem(
+        client.post("/v1/plans", json={**small_request(n=4, nodes=1), "cluster": None, "cluster_preset": "h100-8x8"}),
+        422,
+        "cluster_preset",
+    )
+    assert_problem(
+        client.post("/v1/plans", json=small_request(n=4, nodes=1, time_budget_ms=501)), 422, "options.time_budget_ms"
+    )
     big = small_request(n=100, nodes=1)
     assert_problem(client.post("/v1/plans", json=big), 413, "body")
     # Chunked upload without Content-Length is limited too.
@@ -259,7 +299,7 @@ def test_budget_counts_from_arrival(client, monkeypatch):
     monkeypatch.setattr(solving, "run_planner", spy)
     before = time.perf_counter()
     client.post("/v1/plans", json=small_request(n=4, time_budget_ms=1000))
-    (budget, deadline, called), = seen
+    ((budget, deadline, called),) = seen
     assert budget == 1000
     assert before <= deadline.start < called
     assert deadline.budget_ms == pytest.approx(1000)
@@ -288,15 +328,29 @@ def test_presets_health_metrics_docs(client):
     assert client.get("/readyz").json()["database"] == "ok"
     client.post("/v1/plans", json=small_request(n=4))
     text = client.get("/metrics").text
-    for name in ("dhp_http_request_duration_seconds_bucket", "dhp_solve_duration_seconds_bucket", "dhp_plan_gap_bucket",
-                 "dhp_solve_queue_depth", "dhp_solves_in_flight", "dhp_solver_fallbacks_total"):
+    for name in (
+        "dhp_http_request_duration_seconds_bucket",
+        "dhp_solve_duration_seconds_bucket",
+        "dhp_plan_gap_bucket",
+        "dhp_solve_queue_depth",
+        "dhp_solves_in_flight",
+        "dhp_solver_fallbacks_total",
+    ):
         assert name in text, name
     assert 'route="/v1/plans"' in text and 'backend="heuristic"' in text
     docs = client.get("/docs").text
     assert "/static/swagger-ui-bundle.js" in docs and "cdn" not in docs.lower()
     assert client.get("/static/swagger-ui-bundle.js").status_code == 200
     spec = client.get("/openapi.json").json()
-    assert {"/v1/plans", "/v1/plans/{plan_id}", "/v1/plans/{plan_id}/feedback", "/v1/presets", "/healthz", "/readyz", "/metrics"} <= set(spec["paths"])
+    assert {
+        "/v1/plans",
+        "/v1/plans/{plan_id}",
+        "/v1/plans/{plan_id}/feedback",
+        "/v1/presets",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    } <= set(spec["paths"])
 
 
 def test_dhp_serve_refuses_unsafe_production_settings(monkeypatch, capsys):
@@ -329,9 +383,24 @@ def test_a_plan_ahead_lost_in_a_stopped_server_is_reported_failed(make_client):
     assert client.app.state.service.resumed.wait(30)  # what was pending at start-up has been taken up
     store = client.app.state.store
     settings = client.app.state.settings
-    old = PlanRecord(id="f" * 32, created_at=utcnow() - timedelta(seconds=settings.stale_after_s + 1), status="pending", request_hash="0" * 64,
-                     n_samples=4, n_ranks=16, request_json="{}")
-    young = PlanRecord(id="e" * 32, created_at=utcnow(), status="pending", request_hash="1" * 64, n_samples=4, n_ranks=16, request_json="{}")
+    old = PlanRecord(
+        id="f" * 32,
+        created_at=utcnow() - timedelta(seconds=settings.stale_after_s + 1),
+        status="pending",
+        request_hash="0" * 64,
+        n_samples=4,
+        n_ranks=16,
+        request_json="{}",
+    )
+    young = PlanRecord(
+        id="e" * 32,
+        created_at=utcnow(),
+        status="pending",
+        request_hash="1" * 64,
+        n_samples=4,
+        n_ranks=16,
+        request_json="{}",
+    )
     store.add(old)
     store.add(young)
     lost = client.get(f"/v1/plans/{old.id}").json()
@@ -349,7 +418,9 @@ def test_a_repeated_request_skips_validation(client, monkeypatch):
     monkeypatch.setattr(translate, "to_problem", lambda *a: calls.append(1) or original(*a))
     again = client.post("/v1/plans", json=dict(reversed(list(req.items()))))  # same documents, other key order
     assert again.status_code == 200 and again.json()["id"] == first["id"] and calls == []
-    other = client.post("/v1/plans", json={**req, "options": {**req["options"], "degree_policy": "any"}})  # the default, spelled out
+    other = client.post(
+        "/v1/plans", json={**req, "options": {**req["options"], "degree_policy": "any"}}
+    )  # the default, spelled out
     assert other.status_code == 200 and other.json()["id"] == first["id"] and calls == [1]
 
 
@@ -369,16 +440,20 @@ def test_solver_libraries_are_loaded_at_start_up(tmp_path):
 
     if importlib.util.find_spec("ortools") is None:
         pytest.skip("OR-Tools is not installed")
-    code = ("import sys\n"
-            "from fastapi.testclient import TestClient\n"
-            "from api.app import create_app\n"
-            "from api.settings import Settings\n"
-            "app = create_app(Settings(data_dir=sys.argv[1]))\n"
-            "before = 'ortools.sat.python.cp_model' in sys.modules\n"
-            "with TestClient(app):\n"
-            "    after = 'ortools.sat.python.cp_model' in sys.modules\n"
-            "print(before, after)\n")
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys\n"
+        "from fastapi.testclient import TestClient\n"
+        "from api.app import create_app\n"
+        "from api.settings import Settings\n"
+        "app = create_app(Settings(data_dir=sys.argv[1]))\n"
+        "before = 'ortools.sat.python.cp_model' in sys.modules\n"
+        "with TestClient(app):\n"
+        "    after = 'ortools.sat.python.cp_model' in sys.modules\n"
+        "print(before, after)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True"]
 

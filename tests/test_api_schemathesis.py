@@ -30,8 +30,14 @@ from api.app import create_app
 from api.settings import Settings
 
 PG_URL = os.environ.get("DHP_TEST_DATABASE_URL")
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance, response_schema_conformance,
-          negative_data_rejection]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    negative_data_rejection,
+]
 """Every check of ``schemathesis run --checks all`` that looks at one answer, but positive_data_acceptance: this API validates
 more than its schema can say (a preset that exists, a sample that fits a group, feedback shaped like the stored plan) and answers
 such requests 422, as documented."""
@@ -53,7 +59,9 @@ class BearerToken:
 def _schema(database_url: str | None):  # type: ignore[no-untyped-def]
     if database_url:
         empty_postgres(database_url).close()  # a clean schema
-    app = create_app(Settings(data_dir=Path(tempfile.mkdtemp(prefix="dhp-schemathesis-")), database_url=database_url, **LIMITS))
+    app = create_app(
+        Settings(data_dir=Path(tempfile.mkdtemp(prefix="dhp-schemathesis-")), database_url=database_url, **LIMITS)
+    )
     return schemathesis.openapi.from_asgi("/openapi.json", app)
 
 
@@ -73,10 +81,12 @@ def test_no_server_error_sqlite(case):
 
 
 if pg_schema is not None:
+
     @pg_schema.parametrize()
     @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
     def test_no_server_error_postgresql(case):
         _check(case)
 else:
+
     def test_no_server_error_postgresql():
         pytest.skip("DHP_TEST_DATABASE_URL is not set: no PostgreSQL server to test against (.ci/run starts one)")

@@ -47,8 +47,11 @@ def test_metrics_add_up_over_worker_processes(server):
     for s in range(4):
         httpx.post(server.url + "/v1/plans", json=small_request(n=8, seed=200 + s), timeout=30).raise_for_status()
     text = httpx.get(server.url + "/metrics").text
-    counts = [float(line.split()[-1]) for line in text.splitlines()
-              if line.startswith("dhp_solve_duration_seconds_count") and 'backend="heuristic"' in line]
+    counts = [
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("dhp_solve_duration_seconds_count") and 'backend="heuristic"' in line
+    ]
     assert counts and sum(counts) >= 4
 
 

@@ -48,7 +48,10 @@ def test_backward_from_either_forward_is_the_same():
         seg = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])
         pos = torch.cat([torch.arange(n) for n in lengths])
         q = torch.randn(1, 2, total, 8, generator=gen, dtype=torch.float64)
-        k, v = torch.randn(1, total, 8, generator=gen, dtype=torch.float64), torch.randn(1, total, 8, generator=gen, dtype=torch.float64)
+        k, v = (
+            torch.randn(1, total, 8, generator=gen, dtype=torch.float64),
+            torch.randn(1, total, 8, generator=gen, dtype=torch.float64),
+        )
         dout = torch.randn(1, 2, total, 8, generator=gen, dtype=torch.float64)
         out = torch.zeros_like(q)
         lse = torch.full((1, 2, total), -torch.inf, dtype=torch.float64)

@@ -44,7 +44,9 @@ def reference_assignment(tables: CostTables, c: int, micro_batches: int) -> Assi
         heapq.heappush(bins, (load + float(times[k][i]), m, k))
         for item in stash:
             heapq.heappush(bins, item)
-    return Assignment.of([[(groups[k], members.get((m, k), [])) for k in range(n_groups)] for m in range(micro_batches)])
+    return Assignment.of(
+        [[(groups[k], members.get((m, k), [])) for k in range(n_groups)] for m in range(micro_batches)]
+    )
 
 
 def reference_best(tables: CostTables) -> tuple[StaticBaseline, Assignment] | None:
@@ -76,7 +78,14 @@ def reference_best(tables: CostTables) -> tuple[StaticBaseline, Assignment] | No
 
 
 def _problems():
-    for workload, ranks, n in [("video", 16, 64), ("video", 64, 512), ("long-text", 32, 200), ("mixed", 16, 300), ("anyres", 8, 100), ("image-sft", 24, 150)]:
+    for workload, ranks, n in [
+        ("video", 16, 64),
+        ("video", 64, 512),
+        ("long-text", 32, 200),
+        ("mixed", 16, 300),
+        ("anyres", 8, 100),
+        ("image-sft", 24, 150),
+    ]:
         for seed in range(2):
             yield make_problem(WORKLOADS[workload], ranks, n, seed, 300.0)
     for preset in ("mixed-h100-a100", "h100-8x8", "a100-8x8"):
@@ -84,7 +93,14 @@ def _problems():
             batch = WORKLOADS["video"].batch(120, seed)
             yield problem_from_json({"batch": batch, "cluster_preset": preset, "model_preset": "qwen2-vl-7b"})
             # Memory-tight: few micro-batches allowed, so groups run out of room and get stashed.
-            yield problem_from_json({"batch": batch, "cluster_preset": preset, "model_preset": "qwen2-vl-7b", "options": {"max_micro_batches": 2}})
+            yield problem_from_json(
+                {
+                    "batch": batch,
+                    "cluster_preset": preset,
+                    "model_preset": "qwen2-vl-7b",
+                    "options": {"max_micro_batches": 2},
+                }
+            )
 
 
 def test_best_static_equals_the_reference():
@@ -106,7 +122,16 @@ def test_every_static_layout_equals_the_reference(preset):
     batch = WORKLOADS["mixed"].batch(150, 5)
     tight = 0
     for most in (1, 3, 16):
-        tables = CostTables.build(problem_from_json({"batch": batch, "cluster_preset": preset, "model_preset": "qwen2-vl-7b", "options": {"max_micro_batches": most}}))
+        tables = CostTables.build(
+            problem_from_json(
+                {
+                    "batch": batch,
+                    "cluster_preset": preset,
+                    "model_preset": "qwen2-vl-7b",
+                    "options": {"max_micro_batches": most},
+                }
+            )
+        )
         for c in (1, 2, 3, 4, 8, 16, 32, 64):
             for mb in (1, 2, 3, 5):
                 got = static_assignment(tables, c, mb)

@@ -17,7 +17,14 @@ from optimizer.plan.evaluate import assignment_step_time
 from optimizer.problem.documents import problem_from_json
 from optimizer.verify.verifier import check_assignment
 
-CASES = [("video", 16, 64), ("image-sft", 8, 32), ("anyres", 16, 48), ("dynamic-res", 8, 32), ("long-text", 32, 64), ("mixed", 16, 64)]
+CASES = [
+    ("video", 16, 64),
+    ("image-sft", 8, 32),
+    ("anyres", 16, 48),
+    ("dynamic-res", 8, 32),
+    ("long-text", 32, 64),
+    ("mixed", 16, 64),
+]
 
 
 def _tables(workload: str, ranks: int, n: int, seed: int = 0) -> CostTables:

@@ -25,12 +25,32 @@ needs_flexsp = pytest.mark.skipif(WHY is not None, reason=WHY or "")
 
 
 def _tables(profile: str, ranks: int, n: int = 64, workload: str = "mixed", seed: int = 2) -> CostTables:
-    return CostTables.build(make_problem(WORKLOADS[workload], ranks, n, seed, 200.0, resolve_profile(profile), max_micro_batches=n, whole_domain_groups=True))
+    return CostTables.build(
+        make_problem(
+            WORKLOADS[workload],
+            ranks,
+            n,
+            seed,
+            200.0,
+            resolve_profile(profile),
+            max_micro_batches=n,
+            whole_domain_groups=True,
+        )
+    )
 
 
 @needs_flexsp
-@pytest.mark.parametrize("profile,ranks", [("flexsp-gpt7b", 64), ("flexsp-gpt30b", 256), ("stress-slow-inter", 64), ("stress-comm-dominant", 256),
-                                           ("stress-group-constant", 16), ("flexsp-gpt13b", 128)])
+@pytest.mark.parametrize(
+    "profile,ranks",
+    [
+        ("flexsp-gpt7b", 64),
+        ("flexsp-gpt30b", 256),
+        ("stress-slow-inter", 64),
+        ("stress-comm-dominant", 256),
+        ("stress-group-constant", 16),
+        ("flexsp-gpt13b", 128),
+    ],
+)
 def test_flexsp_group_time_and_capacity_equal_ours_for_every_size_it_may_choose(profile, ranks):
     tables = _tables(profile, ranks)
     params, why = translation(tables)
@@ -41,7 +61,9 @@ def test_flexsp_group_time_and_capacity_equal_ours_for_every_size_it_may_choose(
     rng = np.random.default_rng(0)
     size = 2
     while size <= ranks:
-        ranks_of_group = tuple(range(ranks - size, ranks))  # the last ranks: inside the last node up to its size, spanning above
+        ranks_of_group = tuple(
+            range(ranks - size, ranks)
+        )  # the last ranks: inside the last node up to its size, spanning above
         assert tables.group_span(ranks_of_group)[0] == (size <= tables.node_size)
         for k in (1, 3, 12):
             samples = sorted(rng.choice(tables.n_samples, size=k, replace=False).tolist())
@@ -59,7 +81,9 @@ def test_profiles_flexsp_cannot_express_are_skipped_with_the_reason():
     p = make_problem(WORKLOADS["video"], 16, 16, 0, 200.0, with_constant, whole_domain_groups=True)
     assert "per-sample constant" in translation(CostTables.build(p))[1]
     assert "mixed GPU" in translation(_tables("stress-mixed-gpu", 32))[1]
-    narrow = CostTables.build(make_problem(WORKLOADS["video"], 64, 16, 0, 200.0, base))  # default max_degree and 64 heads: sizes up to 64 only
+    narrow = CostTables.build(
+        make_problem(WORKLOADS["video"], 64, 16, 0, 200.0, base)
+    )  # default max_degree and 64 heads: sizes up to 64 only
     assert translation(narrow)[0] is not None
     capped = CostTables.build(make_problem(WORKLOADS["image-sft"], 16, 16, 0, 200.0, base).with_options(max_degree=8))
     assert "does not allow" in translation(capped)[1]
@@ -79,7 +103,21 @@ def test_layout_puts_groups_largest_first_on_contiguous_aligned_ranks():
 def test_missing_source_or_solver_is_a_clear_error(tmp_path, capsys):
     settings = FlexSPSettings(src=str(tmp_path / "nowhere"))
     assert "--flexsp-src" in (missing(settings) or "")
-    assert main(["bench", "--suite", "flexsp", "--quick", "--flexsp-src", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "--suite",
+                "flexsp",
+                "--quick",
+                "--flexsp-src",
+                str(tmp_path / "nowhere"),
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "FlexSP's source is not at" in err and "--flexsp-src" in err
     with pytest.raises(ProblemError):
@@ -112,11 +150,23 @@ def test_quick_suite_runs_flexsp_and_dhp_scored_by_the_verifier(tmp_path, capsys
     # The answer was kept by its inputs: the same batch again is read back, not solved again.
     assert len(list(cache.glob("flexsp-*.json"))) == 1
     spec = doc["spec"]
-    tables = CostTables.build(make_problem(WORKLOADS["video"], 16, 32, 0, 200.0, resolve_profile("flexsp-gpt7b"), max_micro_batches=spec["max_micro_batches"],
-                                           whole_domain_groups=True))
+    tables = CostTables.build(
+        make_problem(
+            WORKLOADS["video"],
+            16,
+            32,
+            0,
+            200.0,
+            resolve_profile("flexsp-gpt7b"),
+            max_micro_batches=spec["max_micro_batches"],
+            whole_domain_groups=True,
+        )
+    )
     from bench.flexsp_real import solve
 
     again = solve(tables, FlexSPSettings(time_limit_s=1.0, cache=str(cache)))
     assert again.details.get("cached") and again.assignment is not None
-    other = solve(tables, FlexSPSettings(time_limit_s=2.0, cache=str(tmp_path / "empty")))  # other inputs: not in that cache
+    other = solve(
+        tables, FlexSPSettings(time_limit_s=2.0, cache=str(tmp_path / "empty"))
+    )  # other inputs: not in that cache
     assert not other.details.get("cached")

@@ -32,10 +32,15 @@ def test_problem_documents_are_judged():
     doc = {"type": "t", "title": "x", "status": 422, "detail": "d", "field": "batch"}
     reply = Reply(422, {"content-type": "application/problem+json"}, json.dumps(doc).encode())
     assert judge(reply, "POST") == (None, ["hint"])
-    assert judge(Reply(404, reply.headers, json.dumps({**doc, "status": 404, "field": None, "hint": "h"}).encode()), "GET") == (None, [])
+    assert judge(
+        Reply(404, reply.headers, json.dumps({**doc, "status": 404, "field": None, "hint": "h"}).encode()), "GET"
+    ) == (None, [])
     why, _ = judge(Reply(400, {"content-type": "text/plain"}, b"Invalid HTTP request received."), "GET")
     assert why is not None and "text/plain" in why
-    assert judge(Reply(422, reply.headers, json.dumps({**doc, "status": 400}).encode()), "POST")[0] == "status member 400 differs"
+    assert (
+        judge(Reply(422, reply.headers, json.dumps({**doc, "status": 400}).encode()), "POST")[0]
+        == "status member 400 differs"
+    )
 
 
 def test_a_small_run_on_sqlite_adds_up(tmp_path):
@@ -48,7 +53,14 @@ def test_a_small_run_on_sqlite_adds_up(tmp_path):
     assert report["no_answer"] == sum(1 for s in report["answers"].values() if s is None)
     assert len(report["http_500"]) == sum(n for s, n in report["by_status"].items() if int(s) >= 500 and s != "503")
     named = set(report["answers"])
-    for key in ("not_problem_json", "lacking_field_or_hint", "refused_valid", "accepted_invalid", "dropped", "failed_internally_later"):
+    for key in (
+        "not_problem_json",
+        "lacking_field_or_hint",
+        "refused_valid",
+        "accepted_invalid",
+        "dropped",
+        "failed_internally_later",
+    ):
         assert {item["case"] for item in report[key]} <= named, key
     assert set(report["http_500"]) <= named
     assert sum(report["accepted_then_polled"].values()) <= sum(1 for s in report["answers"].values() if s == 202)

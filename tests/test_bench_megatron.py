@@ -24,8 +24,9 @@ def _megatron_core() -> None:
     pytest.importorskip(SCHEDULER_MODULE, reason="megatron-core is not installed (dhp-planner[megatron])")
 
 
-def _request(workload: str = "video", ranks: int = 16, n: int = 64, seed: int = 0,
-             profile: str = "flexsp-gpt7b") -> dict:
+def _request(
+    workload: str = "video", ranks: int = 16, n: int = 64, seed: int = 0, profile: str = "flexsp-gpt7b"
+) -> dict:
     return make_request(WORKLOADS[workload], ranks, n, seed, 200.0, resolve_profile(profile))
 
 
@@ -61,8 +62,16 @@ def test_megatron_is_skipped_with_its_reason_when_megatron_core_cannot_be_import
     assert out.assignment is None and out.details == {"skipped": True}
     assert out.note is not None and out.note.startswith("skipped: megatron-core's scheduler cannot be imported")
     assert "pip install 'dhp-planner[megatron]'" in out.note
-    spec = GridSpec(workloads=("video",), ranks=(16,), samples=(32,), seeds=1, repeats=1, memory=False,
-                    profiles=("flexsp-gpt7b",), planners=("megatron",))
+    spec = GridSpec(
+        workloads=("video",),
+        ranks=(16,),
+        samples=(32,),
+        seeds=1,
+        repeats=1,
+        memory=False,
+        profiles=("flexsp-gpt7b",),
+        planners=("megatron",),
+    )
     (record,) = run_grid(spec)["records"]
     assert record["status"] == "skipped" and record["rules"] == "megatron" and "dhp-planner[megatron]" in record["note"]
 
@@ -85,12 +94,21 @@ def test_dhp_as_megatrons_scheduler_is_at_least_as_fast_as_megatrons_own():
 
 
 def test_runner_records_the_rules_and_bounds_each_planner_under_its_own():
-    spec = GridSpec(workloads=("long-text",), ranks=(16,), samples=(48,), seeds=1, repeats=1, memory=False,
-                    profiles=("flexsp-gpt7b",), planners=("static-best", "static-best-megatron"))
+    spec = GridSpec(
+        workloads=("long-text",),
+        ranks=(16,),
+        samples=(48,),
+        seeds=1,
+        repeats=1,
+        memory=False,
+        profiles=("flexsp-gpt7b",),
+        planners=("static-best", "static-best-megatron"),
+    )
     recs = {r["planner"]: r for r in run_grid(spec)["records"]}
     assert recs["static-best"]["rules"] == "default" and recs["static-best-megatron"]["rules"] == "megatron"
-    request = make_request(WORKLOADS["long-text"], 16, 48, 0, spec.budget_ms, resolve_profile("flexsp-gpt7b"),
-                           spec.max_micro_batches)
+    request = make_request(
+        WORKLOADS["long-text"], 16, 48, 0, spec.budget_ms, resolve_profile("flexsp-gpt7b"), spec.max_micro_batches
+    )
     problem = problem_from_json(request)
     for name, options in (("static-best", {}), ("static-best-megatron", {**MEGATRON_RULES, "max_micro_batches": None})):
         r = recs[name]
@@ -104,8 +122,25 @@ def test_runner_records_the_rules_and_bounds_each_planner_under_its_own():
 def test_megatron_suite_writes_its_report(tmp_path, capsys):
     _megatron_core()
     out = tmp_path / "meg"
-    code = main(["bench", "--suite", "megatron", "--workloads", "video", "--ranks", "16", "--samples", "64",
-                 "--seeds", "1", "--profiles", "flexsp-gpt7b", "--out", str(out)])
+    code = main(
+        [
+            "bench",
+            "--suite",
+            "megatron",
+            "--workloads",
+            "video",
+            "--ranks",
+            "16",
+            "--samples",
+            "64",
+            "--seeds",
+            "1",
+            "--profiles",
+            "flexsp-gpt7b",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     for name in ("results.json", "report.md", "megatron.png"):
         assert (out / name).stat().st_size > 0, name

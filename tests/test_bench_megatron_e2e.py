@@ -6,10 +6,18 @@ import pytest
 
 from bench.megatron_e2e import loss_check, parse, profile_degrees, profile_lengths, summarise, table
 
-PACKED = {"time": {"quadratic": 1e-8, "linear": 1e-5, "sample_constant": 1e-4, "group_constant": 4e-3},
-          "comm": {"scheme": "ring", "bytes_per_token": 1536, "bandwidth_bytes_per_s": {"intra": 2e8, "inter": 2e8},
-                   "latency_s": {"intra": 1e-3, "inter": 1e-3}, "group_messages": {"per_step": 6, "fixed": 2}},
-          "capacity_tokens_per_rank": 1024, "source": "synthetic"}
+PACKED = {
+    "time": {"quadratic": 1e-8, "linear": 1e-5, "sample_constant": 1e-4, "group_constant": 4e-3},
+    "comm": {
+        "scheme": "ring",
+        "bytes_per_token": 1536,
+        "bandwidth_bytes_per_s": {"intra": 2e8, "inter": 2e8},
+        "latency_s": {"intra": 1e-3, "inter": 1e-3},
+        "group_messages": {"per_step": 6, "fixed": 2},
+    },
+    "capacity_tokens_per_rank": 1024,
+    "source": "synthetic",
+}
 
 
 def step(predicted, measured, loss=4.5, groups=None, samples=None):
@@ -19,8 +27,16 @@ def step(predicted, measured, loss=4.5, groups=None, samples=None):
     times = [[0.5] * len(mb) for mb in groups]
     guesses = [[0.4] * len(mb) for mb in groups]
     guesses[-1][-1] = 0.6
-    return {"predicted_s": predicted, "measured_s": measured, "loss": loss, "groups": groups, "sample_groups": samples,
-            "group_times_s": times, "group_predicted_s": guesses, "verification": {"ok": True}}
+    return {
+        "predicted_s": predicted,
+        "measured_s": measured,
+        "loss": loss,
+        "groups": groups,
+        "sample_groups": samples,
+        "group_times_s": times,
+        "group_predicted_s": guesses,
+        "verification": {"ok": True},
+    }
 
 
 def record():
@@ -30,16 +46,37 @@ def record():
         "dhp-megatron": {"execution": "per-sample", "steps": [step(0.45, 0.5), step(0.45, 0.5)]},
         "dhp": {"execution": "packed", "steps": [step(0.4, 0.4), step(0.4, 0.4)]},
     }
-    settings = {"procs": 2, "cores": 2, "layers": 2, "hidden": 128, "heads": 8, "kv_heads": 2, "dtype": "float32",
-                "samples": 16, "shortest": 32, "longest": 2048, "seed": 0, "capacity_tokens": 1024, "steps": 2,
-                "warmup": 1}
+    settings = {
+        "procs": 2,
+        "cores": 2,
+        "layers": 2,
+        "hidden": 128,
+        "heads": 8,
+        "kv_heads": 2,
+        "dtype": "float32",
+        "samples": 16,
+        "shortest": 32,
+        "longest": 2048,
+        "seed": 0,
+        "capacity_tokens": 1024,
+        "steps": 2,
+        "warmup": 1,
+    }
     from trainer.per_sample_costs import per_sample_profile
 
-    losses = {"static": {"steps": [{"loss": 4.5}, {"loss": 4.25}], "max_loss_rel_diff": 1e-16},
-              "megatron": {"steps": [{"loss": 4.5 * (1 + 1e-12)}, {"loss": 4.25}], "max_loss_rel_diff": 2e-16}}
+    losses = {
+        "static": {"steps": [{"loss": 4.5}, {"loss": 4.25}], "max_loss_rel_diff": 1e-16},
+        "megatron": {"steps": [{"loss": 4.5 * (1 + 1e-12)}, {"loss": 4.25}], "max_loss_rel_diff": 2e-16},
+    }
     check = {"procs": 4, **loss_check(losses, "float64")}
-    return {"settings": settings, "timing": timing, "profile_source": "synthetic", "barrier_s": 2e-4,
-            "sample_profile": per_sample_profile(PACKED, 2e-4), "check": check}
+    return {
+        "settings": settings,
+        "timing": timing,
+        "profile_source": "synthetic",
+        "barrier_s": 2e-4,
+        "sample_profile": per_sample_profile(PACKED, 2e-4),
+        "check": check,
+    }
 
 
 def test_figures_give_means_errors_and_speedups():

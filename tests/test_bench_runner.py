@@ -14,8 +14,15 @@ from bench.workloads import WORKLOADS, get_workload, load_replay, save_replay
 from optimizer.errors import ProblemError
 from optimizer.problem.documents import batch_from_json
 
-TINY = dict(workloads=("video", "image-sft"), ranks=(8, 16), samples_per_rank=(2,), seeds=1, repeats=1, budget_ms=100.0,
-            planners=("static-deployed", "static-best", "bucket-milp", "dhp-heuristic"))
+TINY = dict(
+    workloads=("video", "image-sft"),
+    ranks=(8, 16),
+    samples_per_rank=(2,),
+    seeds=1,
+    repeats=1,
+    budget_ms=100.0,
+    planners=("static-deployed", "static-best", "bucket-milp", "dhp-heuristic"),
+)
 
 
 def test_generated_batches_respect_the_workload_longest_allowed_sample():
@@ -37,13 +44,16 @@ def test_replay_json_and_csv(tmp_path):
     assert c.max_length == 4000
 
 
-@pytest.mark.parametrize("content,field", [
-    ('{"lengths": []}', "lengths"),
-    ('{"lengths": [10, -3]}', "lengths[1]"),
-    ('{"lengths": [10], "max_length": 5}', "max_length"),
-    ('{"other": 1}', "mine.json"),
-    ("not json", "mine.json"),
-])
+@pytest.mark.parametrize(
+    "content,field",
+    [
+        ('{"lengths": []}', "lengths"),
+        ('{"lengths": [10, -3]}', "lengths[1]"),
+        ('{"lengths": [10], "max_length": 5}', "max_length"),
+        ('{"other": 1}', "mine.json"),
+        ("not json", "mine.json"),
+    ],
+)
 def test_bad_replay_files_name_the_field(tmp_path, content, field):
     (tmp_path / "mine.json").write_text(content)
     with pytest.raises(ProblemError) as exc:
@@ -88,16 +98,34 @@ def test_percentile_is_nearest_rank():
 
 
 def test_fit_exponent_recovers_a_power_law():
-    pts = [{"status": "ok", "samples": s, "wall_ms": [0.01 * s ** 1.5]} for s in (512, 2048, 8192)]
+    pts = [{"status": "ok", "samples": s, "wall_ms": [0.01 * s**1.5]} for s in (512, 2048, 8192)]
     assert fit_exponent(pts + [{"status": "error", "samples": 65536}]) == pytest.approx(1.5)
     assert fit_exponent(pts[:1]) is None
 
 
 def test_dhp_bench_writes_json_markdown_and_plots(tmp_path, capsys):
     out = tmp_path / "res"
-    code = main(["bench", "--out", str(out), "--workloads", "video", "--ranks", "8", "--samples-per-rank", "2", "--seeds", "1",
-                 "--repeats", "1", "--budget-ms", "100",
-                 "--planners", "static-deployed,static-best,static-best-megatron,dhp-heuristic"])
+    code = main(
+        [
+            "bench",
+            "--out",
+            str(out),
+            "--workloads",
+            "video",
+            "--ranks",
+            "8",
+            "--samples-per-rank",
+            "2",
+            "--seeds",
+            "1",
+            "--repeats",
+            "1",
+            "--budget-ms",
+            "100",
+            "--planners",
+            "static-deployed,static-best,static-best-megatron,dhp-heuristic",
+        ]
+    )
     assert code == 0
     for name in ("results.json", "report.md", "speedup.png", "ratio_to_bound.png", "planning_time.png"):
         assert (out / name).stat().st_size > 0, name
@@ -126,17 +154,36 @@ def test_scaling_point_that_runs_out_of_time_is_reported_not_raised():
 
 
 def test_grid_runs_under_several_profiles_with_a_model_that_suits_ulysses():
-    spec = GridSpec(workloads=("image-sft",), ranks=(16,), samples_per_rank=(2,), seeds=1, repeats=1, budget_ms=100.0, memory=False,
-                    planners=("static-best", "dhp-heuristic"), profiles=("analytical", "flexsp-gpt7b", "stress-mixed-gpu"))
+    spec = GridSpec(
+        workloads=("image-sft",),
+        ranks=(16,),
+        samples_per_rank=(2,),
+        seeds=1,
+        repeats=1,
+        budget_ms=100.0,
+        memory=False,
+        planners=("static-best", "dhp-heuristic"),
+        profiles=("analytical", "flexsp-gpt7b", "stress-mixed-gpu"),
+    )
     doc = run_grid(spec)
     recs = doc["records"]
     assert {r["profile"] for r in recs} == {"analytical", "flexsp-gpt7b", "stress-mixed-gpu"}
-    assert all(r["status"] == "ok" for r in recs), [(r["profile"], r["planner"], r.get("note")) for r in recs if r["status"] != "ok"]
+    assert all(r["status"] == "ok" for r in recs), [
+        (r["profile"], r["planner"], r.get("note")) for r in recs if r["status"] != "ok"
+    ]
     by = {(r["profile"], r["planner"]): r["step_time_s"] for r in recs}
-    assert by["flexsp-gpt7b", "dhp-heuristic"] != by["analytical", "dhp-heuristic"]  # planned and scored under another cost model
-    assert by["stress-mixed-gpu", "dhp-heuristic"] != by["flexsp-gpt7b", "dhp-heuristic"]  # A100 half of the cluster is slower
+    assert (
+        by["flexsp-gpt7b", "dhp-heuristic"] != by["analytical", "dhp-heuristic"]
+    )  # planned and scored under another cost model
+    assert (
+        by["stress-mixed-gpu", "dhp-heuristic"] != by["flexsp-gpt7b", "dhp-heuristic"]
+    )  # A100 half of the cluster is slower
     problem = make_problem(WORKLOADS["image-sft"], 16, 32, 0, 100.0, resolve_profile("flexsp-gpt7b"))
-    assert problem.model.llm.heads == 16 and problem.scheme == "ulysses" and problem.cost_profile.capacity_tokens_per_rank == 6449
+    assert (
+        problem.model.llm.heads == 16
+        and problem.scheme == "ulysses"
+        and problem.cost_profile.capacity_tokens_per_rank == 6449
+    )
     mixed = make_problem(WORKLOADS["image-sft"], 16, 32, 0, 100.0, resolve_profile("stress-mixed-gpu"))
     assert [n.gpu.name for n in mixed.cluster.nodes] == ["H100-SXM", "A100-80GB"]
     summary = summarize(doc)
@@ -159,7 +206,9 @@ def test_bench_scores_against_the_best_bound_proven(monkeypatch):
     from optimizer.costs.tables import CostTables
     from solver_models import size_bound
 
-    tables = CostTables.build(make_problem(get_workload("long-text"), 64, 512, 2, 200.0, resolve_profile("flexsp-gpt7b")))
+    tables = CostTables.build(
+        make_problem(get_workload("long-text"), 64, 512, 2, 200.0, resolve_profile("flexsp-gpt7b"))
+    )
     engine = lower_bound(tables)
     value, source = best_bound(tables)
     assert source == "group_sizes" and value == pytest.approx(size_bound.size_bound(tables))

@@ -71,10 +71,14 @@ def _wrong_long_sample(tables: CostTables) -> float:
     others = OtherFill(lengths, least)
     out = 0.0
     for h in range(tables.n_samples):
-        j = int(tables.min_degree_index[h]) + int(np.argmin(t[h, tables.min_degree_index[h]:] * tables.degrees[tables.min_degree_index[h]:]))
+        j = int(tables.min_degree_index[h]) + int(
+            np.argmin(t[h, tables.min_degree_index[h] :] * tables.degrees[tables.min_degree_index[h] :])
+        )
         wait = n * (float(tables.best_group_constants[j]) - b + float(t[h, j]))
         fill = others.without(h, float(tables.rank_capacity.sum()) - float(lengths[h]))
-        out = max(out, fewest_micro_batches(tables) * b + (float(least.sum()) + max(0.0, wait - float(least[h]) - fill)) / n)
+        out = max(
+            out, fewest_micro_batches(tables) * b + (float(least.sum()) + max(0.0, wait - float(least[h]) - fill)) / n
+        )
     return out
 
 
@@ -86,7 +90,9 @@ def test_no_bound_part_exceeds_the_optimum():
             continue
         parts = bound_parts(tables)
         for name, value in parts.items():
-            assert value <= optimum * (1 + 1e-9), f"seed {seed} {tags}: bound part {name} {value} above the optimum {optimum}"
+            assert value <= optimum * (1 + 1e-9), (
+                f"seed {seed} {tags}: bound part {name} {value} above the optimum {optimum}"
+            )
         others = max(v for k, v in parts.items() if k != "long_sample")
         binding_long += parts.get("long_sample", 0.0) > others * 1.001
         binding_speed += "speed" in parts and parts["speed"] >= max(parts.values())
@@ -130,8 +136,14 @@ def test_long_sample_part_matches_a_plain_greedy_reading():
             assert floor * (1 - 1e-12) <= got <= best * (1 + 1e-12)
 
 
-@pytest.mark.parametrize("profile,workload,ranks,seed", [("flexsp-gpt7b", "mixed", 64, 1), ("stress-memory-tight", "mixed", 64, 1),
-                                                          ("stress-mixed-gpu", "image-sft", 64, 1)])
+@pytest.mark.parametrize(
+    "profile,workload,ranks,seed",
+    [
+        ("flexsp-gpt7b", "mixed", 64, 1),
+        ("stress-memory-tight", "mixed", 64, 1),
+        ("stress-mixed-gpu", "image-sft", 64, 1),
+    ],
+)
 def test_raised_bound_stays_below_verified_plans(profile, workload, ranks, seed):
     problem = make_problem(WORKLOADS[workload], ranks, 512, seed, 200.0, resolve_profile(profile), 512, False)
     tables = CostTables.build(problem)
@@ -162,7 +174,9 @@ def test_group_size_lp_never_exceeds_the_optimum(monkeypatch):
         for upper in (math.inf, optimum * 1.5):
             value = sb.size_bound(tables, upper)
             assert value is not None, f"seed {seed} {tags}: no LP bound"
-            assert value <= optimum * (1 + 1e-9), f"seed {seed} {tags}: LP bound {value} above the optimum {optimum} (upper {upper})"
+            assert value <= optimum * (1 + 1e-9), (
+                f"seed {seed} {tags}: LP bound {value} above the optimum {optimum} (upper {upper})"
+            )
         binding += value > max(bound_parts(tables).values()) * 1.001
         with monkeypatch.context() as patched:
             patched.setattr(sb, "HALF", 1 / 3)

@@ -9,7 +9,14 @@ from oracle import brute_force_optimum
 from bench.runner import make_problem
 from bench.workloads import WORKLOADS
 from optimizer.bounds.long_sample import long_sample_bound
-from optimizer.bounds.lower_bounds import _extremes, area_bound, fewest_micro_batches, lower_bound, micro_batch_bound, single_sample_bound
+from optimizer.bounds.lower_bounds import (
+    _extremes,
+    area_bound,
+    fewest_micro_batches,
+    lower_bound,
+    micro_batch_bound,
+    single_sample_bound,
+)
 from optimizer.bounds.speed_bound import speed_weighted_bound
 from optimizer.costs.tables import CostTables
 from optimizer.heuristic.strategies import heuristic_plan
@@ -59,14 +66,25 @@ def reference_area(tables: CostTables, floor: float = 0.0, rel_tol: float = 1e-5
 
 
 def _cases():
-    for workload, ranks, n in [("video", 16, 64), ("video", 64, 512), ("long-text", 32, 200), ("mixed", 16, 300), ("anyres", 8, 100), ("dynamic-res", 128, 700)]:
+    for workload, ranks, n in [
+        ("video", 16, 64),
+        ("video", 64, 512),
+        ("long-text", 32, 200),
+        ("mixed", 16, 300),
+        ("anyres", 8, 100),
+        ("dynamic-res", 128, 700),
+    ]:
         for seed in range(3):
             yield CostTables.build(make_problem(WORKLOADS[workload], ranks, n, seed, 300.0))
     for preset in ("mixed-h100-a100", "a100-8x8", "h100-1x8"):
         for seed in range(2):
             batch = WORKLOADS["video"].batch(96, seed)
             for options in ({}, {"degree_policy": "any"}, {"max_micro_batches": 64}):
-                yield CostTables.build(problem_from_json({"batch": batch, "cluster_preset": preset, "model_preset": "qwen2-vl-7b", "options": options}))
+                yield CostTables.build(
+                    problem_from_json(
+                        {"batch": batch, "cluster_preset": preset, "model_preset": "qwen2-vl-7b", "options": options}
+                    )
+                )
 
 
 def test_bound_equals_the_numpy_reference():
@@ -88,11 +106,22 @@ def test_bound_equals_the_numpy_reference():
 
 def test_micro_batch_bound_is_the_stronger_when_the_per_micro_batch_constant_dominates():
     """Bound 3 against a hand computation: two ranks, three samples that each fill one rank's memory, b large."""
-    profile = {"time": {"quadratic": 0.0, "linear": 1e-3, "sample_constant": 0.0, "group_constant": 5.0},
-               "comm": {"scheme": "ring", "bytes_per_token": 1.0, "bandwidth_bytes_per_s": {"intra": 1e11, "inter": 1e10}},
-               "capacity_tokens_per_rank": 100}
+    profile = {
+        "time": {"quadratic": 0.0, "linear": 1e-3, "sample_constant": 0.0, "group_constant": 5.0},
+        "comm": {"scheme": "ring", "bytes_per_token": 1.0, "bandwidth_bytes_per_s": {"intra": 1e11, "inter": 1e10}},
+        "capacity_tokens_per_rank": 100,
+    }
     batch = {"samples": [{"id": f"s{i}", "text_tokens": 100} for i in range(3)]}
-    tables = CostTables.build(problem_from_json({"batch": batch, "cluster": {"nodes": 1, "gpus_per_node": 2}, "model_preset": "llama3-8b", "profile": profile}))
+    tables = CostTables.build(
+        problem_from_json(
+            {
+                "batch": batch,
+                "cluster": {"nodes": 1, "gpus_per_node": 2},
+                "model_preset": "llama3-8b",
+                "profile": profile,
+            }
+        )
+    )
     # At least 2 micro-batches (300 tokens, 200 per micro-batch): 5 s + S', 2 S' >= 2 x 5 s + 0.3 s of work.
     # The area bound only charges b per 100 tokens of memory: 2 S >= 15 s + 0.3 s.
     assert micro_batch_bound(tables) == pytest.approx(10.15, rel=1e-4)
@@ -108,13 +137,22 @@ def test_long_sample_bound_by_hand():
     """Bound 5 against a hand computation: two ranks of 100 tokens, b = 1 s, attention only; one slow
     sample that fills a rank (2 s alone, 1 s + 0.3 s of transfer on both ranks), three of 50 tokens
     (0.5 s alone) and four of 25 (0.125 s alone)."""
-    profile = {"time": {"quadratic": 2e-4, "linear": 0.0, "sample_constant": 0.0, "group_constant": 1.0},
-               "comm": {"scheme": "ring", "bytes_per_token": 6.0, "bandwidth_bytes_per_s": {"intra": 1e3, "inter": 1e3}},
-               "capacity_tokens_per_rank": 100}
+    profile = {
+        "time": {"quadratic": 2e-4, "linear": 0.0, "sample_constant": 0.0, "group_constant": 1.0},
+        "comm": {"scheme": "ring", "bytes_per_token": 6.0, "bandwidth_bytes_per_s": {"intra": 1e3, "inter": 1e3}},
+        "capacity_tokens_per_rank": 100,
+    }
     lengths = [100, 50, 50, 50, 25, 25, 25, 25]
     samples = [{"id": f"s{i}", "text_tokens": x} for i, x in enumerate(lengths)]
-    problem = problem_from_json({"batch": {"samples": samples}, "cluster": {"nodes": 1, "gpus_per_node": 2}, "model_preset": "llama3-8b",
-                                 "profile": profile, "options": {"max_micro_batches": 4}})
+    problem = problem_from_json(
+        {
+            "batch": {"samples": samples},
+            "cluster": {"nodes": 1, "gpus_per_node": 2},
+            "model_preset": "llama3-8b",
+            "profile": profile,
+            "options": {"max_micro_batches": 4},
+        }
+    )
     tables = CostTables.build(problem)
     fastest, least, _ = _extremes(tables)
     # Two micro-batches at least (350 tokens, 200 per micro-batch) and 4 rank-seconds of least area:
@@ -137,8 +175,14 @@ def test_speed_weighted_bound_holds_for_plans_on_mixed_gpus():
     rose = 0
     for seed in range(4):
         batch = WORKLOADS["video"].batch(48, seed)
-        problem = problem_from_json({"batch": batch, "cluster_preset": "mixed-h100-a100", "model_preset": "qwen2-vl-7b",
-                                     "options": {"deterministic": True, "time_budget_ms": 300}})
+        problem = problem_from_json(
+            {
+                "batch": batch,
+                "cluster_preset": "mixed-h100-a100",
+                "model_preset": "qwen2-vl-7b",
+                "options": {"deterministic": True, "time_budget_ms": 300},
+            }
+        )
         tables = CostTables.build(problem)
         speed = speed_weighted_bound(tables, fewest_micro_batches(tables))
         assert speed is not None

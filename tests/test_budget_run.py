@@ -32,8 +32,12 @@ BUDGET_MS = 150.0
 
 
 def problem(n: int = 48, nodes: int = 2, per_node: int = 8, **options):
-    doc = {"batch": WORKLOADS["video"](n, seed=1), "cluster": {"nodes": nodes, "gpus_per_node": per_node}, "model_preset": "qwen2-vl-7b",
-           "options": {"backend": "cpsat", "time_budget_ms": BUDGET_MS, **options}}
+    doc = {
+        "batch": WORKLOADS["video"](n, seed=1),
+        "cluster": {"nodes": nodes, "gpus_per_node": per_node},
+        "model_preset": "qwen2-vl-7b",
+        "options": {"backend": "cpsat", "time_budget_ms": BUDGET_MS, **options},
+    }
     return problem_from_json(doc)
 
 
@@ -77,7 +81,9 @@ def test_a_backend_that_ignores_its_deadline_is_stopped_there(deaf):
     assert result.solver.status == "stopped" and result.solver.backend == "cpsat"
     assert "stopped at the deadline" in result.solver.fallback_reason
     assert verify(result, p).ok
-    assert result.predicted_step_time_s == pytest.approx(result.solver.trace[0].objective_s)  # the heuristic's plan, the best found
+    assert result.predicted_step_time_s == pytest.approx(
+        result.solver.trace[0].objective_s
+    )  # the heuristic's plan, the best found
 
 
 def test_a_stuck_backend_is_not_started_again_while_its_stopped_solves_run(deaf):
@@ -120,9 +126,21 @@ def test_only_deterministic_plans_wait_for_a_late_answer(deterministic):
 
 def _hard_case(mode: str):
     if mode == "full":  # 12 samples on 8 ranks: one whole model, none of the solvers proves it within seconds
-        p = problem_from_json({"batch": WORKLOADS["image-sft"](12, seed=1), "cluster": {"nodes": 1, "gpus_per_node": 8}, "model_preset": "qwen2-vl-7b"})
+        p = problem_from_json(
+            {
+                "batch": WORKLOADS["image-sft"](12, seed=1),
+                "cluster": {"nodes": 1, "gpus_per_node": 8},
+                "model_preset": "qwen2-vl-7b",
+            }
+        )
     else:
-        p = problem_from_json({"batch": WORKLOADS["image-sft"](24, seed=1), "cluster": {"nodes": 2, "gpus_per_node": 8}, "model_preset": "qwen2-vl-7b"})
+        p = problem_from_json(
+            {
+                "batch": WORKLOADS["image-sft"](24, seed=1),
+                "cluster": {"nodes": 2, "gpus_per_node": 8},
+                "model_preset": "qwen2-vl-7b",
+            }
+        )
     tables = CostTables.build(p)
     assert (full_model_pairs(tables) <= FULL_MODEL_PAIRS) == (mode == "full")
     return tables, heuristic_plan(tables)
@@ -136,7 +154,9 @@ def test_builtin_backends_end_their_work_when_stopped(name, mode):
     tables, hint = _hard_case(mode)
     now = time.perf_counter()
     # Left alone, the solve would run its full 4 s (measured for every case here); it is stopped after 0.3 s.
-    watched = solve_watch.solve_watched(name, builtin_backends()[name], tables, hint, now + 4.0, now + 0.3, None, time.perf_counter)
+    watched = solve_watch.solve_watched(
+        name, builtin_backends()[name], tables, hint, now + 4.0, now + 0.3, None, time.perf_counter
+    )
     assert watched.stopped
     assert solve_watch.settle(2.0), f"{name} ({mode}) still running 2 s after it was stopped"
 
@@ -159,15 +179,21 @@ def test_a_solver_limit_counts_the_building_of_its_model(name):
 def test_a_small_budget_run_gives_valid_plans_only(tmp_path: Path, deaf):
     records, summary = budget_run.run(4, seed=11, show_progress=False)
     drawn = (budget_run.draw_case(i, 11) for i in range(100))
-    case = next(c for c in drawn if c.backend == "cpsat" and c.budget_ms >= 200.0)  # time left for the solver after the heuristic
+    case = next(
+        c for c in drawn if c.backend == "cpsat" and c.budget_ms >= 200.0
+    )  # time left for the solver after the heuristic
     records.append(budget_run.run_python(case, backends={"cpsat": deaf}))
     records.append(budget_run.run_cli(budget_run.draw_case(5, 11), tmp_path))
     summary = budget_run.summarise(records, 20.0)
-    assert summary["invalid"] == 0 and summary["errors"] == 0, [r.note for r in records if r.outcome != "plan" or r.valid is False]
+    assert summary["invalid"] == 0 and summary["errors"] == 0, [
+        r.note for r in records if r.outcome != "plan" or r.valid is False
+    ]
     assert summary["plans"] + summary["refused"] == len(records) == 6
     assert records[4].solver_status == "stopped"
     assert records[5].via == "cli" and not math.isnan(records[5].wall_ms)
-    assert all(r.plan_ms is not None and r.plan_ms <= r.wall_ms for r in records[:5])  # the plan's own clock, inside the call's
+    assert all(
+        r.plan_ms is not None and r.plan_ms <= r.wall_ms for r in records[:5]
+    )  # the plan's own clock, inside the call's
     assert sum(v["calls"] for v in summary["by_backend"].values()) == 6
 
 
@@ -176,7 +202,13 @@ def test_a_neighbourhood_whose_hinted_times_pass_the_bound_still_solves():
     incumbent's bound: HiGHS then starts without the hint instead of failing every round."""
     if "highs" not in available_backends():
         pytest.skip("highs is not installed")
-    p = problem_from_json({"batch": WORKLOADS["image-sft"](600, seed=0), "cluster": {"nodes": 16, "gpus_per_node": 8}, "model_preset": "qwen2-vl-7b"})
+    p = problem_from_json(
+        {
+            "batch": WORKLOADS["image-sft"](600, seed=0),
+            "cluster": {"nodes": 16, "gpus_per_node": 8},
+            "model_preset": "qwen2-vl-7b",
+        }
+    )
     tables = CostTables.build(p)
     result = builtin_backends()["highs"].solve(tables, p.options, heuristic_plan(tables), time.perf_counter() + 0.6)
     assert result.details["mode"] == "lns" and result.details["rounds"] >= 1

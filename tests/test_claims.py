@@ -31,11 +31,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _tiny(nodes: int, per_node: int, lengths: list[int], **options):
-    profile = {"time": {"quadratic": 2e-10, "linear": 5e-5, "sample_constant": 1e-3, "group_constant": 5e-3},
-               "comm": {"scheme": "ring", "bytes_per_token": 1.5e5, "bandwidth_bytes_per_s": {"intra": 3e11, "inter": 2.5e10}},
-               "capacity_tokens_per_rank": 4000}
-    return problem_from_json({"batch": {"samples": [{"id": f"s{i}", "text_tokens": n} for i, n in enumerate(lengths)]},
-                              "cluster": {"nodes": nodes, "gpus_per_node": per_node}, "profile": profile, "options": options})
+    profile = {
+        "time": {"quadratic": 2e-10, "linear": 5e-5, "sample_constant": 1e-3, "group_constant": 5e-3},
+        "comm": {"scheme": "ring", "bytes_per_token": 1.5e5, "bandwidth_bytes_per_s": {"intra": 3e11, "inter": 2.5e10}},
+        "capacity_tokens_per_rank": 4000,
+    }
+    return problem_from_json(
+        {
+            "batch": {"samples": [{"id": f"s{i}", "text_tokens": n} for i, n in enumerate(lengths)]},
+            "cluster": {"nodes": nodes, "gpus_per_node": per_node},
+            "profile": profile,
+            "options": options,
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +64,7 @@ def test_a_spanning_slot_is_decoded_onto_two_nodes():
     s = spanning[0].slots[0]
     x = {(q, s): model.item_count(q) for q in range(len(model.items)) if (q, s) in {(a, b) for a, b, _ in model.arcs}}
     groups = model.decode(x)
-    (ranks, _), = groups[0]
+    ((ranks, _),) = groups[0]
     assert len({int(tables.rank_node[r]) for r in ranks}) == 2, ranks
 
 
@@ -102,7 +110,9 @@ t = CostTables.build(p)
 h = heuristic_plan(t)
 print([PulpBackend("highs").solve(t, replace(p.options, solver_workers=w), h, time.perf_counter() + 5).status for w in (1, 2, 1)])
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, check=True
+    )
     assert out.stdout.strip().splitlines()[-1] == "['optimal', 'optimal', 'optimal']"
 
 
@@ -145,11 +155,15 @@ t = time.perf_counter()
 r = plan(p)
 print(json.dumps({"wall_ms": (time.perf_counter() - t) * 1000.0, "ortools": "ortools.sat.python.cp_model" in sys.modules, "backend": r.solver.backend}))
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, check=True
+    )
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert not report["ortools"], report
     assert report["backend"] in ("highs", "cbc", "heuristic"), report
-    assert report["wall_ms"] < 200.0 + 150.0, report  # generous for a shared machine; loading OR-Tools alone took 357 to 661 ms
+    assert report["wall_ms"] < 200.0 + 150.0, (
+        report
+    )  # generous for a shared machine; loading OR-Tools alone took 357 to 661 ms
 
 
 # Instances where the heuristic finds no packing though plans exist (found with bench/oracle_gap.py;
@@ -195,5 +209,9 @@ def test_no_refuted_claim_on_tiny_instances(solvers):
     for name, got in outcomes.items():
         s = summarise(got)
         for claim in ("bound_above", "false_optimal", "false_infeasible", "below_optimum", "unverified"):
-            assert s[claim] == 0, (name, claim, [(o.optimum, o.step, o.bound, o.status, o.message) for o in got if o.flags()[claim]])
+            assert s[claim] == 0, (
+                name,
+                claim,
+                [(o.optimum, o.step, o.bound, o.status, o.message) for o in got if o.flags()[claim]],
+            )
     assert summarise(outcomes["cpsat"])["reached_rate"] >= 0.9

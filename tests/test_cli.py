@@ -22,38 +22,97 @@ def run(capsys, *argv):
 
 
 def test_plan_prints_the_plan_json(capsys, tmp_path):
-    code, out, _ = run(capsys, "plan", "--batch", str(EXAMPLES / "batch_small.json"), "--cluster-preset", "h100-8x8",
-                       "--model-preset", "qwen2-vl-7b", "--backend", "heuristic")
+    code, out, _ = run(
+        capsys,
+        "plan",
+        "--batch",
+        str(EXAMPLES / "batch_small.json"),
+        "--cluster-preset",
+        "h100-8x8",
+        "--model-preset",
+        "qwen2-vl-7b",
+        "--backend",
+        "heuristic",
+    )
     assert code == 0
     doc = json.loads(out)
-    assert {"micro_batches", "predicted_step_time_s", "lower_bound_s", "solver", "communicators", "static_baseline"} <= set(doc)
+    assert {
+        "micro_batches",
+        "predicted_step_time_s",
+        "lower_bound_s",
+        "solver",
+        "communicators",
+        "static_baseline",
+    } <= set(doc)
     assert {"backend", "status", "wall_ms"} <= set(doc["solver"])
     group = doc["micro_batches"][0]["groups"][0]
     assert group["ranks"] and group["samples"] and group["shards"][0]["ranges"]
     # The printed plan validates against the same inputs.
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(out)
-    code, out, _ = run(capsys, "validate", "--plan", str(plan_file), "--batch", str(EXAMPLES / "batch_small.json"),
-                       "--cluster-preset", "h100-8x8", "--model-preset", "qwen2-vl-7b")
+    code, out, _ = run(
+        capsys,
+        "validate",
+        "--plan",
+        str(plan_file),
+        "--batch",
+        str(EXAMPLES / "batch_small.json"),
+        "--cluster-preset",
+        "h100-8x8",
+        "--model-preset",
+        "qwen2-vl-7b",
+    )
     assert code == 0 and out.startswith("valid")
     # A tampered plan does not.
     doc["micro_batches"][0]["groups"][0]["samples"] = []
     plan_file.write_text(json.dumps(doc))
-    code, out, _ = run(capsys, "validate", "--plan", str(plan_file), "--batch", str(EXAMPLES / "batch_small.json"),
-                       "--cluster-preset", "h100-8x8", "--model-preset", "qwen2-vl-7b")
+    code, out, _ = run(
+        capsys,
+        "validate",
+        "--plan",
+        str(plan_file),
+        "--batch",
+        str(EXAMPLES / "batch_small.json"),
+        "--cluster-preset",
+        "h100-8x8",
+        "--model-preset",
+        "qwen2-vl-7b",
+    )
     assert code == 1 and "not planned" in out
 
 
 def test_summary_and_shorthand_cluster(capsys):
-    code, out, _ = run(capsys, "plan", "--batch", str(EXAMPLES / "batch_image_64.json"), "--nodes", "2", "--gpus-per-node", "8",
-                       "--model-preset", "internvl2-8b", "--summary", "--backend", "heuristic")
+    code, out, _ = run(
+        capsys,
+        "plan",
+        "--batch",
+        str(EXAMPLES / "batch_image_64.json"),
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "8",
+        "--model-preset",
+        "internvl2-8b",
+        "--summary",
+        "--backend",
+        "heuristic",
+    )
     assert code == 0
     assert "predicted step" in out and "lower bound" in out and "micro-batch 0" in out
 
 
 def test_profile_file_is_used_as_given(capsys):
-    code, out, _ = run(capsys, "plan", "--batch", str(EXAMPLES / "batch_small.json"), "--cluster-preset", "h100-8x8",
-                       "--profile", str(EXAMPLES / "profile.json"), "--show-profile")
+    code, out, _ = run(
+        capsys,
+        "plan",
+        "--batch",
+        str(EXAMPLES / "batch_small.json"),
+        "--cluster-preset",
+        "h100-8x8",
+        "--profile",
+        str(EXAMPLES / "profile.json"),
+        "--show-profile",
+    )
     assert code == 0
     given = json.loads((EXAMPLES / "profile.json").read_text())
     shown = json.loads(out)
@@ -73,7 +132,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, content, needle):
     batch = tmp_path / "batch.json"
     if content is not None:
         batch.write_text(content)
-    proc = subprocess.run([sys.executable, "-m", "api.commands", "plan", "--batch", str(batch)], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "api.commands", "plan", "--batch", str(batch)], capture_output=True, text=True, cwd=ROOT
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in proc.stderr
@@ -124,19 +185,31 @@ def test_every_bad_input_file_is_one_line_and_exit_2(tmp_path, flag, content, ne
 
 
 def test_output_into_a_missing_folder_is_exit_4(tmp_path):
-    _one_line(_dhp("plan", "--batch", OK_BATCH, *PRESETS, "--out", str(tmp_path / "missing" / "plan.json")), 4, "cannot write")
+    _one_line(
+        _dhp("plan", "--batch", OK_BATCH, *PRESETS, "--out", str(tmp_path / "missing" / "plan.json")), 4, "cannot write"
+    )
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full to stand for a full disk")
 def test_a_full_disk_is_exit_4():
     _one_line(_dhp("plan", "--batch", OK_BATCH, *PRESETS, "--out", "/dev/full"), 4, "No space left")
     with open("/dev/full", "w") as full:
-        proc = subprocess.run([sys.executable, "-m", "api.commands", "plan", "--batch", OK_BATCH, *PRESETS], stdout=full, stderr=subprocess.PIPE, cwd=ROOT)
+        proc = subprocess.run(
+            [sys.executable, "-m", "api.commands", "plan", "--batch", OK_BATCH, *PRESETS],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
+        )
     _one_line(proc, 4, "No space left")
 
 
 def test_a_closed_standard_output_is_exit_4_not_a_lost_plan():
-    proc = subprocess.run(f"{sys.executable} -m api.commands plan --batch {OK_BATCH} {' '.join(PRESETS)} >&-", shell=True, stderr=subprocess.PIPE, cwd=ROOT)
+    proc = subprocess.run(
+        f"{sys.executable} -m api.commands plan --batch {OK_BATCH} {' '.join(PRESETS)} >&-",
+        shell=True,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
     _one_line(proc, 4, "standard output is closed")
 
 

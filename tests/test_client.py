@@ -60,7 +60,10 @@ def test_retries_with_backoff_then_succeeds(kind):
 
 
 def test_honours_retry_after_on_503(kind):
-    answers = [httpx.Response(503, headers={"Retry-After": "1"}, json={"title": "busy"}), httpx.Response(201, json={"id": "x", "status": "done"})]
+    answers = [
+        httpx.Response(503, headers={"Retry-After": "1"}, json={"title": "busy"}),
+        httpx.Response(201, json={"id": "x", "status": "done"}),
+    ]
     client, sleeps = mock_client(lambda request: answers.pop(0), kind)
     assert call(client.plan(small_request(n=2)))["id"] == "x"
     assert sleeps == [1.0]
@@ -71,8 +74,15 @@ def test_request_errors_are_not_retried_and_name_the_field(kind):
 
     def handler(request):
         calls.append(request)
-        return httpx.Response(422, json={"title": "Invalid planning request", "detail": "must be >= 0", "field": "batch.samples[0].text_tokens",
-                                         "hint": "give the number of text tokens."})
+        return httpx.Response(
+            422,
+            json={
+                "title": "Invalid planning request",
+                "detail": "must be >= 0",
+                "field": "batch.samples[0].text_tokens",
+                "hint": "give the number of text tokens.",
+            },
+        )
 
     client, _ = mock_client(handler, kind)
     with pytest.raises(PlannerServiceError) as info:
@@ -127,7 +137,9 @@ def test_against_a_real_server(tmp_path):
             assert client.result(ahead, wait_ms=20_000)["status"] == "done"
             shape = [[0.1] * len(mb["groups"]) for mb in plan["micro_batches"]]
             fb = client.feedback(plan["id"], 1.25, group_times_s=shape, step=3)
-            assert fb["measured_step_time_s"] == 1.25 and fb["predicted_step_time_s"] == pytest.approx(plan["predicted_step_time_s"])
+            assert fb["measured_step_time_s"] == 1.25 and fb["predicted_step_time_s"] == pytest.approx(
+                plan["predicted_step_time_s"]
+            )
             with pytest.raises(PlannerServiceError) as info:
                 client.plan({**req, "cluster": {"nodes": -1}})
             assert info.value.field == "cluster.nodes"
@@ -137,19 +149,27 @@ def test_against_a_real_server(tmp_path):
 
 
 def test_importable_without_the_web_stack():
-    code = ("import sys\n"
-            "for m in ('fastapi', 'starlette', 'sqlalchemy', 'pydantic', 'pydantic_settings', 'uvicorn', 'alembic', 'prometheus_client'):\n"
-            "    sys.modules[m] = None\n"
-            "from api.client import AsyncPlannerClient, PlannerClient\n"
-            "print(PlannerClient.__name__, AsyncPlannerClient.__name__)\n")
+    code = (
+        "import sys\n"
+        "for m in ('fastapi', 'starlette', 'sqlalchemy', 'pydantic', 'pydantic_settings', 'uvicorn', 'alembic', 'prometheus_client'):\n"
+        "    sys.modules[m] = None\n"
+        "from api.client import AsyncPlannerClient, PlannerClient\n"
+        "print(PlannerClient.__name__, AsyncPlannerClient.__name__)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "PlannerClient AsyncPlannerClient"
 
 
 def test_a_failed_plan_ahead_raises_from_result(kind):
-    error = {"type": "https://dhp-planner.dev/problems/infeasible", "title": "No plan satisfies the request", "status": 422,
-             "detail": "sample 'x' does not fit", "field": "batch.samples", "hint": "use more ranks."}
+    error = {
+        "type": "https://dhp-planner.dev/problems/infeasible",
+        "title": "No plan satisfies the request",
+        "status": 422,
+        "detail": "sample 'x' does not fit",
+        "field": "batch.samples",
+        "hint": "use more ranks.",
+    }
 
     def handler(request):
         if request.method == "POST":
@@ -207,7 +227,11 @@ def test_feedback_is_kept_while_the_service_is_down_and_sent_later(kind):
     assert len(client.unsent_feedback) == 2
     up[0] = True
     assert call(client.feedback("p3", 1.7, step=3)) == {"id": 3}
-    assert [path for path, _ in delivered] == ["/v1/plans/p1/feedback", "/v1/plans/p2/feedback", "/v1/plans/p3/feedback"]
+    assert [path for path, _ in delivered] == [
+        "/v1/plans/p1/feedback",
+        "/v1/plans/p2/feedback",
+        "/v1/plans/p3/feedback",
+    ]
     assert not client.unsent_feedback
 
 
@@ -233,7 +257,9 @@ def test_async_client_against_a_real_server(tmp_path):
     async def session(url):
         async with AsyncPlannerClient(url, local_fallback=True) as client:
             req = small_request(n=10, seed=2)
-            plans = await asyncio.gather(*(client.plan(small_request(n=10, seed=s)) for s in (2, 3)))  # concurrent calls share the client
+            plans = await asyncio.gather(
+                *(client.plan(small_request(n=10, seed=s)) for s in (2, 3))
+            )  # concurrent calls share the client
             plan = plans[0]
             assert plan["status"] == "done" and not plan["id"].startswith("local-")
             assert_verified(plan, req)
@@ -241,7 +267,9 @@ def test_async_client_against_a_real_server(tmp_path):
             assert (await client.result(ahead, wait_ms=20_000))["status"] == "done"
             shape = [[0.1] * len(mb["groups"]) for mb in plan["micro_batches"]]
             fb = await client.feedback(plan["id"], 1.25, group_times_s=shape, step=3)
-            assert fb["measured_step_time_s"] == 1.25 and fb["predicted_step_time_s"] == pytest.approx(plan["predicted_step_time_s"])
+            assert fb["measured_step_time_s"] == 1.25 and fb["predicted_step_time_s"] == pytest.approx(
+                plan["predicted_step_time_s"]
+            )
             with pytest.raises(PlannerServiceError) as info:
                 await client.plan({**req, "cluster": {"nodes": -1}})
             assert info.value.field == "cluster.nodes"

@@ -55,9 +55,16 @@ def test_planner_settings_are_real_and_safe(compose):
     assert ":?" in env["DHP_TOKENS"]  # compose refuses to start without tokens
     pg = compose["services"]["postgres"]["environment"]
     url = env["DATABASE_URL"]
-    assert url.startswith("postgresql+psycopg://") and "@postgres:5432/" in url and url.endswith("/" + pg["POSTGRES_DB"])
+    assert (
+        url.startswith("postgresql+psycopg://") and "@postgres:5432/" in url and url.endswith("/" + pg["POSTGRES_DB"])
+    )
     # The settings accept this URL and refuse the same deployment without tokens.
-    Settings(environment="production", host="0.0.0.0", tokens="t" * 32, database_url="postgresql+psycopg://dhp:dhp@postgres:5432/dhp")
+    Settings(
+        environment="production",
+        host="0.0.0.0",
+        tokens="t" * 32,
+        database_url="postgresql+psycopg://dhp:dhp@postgres:5432/dhp",
+    )
     with pytest.raises(ValueError):
         Settings(environment="production", host="0.0.0.0", tokens="")
 
@@ -75,7 +82,9 @@ def test_nginx_balances_over_the_planner(compose):
     assert conf.count("{") == conf.count("}")
     size = re.search(r"client_max_body_size (\d+)m;", conf)
     # Above the service's limit: the service answers a large body with its own 413 document; beyond, nginx's is a problem document too.
-    assert size and int(size.group(1)) * 1024 * 1024 > int(compose["services"]["planner"]["environment"]["DHP_MAX_BODY_BYTES"])
+    assert size and int(size.group(1)) * 1024 * 1024 > int(
+        compose["services"]["planner"]["environment"]["DHP_MAX_BODY_BYTES"]
+    )
     assert "error_page 413 @body_too_large;" in conf and "application/problem+json" in conf
 
 

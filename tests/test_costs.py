@@ -15,7 +15,11 @@ from optimizer.problem.documents import cluster_from_json, model_from_json, prob
 
 PROFILE = {
     "time": {"quadratic": 1e-9, "linear": 1e-5, "sample_constant": 1e-3, "group_constant": 2e-3},
-    "comm": {"scheme": "ring", "bytes_per_token": 1000.0, "bandwidth_bytes_per_s": {"intra": 1e9, "inter": {"2": 5e8, "4": 2.5e8}}},
+    "comm": {
+        "scheme": "ring",
+        "bytes_per_token": 1000.0,
+        "bandwidth_bytes_per_s": {"intra": 1e9, "inter": {"2": 5e8, "4": 2.5e8}},
+    },
     "capacity_tokens_per_rank": 4096,
 }
 
@@ -40,7 +44,10 @@ def test_bandwidth_table_lookup():
 
 
 def test_ulysses_and_overlap():
-    doc = dict(PROFILE, comm={"scheme": "ulysses", "bytes_per_token": 1000.0, "bandwidth_bytes_per_s": {"intra": 1e9, "inter": 1e9}})
+    doc = dict(
+        PROFILE,
+        comm={"scheme": "ulysses", "bytes_per_token": 1000.0, "bandwidth_bytes_per_s": {"intra": 1e9, "inter": 1e9}},
+    )
     p = profile_from_json(doc)
     L, d = 2000, 4
     compute = (1e-9 * L * L + 1e-5 * L) / d + 1e-3
@@ -51,8 +58,13 @@ def test_ulysses_and_overlap():
 
 
 def test_tables_match_scalar_formula():
-    problem = problem_from_json({"batch": {"samples": [{"id": f"s{i}", "text_tokens": t} for i, t in enumerate([100, 5000, 30000])]},
-                                 "cluster": {"nodes": 2, "gpus_per_node": 4}, "profile": PROFILE})
+    problem = problem_from_json(
+        {
+            "batch": {"samples": [{"id": f"s{i}", "text_tokens": t} for i, t in enumerate([100, 5000, 30000])]},
+            "cluster": {"nodes": 2, "gpus_per_node": 4},
+            "profile": PROFILE,
+        }
+    )
     tables = CostTables.build(problem)
     for intra in (True, False):
         m = tables.time_matrix(intra)
@@ -61,7 +73,9 @@ def test_tables_match_scalar_formula():
                 assert m[i, j] == pytest.approx(sample_time(problem.cost_profile, int(L), 0.0, int(d), intra))
     # Group time: b + sum of the samples' times.
     g = tables.group_time([0, 2], (0, 1))
-    assert g == pytest.approx(2e-3 + sample_time(problem.cost_profile, 100, 0, 2, True) + sample_time(problem.cost_profile, 30000, 0, 2, True))
+    assert g == pytest.approx(
+        2e-3 + sample_time(problem.cost_profile, 100, 0, 2, True) + sample_time(problem.cost_profile, 30000, 0, 2, True)
+    )
 
 
 def test_analytical_profile_by_hand():
@@ -83,10 +97,18 @@ def test_analytical_profile_by_hand():
 
 
 def test_vision_tokens_from_pixels_and_frames():
-    problem = problem_from_json({"batch": {"samples": [
-        {"id": "img", "text_tokens": 10, "images": [{"width": 448, "height": 448}]},
-        {"id": "vid", "text_tokens": 5, "videos": [{"frames": 8, "tokens_per_frame": 196}]},
-    ]}, "model_preset": "qwen2-vl-7b", "cluster_preset": "h100-1x8"})
+    problem = problem_from_json(
+        {
+            "batch": {
+                "samples": [
+                    {"id": "img", "text_tokens": 10, "images": [{"width": 448, "height": 448}]},
+                    {"id": "vid", "text_tokens": 5, "videos": [{"frames": 8, "tokens_per_frame": 196}]},
+                ]
+            },
+            "model_preset": "qwen2-vl-7b",
+            "cluster_preset": "h100-1x8",
+        }
+    )
     a, b = problem.batch.samples
     assert a.length == 10 + (448 // 28) ** 2  # Qwen2-VL: one token per 28x28 pixels
     assert b.length == 5 + 8 * 196
@@ -119,19 +141,48 @@ def _numpy_matrix(tables: CostTables, intra: bool, speed: float) -> np.ndarray:
 def _table_cases():
     from optimizer.problem.workloads import WORKLOADS
 
-    overlap_off = dict(PROFILE, comm={**PROFILE["comm"], "latency_s": {"intra": 3e-6, "inter": 2e-5}, "messages_per_step": 7})
-    overlap_on = dict(PROFILE, comm={**PROFILE["comm"], "overlap_with_attention": True},
-                      time={**PROFILE["time"], "vision_linear": 1e-6, "vision_quadratic": 1e-10}, speed_by_gpu={"A100-80GB": 0.4})
-    ulysses = dict(PROFILE, comm={"scheme": "ulysses", "bytes_per_token": 700.0, "bandwidth_bytes_per_s": {"intra": 3e9, "inter": 4e8}})
+    overlap_off = dict(
+        PROFILE, comm={**PROFILE["comm"], "latency_s": {"intra": 3e-6, "inter": 2e-5}, "messages_per_step": 7}
+    )
+    overlap_on = dict(
+        PROFILE,
+        comm={**PROFILE["comm"], "overlap_with_attention": True},
+        time={**PROFILE["time"], "vision_linear": 1e-6, "vision_quadratic": 1e-10},
+        speed_by_gpu={"A100-80GB": 0.4},
+    )
+    ulysses = dict(
+        PROFILE,
+        comm={"scheme": "ulysses", "bytes_per_token": 700.0, "bandwidth_bytes_per_s": {"intra": 3e9, "inter": 4e8}},
+    )
     yield {"batch": WORKLOADS["video"](48, seed=1), "cluster_preset": "h100-8x8", "model_preset": "qwen2-vl-7b"}
     yield {"batch": WORKLOADS["mixed"](60, seed=2), "cluster_preset": "mixed-h100-a100", "model_preset": "qwen2-vl-7b"}
-    yield {"batch": WORKLOADS["image-sft"](40, seed=3), "cluster_preset": "ascend910b-8x8", "model_preset": "internvl2-8b",
-           "options": {"cp_scheme": "ulysses", "degree_policy": "any"}}
-    trainer = dict(PROFILE, time={**PROFILE["time"], "sample_step": 3e-4, "step_constant": 0.02},
-                   comm={**PROFILE["comm"], "latency_s": {"intra": 3e-6, "inter": 2e-5}, "group_messages": {"per_step": 6, "fixed": 2}, "padded_bytes": True})
-    trainer_ulysses = dict(trainer, comm={**ulysses["comm"], "padded_bytes": True, "messages_per_step": 2, "messages_fixed": 3,
-                                          "latency_s": {"intra": 1e-6, "inter": 1e-5}},
-                           speed_by_gpu={"A100-80GB": 0.4})
+    yield {
+        "batch": WORKLOADS["image-sft"](40, seed=3),
+        "cluster_preset": "ascend910b-8x8",
+        "model_preset": "internvl2-8b",
+        "options": {"cp_scheme": "ulysses", "degree_policy": "any"},
+    }
+    trainer = dict(
+        PROFILE,
+        time={**PROFILE["time"], "sample_step": 3e-4, "step_constant": 0.02},
+        comm={
+            **PROFILE["comm"],
+            "latency_s": {"intra": 3e-6, "inter": 2e-5},
+            "group_messages": {"per_step": 6, "fixed": 2},
+            "padded_bytes": True,
+        },
+    )
+    trainer_ulysses = dict(
+        trainer,
+        comm={
+            **ulysses["comm"],
+            "padded_bytes": True,
+            "messages_per_step": 2,
+            "messages_fixed": 3,
+            "latency_s": {"intra": 1e-6, "inter": 1e-5},
+        },
+        speed_by_gpu={"A100-80GB": 0.4},
+    )
     for profile in (overlap_off, overlap_on, ulysses, trainer, trainer_ulysses):
         yield {"batch": WORKLOADS["dynamic-res"](30, seed=4), "cluster_preset": "mixed-h100-a100", "profile": profile}
 
@@ -146,10 +197,17 @@ def test_compiled_matrices_equal_numpy_to_the_bit(case):
             m = tables.time_matrix(intra, speed)
             assert np.array_equal(m, _numpy_matrix(tables, intra, speed))
             for i in range(0, tables.n_samples, 7):  # the scalar formula, to the last bit
-                assert m[i].tolist() == [sample_time(tables.profile, int(tables.lengths[i]), float(tables.vision[i]), int(d), intra, speed) for d in tables.degrees]
+                assert m[i].tolist() == [
+                    sample_time(tables.profile, int(tables.lengths[i]), float(tables.vision[i]), int(d), intra, speed)
+                    for d in tables.degrees
+                ]
     fast = float(tables.rank_speed.max())
     fits = (tables.degrees <= tables.node_size)[None, :]
-    expected = np.where(fits, np.minimum(_numpy_matrix(tables, True, fast), _numpy_matrix(tables, False, fast)), _numpy_matrix(tables, False, fast))
+    expected = np.where(
+        fits,
+        np.minimum(_numpy_matrix(tables, True, fast), _numpy_matrix(tables, False, fast)),
+        _numpy_matrix(tables, False, fast),
+    )
     some = [len(tables.degrees) - 1, 0, len(tables.degrees) // 2]
     assert np.array_equal(tables.best_time_columns(some), expected[:, some].T)  # before the table exists
     assert "best_time" not in tables.__dict__
@@ -158,4 +216,6 @@ def test_compiled_matrices_equal_numpy_to_the_bit(case):
     from optimizer.costs.tables import vision_work
 
     assert np.array_equal(tables.vision, [vision_work(tables.profile, s) for s in tables.problem.batch.samples])
-    assert tables.rank_speed.tolist() == [tables.profile.speed_for(tables.problem.cluster.rank_gpu(r).name) for r in range(tables.n_ranks)]
+    assert tables.rank_speed.tolist() == [
+        tables.profile.speed_for(tables.problem.cluster.rank_gpu(r).name) for r in range(tables.n_ranks)
+    ]

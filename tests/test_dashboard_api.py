@@ -33,8 +33,12 @@ def filled(tmp_path_factory):
     """A service with plans of several backends, budgets and profiles, and feedback on some of them."""
     app = create_app(Settings(data_dir=tmp_path_factory.mktemp("dash"), queue_limit=16))
     with TestClient(app) as client:
-        specs = [dict(n=16, seed=0, backend="heuristic", time_budget_ms=100), dict(n=24, seed=1, backend="heuristic", time_budget_ms=300),
-                 dict(n=20, seed=2, backend="highs", time_budget_ms=150), dict(n=12, seed=3, workload="long-text", backend="heuristic")]
+        specs = [
+            dict(n=16, seed=0, backend="heuristic", time_budget_ms=100),
+            dict(n=24, seed=1, backend="heuristic", time_budget_ms=300),
+            dict(n=20, seed=2, backend="highs", time_budget_ms=150),
+            dict(n=12, seed=3, workload="long-text", backend="heuristic"),
+        ]
         plans = []
         for spec in specs:
             spec = dict(spec)
@@ -51,7 +55,9 @@ def filled(tmp_path_factory):
         for pid, factors in measured.items():
             pred = next(p for p in plans if p["id"] == pid)["predicted_step_time_s"]
             for f in factors:
-                assert client.post(f"/v1/plans/{pid}/feedback", json={"measured_step_time_s": pred * f}).status_code == 201
+                assert (
+                    client.post(f"/v1/plans/{pid}/feedback", json={"measured_step_time_s": pred * f}).status_code == 201
+                )
         yield client, plans, measured
 
 
@@ -65,7 +71,11 @@ def test_table_lists_every_plan_with_its_figures(filled):
         row = rows[p["id"]]
         assert row["predicted_step_time_s"] == pytest.approx(p["predicted_step_time_s"])
         assert row["lower_bound_s"] == pytest.approx(p["lower_bound_s"])
-        assert row["speedup"] == pytest.approx((p.get("static_baseline") or {}).get("speedup")) if p.get("static_baseline") else row["speedup"] is None
+        assert (
+            row["speedup"] == pytest.approx((p.get("static_baseline") or {}).get("speedup"))
+            if p.get("static_baseline")
+            else row["speedup"] is None
+        )
         factors = measured.get(p["id"])
         assert row["feedback_count"] == len(factors or [])
         if factors:
@@ -97,7 +107,9 @@ def test_filters_and_pages(filled):
     seen = []
     offset = 0
     while offset is not None:
-        page = client.get("/v1/dashboard/plans", params={"limit": 2, "offset": offset, "sort": "gap", "order": "asc"}).json()
+        page = client.get(
+            "/v1/dashboard/plans", params={"limit": 2, "offset": offset, "sort": "gap", "order": "asc"}
+        ).json()
         seen += [r["id"] for r in page["items"]]
         offset = page["next_offset"]
     assert sorted(seen) == sorted(p["id"] for p in plans) and len(seen) == len(plans)
@@ -108,7 +120,12 @@ def test_filters_and_pages(filled):
 
 def test_bad_queries_name_the_field(filled):
     client, _, _ = filled
-    for params, field in [({"sort": "nope"}, "sort"), ({"order": "up"}, "order"), ({"id_prefix": "xyz!"}, "id_prefix"), ({"limit": 0}, "limit")]:
+    for params, field in [
+        ({"sort": "nope"}, "sort"),
+        ({"order": "up"}, "order"),
+        ({"id_prefix": "xyz!"}, "id_prefix"),
+        ({"limit": 0}, "limit"),
+    ]:
         r = client.get("/v1/dashboard/plans", params=params)
         assert r.status_code == 422 and r.json()["field"] == field, r.text
         assert r.headers["content-type"].startswith("application/problem+json")
@@ -131,7 +148,10 @@ def test_one_plan_has_one_block_per_group_laid_out_in_time(filled):
                 assert blk["idle_s"] == pytest.approx(pmb["predicted_time_s"] - grp["predicted_time_s"])
                 assert blk["samples"] == grp["samples"] and blk["intra_node"] == grp["intra_node"]
                 assert sorted(r for a, b in blk["spans"] for r in range(a, b)) == sorted(grp["ranks"])
-                assert blk["nodes"] == sorted({r // 8 for r in grp["ranks"]}) and (len(blk["nodes"]) == 1) == grp["intra_node"]
+                assert (
+                    blk["nodes"] == sorted({r // 8 for r in grp["ranks"]})
+                    and (len(blk["nodes"]) == 1) == grp["intra_node"]
+                )
                 busy += grp["predicted_time_s"] * len(grp["ranks"])
             start += pmb["predicted_time_s"]
         assert g["step_s"] == pytest.approx(start)
@@ -146,7 +166,12 @@ def test_group_times_from_feedback_reach_the_blocks(filled):
     client, plans, _ = filled
     p = plans[3]
     times = [[0.5 + 0.01 * g for g in range(len(mb["groups"]))] for mb in p["micro_batches"]]
-    assert client.post(f"/v1/plans/{p['id']}/feedback", json={"measured_step_time_s": 1.0, "group_times_s": times, "step": 7}).status_code == 201
+    assert (
+        client.post(
+            f"/v1/plans/{p['id']}/feedback", json={"measured_step_time_s": 1.0, "group_times_s": times, "step": 7}
+        ).status_code
+        == 201
+    )
     v = client.get(f"/v1/dashboard/plans/{p['id']}").json()
     assert [[blk["measured_time_s"] for blk in mb["groups"]] for mb in v["gantt"]["micro_batches"]] == times
     assert v["feedback"][-1]["step"] == 7
@@ -156,23 +181,37 @@ def test_replan_with_other_options_is_not_stored(filled):
     client, plans, _ = filled
     p = plans[1]
     before = client.get("/v1/dashboard/changes").json()
-    r = client.post(f"/v1/dashboard/plans/{p['id']}/replan", json={"options": {"time_budget_ms": 120, "degree_policy": "pow2", "max_micro_batches": 2}})
+    r = client.post(
+        f"/v1/dashboard/plans/{p['id']}/replan",
+        json={"options": {"time_budget_ms": 120, "degree_policy": "pow2", "max_micro_batches": 2}},
+    )
     assert r.status_code == 200, r.text
     out = r.json()
-    assert out["options"] == {"backend": "heuristic", "time_budget_ms": 120, "degree_policy": "pow2", "max_micro_batches": 2}
+    assert out["options"] == {
+        "backend": "heuristic",
+        "time_budget_ms": 120,
+        "degree_policy": "pow2",
+        "max_micro_batches": 2,
+    }
     assert out["micro_batches"] <= 2 and out["largest_group"] & (out["largest_group"] - 1) == 0
     assert out["ratio_to_bound"] == pytest.approx(out["predicted_step_time_s"] / out["lower_bound_s"])
     assert out["planner_ms"] > 0 and out["backend"] == "heuristic"
     same = client.post(f"/v1/dashboard/plans/{p['id']}/replan", json={"options": {"time_budget_ms": 300}}).json()
-    assert same["predicted_step_time_s"] == pytest.approx(p["predicted_step_time_s"])  # the stored options and budget give the stored plan
+    assert same["predicted_step_time_s"] == pytest.approx(
+        p["predicted_step_time_s"]
+    )  # the stored options and budget give the stored plan
     assert client.get("/v1/dashboard/changes").json() == before
 
 
 def test_replan_errors_name_the_option(filled):
     client, plans, _ = filled
     pid = plans[0]["id"]
-    for body, field in [({"options": {"backend": "gurobi"}}, "options.backend"), ({"options": {"time_budget_ms": 10**6}}, "options.time_budget_ms"),
-                        ({"options": {"colour": 1}}, "options.colour"), ({"budget": 5}, "budget")]:
+    for body, field in [
+        ({"options": {"backend": "gurobi"}}, "options.backend"),
+        ({"options": {"time_budget_ms": 10**6}}, "options.time_budget_ms"),
+        ({"options": {"colour": 1}}, "options.colour"),
+        ({"budget": 5}, "budget"),
+    ]:
         r = client.post(f"/v1/dashboard/plans/{pid}/replan", json=body)
         assert r.status_code == 422 and r.json()["field"] == field, r.text
     r = client.post(f"/v1/dashboard/plans/{pid}/replan", json={"options": {"time_budget_ms": 60_001}})
@@ -198,7 +237,9 @@ def test_calibration_figures(filled):
     assert [g["profile"] for g in only["groups"]] == ["analytical"] and {p["group"] for p in only["points"]} == {0}
     assert only["total"] == c["total"] - 3
     newest = client.get("/v1/dashboard/calibration", params={"limit": 2}).json()
-    assert [p["feedback_id"] for p in newest["points"]] == sorted((p["feedback_id"] for p in c["points"]), reverse=True)[:2]
+    assert [p["feedback_id"] for p in newest["points"]] == sorted(
+        (p["feedback_id"] for p in c["points"]), reverse=True
+    )[:2]
     assert newest["groups"] == c["groups"] and newest["total"] == c["total"]  # the figures cover every point
 
 
@@ -213,18 +254,39 @@ def test_pages_open_without_a_token_data_needs_one(tmp_path):
     token = "t" * 24
     app = create_app(Settings(data_dir=tmp_path, tokens=token))
     with TestClient(app) as client:
-        for path in ("/dashboard", "/dashboard/", "/dashboard/calibration", "/dashboard/plans/abc", "/dashboard/plans/abc/tuning"):
+        for path in (
+            "/dashboard",
+            "/dashboard/",
+            "/dashboard/calibration",
+            "/dashboard/plans/abc",
+            "/dashboard/plans/abc/tuning",
+        ):
             r = client.get(path)
             assert r.status_code == 200 and "text/html" in r.headers["content-type"] and "/static/dashboard/" in r.text
-        for path in ("/static/dashboard/vendor/uPlot.iife.min.js", "/static/dashboard/common.js", "/static/dashboard/dashboard.css"):
+        for path in (
+            "/static/dashboard/vendor/uPlot.iife.min.js",
+            "/static/dashboard/common.js",
+            "/static/dashboard/dashboard.css",
+        ):
             assert client.get(path).status_code == 200
-        for path in ("/v1/dashboard/plans", "/v1/dashboard/facets", "/v1/dashboard/changes", "/v1/dashboard/calibration"):
+        for path in (
+            "/v1/dashboard/plans",
+            "/v1/dashboard/facets",
+            "/v1/dashboard/changes",
+            "/v1/dashboard/calibration",
+        ):
             r = client.get(path)
             assert r.status_code == 401 and r.json()["field"] == "Authorization"
             assert client.get(path, headers={"Authorization": f"Bearer {token}"}).status_code == 200
         spec = client.get("/openapi.json").json()["paths"]
-        assert {"/v1/dashboard/plans", "/v1/dashboard/plans/{plan_id}", "/v1/dashboard/plans/{plan_id}/replan", "/v1/dashboard/calibration",
-                "/v1/dashboard/facets", "/v1/dashboard/changes"} <= set(spec)
+        assert {
+            "/v1/dashboard/plans",
+            "/v1/dashboard/plans/{plan_id}",
+            "/v1/dashboard/plans/{plan_id}/replan",
+            "/v1/dashboard/calibration",
+            "/v1/dashboard/facets",
+            "/v1/dashboard/changes",
+        } <= set(spec)
         assert not any(p.startswith("/dashboard") for p in spec)
 
 
@@ -262,7 +324,10 @@ def store(request, tmp_path):
 
 def _record(k: int, *, budget: float | None, speedup: float | None, profile: dict | None) -> PlanRecord:
     # A sample id holding the profile key's text must not pass for a profile.
-    request = {"batch": {"samples": [{"id": '"profile": {"source": "x"}', "text_tokens": 5}]}, "cluster_preset": "h100-8x8"}
+    request = {
+        "batch": {"samples": [{"id": '"profile": {"source": "x"}', "text_tokens": 5}]},
+        "cluster_preset": "h100-8x8",
+    }
     if budget is not None:
         request["options"] = {"time_budget_ms": budget}
     if profile is not None:
@@ -271,9 +336,24 @@ def _record(k: int, *, budget: float | None, speedup: float | None, profile: dic
     if speedup is not None:
         plan["static_baseline"] = {"speedup": speedup}
     t = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(minutes=k)
-    return PlanRecord(id=f"{k:032x}", created_at=t, status="done", request_hash=str(k), n_samples=k, n_ranks=8, cluster="c", model="m",
-                      finished_at=t, plan_json=json.dumps(plan), request_json=translate.request_text(request), backend="heuristic", predicted_step_time_s=1.0 + k,
-                      lower_bound_s=1.0, gap=k / 10, solve_ms=1.0)
+    return PlanRecord(
+        id=f"{k:032x}",
+        created_at=t,
+        status="done",
+        request_hash=str(k),
+        n_samples=k,
+        n_ranks=8,
+        cluster="c",
+        model="m",
+        finished_at=t,
+        plan_json=json.dumps(plan),
+        request_json=translate.request_text(request),
+        backend="heuristic",
+        predicted_step_time_s=1.0 + k,
+        lower_bound_s=1.0,
+        gap=k / 10,
+        solve_ms=1.0,
+    )
 
 
 def test_queries_read_figures_inside_the_documents(store):
@@ -290,7 +370,9 @@ def test_queries_read_figures_inside_the_documents(store):
     assert [(r["measured_step_time_s"], r["feedback_count"]) for r in rows] == [(6.0, 2), (4.0, 1)]
     points, n = q.calibration_points(store)
     assert n == 4 and sorted({p["profile"] for p in points}) == ["analytical", "given", "measured on site"]
-    assert [p["id"] for p in q.calibration_points(store, limit=2)[0]] == [4, 3] and q.calibration_points(store, limit=2)[1] == 4
+    assert [p["id"] for p in q.calibration_points(store, limit=2)[0]] == [4, 3] and q.calibration_points(
+        store, limit=2
+    )[1] == 4
     assert q.calibration_points(store, profile="measured on site")[1] == 1
     assert q.profile_labels(store) == ["analytical", "given", "measured on site"]
     stamp = q.change_stamp(store)
@@ -303,8 +385,15 @@ def test_facts_of_a_pending_plan_are_read_again_once_it_is_finished(store):
     store.add(PlanRecord(**{**pending.__dict__, "status": "pending", "plan_json": None, "finished_at": None}))
     assert q.plan_facts(store, [pending.id])[pending.id].speedup is None
     assert q.facets(store)["status"] == ["pending"]
-    solved = SimpleNamespace(solver=SimpleNamespace(backend="highs", status="feasible", wall_ms=5.0), predicted_step_time_s=1.0, lower_bound_s=0.9, gap=0.1)
+    solved = SimpleNamespace(
+        solver=SimpleNamespace(backend="highs", status="feasible", wall_ms=5.0),
+        predicted_step_time_s=1.0,
+        lower_bound_s=0.9,
+        gap=0.1,
+    )
     store.finish(pending.id, json.dumps({"static_baseline": {"speedup": 1.25}}), solved)
     assert q.plan_facts(store, [pending.id])[pending.id].speedup == 1.25
     assert q.plan_table(store, q.PlanFilters(), sort="speedup")[0][0]["speedup"] == 1.25
-    assert q.facets(store)["status"] == ["done"] and q.facets(store)["backend"] == ["highs"]  # the facets follow the store
+    assert q.facets(store)["status"] == ["done"] and q.facets(store)["backend"] == [
+        "highs"
+    ]  # the facets follow the store

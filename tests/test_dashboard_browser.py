@@ -59,7 +59,10 @@ def page(browser, server):
     context = browser.new_context(viewport={"width": WIDTH, "height": 900}, base_url=server[0].url)
     pg = context.new_page()
     pg.problems = []
-    pg.on("console", lambda m: pg.problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None)
+    pg.on(
+        "console",
+        lambda m: pg.problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None,
+    )
     pg.on("pageerror", lambda e: pg.problems.append(f"page error: {e}"))
     yield pg
     context.close()
@@ -83,7 +86,8 @@ def unlabelled_controls(pg) -> list[str]:
 
 def colour_pixels(pg, selector: str, hex_colour: str) -> int:
     """Pixels of a chart's canvas within a small distance of a colour: non-zero once that series is drawn."""
-    return pg.evaluate("""([sel, hex]) => {
+    return pg.evaluate(
+        """([sel, hex]) => {
         const c = document.querySelector(sel + ' canvas');
         if (!c) return -1;
         const copy = document.createElement('canvas');  // read a copy: the page's canvas stays as the chart left it
@@ -96,7 +100,9 @@ def colour_pixels(pg, selector: str, hex_colour: str) -> int:
         for (let i = 0; i < d.length; i += 4)
             if (d[i + 3] > 200 && Math.abs(d[i] - rgb[0]) < 12 && Math.abs(d[i + 1] - rgb[1]) < 12 && Math.abs(d[i + 2] - rgb[2]) < 12) n++;
         return n;
-    }""", [selector, hex_colour])
+    }""",
+        [selector, hex_colour],
+    )
 
 
 def secs_text(v: float) -> str:
@@ -131,14 +137,18 @@ def test_plans_table(page, server, shots):
 
     # Filter by backend.
     page.select_option("#filters select[name=backend]", "highs")
-    page.wait_for_function("() => [...document.querySelectorAll('#plans tbody tr')].every((r) => r.children[6].textContent === 'highs')")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#plans tbody tr')].every((r) => r.children[6].textContent === 'highs')"
+    )
     assert rows.count() == sum(1 for p in filled.plans if p["solver"]["backend"] == "highs") > 0
 
 
 def test_live_refresh_shows_a_plan_posted_meanwhile(page, server):
     srv, _ = server
     open_page(page, "/dashboard")
-    new = httpx.post(srv.url + "/v1/plans", json=request("dynamic-res", 5, 64, "heuristic", 50, None), timeout=30).json()
+    new = httpx.post(
+        srv.url + "/v1/plans", json=request("dynamic-res", 5, 64, "heuristic", 50, None), timeout=30
+    ).json()
     row = page.locator(f"#plans tbody tr[data-id='{new['id']}']")
     row.wait_for(timeout=10_000)
     assert "fresh" in row.get_attribute("class")
@@ -148,7 +158,13 @@ def test_live_refresh_shows_a_plan_posted_meanwhile(page, server):
 
 def _showcase(filled) -> dict:
     """The filled plan with the most to see: groups spanning nodes, several micro-batches."""
-    return max(filled.plans, key=lambda p: (sum(not g["intra_node"] for mb in p["micro_batches"] for g in mb["groups"]), len(p["micro_batches"])))
+    return max(
+        filled.plans,
+        key=lambda p: (
+            sum(not g["intra_node"] for mb in p["micro_batches"] for g in mb["groups"]),
+            len(p["micro_batches"]),
+        ),
+    )
 
 
 def test_one_plan(page, server, shots):
@@ -183,7 +199,9 @@ def test_one_plan(page, server, shots):
     assert f"group {second[1] + 1}" in page.inner_text("#block-detail")
     assert page.locator(".gantt g.block[tabindex='0']").count() == 1
     page.keyboard.press("End")
-    assert page.evaluate("() => document.activeElement.getAttribute('aria-label')") == blocks.nth(len(groups) - 1).get_attribute("aria-label")
+    assert page.evaluate("() => document.activeElement.getAttribute('aria-label')") == blocks.nth(
+        len(groups) - 1
+    ).get_attribute("aria-label")
 
 
 def test_tuning_side_by_side_and_budget_sweep(page, server, shots):
@@ -228,7 +246,10 @@ def test_calibration(page, server, shots):
     assert colour_pixels(page, "#hist", BLUE) > 20
     rows = page.locator("#groups tbody tr")
     assert rows.count() == len(api["groups"]) == 2
-    verdicts = {rows.nth(k).locator("td").nth(0).inner_text()[:8]: rows.nth(k).locator("td").nth(6).inner_text() for k in range(2)}
+    verdicts = {
+        rows.nth(k).locator("td").nth(0).inner_text()[:8]: rows.nth(k).locator("td").nth(6).inner_text()
+        for k in range(2)
+    }
     assert verdicts == {"FlexSP's": "re-profile", "analytic": "ok"}
     assert unlabelled_controls(page) == [] and no_horizontal_scroll(page)
     page.screenshot(path=str(shots / "calibration.png"), full_page=True)

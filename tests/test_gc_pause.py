@@ -35,8 +35,16 @@ def test_plan_leaves_the_collector_enabled() -> None:
     from optimizer.problem.workloads import long_tail_video
     from planning.planner import plan
 
-    plan(problem_from_json({"batch": long_tail_video(16, seed=1), "cluster_preset": "h100-1x8", "model_preset": "qwen2-vl-7b",
-                            "options": {"backend": "heuristic"}}))
+    plan(
+        problem_from_json(
+            {
+                "batch": long_tail_video(16, seed=1),
+                "cluster_preset": "h100-1x8",
+                "model_preset": "qwen2-vl-7b",
+                "options": {"backend": "heuristic"},
+            }
+        )
+    )
     assert gc.isenabled()
 
 
@@ -58,7 +66,9 @@ def test_cpsat_models_leave_almost_no_cyclic_garbage() -> None:
     from solver_models import cpsat
     from solver_models.formulation import full_model
 
-    p = problem_from_json({"batch": long_tail_video(6, seed=1), "cluster_preset": "h100-1x8", "model_preset": "qwen2-vl-7b"})
+    p = problem_from_json(
+        {"batch": long_tail_video(6, seed=1), "cluster_preset": "h100-1x8", "model_preset": "qwen2-vl-7b"}
+    )
     tables = CostTables.build(p)
     model = full_model(tables, heuristic_plan(tables), 1e9)
     gc.collect()
@@ -85,6 +95,8 @@ def test_the_solver_wait_collects_the_middle_generation_before_its_threshold() -
         while gc.get_count()[1] < threshold - solve_watch.MIDDLE_EARLY:
             gc.collect(0)
         solve_watch._collect_young()
-        assert gc.get_count()[1] == 0  # the middle generation was collected here, not when the plan resumes the collector
+        assert (
+            gc.get_count()[1] == 0
+        )  # the middle generation was collected here, not when the plan resumes the collector
     finally:
         gc.enable()

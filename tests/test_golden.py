@@ -19,8 +19,16 @@ from planning.planner import plan
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = {
-    "qwen2vl-h100-8x8-video64": {"batch": long_tail_video(64, seed=7), "cluster_preset": "h100-8x8", "model_preset": "qwen2-vl-7b"},
-    "internvl2-ascend-8x8-images128": {"batch": image_sft(128, seed=3), "cluster_preset": "ascend910b-8x8", "model_preset": "internvl2-8b"},
+    "qwen2vl-h100-8x8-video64": {
+        "batch": long_tail_video(64, seed=7),
+        "cluster_preset": "h100-8x8",
+        "model_preset": "qwen2-vl-7b",
+    },
+    "internvl2-ascend-8x8-images128": {
+        "batch": image_sft(128, seed=3),
+        "cluster_preset": "ascend910b-8x8",
+        "model_preset": "internvl2-8b",
+    },
 }
 
 
@@ -30,13 +38,17 @@ def essence(result) -> dict:
         "predicted_step_time_s": round(doc["predicted_step_time_s"], 9),
         "lower_bound_s": round(doc["lower_bound_s"], 9),
         "static_baseline": {k: (round(v, 9) if isinstance(v, float) else v) for k, v in doc["static_baseline"].items()},
-        "micro_batches": [[{"ranks": g["ranks"], "samples": g["samples"]} for g in mb["groups"]] for mb in doc["micro_batches"]],
+        "micro_batches": [
+            [{"ranks": g["ranks"], "samples": g["samples"]} for g in mb["groups"]] for mb in doc["micro_batches"]
+        ],
     }
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_golden_plan(name):
-    doc = dict(CASES[name], options={"backend": "heuristic", "deterministic": True})  # plans that do not depend on the clock
+    doc = dict(
+        CASES[name], options={"backend": "heuristic", "deterministic": True}
+    )  # plans that do not depend on the clock
     problem = problem_from_json(doc)
     result = plan(problem)
     assert verify(result, problem).ok

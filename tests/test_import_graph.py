@@ -17,9 +17,15 @@ def test_no_cycle_and_no_upward_import():
 
 
 def test_the_checker_sees_a_cycle_and_an_upward_import():
-    graph = {"optimizer.a": {"optimizer.b"}, "optimizer.b": {"optimizer.a", "solver_models.x"}, "solver_models.x": set()}
+    graph = {
+        "optimizer.a": {"optimizer.b"},
+        "optimizer.b": {"optimizer.a", "solver_models.x"},
+        "solver_models.x": set(),
+    }
     assert import_graph.cycles(graph) == [["optimizer.a", "optimizer.b"]]
-    assert import_graph.upward(graph) == ["optimizer.b -> solver_models.x (optimizer is layer 0, solver_models is layer 1)"]
+    assert import_graph.upward(graph) == [
+        "optimizer.b -> solver_models.x (optimizer is layer 0, solver_models is layer 1)"
+    ]
 
 
 def test_lazy_and_relative_imports_count(tmp_path):

@@ -32,7 +32,14 @@ print(json.dumps(out))
 
 def _run(disable: bool) -> list:
     env = {**os.environ, "NUMBA_DISABLE_JIT": "1" if disable else "0"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=Path(__file__).parents[1], timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).parents[1],
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -47,9 +54,13 @@ def test_compiled_and_plain_python_plans_agree() -> None:
 
 
 def test_warm_up_runs_once_and_plans_cleanly() -> None:
-    script = ("import json; import planning.warm as warm; from planning.planner import warm_up; first = warm_up(); second = warm_up(); "
-              "print(json.dumps([first, second, warm.last_error]))")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=300)
+    script = (
+        "import json; import planning.warm as warm; from planning.planner import warm_up; first = warm_up(); second = warm_up(); "
+        "print(json.dumps([first, second, warm.last_error]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     first, second, error = json.loads(proc.stdout.strip().splitlines()[-1])
     assert first > 0 and second == 0 and error is None

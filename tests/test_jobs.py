@@ -58,7 +58,9 @@ def test_epoch_end_to_end_on_one_process(straight, samples):
     # every sample of the dataset is planned exactly once over the epoch, each in the step the sampler put it
     ids = [sid for step in table.column("sample_ids").to_pylist() for sid in step]
     assert sorted(ids) == sorted(s["id"] for s in samples)
-    for step, plan_text, sids in zip(range(10), table.column("plan").to_pylist(), table.column("sample_ids").to_pylist(), strict=True):
+    for step, plan_text, sids in zip(
+        range(10), table.column("plan").to_pylist(), table.column("sample_ids").to_pylist(), strict=True
+    ):
         plan = json.loads(plan_text)
         planned = sorted(s for mb in plan["micro_batches"] for g in mb["groups"] for s in g["samples"])
         assert planned == sorted(sids), step
@@ -68,14 +70,25 @@ def test_epoch_end_to_end_on_one_process(straight, samples):
     assert summary["static_per_step"]["epoch_time_s"] >= predicted * (1 - 1e-9)
     assert summary["static_mesh"]["epoch_time_s"] >= summary["static_per_step"]["epoch_time_s"] * (1 - 1e-9)
     news = table.column("new_communicators").to_pylist()
-    assert news[0] == table.column("communicators").to_pylist()[0] and summary["new_communicators"]["distinct"] == sum(news)
+    assert news[0] == table.column("communicators").to_pylist()[0] and summary["new_communicators"]["distinct"] == sum(
+        news
+    )
     assert 0 <= summary["gap"]["median"] <= summary["gap"]["max"] < 1
 
 
 def test_same_bytes_on_a_pool_of_two_and_from_parquet(straight, samples, tmp_path):
     data = tmp_path / "samples.parquet"
     write_parquet(data, samples)
-    epoch = build_epoch(job_from_json({"dataset": {"path": str(data)}, "global_batch_size": 24, "sampler": {"kind": "shuffle", "seed": 7}, **CLUSTER}))
+    epoch = build_epoch(
+        job_from_json(
+            {
+                "dataset": {"path": str(data)},
+                "global_batch_size": 24,
+                "sampler": {"kind": "shuffle", "seed": 7},
+                **CLUSTER,
+            }
+        )
+    )
     result = run_job(epoch, tmp_path / "pool", LocalEngine(2))
     assert result.index["plan_file_sha256"] == straight.index["plan_file_sha256"]
     assert (tmp_path / "pool" / "plan.parquet").read_bytes() == (straight.directory / "plan.parquet").read_bytes()
@@ -86,8 +99,26 @@ def test_kill_and_resume_plans_no_step_twice(tmp_path):
     data = tmp_path / "samples.jsonl"
     write_jsonl(data, synthetic_samples(["video"], 48 * 32, seed=1))
     out = tmp_path / "job"
-    argv = [sys.executable, "-m", "api.commands", "plan-epoch", "--dataset", str(data), "--global-batch-size", "32", "--nodes", "8",
-            "--model-preset", "qwen2-vl-7b", "--workers", "1", "--no-progress", "--keep-journal", "--out", str(out)]
+    argv = [
+        sys.executable,
+        "-m",
+        "api.commands",
+        "plan-epoch",
+        "--dataset",
+        str(data),
+        "--global-batch-size",
+        "32",
+        "--nodes",
+        "8",
+        "--model-preset",
+        "qwen2-vl-7b",
+        "--workers",
+        "1",
+        "--no-progress",
+        "--keep-journal",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     journal = out / planfile.JOURNAL_FILE
     deadline = time.monotonic() + 60
@@ -105,7 +136,9 @@ def test_kill_and_resume_plans_no_step_twice(tmp_path):
     assert dhp(argv[3:]) == 0
     index = json.loads((out / planfile.INDEX_FILE).read_text())
     assert index["run"]["reused_from_journal"] == len(before) and index["run"]["planned_now"] == 48 - len(before)
-    steps = [json.loads(line)["step"] for line in (out / "journal.jsonl.done").read_text().splitlines()[1:] if line.strip()]
+    steps = [
+        json.loads(line)["step"] for line in (out / "journal.jsonl.done").read_text().splitlines()[1:] if line.strip()
+    ]
     assert len(steps) == len(set(steps)) == 48  # no step planned twice
     assert not journal.exists()
     # the resumed file is the file of a run that was never interrupted
@@ -113,8 +146,20 @@ def test_kill_and_resume_plans_no_step_twice(tmp_path):
     assert again == 0
     assert (tmp_path / "straight" / "plan.parquet").read_bytes() == (out / "plan.parquet").read_bytes()
     # a finished job is not planned again
-    rerun = run_job(build_epoch(job_from_json({"dataset": {"path": str(data)}, "global_batch_size": 32, "cluster": {"nodes": 8, "gpus_per_node": 8, "gpu": "H100-SXM"},
-                                                "model_preset": "qwen2-vl-7b"})), out, LocalEngine(1))
+    rerun = run_job(
+        build_epoch(
+            job_from_json(
+                {
+                    "dataset": {"path": str(data)},
+                    "global_batch_size": 32,
+                    "cluster": {"nodes": 8, "gpus_per_node": 8, "gpu": "H100-SXM"},
+                    "model_preset": "qwen2-vl-7b",
+                }
+            )
+        ),
+        out,
+        LocalEngine(1),
+    )
     assert rerun.planned_now == 0 and rerun.reused == 48
 
 
@@ -122,11 +167,31 @@ def test_bad_samples_fail_their_step_only(tmp_path, capsys):
     rows = synthetic_samples(["long-text"], 48, seed=2)
     rows[5] = {"text_tokens": 100}  # no id
     rows[30]["text_tokens"] = 50_000_000  # too long for 8 ranks
-    rows[45] = {"id": "bad-image", "text_tokens": 10, "images": [{"width": 0, "height": 10}]}  # found when its step is planned
+    rows[45] = {
+        "id": "bad-image",
+        "text_tokens": 10,
+        "images": [{"width": 0, "height": 10}],
+    }  # found when its step is planned
     data = tmp_path / "bad.jsonl"
     write_jsonl(data, rows)
-    code = dhp(["plan-epoch", "--dataset", str(data), "--global-batch-size", "8", "--nodes", "2", "--gpus-per-node", "4", "--model-preset", "llama3-8b",
-                "--no-progress", "--out", str(tmp_path / "out")])
+    code = dhp(
+        [
+            "plan-epoch",
+            "--dataset",
+            str(data),
+            "--global-batch-size",
+            "8",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "4",
+            "--model-preset",
+            "llama3-8b",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert "step 0" in err and "dataset[5].id" in err and "is required" in err
@@ -141,20 +206,68 @@ def test_bad_samples_fail_their_step_only(tmp_path, capsys):
     rows[5] = {"id": "fixed", "text_tokens": 100}
     rows[45] = {"id": "fixed-too", "text_tokens": 100}
     write_jsonl(data, rows)
-    assert dhp(["plan-epoch", "--dataset", str(data), "--global-batch-size", "8", "--nodes", "2", "--gpus-per-node", "4", "--model-preset", "llama3-8b",
-                "--no-progress", "--out", str(tmp_path / "out2")]) == 3
+    assert (
+        dhp(
+            [
+                "plan-epoch",
+                "--dataset",
+                str(data),
+                "--global-batch-size",
+                "8",
+                "--nodes",
+                "2",
+                "--gpus-per-node",
+                "4",
+                "--model-preset",
+                "llama3-8b",
+                "--no-progress",
+                "--out",
+                str(tmp_path / "out2"),
+            ]
+        )
+        == 3
+    )
 
 
-@pytest.mark.parametrize("doc, field", [
-    ({"dataset": {"samples": [{"id": "a", "text_tokens": 5}]}}, "global_batch_size"),
-    ({"dataset": {"samples": [{"id": "a", "text_tokens": 5}]}, "global_batch_size": 1, "sampler": {"kind": "random"}}, "sampler.kind"),
-    ({"global_batch_size": 4}, "dataset"),
-    ({"batches": [{"samples": []}]}, "batches[0]"),
-    ({"dataset": {"samples": [{"id": "a", "text_tokens": 5}, {"id": "a", "text_tokens": 6}]}, "global_batch_size": 1}, "dataset[1].id"),
-    ({"dataset": {"samples": [{"id": "a", "text_tokens": 5}]}, "global_batch_size": 2, "drop_last": True}, "global_batch_size"),
-    ({"dataset": {"samples": [{"id": "a", "text_tokens": 5}]}, "global_batch_size": 1, "cluster_preset": "nope"}, "cluster_preset"),
-    ({"dataset": {"samples": [{"id": "a", "text_tokens": 5}]}, "global_batch_size": 1, "options": {"backend": "magic"}}, "options.backend"),
-])
+@pytest.mark.parametrize(
+    "doc, field",
+    [
+        ({"dataset": {"samples": [{"id": "a", "text_tokens": 5}]}}, "global_batch_size"),
+        (
+            {
+                "dataset": {"samples": [{"id": "a", "text_tokens": 5}]},
+                "global_batch_size": 1,
+                "sampler": {"kind": "random"},
+            },
+            "sampler.kind",
+        ),
+        ({"global_batch_size": 4}, "dataset"),
+        ({"batches": [{"samples": []}]}, "batches[0]"),
+        (
+            {
+                "dataset": {"samples": [{"id": "a", "text_tokens": 5}, {"id": "a", "text_tokens": 6}]},
+                "global_batch_size": 1,
+            },
+            "dataset[1].id",
+        ),
+        (
+            {"dataset": {"samples": [{"id": "a", "text_tokens": 5}]}, "global_batch_size": 2, "drop_last": True},
+            "global_batch_size",
+        ),
+        (
+            {"dataset": {"samples": [{"id": "a", "text_tokens": 5}]}, "global_batch_size": 1, "cluster_preset": "nope"},
+            "cluster_preset",
+        ),
+        (
+            {
+                "dataset": {"samples": [{"id": "a", "text_tokens": 5}]},
+                "global_batch_size": 1,
+                "options": {"backend": "magic"},
+            },
+            "options.backend",
+        ),
+    ],
+)
 def test_bad_job_documents_name_the_field(doc, field):
     with pytest.raises(ProblemError) as exc:
         build_epoch(job_from_json(doc))
@@ -164,9 +277,17 @@ def test_bad_job_documents_name_the_field(doc, field):
 def test_cli_bad_input_exit_2_one_line(tmp_path):
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"dataset": {"path": str(tmp_path / "missing.jsonl")}, "global_batch_size": 4}))
-    proc = subprocess.run([sys.executable, "-m", "api.commands", "plan-epoch", "--job", str(job), "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: dataset.path: cannot read") and "Traceback" not in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "api.commands", "plan-epoch", "--job", str(job), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert (
+        proc.returncode == 2
+        and proc.stderr.startswith("error: dataset.path: cannot read")
+        and "Traceback" not in proc.stderr
+    )
 
 
 def test_resuming_with_other_inputs_is_refused(samples, straight, tmp_path):
@@ -235,7 +356,19 @@ def test_loader_gives_every_rank_its_work(straight, samples):
 
 def test_example_trains_from_a_planned_epoch(tmp_path):
     pytest.importorskip("torch")
-    proc = subprocess.run([sys.executable, "examples/planned_epoch.py", "--steps", "1", "--batch", "6", "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "examples/planned_epoch.py", "--steps", "1", "--batch", "6", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
-    assert "step 0: loss" in proc.stderr and "equal on all 2 ranks: True" in proc.stderr and "equal on all 2 ranks: False" not in proc.stderr
-    assert EpochPlan(tmp_path / "plan").index["summary"]["new_communicators"]["distinct"] >= 1  # long samples ran on a group of 2
+    assert (
+        "step 0: loss" in proc.stderr
+        and "equal on all 2 ranks: True" in proc.stderr
+        and "equal on all 2 ranks: False" not in proc.stderr
+    )
+    assert (
+        EpochPlan(tmp_path / "plan").index["summary"]["new_communicators"]["distinct"] >= 1
+    )  # long samples ran on a group of 2

@@ -42,7 +42,12 @@ def _wait(client, job_id, until=("done",), timeout_s=60.0):
 def test_job_plans_the_epoch_into_the_store_and_a_plan_file(client, tmp_path):
     samples = synthetic_samples(["long-text"], 100, seed=4)
     samples[42]["text_tokens"] = 30_000_000  # too long for 16 ranks
-    body = {"dataset": {"samples": samples}, "global_batch_size": 10, "sampler": {"kind": "shuffle", "seed": 2}, **CLUSTER}
+    body = {
+        "dataset": {"samples": samples},
+        "global_batch_size": 10,
+        "sampler": {"kind": "shuffle", "seed": 2},
+        **CLUSTER,
+    }
     r = client.post("/v1/jobs", json=body)
     assert r.status_code == 202, r.text
     job = r.json()
@@ -55,7 +60,11 @@ def test_job_plans_the_epoch_into_the_store_and_a_plan_file(client, tmp_path):
     for step in range(10):
         plan = client.get(f"/v1/plans/{job['id']}-{step:06d}").json()
         if step == failure["step"]:
-            assert plan["status"] == "failed" and plan["error"]["sample"] == samples[42]["id"] and plan["error"]["status"] == 422
+            assert (
+                plan["status"] == "failed"
+                and plan["error"]["sample"] == samples[42]["id"]
+                and plan["error"]["status"] == 422
+            )
         else:
             assert plan["status"] == "done" and plan["micro_batches"] and plan["predicted_step_time_s"] > 0
     # the service's plan file is the command line's, byte for byte
@@ -67,7 +76,12 @@ def test_job_plans_the_epoch_into_the_store_and_a_plan_file(client, tmp_path):
 
 def test_cancel_then_resume(client):
     samples = synthetic_samples(["video"], 60 * 16, seed=9)
-    body = {"dataset": {"samples": samples}, "global_batch_size": 16, "cluster": {"nodes": 8, "gpus_per_node": 8}, "model_preset": "qwen2-vl-7b"}
+    body = {
+        "dataset": {"samples": samples},
+        "global_batch_size": 16,
+        "cluster": {"nodes": 8, "gpus_per_node": 8},
+        "model_preset": "qwen2-vl-7b",
+    }
     job = client.post("/v1/jobs", json=body).json()
     _wait(client, job["id"], until=("running",))
     deadline = time.monotonic() + 30
@@ -84,13 +98,33 @@ def test_cancel_then_resume(client):
     assert done["done"] == 60 and done["failed"] == 0
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"dataset": {"path": "/etc/hosts"}, "global_batch_size": 4}, "dataset.path"),
-    ({"dataset": {"samples": [{"id": "a", "text_tokens": 3}]}}, "global_batch_size"),
-    ({"dataset": {"samples": [{"id": "a", "text_tokens": 3}]}, "global_batch_size": 1, "sampler": {"kind": "zigzag"}}, "sampler.kind"),
-    ({"dataset": {"samples": [{"id": "a", "text_tokens": 3}]}, "global_batch_size": 1, "options": {"time_budget_ms": 10**6}}, "options.time_budget_ms"),
-    ({"dataset": {"samples": [{"id": "a", "text_tokens": 3}]}, "global_batch_size": 1, "workers": 10**4}, "workers"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"dataset": {"path": "/etc/hosts"}, "global_batch_size": 4}, "dataset.path"),
+        ({"dataset": {"samples": [{"id": "a", "text_tokens": 3}]}}, "global_batch_size"),
+        (
+            {
+                "dataset": {"samples": [{"id": "a", "text_tokens": 3}]},
+                "global_batch_size": 1,
+                "sampler": {"kind": "zigzag"},
+            },
+            "sampler.kind",
+        ),
+        (
+            {
+                "dataset": {"samples": [{"id": "a", "text_tokens": 3}]},
+                "global_batch_size": 1,
+                "options": {"time_budget_ms": 10**6},
+            },
+            "options.time_budget_ms",
+        ),
+        (
+            {"dataset": {"samples": [{"id": "a", "text_tokens": 3}]}, "global_batch_size": 1, "workers": 10**4},
+            "workers",
+        ),
+    ],
+)
 def test_bad_job_is_422_naming_the_field(client, body, field):
     r = client.post("/v1/jobs", json=body)
     assert r.status_code == 422 and r.headers["content-type"] == "application/problem+json"
@@ -98,6 +132,11 @@ def test_bad_job_is_422_naming_the_field(client, body, field):
 
 
 def test_unknown_job_is_404(client):
-    for method, path in (("get", "/v1/jobs/nope"), ("post", "/v1/jobs/nope/cancel"), ("post", "/v1/jobs/nope/resume"), ("get", "/v1/jobs/nope/plan-file")):
+    for method, path in (
+        ("get", "/v1/jobs/nope"),
+        ("post", "/v1/jobs/nope/cancel"),
+        ("post", "/v1/jobs/nope/resume"),
+        ("get", "/v1/jobs/nope/plan-file"),
+    ):
         r = getattr(client, method)(path)
         assert r.status_code == 404 and r.json()["field"] == "job_id"

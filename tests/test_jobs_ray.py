@@ -23,8 +23,17 @@ def ray_instance():
 
 
 def _epoch(samples):
-    return build_epoch(job_from_json({"dataset": {"samples": samples}, "global_batch_size": 16, "sampler": {"kind": "length-grouped", "seed": 1, "group_batches": 2},
-                                      "cluster": {"nodes": 2, "gpus_per_node": 4}, "model_preset": "qwen2-vl-7b"}))
+    return build_epoch(
+        job_from_json(
+            {
+                "dataset": {"samples": samples},
+                "global_batch_size": 16,
+                "sampler": {"kind": "length-grouped", "seed": 1, "group_batches": 2},
+                "cluster": {"nodes": 2, "gpus_per_node": 4},
+                "model_preset": "qwen2-vl-7b",
+            }
+        )
+    )
 
 
 def test_ray_plans_the_same_file_as_the_local_engine(ray_instance, tmp_path):
@@ -49,8 +58,17 @@ def test_ray_plans_the_same_file_as_the_local_engine(ray_instance, tmp_path):
 def test_ray_job_stops_and_resumes(ray_instance, tmp_path):
     samples = synthetic_samples(["long-text"], 160, seed=6)
     seen = []
-    stopped = run_job(_epoch(samples), tmp_path, RayEngine(), progress=lambda done, total, failed: seen.append(done), should_stop=lambda: len(seen) > 2)
+    stopped = run_job(
+        _epoch(samples),
+        tmp_path,
+        RayEngine(),
+        progress=lambda done, total, failed: seen.append(done),
+        should_stop=lambda: len(seen) > 2,
+    )
     assert stopped.status == "stopped" and 0 < stopped.done < 10
     resumed = run_job(_epoch(samples), tmp_path, RayEngine())
     assert resumed.status == "done" and resumed.reused == stopped.done and resumed.planned_now == 10 - stopped.done
-    assert resumed.index["plan_file_sha256"] == run_job(_epoch(samples), tmp_path / "straight", LocalEngine(1)).index["plan_file_sha256"]
+    assert (
+        resumed.index["plan_file_sha256"]
+        == run_job(_epoch(samples), tmp_path / "straight", LocalEngine(1)).index["plan_file_sha256"]
+    )

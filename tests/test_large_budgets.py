@@ -31,12 +31,20 @@ NO_WORK = Rates(base_ms=0.0, sample_ms=0.0, slot_ms=0.0, cell_ms=0.0, finish_ms=
 
 
 def _problem(samples: int = 96, budget_ms: float = 200.0, **options):
-    return problem_from_json({"cluster": {"nodes": 2, "gpus_per_node": 8}, "model_preset": "qwen2-vl-7b", "batch": long_tail_video(samples, seed=3),
-                              "options": {"backend": "heuristic", "time_budget_ms": budget_ms, **options}})
+    return problem_from_json(
+        {
+            "cluster": {"nodes": 2, "gpus_per_node": 8},
+            "model_preset": "qwen2-vl-7b",
+            "batch": long_tail_video(samples, seed=3),
+            "options": {"backend": "heuristic", "time_budget_ms": budget_ms, **options},
+        }
+    )
 
 
 def test_a_budget_below_the_fixed_work_is_refused_at_once_naming_the_field_and_the_budget_needed():
-    slow = Rates(base_ms=500.0, sample_ms=0.0, slot_ms=0.0, cell_ms=0.0, finish_ms=0.0, static_ms=0.0, tight_bound_ms=0.0)
+    slow = Rates(
+        base_ms=500.0, sample_ms=0.0, slot_ms=0.0, cell_ms=0.0, finish_ms=0.0, static_ms=0.0, tight_bound_ms=0.0
+    )
     problem = _problem(budget_ms=200.0)
     with fixed_rates(slow):
         assert problem_budget_ms(problem) == pytest.approx(fixed_work.LOW_SHARE * 500.0)  # above the 200 ms asked for
@@ -50,7 +58,9 @@ def test_a_budget_below_the_fixed_work_is_refused_at_once_naming_the_field_and_t
 
 
 def test_a_budget_that_covers_the_fixed_work_is_not_refused():
-    covered = Rates(base_ms=100.0, sample_ms=0.0, slot_ms=0.0, cell_ms=0.0, finish_ms=0.0, static_ms=0.0, tight_bound_ms=0.0)
+    covered = Rates(
+        base_ms=100.0, sample_ms=0.0, slot_ms=0.0, cell_ms=0.0, finish_ms=0.0, static_ms=0.0, tight_bound_ms=0.0
+    )
     with fixed_rates(covered):
         problem = _problem(budget_ms=60_000.0)
         assert problem_budget_ms(problem) < 60_000.0
@@ -62,7 +72,9 @@ def test_a_budget_spent_before_planning_began_is_planned_late_not_refused():
     """The refusal judges the budget asked for: a request that waited (a queue, a caller's set-up) gets its plan."""
     from planning.deadline import Deadline
 
-    covered = Rates(base_ms=100.0, sample_ms=0.0, slot_ms=0.0, cell_ms=0.0, finish_ms=0.0, static_ms=0.0, tight_bound_ms=0.0)
+    covered = Rates(
+        base_ms=100.0, sample_ms=0.0, slot_ms=0.0, cell_ms=0.0, finish_ms=0.0, static_ms=0.0, tight_bound_ms=0.0
+    )
     problem = _problem(budget_ms=1000.0)
     with fixed_rates(covered):
         result = plan(problem, deadline=Deadline.after_ms(1000.0, start=time.perf_counter() - 5.0))  # long past due
@@ -71,7 +83,9 @@ def test_a_budget_spent_before_planning_began_is_planned_late_not_refused():
 
 def test_deterministic_plans_are_never_refused_nor_cut_for_time():
     # Their answer depends on the input alone: not on rates measured on this machine.
-    hopeless = Rates(base_ms=1e9, sample_ms=1.0, slot_ms=1.0, cell_ms=1.0, finish_ms=1.0, static_ms=1e6, tight_bound_ms=1e6)
+    hopeless = Rates(
+        base_ms=1e9, sample_ms=1.0, slot_ms=1.0, cell_ms=1.0, finish_ms=1.0, static_ms=1e6, tight_bound_ms=1e6
+    )
     with fixed_rates(NO_WORK):
         free = plan(_problem(deterministic=True))
     with fixed_rates(hopeless):
@@ -81,7 +95,9 @@ def test_deterministic_plans_are_never_refused_nor_cut_for_time():
 
 
 def test_the_static_baseline_steps_aside_with_its_reason_when_the_deadline_leaves_no_room():
-    no_room = Rates(base_ms=0.0, sample_ms=0.0, slot_ms=0.0, cell_ms=0.0, finish_ms=0.0, static_ms=1e6, tight_bound_ms=0.0)
+    no_room = Rates(
+        base_ms=0.0, sample_ms=0.0, slot_ms=0.0, cell_ms=0.0, finish_ms=0.0, static_ms=1e6, tight_bound_ms=0.0
+    )
     problem = _problem()
     with fixed_rates(no_room):
         result = plan(problem)
@@ -109,15 +125,21 @@ def test_a_static_baseline_not_asked_for_says_so():
 
 
 def test_the_tighter_bounds_step_aside_for_the_cheapest_valid_one_without_room(monkeypatch):
-    costly = Rates(base_ms=0.0, sample_ms=0.0, slot_ms=0.0, cell_ms=0.0, finish_ms=0.0, static_ms=0.0, tight_bound_ms=1e6)
+    costly = Rates(
+        base_ms=0.0, sample_ms=0.0, slot_ms=0.0, cell_ms=0.0, finish_ms=0.0, static_ms=0.0, tight_bound_ms=1e6
+    )
     problem = _problem()
-    monkeypatch.setattr(planner, "size_bound_within", lambda *args: None)  # the group-size LP has its own budget rule (tests/test_size_bound.py)
+    monkeypatch.setattr(
+        planner, "size_bound_within", lambda *args: None
+    )  # the group-size LP has its own budget rule (tests/test_size_bound.py)
     with fixed_rates(NO_WORK):
         full = plan(problem)
     with fixed_rates(costly):
         quick = plan(problem)
     assert quick.solver.details["bound"] == "single_sample"
-    assert quick.solver.details["skipped"]["tighter_bounds"].startswith("only the single-sample bound: the deadline leaves")
+    assert quick.solver.details["skipped"]["tighter_bounds"].startswith(
+        "only the single-sample bound: the deadline leaves"
+    )
     assert quick.lower_bound_s <= full.lower_bound_s <= full.predicted_step_time_s * (1 + 1e-12)
     assert "lower bound: only the single-sample bound" in summary_text(quick, problem)
     assert verify(quick, problem).ok
@@ -128,7 +150,9 @@ def test_the_estimate_grows_with_the_batch_and_the_domain():
     assert all(a <= b for a, b in zip(figures, figures[1:], strict=False))
     assert minimum_budget_ms(4096, 64, micro_batches=40) >= minimum_budget_ms(4096, 64)
     assert minimum_budget_ms(4096, 64, sizes=64) >= minimum_budget_ms(4096, 64, sizes=7)
-    rates = Rates(base_ms=1.0, sample_ms=0.002, slot_ms=0.004, cell_ms=1e-5, finish_ms=0.0, static_ms=0.0, tight_bound_ms=0.0)
+    rates = Rates(
+        base_ms=1.0, sample_ms=0.002, slot_ms=0.004, cell_ms=1e-5, finish_ms=0.0, static_ms=0.0, tight_bound_ms=0.0
+    )
     with fixed_rates(rates):
         small, large = minimum_budget_ms(16_384, 256, sizes=79), minimum_budget_ms(65_536, 256, sizes=79)
     # Linear in the samples: per sample its own rate and its cells (79 sizes, two placements).
@@ -137,8 +161,15 @@ def test_the_estimate_grows_with_the_batch_and_the_domain():
 
 def test_every_backend_needs_the_same_fixed_work():
     # An exact backend runs only in the time left after the heuristic's plan.
-    with fixed_rates(Rates(base_ms=2.0, sample_ms=0.003, slot_ms=0.01, cell_ms=1e-5, finish_ms=0.0, static_ms=0.0, tight_bound_ms=0.0)):
-        assert len({minimum_budget_ms(8192, 128, backend) for backend in ("heuristic", "auto", "cpsat", "highs", "cbc")}) == 1
+    with fixed_rates(
+        Rates(
+            base_ms=2.0, sample_ms=0.003, slot_ms=0.01, cell_ms=1e-5, finish_ms=0.0, static_ms=0.0, tight_bound_ms=0.0
+        )
+    ):
+        assert (
+            len({minimum_budget_ms(8192, 128, backend) for backend in ("heuristic", "auto", "cpsat", "highs", "cbc")})
+            == 1
+        )
 
 
 def test_the_measured_rates_fit_the_calibration_batches():
@@ -169,16 +200,27 @@ def _plain_static_balance(order, lengths, times, group_class, limit, micro_batch
 @pytest.mark.parametrize("seed", range(40))
 def test_the_static_balancing_places_as_the_plain_rule(seed):
     rng = np.random.default_rng(seed)
-    n, n_groups, micro_batches, classes = int(rng.integers(1, 120)), int(rng.integers(1, 6)), int(rng.integers(1, 8)), int(rng.integers(1, 3))
+    n, n_groups, micro_batches, classes = (
+        int(rng.integers(1, 120)),
+        int(rng.integers(1, 6)),
+        int(rng.integers(1, 8)),
+        int(rng.integers(1, 3)),
+    )
     lengths = rng.integers(1, 900, n).astype(np.int64)
     times = rng.random((classes, n))
     group_class = rng.integers(0, classes, n_groups).astype(np.int64)
     limit = rng.integers(400, 2500, n_groups).astype(np.float64)
-    order = rng.permutation(n) if seed % 2 else np.argsort(-lengths, kind="stable")  # any order, or longest first as the layouts use
+    order = (
+        rng.permutation(n) if seed % 2 else np.argsort(-lengths, kind="stable")
+    )  # any order, or longest first as the layouts use
     rest_min = np.minimum.accumulate(lengths[order][::-1].astype(np.float64))[::-1].copy()
     out_bin, load, mb_time = np.empty(n, dtype=np.int64), np.empty(micro_batches * n_groups), np.empty(micro_batches)
-    ok = balance_static(order, lengths, times, group_class, limit, micro_batches, np.zeros(classes), out_bin, load, mb_time, rest_min)
-    want = _plain_static_balance(order.tolist(), lengths.tolist(), times, group_class.tolist(), limit.tolist(), micro_batches, None)
+    ok = balance_static(
+        order, lengths, times, group_class, limit, micro_batches, np.zeros(classes), out_bin, load, mb_time, rest_min
+    )
+    want = _plain_static_balance(
+        order.tolist(), lengths.tolist(), times, group_class.tolist(), limit.tolist(), micro_batches, None
+    )
     assert ok == (want is not None)
     if want is not None:
         assert out_bin.tolist() == want[0]
@@ -221,7 +263,9 @@ def test_measured_rates_are_kept_for_later_processes_of_this_machine(tmp_path, m
 
     monkeypatch.setenv("DHP_CACHE_DIR", str(tmp_path))
     assert rates_cache.load(Rates) is None
-    measured = Rates(base_ms=1.0, sample_ms=0.01, slot_ms=0.002, cell_ms=1e-5, finish_ms=0.003, static_ms=0.004, tight_bound_ms=0.005)
+    measured = Rates(
+        base_ms=1.0, sample_ms=0.01, slot_ms=0.002, cell_ms=1e-5, finish_ms=0.003, static_ms=0.004, tight_bound_ms=0.005
+    )
     rates_cache.store(measured)
     assert rates_cache.load(Rates) == measured
     (path,) = tmp_path.glob("rates-*.json")

@@ -30,12 +30,17 @@ RULES = {"degree_policy": "aligned", "memory": "sample"}
 
 
 def _request(lengths: list[int], nodes: int = 1, gpus: int = 8, capacity: int = 1000, **options: object) -> dict:
-    return {"cluster": {"nodes": nodes, "gpus_per_node": gpus}, "model_preset": "llama3-8b",
-            "batch": {"samples": [{"id": f"s{i}", "text_tokens": n} for i, n in enumerate(lengths)]},
-            "profile": {"time": {"quadratic": 1e-9, "linear": 1e-5, "sample_constant": 1e-3, "group_constant": 2e-3},
-                        "comm": {"scheme": "ring", "bytes_per_token": 1e5, "bandwidth_bytes_per_s": {"intra": 1e11, "inter": 1e10}},
-                        "capacity_tokens_per_rank": capacity},
-            "options": options}
+    return {
+        "cluster": {"nodes": nodes, "gpus_per_node": gpus},
+        "model_preset": "llama3-8b",
+        "batch": {"samples": [{"id": f"s{i}", "text_tokens": n} for i, n in enumerate(lengths)]},
+        "profile": {
+            "time": {"quadratic": 1e-9, "linear": 1e-5, "sample_constant": 1e-3, "group_constant": 2e-3},
+            "comm": {"scheme": "ring", "bytes_per_token": 1e5, "bandwidth_bytes_per_s": {"intra": 1e11, "inter": 1e10}},
+            "capacity_tokens_per_rank": capacity,
+        },
+        "options": options,
+    }
 
 
 @pytest.mark.parametrize("n", [2, 4, 6, 8, 10, 12, 16, 24, 48, 64, 256])
@@ -69,7 +74,9 @@ def test_verifier_checks_aligned_blocks_and_memory_per_sample() -> None:
     report = check_assignment(problem, too_small)
     assert any("its longest sample's 1500 tokens per rank exceed the capacity of 1000" in v for v in report.violations)
     three = Assignment.of([[((0, 1, 2), (0, 1, 2))]])
-    assert any("not an aligned block size of the 8-rank domain" in v for v in check_assignment(problem, three).violations)
+    assert any(
+        "not an aligned block size of the 8-rank domain" in v for v in check_assignment(problem, three).violations
+    )
 
 
 def test_memory_per_sample_needs_fewer_micro_batches() -> None:
@@ -102,7 +109,9 @@ def test_bounds_and_plans_against_the_brute_force_optimum(seed: int, doc: dict, 
         pytest.skip("no plan exists under the micro-batch cap")
     tables = CostTables.build(problem)
     for name, value in bound_parts(tables).items():
-        assert value + problem.cost_profile.step_constant <= optimum * (1 + 1e-9), f"bound part {name} {value} above the optimum {optimum} ({tags})"
+        assert value + problem.cost_profile.step_constant <= optimum * (1 + 1e-9), (
+            f"bound part {name} {value} above the optimum {optimum} ({tags})"
+        )
     result = plan(problem)
     assert verify(result, problem).ok
     assert result.lower_bound_s <= optimum * (1 + 1e-9)

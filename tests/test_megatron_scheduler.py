@@ -19,9 +19,11 @@ from optimizer.problem.documents import problem_from_json
 from optimizer.verify.verifier import check_assignment
 from trainer.megatron import MEGATRON_RULES, PlannedCPScheduler, assignment_of, busy_last, install, schedule_of
 
-PROFILE = {"time": {"quadratic": 2e-9, "linear": 2e-5, "sample_constant": 2e-3, "group_constant": 5e-3},
-           "comm": {"scheme": "ring", "bytes_per_token": 3000, "bandwidth_bytes_per_s": {"intra": 5e8, "inter": 1e8}},
-           "capacity_tokens_per_rank": 1000}
+PROFILE = {
+    "time": {"quadratic": 2e-9, "linear": 2e-5, "sample_constant": 2e-3, "group_constant": 5e-3},
+    "comm": {"scheme": "ring", "bytes_per_token": 3000, "bandwidth_bytes_per_s": {"intra": 5e8, "inter": 1e8}},
+    "capacity_tokens_per_rank": 1000,
+}
 
 
 class Group:
@@ -60,7 +62,9 @@ def test_schedule_keeps_megatrons_contract_and_the_rules(seed: int) -> None:
             d = len(ranks)  # the sample's CP size: the ranks that list it, an aligned block Megatron created
             assert ranks == list(range(ranks[0], ranks[0] + d)) and (d in (1, n_ranks) or ranks[0] % d == 0)
             assert length[i] <= 1000 * d  # memory per sample
-            assert all(per_rank_ids[r] == per_rank_ids[ranks[0]] for r in ranks)  # the same sub-samples, in the same order
+            assert all(
+                per_rank_ids[r] == per_rank_ids[ranks[0]] for r in ranks
+            )  # the same sub-samples, in the same order
         seen.extend(listing)
     assert sorted(seen) == sorted(i for i, _ in batch)
     assert all(ids for ids in sample_id_groups[-1])  # every rank runs a last sub-sample
@@ -114,7 +118,9 @@ def test_schedule_round_trip() -> None:
     assert sample_ids[0] == [["c"], ["c"], ["a", "b"], ["d"]]
     assert groups[0] == [[30], [30], [10, 20], [40]]
     back = assignment_of(sample_ids, {s: k for k, s in enumerate(ids)})
-    assert {tuple(sorted(g)) for mb in back.micro_batches for g in mb} == {tuple(sorted(g)) for mb in assignment.micro_batches for g in mb}
+    assert {tuple(sorted(g)) for mb in back.micro_batches for g in mb} == {
+        tuple(sorted(g)) for mb in assignment.micro_batches for g in mb
+    }
 
 
 def test_plan_ahead_and_install() -> None:
@@ -161,7 +167,10 @@ def test_megatrons_own_wrapper_and_loop_run_the_schedule() -> None:
 
     rng = random.Random(11)
     # Each of 4 DP ranks loads 2 packed samples of 1-4 sub-samples, 20 to 3,000 tokens (capacity 1,000 per rank).
-    lengths = {r: [[rng.randint(20, 3000 if rng.random() < 0.15 else 600) for _ in range(rng.randint(1, 4))] for _ in range(2)] for r in range(4)}
+    lengths = {
+        r: [[rng.randint(20, 3000 if rng.random() < 0.15 else 600) for _ in range(rng.randint(1, 4))] for _ in range(2)]
+        for r in range(4)
+    }
     by_rank = spawn(megatron_step_worker, 4, lengths, 1000, PROFILE, (False, True))  # broadcast, then deterministic
     for mode, deterministic in enumerate((False, True)):
         _check_megatron_run([res[mode] for res in by_rank], lengths, deterministic)
@@ -176,9 +185,13 @@ def _check_megatron_run(results: list[dict], lengths: dict[int, list[list[int]]]
     flat = [n for r in range(4) for packed in lengths[r] for n in packed]
     for rank, res in enumerate(results):
         expected = [i for group in schedule for i in group[rank]]
-        assert [run["length"] for run in res["ran"]] == [flat[i] for i in expected]  # its sub-samples, in order, routed to it
+        assert [run["length"] for run in res["ran"]] == [
+            flat[i] for i in expected
+        ]  # its sub-samples, in order, routed to it
         cp = {i: sum(i in group[r] for r in range(4)) for group in schedule for i in group[rank]}
-        assert [run["cp"] for run in res["ran"]] == [cp[i] for i in expected]  # local_cp_size: the ranks listing the sample
+        assert [run["cp"] for run in res["ran"]] == [
+            cp[i] for i in expected
+        ]  # local_cp_size: the ranks listing the sample
         assert res["barriers"] == 1 + len(schedule) - 1  # one before the loop, one between consecutive barrier groups
         assert res["received"] == sorted(set(expected))
 

@@ -26,18 +26,22 @@ def tiny_problem(seed: int, **options):
     rng = random.Random(seed)
     n = rng.randint(2, 8)
     nodes, per_node = rng.choice([(1, 4), (2, 2), (2, 3), (1, 6), (3, 2), (1, 5)])
-    samples = [{"id": f"s{i}", "text_tokens": rng.choice([rng.randint(100, 3000), rng.randint(3000, 40000)])} for i in range(n)]
+    samples = [
+        {"id": f"s{i}", "text_tokens": rng.choice([rng.randint(100, 3000), rng.randint(3000, 40000)])} for i in range(n)
+    ]
     profile = {
         "time": {"quadratic": 2e-10, "linear": 5e-5, "sample_constant": 1e-3, "group_constant": 5e-3},
         "comm": {"scheme": "ring", "bytes_per_token": 1.5e5, "bandwidth_bytes_per_s": {"intra": 3e11, "inter": 2.5e10}},
         "capacity_tokens_per_rank": rng.choice([8000, 16000, 64000]),
     }
-    return problem_from_json({
-        "batch": {"samples": samples},
-        "cluster": {"nodes": nodes, "gpus_per_node": per_node},
-        "profile": profile,
-        "options": {"backend": "heuristic", "max_micro_batches": 3, **options},
-    })
+    return problem_from_json(
+        {
+            "batch": {"samples": samples},
+            "cluster": {"nodes": nodes, "gpus_per_node": per_node},
+            "profile": profile,
+            "options": {"backend": "heuristic", "max_micro_batches": 3, **options},
+        }
+    )
 
 
 @pytest.mark.parametrize("policy", ["any", "pow2"])

@@ -17,11 +17,29 @@ from optimizer.problem.workloads import image_sft
 from optimizer.verify.verifier import check_assignment
 from planning.planner import plan
 
-TEXT_MODEL = {"name": "gpt-7b-64h", "llm": {"layers": 32, "hidden": 4096, "heads": 64, "kv_heads": 64, "ffn_hidden": 11008, "vocab": 32000,
-                                            "parameters": 7.0e9}, "training": {"zero_stage": 3, "recompute": "full"}}
+TEXT_MODEL = {
+    "name": "gpt-7b-64h",
+    "llm": {
+        "layers": 32,
+        "hidden": 4096,
+        "heads": 64,
+        "kv_heads": 64,
+        "ffn_hidden": 11008,
+        "vocab": 32000,
+        "parameters": 7.0e9,
+    },
+    "training": {"zero_stage": 3, "recompute": "full"},
+}
 """Heads divisible by every power of two up to 64, so a Ulysses profile may use any of those group sizes."""
 
-STRESS = ("stress-group-constant", "stress-slow-inter", "stress-comm-dominant", "stress-quadratic", "stress-memory-tight", "stress-mixed-gpu")
+STRESS = (
+    "stress-group-constant",
+    "stress-slow-inter",
+    "stress-comm-dominant",
+    "stress-quadratic",
+    "stress-memory-tight",
+    "stress-mixed-gpu",
+)
 
 
 def test_the_zoo_holds_what_it_promises():
@@ -39,7 +57,9 @@ def test_the_zoo_holds_what_it_promises():
 
 def test_flexsp_profiles_keep_their_fitted_numbers():
     seven = load_profile("flexsp-gpt7b")
-    assert seven["time"]["quadratic"] == pytest.approx(5.128e-9) and seven["time"]["group_constant"] == pytest.approx(0.6293563)
+    assert seven["time"]["quadratic"] == pytest.approx(5.128e-9) and seven["time"]["group_constant"] == pytest.approx(
+        0.6293563
+    )
     assert seven["capacity_tokens_per_rank"] == 6449 and seven["comm"]["scheme"] == "ulysses"
     assert load_profile("flexsp-gpt30b")["time"]["linear"] == pytest.approx(803.5742e-6)
 
@@ -47,14 +67,18 @@ def test_flexsp_profiles_keep_their_fitted_numbers():
 def test_analytical_entries_equal_the_engine_analytical_profile():
     for m in preset_names("models"):
         for c in preset_names("clusters"):
-            expected = analytical_profile(model_from_json(load_preset("models", m, "m")), cluster_from_json(load_preset("clusters", c, "c"))).to_json()
+            expected = analytical_profile(
+                model_from_json(load_preset("models", m, "m")), cluster_from_json(load_preset("clusters", c, "c"))
+            ).to_json()
             assert load_profile(f"analytical-{m}-{c}") == expected
 
 
 def _problem_for(name: str, batch: dict) -> dict:
     doc = load_profile(name)
     if name.startswith("analytical-"):
-        model, cluster = next((m, c) for m in preset_names("models") for c in preset_names("clusters") if name == f"analytical-{m}-{c}")
+        model, cluster = next(
+            (m, c) for m in preset_names("models") for c in preset_names("clusters") if name == f"analytical-{m}-{c}"
+        )
         return {"batch": batch, "cluster_preset": cluster, "model_preset": model, "profile": doc}
     cluster: dict = {"nodes": 2, "gpus_per_node": 8}
     if name == "stress-mixed-gpu":
@@ -100,7 +124,23 @@ def test_cli_profile_preset_and_presets_listing(capsys, tmp_path):
     batch.write_text(json.dumps(image_sft(16, seed=0)))
     model = tmp_path / "m.json"
     model.write_text(json.dumps(TEXT_MODEL))
-    assert main(["plan", "--batch", str(batch), "--nodes", "1", "--model", str(model), "--profile-preset", "flexsp-gpt7b", "--show-profile"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--batch",
+                str(batch),
+                "--nodes",
+                "1",
+                "--model",
+                str(model),
+                "--profile-preset",
+                "flexsp-gpt7b",
+                "--show-profile",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out) == profile_from_json(load_profile("flexsp-gpt7b")).to_json()
     assert main(["presets"]) == 0
     out = capsys.readouterr().out

@@ -33,8 +33,12 @@ def requests(draw):
     }
     if draw(st.booleans()):
         options["max_degree"] = draw(st.integers(1, nodes * per_node))
-    return {"batch": {"samples": samples}, "cluster": {"nodes": nodes, "gpus_per_node": per_node},
-            "model_preset": draw(st.sampled_from(["internvl2-8b", "qwen2-vl-7b"])), "options": options}
+    return {
+        "batch": {"samples": samples},
+        "cluster": {"nodes": nodes, "gpus_per_node": per_node},
+        "model_preset": draw(st.sampled_from(["internvl2-8b", "qwen2-vl-7b"])),
+        "options": options,
+    }
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -59,8 +63,12 @@ def test_valid_problem_gives_verified_plan_or_infeasible(doc):
 def test_deterministic(seed):
     from optimizer.problem.workloads import mixed
 
-    doc = {"batch": mixed(48, seed=seed), "cluster": {"nodes": 2, "gpus_per_node": 8}, "model_preset": "qwen2-vl-7b",
-           "options": {"backend": "heuristic", "max_micro_batches": 16}}
+    doc = {
+        "batch": mixed(48, seed=seed),
+        "cluster": {"nodes": 2, "gpus_per_node": 8},
+        "model_preset": "qwen2-vl-7b",
+        "options": {"backend": "heuristic", "max_micro_batches": 16},
+    }
     a = plan(problem_from_json(doc)).to_json(shards=False)
     b = plan(problem_from_json(doc)).to_json(shards=False)
     for x in (a, b):
@@ -71,13 +79,44 @@ def test_deterministic(seed):
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(10**20), 10**20) | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8),
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**20), 10**20)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=8),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
     max_leaves=20,
 )
-field_names = st.sampled_from(["samples", "id", "text_tokens", "images", "videos", "tokens", "frames", "width", "height", "nodes",
-                               "gpus_per_node", "gpu", "llm", "layers", "hidden", "heads", "time", "comm", "scheme", "options",
-                               "max_degree", "time_budget_ms", "capacity_tokens_per_rank", "bandwidth_bytes_per_s", "intra", "inter"])
+field_names = st.sampled_from(
+    [
+        "samples",
+        "id",
+        "text_tokens",
+        "images",
+        "videos",
+        "tokens",
+        "frames",
+        "width",
+        "height",
+        "nodes",
+        "gpus_per_node",
+        "gpu",
+        "llm",
+        "layers",
+        "hidden",
+        "heads",
+        "time",
+        "comm",
+        "scheme",
+        "options",
+        "max_degree",
+        "time_budget_ms",
+        "capacity_tokens_per_rank",
+        "bandwidth_bytes_per_s",
+        "intra",
+        "inter",
+    ]
+)
 documents = st.recursive(
     json_values,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(field_names, children, max_size=5),
@@ -86,7 +125,12 @@ documents = st.recursive(
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.fixed_dictionaries({"batch": documents}, optional={"cluster": documents, "model": documents, "profile": documents, "options": documents}))
+@given(
+    st.fixed_dictionaries(
+        {"batch": documents},
+        optional={"cluster": documents, "model": documents, "profile": documents, "options": documents},
+    )
+)
 def test_any_json_gives_a_problem_or_a_named_error(doc):
     """Whatever JSON arrives, the translation answers with a problem or an error naming a field: never a crash."""
     from optimizer.errors import PlannerError
@@ -102,19 +146,42 @@ def test_any_json_gives_a_problem_or_a_named_error(doc):
         assert exc.field and exc.hint
 
 
-leaf = st.none() | st.booleans() | st.integers(-(10**20), 10**20) | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=4) | st.lists(st.integers(-5, 5), max_size=2)
+leaf = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**20), 10**20)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=4)
+    | st.lists(st.integers(-5, 5), max_size=2)
+)
 image = st.dictionaries(st.sampled_from(["tokens", "frames", "tokens_per_frame", "width", "height"]), leaf, max_size=3)
 sample = st.dictionaries(st.sampled_from(["id", "text_tokens"]), leaf, max_size=2) | st.fixed_dictionaries(
-    {"id": st.text(min_size=1, max_size=3), "text_tokens": leaf}, optional={"images": st.lists(image, max_size=2), "videos": st.lists(image, max_size=2)})
+    {"id": st.text(min_size=1, max_size=3), "text_tokens": leaf},
+    optional={"images": st.lists(image, max_size=2), "videos": st.lists(image, max_size=2)},
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(sample, min_size=1, max_size=5), st.dictionaries(st.sampled_from(["nodes", "gpus_per_node", "tensor_parallel", "efficiency", "gpu"]), leaf, max_size=3),
-       st.dictionaries(st.sampled_from(["max_degree", "time_budget_ms", "max_micro_batches", "degree_policy", "backend", "cp_scheme"]), leaf, max_size=3))
+@given(
+    st.lists(sample, min_size=1, max_size=5),
+    st.dictionaries(
+        st.sampled_from(["nodes", "gpus_per_node", "tensor_parallel", "efficiency", "gpu"]), leaf, max_size=3
+    ),
+    st.dictionaries(
+        st.sampled_from(["max_degree", "time_budget_ms", "max_micro_batches", "degree_policy", "backend", "cp_scheme"]),
+        leaf,
+        max_size=3,
+    ),
+)
 def test_fuzzed_fields_give_a_plan_or_a_named_error(samples, cluster, options):
     from optimizer.errors import PlannerError
 
-    doc = {"batch": {"samples": samples}, "cluster": {"nodes": 1, **cluster}, "model_preset": "qwen2-vl-7b", "options": {**options, "backend": "heuristic"}}
+    doc = {
+        "batch": {"samples": samples},
+        "cluster": {"nodes": 1, **cluster},
+        "model_preset": "qwen2-vl-7b",
+        "options": {**options, "backend": "heuristic"},
+    }
     try:
         problem = problem_from_json(doc)
         plan(problem)

@@ -13,16 +13,34 @@ from optimizer.problem.documents import problem_from_json
 from optimizer.verify.verifier import verify
 from planning.planner import plan
 
-MODEL = {"name": "gpt-7b-64h", "llm": {"layers": 32, "hidden": 4096, "heads": 64, "kv_heads": 64, "ffn_hidden": 11008, "vocab": 32000,
-                                       "parameters": 7.0e9}, "training": {"zero_stage": 3, "recompute": "full"}}
+MODEL = {
+    "name": "gpt-7b-64h",
+    "llm": {
+        "layers": 32,
+        "hidden": 4096,
+        "heads": 64,
+        "kv_heads": 64,
+        "ffn_hidden": 11008,
+        "vocab": 32000,
+        "parameters": 7.0e9,
+    },
+    "training": {"zero_stage": 3, "recompute": "full"},
+}
 # stress-mixed-gpu: H100 ranks hold 6,449 tokens, A100 ranks 4,300 (and run at 0.32 of the speed).
 
 
 def _problem(h100: int, a100: int, lengths: list[int], backend: str = "heuristic"):
     cluster = {"nodes": [{"count": h100, "gpus": 1, "gpu": "H100-SXM"}, {"count": a100, "gpus": 1, "gpu": "A100-80GB"}]}
     batch = {"samples": [{"id": f"s{i}", "text_tokens": n} for i, n in enumerate(lengths)]}
-    return problem_from_json({"batch": batch, "cluster": cluster, "model": MODEL, "profile": load_profile("stress-mixed-gpu"),
-                              "options": {"backend": backend, "time_budget_ms": 300}})
+    return problem_from_json(
+        {
+            "batch": batch,
+            "cluster": cluster,
+            "model": MODEL,
+            "profile": load_profile("stress-mixed-gpu"),
+            "options": {"backend": backend, "time_budget_ms": 300},
+        }
+    )
 
 
 def test_group_capacity_is_its_smallest_rank_times_its_size():
@@ -59,7 +77,9 @@ def test_the_split_plan_runs_the_short_samples_on_every_rank_and_the_faster_plan
     assert head == ((0, 1, 2, 3), (0,))  # the long sample alone on the H100s, first
     whole = _mapped(heuristic_plan(CostTables.build(sub)), ranks)
     chosen, _ = roomy_plan(tables, None)
-    assert assignment_step_time(tables, chosen) == min(assignment_step_time(tables, split), assignment_step_time(tables, whole))
+    assert assignment_step_time(tables, chosen) == min(
+        assignment_step_time(tables, split), assignment_step_time(tables, whole)
+    )
 
 
 def test_a_sample_no_group_holds_is_refused_with_the_reason():

@@ -40,7 +40,9 @@ def slow(monkeypatch):
 
 @pytest.fixture
 def client(tmp_path):
-    with TestClient(create_app(Settings(data_dir=tmp_path / "data", solve_workers=1, queue_limit=4)), raise_server_exceptions=False) as c:
+    with TestClient(
+        create_app(Settings(data_dir=tmp_path / "data", solve_workers=1, queue_limit=4)), raise_server_exceptions=False
+    ) as c:
         yield c
 
 
@@ -62,7 +64,9 @@ def test_a_request_a_worker_takes_late_after_an_overrun_is_solved_not_refused(cl
     """The solve ahead was expected to end by its deadline (300 ms) but ran SOLVE_S: the request it held up was admitted
     on that estimate, so it is solved with what is left of its budget (and counted), not refused after waiting."""
     with ThreadPoolExecutor(2) as pool:
-        occupy(client, pool, slow, seed=20).result()  # one solve timed (SOLVE_S): from now on the estimate is min(deadline, about SOLVE_S)
+        occupy(
+            client, pool, slow, seed=20
+        ).result()  # one solve timed (SOLVE_S): from now on the estimate is min(deadline, about SOLVE_S)
         slow.clear()
         first = pool.submit(client.post, "/v1/plans", json=small_request(n=6, seed=21, time_budget_ms=300))
         assert slow.wait(10)
@@ -70,7 +74,7 @@ def test_a_request_a_worker_takes_late_after_an_overrun_is_solved_not_refused(cl
         assert first.result().status_code == 201
     assert r.status_code == 201, r.text
     assert took > SOLVE_S * 0.8
-    assert 'dhp_late_starts_total 1.0' in client.get("/metrics").text
+    assert "dhp_late_starts_total 1.0" in client.get("/metrics").text
 
 
 def test_solve_threads_run_below_the_event_loop_priority(tmp_path, monkeypatch):
@@ -101,7 +105,9 @@ def test_a_request_the_queue_would_keep_past_its_budget_is_refused_at_once(clien
     assert r.status_code == 503, r.text
     assert took < 0.5, took
     # Computed from the queue: one admitted solve of about SOLVE_S seconds (its measured time) on one worker.
-    assert int(SOLVE_S) + 1 <= int(r.headers["retry-after"]) <= math.ceil(client.app.state.service.pool.mean_solve_s) + 1
+    assert (
+        int(SOLVE_S) + 1 <= int(r.headers["retry-after"]) <= math.ceil(client.app.state.service.pool.mean_solve_s) + 1
+    )
 
 
 def test_plan_ahead_answers_at_once_while_every_worker_is_busy(client, slow):
@@ -116,7 +122,9 @@ def test_plan_ahead_answers_at_once_while_every_worker_is_busy(client, slow):
 
 
 def test_a_full_queue_refuses_before_reading_the_body(tmp_path, slow):
-    with TestClient(create_app(Settings(data_dir=tmp_path / "data", solve_workers=1, queue_limit=0)), raise_server_exceptions=False) as client:
+    with TestClient(
+        create_app(Settings(data_dir=tmp_path / "data", solve_workers=1, queue_limit=0)), raise_server_exceptions=False
+    ) as client:
         with ThreadPoolExecutor(2) as pool:
             busy = occupy(client, pool, slow, seed=9)
             # A body that parsing would refuse (422): the answer is 503, so it was not parsed.
@@ -172,12 +180,18 @@ def test_an_overloaded_service_refuses_before_it_validates(client, slow, monkeyp
 def test_the_tail_is_kept_per_batch_size():
     from api.admission import AnswerTail, size_class
 
-    assert size_class(16) == size_class(1023) == 0 and size_class(1024) == size_class(4095) == 1 and size_class(65_536) == 4
+    assert (
+        size_class(16) == size_class(1023) == 0
+        and size_class(1024) == size_class(4095) == 1
+        and size_class(65_536) == 4
+    )
     tail = AnswerTail()
     for _ in range(10):
         tail.observe(0.9, n_samples=65_536, after_s=0.8)
     assert tail.reserve_s(2.0, n_samples=65_536) == pytest.approx(0.9) and tail.after_s(65_536) == pytest.approx(0.8)
-    assert tail.reserve_s(2.0, n_samples=48) == 0.0 and tail.after_s(48) == 0.0  # small batches are not charged for large ones
+    assert (
+        tail.reserve_s(2.0, n_samples=48) == 0.0 and tail.after_s(48) == 0.0
+    )  # small batches are not charged for large ones
 
 
 def test_a_budget_the_service_own_work_leaves_too_short_is_refused_at_once(client, monkeypatch):
@@ -187,13 +201,21 @@ def test_a_budget_the_service_own_work_leaves_too_short_is_refused_at_once(clien
 
     calls = []
     real = api.service.run_planner
-    monkeypatch.setattr(api.service, "run_planner", lambda problem, deadline=None: calls.append(1) or real(problem, deadline=deadline))
+    monkeypatch.setattr(
+        api.service, "run_planner", lambda problem, deadline=None: calls.append(1) or real(problem, deadline=deadline)
+    )
     for _ in range(3):
-        client.app.state.service.tail.observe(0.0, n_samples=6, after_s=5.0)  # answers of this size took 5 s to encode and store
+        client.app.state.service.tail.observe(
+            0.0, n_samples=6, after_s=5.0
+        )  # answers of this size took 5 s to encode and store
     free = Rates(base_ms=0.0, sample_ms=0.0, slot_ms=0.0, cell_ms=0.0, finish_ms=0.0, static_ms=0.0, tight_bound_ms=0.0)
     with fixed_rates(free):
         body = client.post("/v1/plans", json=small_request(n=6, seed=43, time_budget_ms=1000)).json()
-        assert body["status"] == 422 and body["field"] == "options.time_budget_ms" and "encoding and storing" in body["detail"], body
+        assert (
+            body["status"] == 422
+            and body["field"] == "options.time_budget_ms"
+            and "encoding and storing" in body["detail"]
+        ), body
         assert "at least" in body["hint"] and calls == []
         assert client.post("/v1/plans", json=small_request(n=6, seed=43, time_budget_ms=9000)).status_code == 201
 
@@ -221,7 +243,9 @@ def test_answers_late_at_the_largest_reserve_close_the_waiting_line(client, slow
     assert not service.pool.queue_open
     with ThreadPoolExecutor(1) as pool:
         busy = occupy(client, pool, slow, seed=45)
-        assert client.post("/v1/plans", json=small_request(n=6, seed=46)).status_code == 503  # one worker, no waiting place now
+        assert (
+            client.post("/v1/plans", json=small_request(n=6, seed=46)).status_code == 503
+        )  # one worker, no waiting place now
         assert busy.result().status_code == 201
     for _ in range(64):
         service.tail.observe(0.0)

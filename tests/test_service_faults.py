@@ -47,7 +47,13 @@ def through(test_client: TestClient) -> httpx.MockTransport:
     """An httpx transport that hands each request to the app under test."""
 
     def handle(request: httpx.Request) -> httpx.Response:
-        r = test_client.request(request.method, request.url.path, params=dict(request.url.params), content=request.content, headers=dict(request.headers))
+        r = test_client.request(
+            request.method,
+            request.url.path,
+            params=dict(request.url.params),
+            content=request.content,
+            headers=dict(request.headers),
+        )
         return httpx.Response(r.status_code, headers=dict(r.headers), content=r.content)
 
     return httpx.MockTransport(handle)
@@ -64,11 +70,18 @@ def test_a_store_that_does_not_answer_is_503_with_retry_after(app):
         outage = Outage(app.state.store)
         outage.start()
         try:
-            for r in (client.post("/v1/plans", json=small_request(n=6, seed=1)), client.post("/v1/plans", json={**small_request(n=6, seed=2), "wait": False}),
-                      client.get(f"/v1/plans/{done}"), client.get("/v1/plans"), client.get(f"/v1/plans/{done}/feedback"),
-                      client.post(f"/v1/plans/{done}/feedback", json={"measured_step_time_s": 1.0})):
+            for r in (
+                client.post("/v1/plans", json=small_request(n=6, seed=1)),
+                client.post("/v1/plans", json={**small_request(n=6, seed=2), "wait": False}),
+                client.get(f"/v1/plans/{done}"),
+                client.get("/v1/plans"),
+                client.get(f"/v1/plans/{done}/feedback"),
+                client.post(f"/v1/plans/{done}/feedback", json={"measured_step_time_s": 1.0}),
+            ):
                 assert r.status_code == 503, r.text
-                assert r.headers["retry-after"].isdigit() and r.headers["content-type"].startswith("application/problem+json")
+                assert r.headers["retry-after"].isdigit() and r.headers["content-type"].startswith(
+                    "application/problem+json"
+                )
                 assert r.json()["type"].endswith("/store-unavailable")
             assert client.get("/readyz").status_code == 503
         finally:
@@ -120,8 +133,20 @@ def test_a_plan_solved_while_the_store_is_down_is_stored_when_it_comes_back(app,
 def _pending(store: Store, req: dict, age_s: float) -> str:
     created = utcnow() - timedelta(seconds=age_s)
     plan_id = uuid.uuid4().hex
-    store.add(PlanRecord(id=plan_id, created_at=created, status="pending", request_hash=uuid.uuid4().hex * 2, n_samples=len(req["batch"]["samples"]),
-                         n_ranks=16, cluster="c", model="m", request_json=json.dumps(req), claimed_at=created))
+    store.add(
+        PlanRecord(
+            id=plan_id,
+            created_at=created,
+            status="pending",
+            request_hash=uuid.uuid4().hex * 2,
+            n_samples=len(req["batch"]["samples"]),
+            n_ranks=16,
+            cluster="c",
+            model="m",
+            request_json=json.dumps(req),
+            claimed_at=created,
+        )
+    )
     return plan_id
 
 
@@ -130,7 +155,10 @@ def test_pending_plans_of_a_process_that_stopped_are_resumed_at_start(tmp_path):
     store = Store(settings.sqlalchemy_url)
     create_app(settings)  # the schema
     req = small_request(n=6, seed=5)
-    recent, old = _pending(store, req, 1.0), _pending(store, small_request(n=5, seed=6), 10_000.0)  # old: past the "lost" age
+    recent, old = (
+        _pending(store, req, 1.0),
+        _pending(store, small_request(n=5, seed=6), 10_000.0),
+    )  # old: past the "lost" age
     with TestClient(create_app(settings), raise_server_exceptions=False) as client:
         for plan_id in (recent, old):
             got = client.get(f"/v1/plans/{plan_id}", params={"wait_ms": 20_000}).json()
@@ -146,7 +174,9 @@ def test_processes_starting_together_claim_each_pending_plan_once(tmp_path):
     ids = {_pending(store, small_request(n=4, seed=s), 5.0) for s in range(4)}
     start = utcnow()
     claims: list[list[str]] = []
-    threads = [threading.Thread(target=lambda: claims.append([r.id for r in store.claim_pending(start)])) for _ in range(3)]
+    threads = [
+        threading.Thread(target=lambda: claims.append([r.id for r in store.claim_pending(start)])) for _ in range(3)
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -49,9 +49,17 @@ def test_ids_that_cannot_exist_are_404(client, plan_id):
     problem(client.get(f"/v1/jobs/{plan_id}"), 404, "job_id")
 
 
-@pytest.mark.parametrize(("path", "name"), [("/v1/plans", "cluster"), ("/v1/plans", "model"), ("/v1/plans", "backend"),
-                                            ("/v1/dashboard/plans", "cluster"), ("/v1/dashboard/calibration", "model"),
-                                            ("/v1/dashboard/calibration", "profile")])
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [
+        ("/v1/plans", "cluster"),
+        ("/v1/plans", "model"),
+        ("/v1/plans", "backend"),
+        ("/v1/dashboard/plans", "cluster"),
+        ("/v1/dashboard/calibration", "model"),
+        ("/v1/dashboard/calibration", "profile"),
+    ],
+)
 def test_text_filters_with_control_characters_or_too_long_are_422(client, path, name):
     problem(client.get(path, params={name: "a\x00b"}), 422, name)
     problem(client.get(path, params={name: "tab\there"}), 422, name)
@@ -63,9 +71,23 @@ def test_cluster_and_model_names_are_checked_before_they_are_stored(client):
     req = small_request(n=4)
     model = client.get("/v1/presets").json()["models"]["qwen2-vl-7b"]
     for name in ("a\x00b", "n" * 129):
-        problem(client.post("/v1/plans", json={**req, "cluster": {"name": name, "nodes": 2, "gpus_per_node": 8}}), 422, "cluster.name")
-        problem(client.post("/v1/plans", json={**req, "model_preset": None, "model": {**model, "name": name}}), 422, "model.name")
-        problem(client.post("/v1/plans", json={**req, "wait": False, "cluster": {"name": name, "nodes": 2, "gpus_per_node": 8}}), 422, "cluster.name")
+        problem(
+            client.post("/v1/plans", json={**req, "cluster": {"name": name, "nodes": 2, "gpus_per_node": 8}}),
+            422,
+            "cluster.name",
+        )
+        problem(
+            client.post("/v1/plans", json={**req, "model_preset": None, "model": {**model, "name": name}}),
+            422,
+            "model.name",
+        )
+        problem(
+            client.post(
+                "/v1/plans", json={**req, "wait": False, "cluster": {"name": name, "nodes": 2, "gpus_per_node": 8}}
+            ),
+            422,
+            "cluster.name",
+        )
     ok = client.post("/v1/plans", json={**req, "cluster": {"name": "n" * 128, "nodes": 2, "gpus_per_node": 8}})
     assert ok.status_code == 201, ok.text
     assert client.get("/v1/plans", params={"cluster": "n" * 128}).json()["total"] == 1
@@ -81,7 +103,12 @@ def test_token_products_beyond_64_bits_are_422_naming_the_sample(client):
     assert "tokens" in body["detail"]
     problem(client.post("/v1/plans", json={**one, "wait": False}), 422, "batch.samples[0]")
     # Each sample within its own limit, the batch's sum beyond it.
-    many = {**req, "batch": {"samples": [{"id": f"v{i}", "videos": [{"frames": 10**9, "tokens_per_frame": 1000}]} for i in range(1001)]}}
+    many = {
+        **req,
+        "batch": {
+            "samples": [{"id": f"v{i}", "videos": [{"frames": 10**9, "tokens_per_frame": 1000}]} for i in range(1001)]
+        },
+    }
     problem(client.post("/v1/plans", json=many), 422, "batch.samples")
 
 
@@ -89,41 +116,78 @@ def test_non_finite_step_times_are_422(client):
     profile = load_profile("flexsp-gpt7b", "profile")
     profile["time"]["quadratic"] = 1e300
     # refused at the coefficient, by its range, before any step time can overflow
-    body = problem(client.post("/v1/plans", json={**small_request(n=4), "profile": profile}), 422, "profile.time.quadratic")
+    body = problem(
+        client.post("/v1/plans", json={**small_request(n=4), "profile": profile}), 422, "profile.time.quadratic"
+    )
     assert "finite" in body["detail"] and "from 0 to" in body["detail"]
 
 
 def test_the_command_line_refuses_token_overflow_with_one_line(tmp_path, capsys):
     batch = tmp_path / "batch.json"
     batch.write_text(json.dumps({"samples": [{"id": "v", "text_tokens": 5, "videos": [HUGE_VIDEO] * 10}]}))
-    code = main(["plan", "--batch", str(batch), "--cluster-preset", "h100-8x8", "--model-preset", "qwen2-vl-7b", "--backend", "heuristic"])
+    code = main(
+        [
+            "plan",
+            "--batch",
+            str(batch),
+            "--cluster-preset",
+            "h100-8x8",
+            "--model-preset",
+            "qwen2-vl-7b",
+            "--backend",
+            "heuristic",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "batch.samples[0]" in err
 
 
-@pytest.mark.parametrize(("body", "field"), [('{"measured_step_time_s": 1.0, "metrics": {"mem": NaN}}', "metrics.mem"),
-                                             ('{"measured_step_time_s": 1.0, "metrics": {"mem": Infinity}}', "metrics.mem"),
-                                             ('{"measured_step_time_s": "1.5"}', "measured_step_time_s"),
-                                             ('{"measured_step_time_s": 1.0, "metrics": {"mem": "7"}}', "metrics.mem"),
-                                             ('{"measured_step_time_s": 1.0, "step": "3"}', "step"),
-                                             ('{"measured_step_time_s": 1.0, "group_times_s": [[NaN]]}', "group_times_s[0][0]")])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ('{"measured_step_time_s": 1.0, "metrics": {"mem": NaN}}', "metrics.mem"),
+        ('{"measured_step_time_s": 1.0, "metrics": {"mem": Infinity}}', "metrics.mem"),
+        ('{"measured_step_time_s": "1.5"}', "measured_step_time_s"),
+        ('{"measured_step_time_s": 1.0, "metrics": {"mem": "7"}}', "metrics.mem"),
+        ('{"measured_step_time_s": 1.0, "step": "3"}', "step"),
+        ('{"measured_step_time_s": 1.0, "group_times_s": [[NaN]]}', "group_times_s[0][0]"),
+    ],
+)
 def test_feedback_takes_finite_json_numbers_only(client, body, field):
     plan = client.post("/v1/plans", json=small_request(n=4)).json()
-    problem(client.post(f"/v1/plans/{plan['id']}/feedback", content=body, headers={"content-type": "application/json"}), 422, field)
-    assert client.post(f"/v1/plans/{plan['id']}/feedback", json={"measured_step_time_s": 2, "metrics": {"mem": 7}}).status_code == 201
+    problem(
+        client.post(f"/v1/plans/{plan['id']}/feedback", content=body, headers={"content-type": "application/json"}),
+        422,
+        field,
+    )
+    assert (
+        client.post(
+            f"/v1/plans/{plan['id']}/feedback", json={"measured_step_time_s": 2, "metrics": {"mem": 7}}
+        ).status_code
+        == 201
+    )
 
 
 def test_a_non_finite_budget_is_named_as_such(client):
     body = json.dumps(small_request(n=4))[:-2] + ', "time_budget_ms": NaN}}'
     assert json.loads(body.replace("NaN", "1"))["options"]["time_budget_ms"] == 1
-    found = problem(client.post("/v1/plans", content=body, headers={"content-type": "application/json"}), 422, "options.time_budget_ms")
+    found = problem(
+        client.post("/v1/plans", content=body, headers={"content-type": "application/json"}),
+        422,
+        "options.time_budget_ms",
+    )
     assert "finite" in found["detail"]
 
 
 def test_the_openapi_documents_the_statuses_of_id_routes(client):
     paths = client.get("/openapi.json").json()["paths"]
-    for path in ("/v1/plans/{plan_id}", "/v1/plans/{plan_id}/feedback", "/v1/dashboard/plans/{plan_id}", "/v1/jobs/{job_id}"):
+    for path in (
+        "/v1/plans/{plan_id}",
+        "/v1/plans/{plan_id}/feedback",
+        "/v1/dashboard/plans/{plan_id}",
+        "/v1/jobs/{job_id}",
+    ):
         for op in paths[path].values():
             assert {"404", "401", "422", "503"} <= set(op["responses"]), (path, sorted(op["responses"]))
     assert "409" in paths["/v1/plans/{plan_id}/feedback"]["post"]["responses"]

@@ -21,8 +21,11 @@ from api.app import create_app
 from api.intake import BodyBudget, Keeper, loads, parse_body
 from api.settings import Settings
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
-                    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5), max_leaves=40)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
+    max_leaves=40,
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -32,8 +35,24 @@ def test_stepwise_parse_gives_what_json_loads_gives(value, indent):
     assert loads(text.encode()) == json.loads(text) == value
 
 
-@pytest.mark.parametrize("bad", [b'{"a": 1,}', b'{"a" 1}', b"[1, 2", b'{"a": [1, 2,]}', b"", b" ", b'{"a": 1} x', b"[1 2]", b'{"a":1 "b":2}',
-                                 b"{", b"[", b'{"a":', b'{"batch": {"samples": [{"id": "a"},, ]}}'])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b'{"a": 1,}',
+        b'{"a" 1}',
+        b"[1, 2",
+        b'{"a": [1, 2,]}',
+        b"",
+        b" ",
+        b'{"a": 1} x',
+        b"[1 2]",
+        b'{"a":1 "b":2}',
+        b"{",
+        b"[",
+        b'{"a":',
+        b'{"batch": {"samples": [{"id": "a"},, ]}}',
+    ],
+)
 def test_stepwise_parse_fails_where_and_as_json_loads_fails(bad):
     with pytest.raises(json.JSONDecodeError) as expected:
         json.loads(bad)
@@ -56,9 +75,13 @@ def test_a_large_body_is_parsed_on_a_parse_thread_and_answers_as_before(tmp_path
         req = small_request(n=8, seed=3)
         r = client.post("/v1/plans", json=req)
         assert r.status_code == 201, r.text
-        again = client.post("/v1/plans", json=dict(reversed(list(req.items()))))  # same request, other key order: the cache
+        again = client.post(
+            "/v1/plans", json=dict(reversed(list(req.items())))
+        )  # same request, other key order: the cache
         assert again.status_code == 200 and again.json()["id"] == r.json()["id"]
-        bad = client.post("/v1/plans", content=json.dumps(req).encode()[:-2], headers={"content-type": "application/json"})
+        bad = client.post(
+            "/v1/plans", content=json.dumps(req).encode()[:-2], headers={"content-type": "application/json"}
+        )
         assert bad.status_code == 422 and bad.json()["type"].endswith("/invalid-request")
         assert "JSON decode error" in bad.json()["detail"]
     assert len(threads) == 3 and all(name.startswith("dhp-parse") for name in threads)
@@ -74,7 +97,9 @@ def test_bodies_beyond_the_byte_budget_are_refused_before_they_are_read(tmp_path
         return real(problem, deadline=deadline)
 
     monkeypatch.setattr(api.service, "run_planner", slow)
-    with TestClient(create_app(Settings(data_dir=tmp_path / "data", max_body_bytes_in_flight=1024)), raise_server_exceptions=False) as client:
+    with TestClient(
+        create_app(Settings(data_dir=tmp_path / "data", max_body_bytes_in_flight=1024)), raise_server_exceptions=False
+    ) as client:
         big = small_request(n=12, seed=5)
         assert len(json.dumps(big)) > 1024  # alone it is taken (nothing else is held), but no second one beside it
         with ThreadPoolExecutor(1) as pool:
@@ -100,10 +125,16 @@ def test_body_budget_takes_one_body_beyond_it_only_alone():
 
 def test_keeper_takes_apart_only_what_nothing_else_refers_to_and_resumes_the_collector():
     give_up = time.monotonic() + 10
-    while len(intake.KEEPER) and time.monotonic() < give_up:  # documents of earlier tests hold pauses of the collector too
+    while (
+        len(intake.KEEPER) and time.monotonic() < give_up
+    ):  # documents of earlier tests hold pauses of the collector too
         time.sleep(0.05)
     keeper = Keeper(every_s=3600)
-    doc, pause = parse_body(json.dumps({"batch": {"samples": [{"id": str(k), "videos": [{"frames": k + 1}]} for k in range(2000)]}, "x": [1, 2]}).encode())
+    doc, pause = parse_body(
+        json.dumps(
+            {"batch": {"samples": [{"id": str(k), "videos": [{"frames": k + 1}]} for k in range(2000)]}, "x": [1, 2]}
+        ).encode()
+    )
     assert not gc.isenabled()  # paused while the parsed document lives
     shared = doc["batch"]["samples"]
     keeper.keep(doc, pause)
@@ -119,8 +150,15 @@ def test_keeper_takes_apart_only_what_nothing_else_refers_to_and_resumes_the_col
     assert keeper.sweep() == 1
 
 
-JSON64 = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
-                      lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5), max_leaves=40)
+JSON64 = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
+    max_leaves=40,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -132,7 +170,9 @@ def test_documents_encoded_in_pieces_are_the_bytes_of_one_call(value):
 
     from api import translate
 
-    long = {"batch": {"samples": [value] * (translate.PIECE_ITEMS * 2 + 3), "other": [[value]]}}  # long lists go in pieces of elements
+    long = {
+        "batch": {"samples": [value] * (translate.PIECE_ITEMS * 2 + 3), "other": [[value]]}
+    }  # long lists go in pieces of elements
     for doc in (value, long):
         assert translate._dumps(doc, samples=translate.STEPWISE_SAMPLES + 1) == orjson.dumps(doc).decode()
         if isinstance(doc, dict):

@@ -37,7 +37,10 @@ def counted(monkeypatch):
 def test_request_hash_holds_the_existing_groups():
     req = small_request(n=8)
     other = {**req, "existing_groups": [[0, 1], [2, 3]]}
-    hashes = {translate.request_hash(d, problem_from_json(d)) for d in (req, other, {**req, "existing_groups": [[0, 1, 2, 3]]})}
+    hashes = {
+        translate.request_hash(d, problem_from_json(d))
+        for d in (req, other, {**req, "existing_groups": [[0, 1, 2, 3]]})
+    }
     assert len(hashes) == 3
 
 

@@ -19,7 +19,13 @@ from api.commands import main
 from api.store import PlanRecord
 from optimizer.errors import ProblemError
 from optimizer.presets import load_preset
-from optimizer.problem.documents import batch_from_json, cluster_from_json, model_from_json, problem_from_json, profile_from_json
+from optimizer.problem.documents import (
+    batch_from_json,
+    cluster_from_json,
+    model_from_json,
+    problem_from_json,
+    profile_from_json,
+)
 
 PROFILE = json.loads((ROOT / "examples" / "profile.json").read_text())
 
@@ -39,9 +45,18 @@ def _problem(r, status: int, field: str) -> dict:
 
 # -- 1. strict types ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("extra", "field"), [({"wait": "false"}, "wait"), ({"cache": "yes"}, "cache"), ({"wait": 0}, "wait"),
-                                              ({"existing_groups": [[True, False]]}, "existing_groups[0]"),
-                                              ({"existing_groups": [["0", "1"]]}, "existing_groups[0]"), ({"cluster_preset": 8}, "cluster_preset")])
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"wait": "false"}, "wait"),
+        ({"cache": "yes"}, "cache"),
+        ({"wait": 0}, "wait"),
+        ({"existing_groups": [[True, False]]}, "existing_groups[0]"),
+        ({"existing_groups": [["0", "1"]]}, "existing_groups[0]"),
+        ({"cluster_preset": 8}, "cluster_preset"),
+    ],
+)
 def test_plan_request_fields_are_not_coerced(client, extra, field):
     req = {**small_request(n=6), **extra}
     if "cluster_preset" in extra:
@@ -49,8 +64,15 @@ def test_plan_request_fields_are_not_coerced(client, extra, field):
     _problem(client.post("/v1/plans", json=req), 422, field)
 
 
-@pytest.mark.parametrize(("extra", "hint"), [({"wait": "false"}, "true or false"), ({"options": {"backend": "fast"}}, "use one of"),
-                                             ({"options": {"time_budget_ms": "200"}}, "JSON number"), ({"surprise": 1}, "remove the field")])
+@pytest.mark.parametrize(
+    ("extra", "hint"),
+    [
+        ({"wait": "false"}, "true or false"),
+        ({"options": {"backend": "fast"}}, "use one of"),
+        ({"options": {"time_budget_ms": "200"}}, "JSON number"),
+        ({"surprise": 1}, "remove the field"),
+    ],
+)
 def test_a_type_error_says_how_to_fix_it(client, extra, hint):
     req = {**small_request(n=6), **extra}
     assert hint in client.post("/v1/plans", json=req).json()["hint"]
@@ -62,13 +84,26 @@ def test_a_json_integer_is_still_a_number(client):
     assert client.post("/v1/plans", json=req).status_code == 201
 
 
-@pytest.mark.parametrize(("extra", "field"), [({"global_batch_size": "4"}, "global_batch_size"), ({"drop_last": "yes"}, "drop_last"),
-                                              ({"workers": "2"}, "workers"), ({"max_steps": "3"}, "max_steps"), ({"workers": True}, "workers"),
-                                              ({"existing_groups": [[True, False]]}, "existing_groups[0]")])
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"global_batch_size": "4"}, "global_batch_size"),
+        ({"drop_last": "yes"}, "drop_last"),
+        ({"workers": "2"}, "workers"),
+        ({"max_steps": "3"}, "max_steps"),
+        ({"workers": True}, "workers"),
+        ({"existing_groups": [[True, False]]}, "existing_groups[0]"),
+    ],
+)
 def test_job_request_fields_are_not_coerced(client, extra, field):
     pytest.importorskip("pyarrow")
-    body = {"dataset": {"samples": [{"id": f"a{i}", "text_tokens": 100 + i} for i in range(8)]}, "global_batch_size": 4,
-            "cluster": {"nodes": 1, "gpus_per_node": 8}, "model_preset": "llama3-8b", **extra}
+    body = {
+        "dataset": {"samples": [{"id": f"a{i}", "text_tokens": 100 + i} for i in range(8)]},
+        "global_batch_size": 4,
+        "cluster": {"nodes": 1, "gpus_per_node": 8},
+        "model_preset": "llama3-8b",
+        **extra,
+    }
     _problem(client.post("/v1/jobs", json=body), 422, field)
 
 
@@ -82,8 +117,11 @@ def test_request_documents_check_the_envelope_too():
 
 
 def test_job_files_follow_the_same_rules(tmp_path, capsys):
-    job = {"dataset": {"samples": [{"id": f"a{i}", "text_tokens": 100} for i in range(4)]}, "global_batch_size": "2",
-           "cluster": {"nodes": 1, "gpus_per_node": 8}}
+    job = {
+        "dataset": {"samples": [{"id": f"a{i}", "text_tokens": 100} for i in range(4)]},
+        "global_batch_size": "2",
+        "cluster": {"nodes": 1, "gpus_per_node": 8},
+    }
     path = tmp_path / "job.json"
     path.write_text(json.dumps(job))
     code = main(["plan-epoch", "--job", str(path), "--out", str(tmp_path / "out"), "--no-progress"])
@@ -92,6 +130,7 @@ def test_job_files_follow_the_same_rules(tmp_path, capsys):
 
 
 # -- 2. existing groups are a set ----------------------------------------------------------------
+
 
 def test_existing_groups_in_any_order_are_the_same_problem():
     base = {"batch": {"samples": [{"id": "a", "text_tokens": 10}]}, "cluster": {"nodes": 1, "gpus_per_node": 8}}
@@ -112,8 +151,18 @@ def test_reordered_existing_groups_hit_the_plan_cache(client):
 
 # -- 3. generated sample ids -----------------------------------------------------------------------
 
+
 def test_generated_ids_never_clash_with_given_ones():
-    batch = batch_from_json({"samples": [{"text_tokens": 10}, {"id": "s0", "text_tokens": 20}, {"text_tokens": 30}, {"id": "s0_2", "text_tokens": 40}]})
+    batch = batch_from_json(
+        {
+            "samples": [
+                {"text_tokens": 10},
+                {"id": "s0", "text_tokens": 20},
+                {"text_tokens": 30},
+                {"id": "s0_2", "text_tokens": 40},
+            ]
+        }
+    )
     ids = [s.id for s in batch.samples]
     assert len(set(ids)) == 4 and ids[1] == "s0" and ids[2] == "s2" and ids[3] == "s0_2"
     assert ids[0] not in ("s0", "s0_2")
@@ -128,15 +177,21 @@ def test_a_batch_with_some_ids_missing_plans(client):
 
 def test_a_repeated_given_id_names_both_samples():
     with pytest.raises(ProblemError) as err:
-        batch_from_json({"samples": [{"id": "a", "text_tokens": 1}, {"id": "b", "text_tokens": 1}, {"id": "a", "text_tokens": 2}]})
+        batch_from_json(
+            {"samples": [{"id": "a", "text_tokens": 1}, {"id": "b", "text_tokens": 1}, {"id": "a", "text_tokens": 2}]}
+        )
     assert err.value.field == "batch.samples[2].id" and "samples[0]" in err.value.message
 
 
 # -- 4. number ranges ---------------------------------------------------------------------------------
 
+
 def _cluster() -> dict:
-    return {"nodes": [{"count": 1, "gpus": 8, "gpu": {"name": "X", "memory_bytes": 80e9, "peak_flops": 9.9e14}}],
-            "intra_bandwidth": 4.5e11, "inter_bandwidth": 5e10}
+    return {
+        "nodes": [{"count": 1, "gpus": 8, "gpu": {"name": "X", "memory_bytes": 80e9, "peak_flops": 9.9e14}}],
+        "intra_bandwidth": 4.5e11,
+        "inter_bandwidth": 5e10,
+    }
 
 
 def _set(doc: dict, path: str, value: float) -> dict:
@@ -149,9 +204,19 @@ def _set(doc: dict, path: str, value: float) -> dict:
     return doc
 
 
-@pytest.mark.parametrize(("path", "value"), [("efficiency", 1e-300), ("efficiency", 2.0), ("intra_bandwidth", 1e-300), ("inter_bandwidth", 1e300),
-                                             ("intra_latency", 1e300), ("memory_reserve_bytes", 1e300), ("nodes.0.gpu.memory_bytes", 1e-300),
-                                             ("nodes.0.gpu.peak_flops", 1e300)])
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("efficiency", 1e-300),
+        ("efficiency", 2.0),
+        ("intra_bandwidth", 1e-300),
+        ("inter_bandwidth", 1e300),
+        ("intra_latency", 1e300),
+        ("memory_reserve_bytes", 1e300),
+        ("nodes.0.gpu.memory_bytes", 1e-300),
+        ("nodes.0.gpu.peak_flops", 1e300),
+    ],
+)
 def test_cluster_numbers_have_a_range(path, value):
     with pytest.raises(ProblemError) as err:
         cluster_from_json(_set(_cluster(), path, value))
@@ -159,14 +224,28 @@ def test_cluster_numbers_have_a_range(path, value):
     assert err.value.field == field and " to " in err.value.message and len(str(err.value)) < 300, str(err.value)
 
 
-@pytest.mark.parametrize(("path", "value"), [("capacity_tokens_per_rank", 1e-300), ("capacity_tokens_per_rank", 1e300), ("time.quadratic", 1e300),
-                                             ("time.group_constant", 1e300), ("comm.bytes_per_token", 1e300),
-                                             ("comm.bandwidth_bytes_per_s.inter", 1e-300), ("comm.bandwidth_bytes_per_s.intra.2", 1e-300),
-                                             ("speed_by_gpu", {"A100-80GB": 1e-300}), ("capacity_tokens_per_rank", {"default": 18000, "A100-80GB": 1e-300})])
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("capacity_tokens_per_rank", 1e-300),
+        ("capacity_tokens_per_rank", 1e300),
+        ("time.quadratic", 1e300),
+        ("time.group_constant", 1e300),
+        ("comm.bytes_per_token", 1e300),
+        ("comm.bandwidth_bytes_per_s.inter", 1e-300),
+        ("comm.bandwidth_bytes_per_s.intra.2", 1e-300),
+        ("speed_by_gpu", {"A100-80GB": 1e-300}),
+        ("capacity_tokens_per_rank", {"default": 18000, "A100-80GB": 1e-300}),
+    ],
+)
 def test_profile_numbers_have_a_range(path, value):
     with pytest.raises(ProblemError) as err:
         profile_from_json(_set(PROFILE, path, value))
-    assert err.value.field.startswith("profile." + path.split(".")[0]) and " to " in err.value.message and len(str(err.value)) < 300, str(err.value)
+    assert (
+        err.value.field.startswith("profile." + path.split(".")[0])
+        and " to " in err.value.message
+        and len(str(err.value)) < 300
+    ), str(err.value)
 
 
 def test_model_numbers_have_a_range():
@@ -198,23 +277,32 @@ def test_every_preset_is_within_the_ranges():
 BATCH = str(ROOT / "examples" / "batch_small.json")
 
 
-@pytest.mark.parametrize(("argv", "needles"), [
-    (["plan", "--batch", BATCH, "--budget-ms", "abc"], ["dhp plan:", "--budget-ms", "'abc'", "e.g."]),
-    (["plan", "--batch", BATCH, "--backend", "gurobi"], ["dhp plan:", "--backend", "'gurobi'", "heuristic"]),
-    (["plan", "--batch", BATCH, "--nodes", "two"], ["dhp plan:", "--nodes", "'two'", "whole number"]),
-    (["plan", "--batch", BATCH, "--budget-ms"], ["dhp plan:", "--budget-ms", "value"]),
-    (["plan", "--cluster-preset", "h100-8x8"], ["dhp plan:", "--batch", "required"]),
-    (["plan", "--batch", BATCH, "--nodes", "2", "--cluster-preset", "h100-8x8"], ["dhp plan:", "--cluster-preset", "--nodes"]),
-    (["plan", "--batch", BATCH, "--budjet-ms", "5"], ["dhp plan:", "--budjet-ms", "--budget-ms"]),
-    (["plna"], ["dhp:", "'plna'", "plan"]),
-    ([], ["dhp:", "command", "plan"]),
-    (["example", "--samples", "x"], ["dhp example:", "--samples", "e.g. --samples 512"]),
-    (["serve", "--port", "http"], ["dhp serve:", "--port", "'http'"]),
-    (["plan-epoch", "--dataset", "d.jsonl", "--out", "o", "--workers", "many"], ["dhp plan-epoch:", "--workers", "'many'"]),
-    (["plan-epoch", "--out", "o"], ["dhp plan-epoch:", "--dataset", "--job"]),
-    (["bench", "--ranks", "eight"], ["dhp bench:", "--ranks", "e.g. 8,64,512"]),
-    (["profile", "--repeats", "lots"], ["dhp profile:", "--repeats", "e.g. --repeats 3"]),
-])
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["plan", "--batch", BATCH, "--budget-ms", "abc"], ["dhp plan:", "--budget-ms", "'abc'", "e.g."]),
+        (["plan", "--batch", BATCH, "--backend", "gurobi"], ["dhp plan:", "--backend", "'gurobi'", "heuristic"]),
+        (["plan", "--batch", BATCH, "--nodes", "two"], ["dhp plan:", "--nodes", "'two'", "whole number"]),
+        (["plan", "--batch", BATCH, "--budget-ms"], ["dhp plan:", "--budget-ms", "value"]),
+        (["plan", "--cluster-preset", "h100-8x8"], ["dhp plan:", "--batch", "required"]),
+        (
+            ["plan", "--batch", BATCH, "--nodes", "2", "--cluster-preset", "h100-8x8"],
+            ["dhp plan:", "--cluster-preset", "--nodes"],
+        ),
+        (["plan", "--batch", BATCH, "--budjet-ms", "5"], ["dhp plan:", "--budjet-ms", "--budget-ms"]),
+        (["plna"], ["dhp:", "'plna'", "plan"]),
+        ([], ["dhp:", "command", "plan"]),
+        (["example", "--samples", "x"], ["dhp example:", "--samples", "e.g. --samples 512"]),
+        (["serve", "--port", "http"], ["dhp serve:", "--port", "'http'"]),
+        (
+            ["plan-epoch", "--dataset", "d.jsonl", "--out", "o", "--workers", "many"],
+            ["dhp plan-epoch:", "--workers", "'many'"],
+        ),
+        (["plan-epoch", "--out", "o"], ["dhp plan-epoch:", "--dataset", "--job"]),
+        (["bench", "--ranks", "eight"], ["dhp bench:", "--ranks", "e.g. 8,64,512"]),
+        (["profile", "--repeats", "lots"], ["dhp profile:", "--repeats", "e.g. --repeats 3"]),
+    ],
+)
 def test_every_argument_error_is_one_line(capsys, argv, needles):
     with pytest.raises(SystemExit) as exc:
         main(argv)
@@ -234,6 +322,7 @@ def test_help_is_still_the_full_text(capsys):
 
 # -- 6. malformed HTTP ---------------------------------------------------------------------------------------
 
+
 def _raw(port: int, request: bytes) -> tuple[str, dict[str, str], bytes]:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(request)
@@ -250,7 +339,9 @@ def _assert_problem_400(status: str, headers: dict[str, str], body: bytes) -> di
     assert headers["content-type"] == "application/problem+json" and headers["connection"] == "close"
     assert int(headers["content-length"]) == len(body)
     doc = json.loads(body)
-    assert doc["status"] == 400 and doc["type"].startswith("https://") and doc["title"] and doc["detail"] and doc["hint"]
+    assert (
+        doc["status"] == 400 and doc["type"].startswith("https://") and doc["title"] and doc["detail"] and doc["hint"]
+    )
     return doc
 
 
@@ -308,11 +399,14 @@ def served(tmp_path_factory):
     srv.stop()
 
 
-@pytest.mark.parametrize("request_bytes", [
-    b"POST /v1/plans HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: abc\r\n\r\n{}",
-    b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header: 1\r\n\r\n",
-    b"NOT A REQUEST\r\n\r\n",
-])
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"POST /v1/plans HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: abc\r\n\r\n{}",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header: 1\r\n\r\n",
+        b"NOT A REQUEST\r\n\r\n",
+    ],
+)
 def test_dhp_serve_answers_malformed_http_with_a_problem_document(served, request_bytes):
     doc = _assert_problem_400(*_raw(served.port, request_bytes))
     assert doc["type"].endswith("/malformed-http")
@@ -322,13 +416,23 @@ def test_dhp_serve_answers_malformed_http_with_a_problem_document(served, reques
 
 # -- 7. the dashboard's re-plan budget --------------------------------------------------------------------------
 
+
 def _stored(client, status: str, budget_ms: float) -> str:
     req = small_request(n=10, seed=31, time_budget_ms=budget_ms)
     doc = translate.request_document(translate.PlanRequest.model_validate(req))
     problem = translate.to_problem(doc, client.app.state.settings)
     plan_id = uuid.uuid4().hex
-    client.app.state.store.add(PlanRecord(id=plan_id, created_at=datetime.now(UTC), status=status, request_hash=translate.request_hash(doc, problem),
-                                          n_samples=len(problem.batch), n_ranks=problem.domain_size, request_json=translate.request_text(doc)))
+    client.app.state.store.add(
+        PlanRecord(
+            id=plan_id,
+            created_at=datetime.now(UTC),
+            status=status,
+            request_hash=translate.request_hash(doc, problem),
+            n_samples=len(problem.batch),
+            n_ranks=problem.domain_size,
+            request_json=translate.request_text(doc),
+        )
+    )
     return plan_id
 
 

@@ -46,8 +46,15 @@ def tiny_problem(seed: int, nodes: int, per_node: int, n: int, max_mb: int, **op
     return problem_from_json(doc)
 
 
-CASES = [(0, 2, 3, 6, 2), (1, 2, 3, 5, 3), (2, 3, 2, 6, 2), (3, 1, 4, 6, 3), (4, 2, 2, 5, 4),
-         (5, 2, 3, 6, 3, {"degree_policy": "pow2"}), (6, 3, 2, 7, 3, {"max_degree": 3})]
+CASES = [
+    (0, 2, 3, 6, 2),
+    (1, 2, 3, 5, 3),
+    (2, 3, 2, 6, 2),
+    (3, 1, 4, 6, 3),
+    (4, 2, 2, 5, 4),
+    (5, 2, 3, 6, 3, {"degree_policy": "pow2"}),
+    (6, 3, 2, 7, 3, {"max_degree": 3}),
+]
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +102,15 @@ def test_solver_never_worse_than_its_hint(have, make_problem):
 
 def test_lns_improves_a_weak_start(have):
     """A deliberately poor plan (everything on one rank per micro-batch, idle ranks) gets better."""
-    problem = problem_from_json({"batch": {"samples": [{"id": f"s{k}", "text_tokens": 20 + k} for k in range(40)]},
-                                 "cluster": {"nodes": 2, "gpus_per_node": 4}, "model_preset": "llama3-8b", "profile": PROFILE,
-                                 "options": {"max_micro_batches": 8}})
+    problem = problem_from_json(
+        {
+            "batch": {"samples": [{"id": f"s{k}", "text_tokens": 20 + k} for k in range(40)]},
+            "cluster": {"nodes": 2, "gpus_per_node": 4},
+            "model_preset": "llama3-8b",
+            "profile": PROFILE,
+            "options": {"max_micro_batches": 8},
+        }
+    )
     tables = CostTables.build(problem)
     assert full_model_pairs(tables) > FULL_MODEL_PAIRS  # the neighbourhood search runs
     from optimizer.plan.evaluate import assignment_step_time
@@ -218,10 +231,19 @@ def test_highs_prints_nothing_on_stdout(have):
     import subprocess
     import sys
 
-    code = ("import sys\nsys.path.insert(0, 'tests')\nfrom test_solvers import tiny_problem, _with\n"
-            "from planning.planner import plan\n"
-            "plan(_with(tiny_problem(0, 2, 3, 6, 2), backend='highs', time_budget_ms=2000.0))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True, cwd=Path(__file__).resolve().parents[1])
+    code = (
+        "import sys\nsys.path.insert(0, 'tests')\nfrom test_solvers import tiny_problem, _with\n"
+        "from planning.planner import plan\n"
+        "plan(_with(tiny_problem(0, 2, 3, 6, 2), backend='highs', time_budget_ms=2000.0))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert out.stdout == ""
 
 

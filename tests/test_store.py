@@ -35,11 +35,28 @@ def store(request, tmp_path):
 
 def record(status="done", created_at=None, backend="heuristic", cluster="h100-8x8", **extra):
     created = created_at or utcnow()
-    base = dict(id=uuid.uuid4().hex, created_at=created, status=status, request_hash=uuid.uuid4().hex * 2, n_samples=8, n_ranks=64,
-                cluster=cluster, model="qwen2-vl-7b", request_json='{"batch":{"samples":[]}}')
+    base = dict(
+        id=uuid.uuid4().hex,
+        created_at=created,
+        status=status,
+        request_hash=uuid.uuid4().hex * 2,
+        n_samples=8,
+        n_ranks=64,
+        cluster=cluster,
+        model="qwen2-vl-7b",
+        request_json='{"batch":{"samples":[]}}',
+    )
     if status == "done":
-        base.update(finished_at=created, plan_json='{"predicted_step_time_s":1.5,"micro_batches":[]}', backend=backend, solver_status="heuristic",
-                    predicted_step_time_s=1.5, lower_bound_s=1.2, gap=0.2, solve_ms=9.0)
+        base.update(
+            finished_at=created,
+            plan_json='{"predicted_step_time_s":1.5,"micro_batches":[]}',
+            backend=backend,
+            solver_status="heuristic",
+            predicted_step_time_s=1.5,
+            lower_bound_s=1.2,
+            gap=0.2,
+            solve_ms=9.0,
+        )
     base.update(extra)
     return PlanRecord(**base)
 
@@ -81,11 +98,21 @@ def test_pending_then_finished_or_failed(store):
     a, b = record(status="pending"), record(status="pending")
     store.add(a)
     store.add(b)
-    plan = SimpleNamespace(solver=SimpleNamespace(backend="cpsat", status="optimal", wall_ms=50.0), predicted_step_time_s=2.0, lower_bound_s=2.0, gap=0.0)
+    plan = SimpleNamespace(
+        solver=SimpleNamespace(backend="cpsat", status="optimal", wall_ms=50.0),
+        predicted_step_time_s=2.0,
+        lower_bound_s=2.0,
+        gap=0.0,
+    )
     store.finish(a.id, '{"x":1}', plan)
     store.fail(b.id, {"status": 422, "detail": "no plan", "field": "batch"})
     done, failed = store.get(a.id), store.get(b.id)
-    assert done.status == "done" and done.plan_json == '{"x":1}' and done.solver_status == "optimal" and done.finished_at is not None
+    assert (
+        done.status == "done"
+        and done.plan_json == '{"x":1}'
+        and done.solver_status == "optimal"
+        and done.finished_at is not None
+    )
     assert failed.status == "failed" and failed.error == {"status": 422, "detail": "no plan", "field": "batch"}
 
 
@@ -101,7 +128,10 @@ def test_cache_lookup_finds_the_newest_finished_plan(store):
 
 def test_list_filters_and_pages(store):
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
-    recs = [record(created_at=t0 + timedelta(minutes=i), backend="cpsat" if i % 2 else "heuristic", cluster=f"c{i % 3}") for i in range(7)]
+    recs = [
+        record(created_at=t0 + timedelta(minutes=i), backend="cpsat" if i % 2 else "heuristic", cluster=f"c{i % 3}")
+        for i in range(7)
+    ]
     recs.append(record(status="pending", created_at=t0 + timedelta(minutes=10)))
     for r in recs:
         store.add(r)
@@ -214,10 +244,14 @@ def test_the_figures_migration_fills_stored_plans_from_their_documents(tmp_path)
     request = '{"batch":{"samples":[]},"options":{"time_budget_ms":750},"profile":{"source":"site fit"}}'
     plan = '{"micro_batches":[],"static_baseline":{"speedup":1.3}}'
     with engine.begin() as conn:
-        conn.execute(text("INSERT INTO plans (id, created_at, status, request_hash, request_json, plan_json, n_samples, n_ranks) "
-                          "VALUES ('a', '2026-01-01 00:00:00', 'done', 'h', :r, :p, 1, 8), "
-                          "('b', '2026-01-01 00:00:01', 'pending', 'h2', '{\"batch\":{\"samples\":[]}}', NULL, 1, 8)"),
-                     {"r": request, "p": plan})
+        conn.execute(
+            text(
+                "INSERT INTO plans (id, created_at, status, request_hash, request_json, plan_json, n_samples, n_ranks) "
+                "VALUES ('a', '2026-01-01 00:00:00', 'done', 'h', :r, :p, 1, 8), "
+                "('b', '2026-01-01 00:00:01', 'pending', 'h2', '{\"batch\":{\"samples\":[]}}', NULL, 1, 8)"
+            ),
+            {"r": request, "p": plan},
+        )
     upgrade(engine)
     with engine.connect() as conn:
         rows = {r[0]: tuple(r[1:]) for r in conn.execute(text("SELECT id, budget_ms, speedup, profile FROM plans"))}

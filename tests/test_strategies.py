@@ -22,20 +22,45 @@ from optimizer.problem.documents import problem_from_json
 from optimizer.problem.workloads import WORKLOADS
 from optimizer.verify.verifier import check_assignment
 
-FLEXSP_7B = json.loads((Path(__file__).resolve().parents[1] / "optimizer" / "presets" / "profiles" / "flexsp-gpt7b.json").read_text())
-MODEL_64_HEADS = {"llm": {"layers": 32, "hidden": 4096, "heads": 64, "kv_heads": 64, "ffn_hidden": 11008, "vocab": 32000, "parameters": 7.0e9},
-                  "training": {"zero_stage": 3, "recompute": "full"}}
+FLEXSP_7B = json.loads(
+    (Path(__file__).resolve().parents[1] / "optimizer" / "presets" / "profiles" / "flexsp-gpt7b.json").read_text()
+)
+MODEL_64_HEADS = {
+    "llm": {
+        "layers": 32,
+        "hidden": 4096,
+        "heads": 64,
+        "kv_heads": 64,
+        "ffn_hidden": 11008,
+        "vocab": 32000,
+        "parameters": 7.0e9,
+    },
+    "training": {"zero_stage": 3, "recompute": "full"},
+}
 
 
-def _problem(workload: str, n: int, seed: int, nodes: int = 8, options: dict | None = None, profile: dict | None = FLEXSP_7B):
-    doc = {"batch": WORKLOADS[workload](n, seed=seed), "cluster": {"nodes": nodes, "gpus_per_node": 8}, "model": MODEL_64_HEADS, "options": options or {}}
+def _problem(
+    workload: str, n: int, seed: int, nodes: int = 8, options: dict | None = None, profile: dict | None = FLEXSP_7B
+):
+    doc = {
+        "batch": WORKLOADS[workload](n, seed=seed),
+        "cluster": {"nodes": nodes, "gpus_per_node": 8},
+        "model": MODEL_64_HEADS,
+        "options": options or {},
+    }
     if profile is not None:
         doc["profile"] = profile
     return problem_from_json(doc)
 
 
 def test_sizes_are_every_integer_up_to_the_dense_limit_then_a_ladder_of_whole_nodes_to_the_domain():
-    problem = problem_from_json({"batch": WORKLOADS["video"](8, seed=0), "cluster": {"nodes": 128, "gpus_per_node": 8}, "model_preset": "llama3-8b"})
+    problem = problem_from_json(
+        {
+            "batch": WORKLOADS["video"](8, seed=0),
+            "cluster": {"nodes": 128, "gpus_per_node": 8},
+            "model_preset": "llama3-8b",
+        }
+    )
     sizes = allowed_degrees(problem)
     assert sizes[:DENSE_SIZES] == list(range(1, DENSE_SIZES + 1)) and sizes[-1] == 1024
     above = sizes[DENSE_SIZES:]
@@ -46,7 +71,11 @@ def test_sizes_are_every_integer_up_to_the_dense_limit_then_a_ladder_of_whole_no
     assert [d for d in range(1, 1025) if size_problem(problem, d) is None] == sizes
     # The caller's cap is the top of the ladder.
     capped = problem.with_options(max_degree=300)
-    assert allowed_degrees(capped)[-1] == 300 and size_problem(capped, 300) is None and size_problem(capped, 304) is not None
+    assert (
+        allowed_degrees(capped)[-1] == 300
+        and size_problem(capped, 300) is None
+        and size_problem(capped, 304) is not None
+    )
 
 
 def test_no_cap_on_micro_batches_by_default():
@@ -65,8 +94,11 @@ def test_token_chunks_minimise_the_largest_chunk():
         starts = token_chunks(tokens, count)
         got = max(tokens[a:b].sum() for a, b in zip(starts[:-1], starts[1:], strict=False))
         assert starts[0] == 0 and starts[-1] == len(tokens) and len(starts) - 1 <= count
-        best = min(max(tokens[a:b].sum() for a, b in zip((0, *cut), (*cut, len(tokens)), strict=False))
-                   for k in range(count) for cut in itertools.combinations(range(1, len(tokens)), k))
+        best = min(
+            max(tokens[a:b].sum() for a, b in zip((0, *cut), (*cut, len(tokens)), strict=False))
+            for k in range(count)
+            for cut in itertools.combinations(range(1, len(tokens)), k)
+        )
         assert got <= best * (1 + 1e-6) + 1.0
 
 
@@ -87,8 +119,11 @@ def test_few_samples_plan_is_the_best_split_into_runs():
                 for sizes in itertools.product(*options):
                     if sum(sizes) > tables.n_ranks:
                         continue
-                    t = max(tables.group_constant + float(tables.time_matrix(d <= tables.node_size, 1.0)[r, tables.degree_index[d]].sum())
-                            for r, d in zip(runs, sizes, strict=True))
+                    t = max(
+                        tables.group_constant
+                        + float(tables.time_matrix(d <= tables.node_size, 1.0)[r, tables.degree_index[d]].sum())
+                        for r, d in zip(runs, sizes, strict=True)
+                    )
                     best = min(best, t)
         assert assignment_step_time(tables, plan) <= best * (1 + 1e-9)
 
@@ -143,12 +178,57 @@ def test_micro_batch_cap_holds_in_every_strategy():
 
 
 # A memory-tight batch (found by tests/test_properties.py): 38 samples, 3 micro-batches allowed on 12 ranks.
-TIGHT_SAMPLES = [{"id": "s0", "text_tokens": 7132}, {"id": "s1", "text_tokens": 1, "images": [{"tokens": 1426, "frames": 5}]}, {"id": "s2", "text_tokens": 13252, "images": [{"tokens": 1, "frames": 8}]}, {"id": "s3", "text_tokens": 29, "images": [{"tokens": 1776, "frames": 4}]}, {"id": "s4", "text_tokens": 1718, "images": [{"tokens": 1191, "frames": 7}]}, {"id": "s5", "text_tokens": 4000}, {"id": "s6", "text_tokens": 14947, "images": [{"tokens": 1221, "frames": 8}]}, {"id": "s7", "text_tokens": 20048, "images": [{"tokens": 1, "frames": 1}]}, {"id": "s8", "text_tokens": 23551}, {"id": "s9", "text_tokens": 39115, "images": [{"tokens": 1878, "frames": 7}]}, {"id": "s10", "text_tokens": 2684, "images": [{"tokens": 556, "frames": 8}]}, {"id": "s11", "text_tokens": 3871, "images": [{"tokens": 1300, "frames": 2}]}, {"id": "s12", "text_tokens": 1}, {"id": "s13", "text_tokens": 1}, {"id": "s14", "text_tokens": 1}, {"id": "s15", "text_tokens": 1}, {"id": "s16", "text_tokens": 1}, {"id": "s17", "text_tokens": 1}, {"id": "s18", "text_tokens": 6789}, {"id": "s19", "text_tokens": 39435}, {"id": "s20", "text_tokens": 471, "images": [{"tokens": 1665, "frames": 4}]}, {"id": "s21", "text_tokens": 3869, "images": [{"tokens": 365, "frames": 8}]}, {"id": "s22", "text_tokens": 7131, "images": [{"tokens": 1, "frames": 1}]}, {"id": "s23", "text_tokens": 7132}, {"id": "s24", "text_tokens": 39435}, {"id": "s25", "text_tokens": 1, "images": [{"tokens": 1, "frames": 1}]}, {"id": "s26", "text_tokens": 5795, "images": [{"tokens": 191, "frames": 7}]}, {"id": "s27", "text_tokens": 1, "images": [{"tokens": 1, "frames": 1}]}, {"id": "s28", "text_tokens": 1}, {"id": "s29", "text_tokens": 1}, {"id": "s30", "text_tokens": 1}, {"id": "s31", "text_tokens": 1}, {"id": "s32", "text_tokens": 6470, "images": [{"tokens": 1, "frames": 1}]}, {"id": "s33", "text_tokens": 6471}, {"id": "s34", "text_tokens": 6789}, {"id": "s35", "text_tokens": 7132}, {"id": "s36", "text_tokens": 30885}, {"id": "s37", "text_tokens": 33307}]
+TIGHT_SAMPLES = [
+    {"id": "s0", "text_tokens": 7132},
+    {"id": "s1", "text_tokens": 1, "images": [{"tokens": 1426, "frames": 5}]},
+    {"id": "s2", "text_tokens": 13252, "images": [{"tokens": 1, "frames": 8}]},
+    {"id": "s3", "text_tokens": 29, "images": [{"tokens": 1776, "frames": 4}]},
+    {"id": "s4", "text_tokens": 1718, "images": [{"tokens": 1191, "frames": 7}]},
+    {"id": "s5", "text_tokens": 4000},
+    {"id": "s6", "text_tokens": 14947, "images": [{"tokens": 1221, "frames": 8}]},
+    {"id": "s7", "text_tokens": 20048, "images": [{"tokens": 1, "frames": 1}]},
+    {"id": "s8", "text_tokens": 23551},
+    {"id": "s9", "text_tokens": 39115, "images": [{"tokens": 1878, "frames": 7}]},
+    {"id": "s10", "text_tokens": 2684, "images": [{"tokens": 556, "frames": 8}]},
+    {"id": "s11", "text_tokens": 3871, "images": [{"tokens": 1300, "frames": 2}]},
+    {"id": "s12", "text_tokens": 1},
+    {"id": "s13", "text_tokens": 1},
+    {"id": "s14", "text_tokens": 1},
+    {"id": "s15", "text_tokens": 1},
+    {"id": "s16", "text_tokens": 1},
+    {"id": "s17", "text_tokens": 1},
+    {"id": "s18", "text_tokens": 6789},
+    {"id": "s19", "text_tokens": 39435},
+    {"id": "s20", "text_tokens": 471, "images": [{"tokens": 1665, "frames": 4}]},
+    {"id": "s21", "text_tokens": 3869, "images": [{"tokens": 365, "frames": 8}]},
+    {"id": "s22", "text_tokens": 7131, "images": [{"tokens": 1, "frames": 1}]},
+    {"id": "s23", "text_tokens": 7132},
+    {"id": "s24", "text_tokens": 39435},
+    {"id": "s25", "text_tokens": 1, "images": [{"tokens": 1, "frames": 1}]},
+    {"id": "s26", "text_tokens": 5795, "images": [{"tokens": 191, "frames": 7}]},
+    {"id": "s27", "text_tokens": 1, "images": [{"tokens": 1, "frames": 1}]},
+    {"id": "s28", "text_tokens": 1},
+    {"id": "s29", "text_tokens": 1},
+    {"id": "s30", "text_tokens": 1},
+    {"id": "s31", "text_tokens": 1},
+    {"id": "s32", "text_tokens": 6470, "images": [{"tokens": 1, "frames": 1}]},
+    {"id": "s33", "text_tokens": 6471},
+    {"id": "s34", "text_tokens": 6789},
+    {"id": "s35", "text_tokens": 7132},
+    {"id": "s36", "text_tokens": 30885},
+    {"id": "s37", "text_tokens": 33307},
+]
 
 
 def test_memory_tight_batch_the_whole_batch_packing_misses_is_planned_by_the_strategies():
-    problem = problem_from_json({"batch": {"samples": TIGHT_SAMPLES}, "cluster": {"nodes": 3, "gpus_per_node": 4}, "model_preset": "internvl2-8b",
-                                 "options": {"backend": "heuristic", "max_micro_batches": 3}})
+    problem = problem_from_json(
+        {
+            "batch": {"samples": TIGHT_SAMPLES},
+            "cluster": {"nodes": 3, "gpus_per_node": 4},
+            "model_preset": "internvl2-8b",
+            "options": {"backend": "heuristic", "max_micro_batches": 3},
+        }
+    )
     tables = CostTables.build(problem)
     with pytest.raises(InfeasibleError):
         HeuristicPlanner(tables).plan()
@@ -182,8 +262,12 @@ def test_memory_first_in_one_pass_opens_micro_batches_as_needed_and_the_search_s
     from optimizer.bounds.lower_bounds import fewest_micro_batches
 
     rng = np.random.default_rng(3)
-    batch = {"samples": [{"id": f"s{i}", "text_tokens": int(n)} for i, n in enumerate(rng.integers(2000, 20000, size=400))]}
-    problem = problem_from_json({"batch": batch, "cluster": {"nodes": 1, "gpus_per_node": 6}, "model": MODEL_64_HEADS, "profile": FLEXSP_7B})
+    batch = {
+        "samples": [{"id": f"s{i}", "text_tokens": int(n)} for i, n in enumerate(rng.integers(2000, 20000, size=400))]
+    }
+    problem = problem_from_json(
+        {"batch": batch, "cluster": {"nodes": 1, "gpus_per_node": 6}, "model": MODEL_64_HEADS, "profile": FLEXSP_7B}
+    )
     tables = CostTables.build(problem)
     planner = HeuristicPlanner(tables)
     counts = list(range(fewest_micro_batches(tables), tables.n_samples + 1))

@@ -32,10 +32,16 @@ def test_partitions_are_disjoint_and_keep_every_group():
 
 
 PLAN = {
-    "scheme": "ring", "domain_size": 4, "predicted_step_time_s": 1.0,
+    "scheme": "ring",
+    "domain_size": 4,
+    "predicted_step_time_s": 1.0,
     "micro_batches": [
-        {"groups": [{"ranks": [0, 1, 2], "samples": ["a", "b"], "lengths": [10, 3], "predicted_time_s": 0.5},
-                    {"ranks": [3], "samples": ["c"], "lengths": [7]}]},
+        {
+            "groups": [
+                {"ranks": [0, 1, 2], "samples": ["a", "b"], "lengths": [10, 3], "predicted_time_s": 0.5},
+                {"ranks": [3], "samples": ["c"], "lengths": [7]},
+            ]
+        },
         {"groups": [{"ranks": [2, 3], "samples": ["d"], "lengths": [5]}]},
     ],
 }
@@ -62,8 +68,9 @@ def test_apply_plan_covers_every_token_once():
         assert sum(b - a for a, b in sh.padded_ranges) == 12 // 3
         assert sh.ranges == tuple(tuple(x) for x in token_ranges(10, 3)[r])
     pos, _ = shard_layout([10, 3], 3)[1]
-    assert pos.tolist() == [t for a, b in works[1].micro_batches[0].shards[0].padded_ranges for t in range(a, b)] + \
-        [t for a, b in works[1].micro_batches[0].shards[1].padded_ranges for t in range(a, b)]
+    assert pos.tolist() == [t for a, b in works[1].micro_batches[0].shards[0].padded_ranges for t in range(a, b)] + [
+        t for a, b in works[1].micro_batches[0].shards[1].padded_ranges for t in range(a, b)
+    ]
 
 
 def test_apply_plan_reads_a_planner_plan(make_problem):
@@ -76,14 +83,21 @@ def test_apply_plan_reads_a_planner_plan(make_problem):
     assert list(work.communicators) == p.communicators
 
 
-@pytest.mark.parametrize("bad, rank, field", [
-    ({"micro_batches": 3}, 0, "plan"),
-    ({"scheme": "tree", "micro_batches": []}, 0, "plan.scheme"),
-    ({"domain_size": 2, "micro_batches": []}, 3, "rank"),
-    ({"micro_batches": [{"groups": [{"ranks": [0], "samples": ["a"]}]}]}, 0, "plan.micro_batches[0].groups"),
-    ({"micro_batches": [{"groups": [{"ranks": [0, 1], "samples": ["a"]}, {"ranks": [1], "samples": ["b"]}]}]}, 1, "plan.micro_batches[0]"),
-    (42, 0, "plan"),
-])
+@pytest.mark.parametrize(
+    "bad, rank, field",
+    [
+        ({"micro_batches": 3}, 0, "plan"),
+        ({"scheme": "tree", "micro_batches": []}, 0, "plan.scheme"),
+        ({"domain_size": 2, "micro_batches": []}, 3, "rank"),
+        ({"micro_batches": [{"groups": [{"ranks": [0], "samples": ["a"]}]}]}, 0, "plan.micro_batches[0].groups"),
+        (
+            {"micro_batches": [{"groups": [{"ranks": [0, 1], "samples": ["a"]}, {"ranks": [1], "samples": ["b"]}]}]},
+            1,
+            "plan.micro_batches[0]",
+        ),
+        (42, 0, "plan"),
+    ],
+)
 def test_apply_plan_rejects_bad_plans_naming_the_field(bad, rank, field):
     with pytest.raises(ProblemError) as exc:
         apply_plan(bad, rank)
@@ -132,9 +146,14 @@ def test_apply_plan_maps_planner_ranks_to_global_ranks():
     assert work.micro_batches[0].group == (8, 10, 12) and work.micro_batches[0].position == 0
     assert work.micro_batches[1].group is None
     plain = apply_plan(PLAN, 0)
-    assert [s.padded_ranges for s in work.micro_batches[0].shards] == [s.padded_ranges for s in plain.micro_batches[0].shards]
+    assert [s.padded_ranges for s in work.micro_batches[0].shards] == [
+        s.padded_ranges for s in plain.micro_batches[0].shards
+    ]
     # Every copy of every group, in one order on every rank: 2 planner groups x 4 (tensor rank, stage) copies.
-    assert len(work.communicators) == 8 and work.communicators == apply_plan(PLAN, 15, tensor_parallel=2, pipeline_parallel=2).communicators
+    assert (
+        len(work.communicators) == 8
+        and work.communicators == apply_plan(PLAN, 15, tensor_parallel=2, pipeline_parallel=2).communicators
+    )
     assert (9, 11, 13) in work.communicators and (12, 14) in work.communicators
     assert work.reduce_ranks == (8, 10, 12, 14) and len(work.reduce_groups) == 4
     w13 = apply_plan(PLAN, 13, tensor_parallel=2, pipeline_parallel=2)  # planner rank 2, tensor rank 1, stage 1

@@ -22,28 +22,68 @@ from trainer.per_sample_costs import per_sample_profile  # noqa: E402
 from trainer.train_hf import batch_lengths, make_request, packed_profile, parse  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-PROFILE = {"time": {"quadratic": 9e-8, "linear": 4e-5, "sample_constant": 1.5e-4, "group_constant": 4.5e-3,
-                    "sample_step": 1.2e-3, "step_constant": 2e-3},
-           "comm": {"scheme": "ring", "bytes_per_token": 1536, "bandwidth_bytes_per_s": {"intra": 2e8, "inter": 2e8},
-                    "latency_s": {"intra": 1e-3, "inter": 1e-3}, "group_messages": {"per_step": 6, "fixed": 2},
-                    "padded_bytes": True},
-           "capacity_tokens_per_rank": 256}
+PROFILE = {
+    "time": {
+        "quadratic": 9e-8,
+        "linear": 4e-5,
+        "sample_constant": 1.5e-4,
+        "group_constant": 4.5e-3,
+        "sample_step": 1.2e-3,
+        "step_constant": 2e-3,
+    },
+    "comm": {
+        "scheme": "ring",
+        "bytes_per_token": 1536,
+        "bandwidth_bytes_per_s": {"intra": 2e8, "inter": 2e8},
+        "latency_s": {"intra": 1e-3, "inter": 1e-3},
+        "group_messages": {"per_step": 6, "fixed": 2},
+        "padded_bytes": True,
+    },
+    "capacity_tokens_per_rank": 256,
+}
 
 
 def per_rank(doc, n=4):
     """A plan as Megatron's sample_id_groups: per micro-batch, per rank, the samples of its group."""
-    return [[[sid for g in mb["groups"] if r in g["ranks"] for sid in g["samples"]] for r in range(n)]
-            for mb in doc["micro_batches"]]
+    return [
+        [[sid for g in mb["groups"] if r in g["ranks"] for sid in g["samples"]] for r in range(n)]
+        for mb in doc["micro_batches"]
+    ]
 
 
 @pytest.fixture(scope="module")
 def setting(tmp_path_factory):
     path = tmp_path_factory.mktemp("arms") / "profile.json"
     path.write_text(json.dumps(PROFILE))
-    args = parse(["--profile", str(path), "--capacity-tokens", "256", "--samples", "10", "--shortest", "16",
-                  "--longest", "1024", "--budget-ms", "100"])
-    model = {"name": "hf-tiny", "llm": {"layers": 2, "hidden": 48, "heads": 6, "kv_heads": 2, "ffn_hidden": 96,
-                                        "vocab": 96, "parameters": 1e5, "gated_mlp": True}}
+    args = parse(
+        [
+            "--profile",
+            str(path),
+            "--capacity-tokens",
+            "256",
+            "--samples",
+            "10",
+            "--shortest",
+            "16",
+            "--longest",
+            "1024",
+            "--budget-ms",
+            "100",
+        ]
+    )
+    model = {
+        "name": "hf-tiny",
+        "llm": {
+            "layers": 2,
+            "hidden": 48,
+            "heads": 6,
+            "kv_heads": 2,
+            "ffn_hidden": 96,
+            "vocab": 96,
+            "parameters": 1e5,
+            "gated_mlp": True,
+        },
+    }
     lengths = batch_lengths(0, args.samples, args.seed, args.shortest, args.longest)
     return args, make_request(lengths, args, model, 4), per_sample_profile(packed_profile(args), 2e-4)
 
@@ -101,9 +141,26 @@ def test_torchrun_trains_a_per_sample_arm_like_one_process(tmp_path):
     from api.local_server import free_port
 
     out = tmp_path / "run.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-           "-m", "trainer.train_hf", "--arm", "megatron", "--steps", "2", "--dtype", "float64", "--reference",
-           "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "trainer.train_hf",
+        "--arm",
+        "megatron",
+        "--steps",
+        "2",
+        "--dtype",
+        "float64",
+        "--reference",
+        "--out",
+        str(out),
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -56,7 +56,9 @@ def test_bad_head_counts_are_refused():
 def test_low_precision_error_is_at_sdpa_level_on_three_ranks():
     # Errors against float64 on the same rounded inputs; the old accumulators in the input dtype
     # were 13-17x SDPA's in bfloat16. Ring (GQA 6/2) and Ulysses (2 kv heads do not divide 3: repeated).
-    rows = error_table([3], ["bfloat16", "float16"], ["ring", "ulysses"], lengths=[41, 16, 3], heads=6, kv_heads=2, dim=8)
+    rows = error_table(
+        [3], ["bfloat16", "float16"], ["ring", "ulysses"], lengths=[41, 16, 3], heads=6, kv_heads=2, dim=8
+    )
     assert len(rows) == 4
     for r in rows:
         assert max(r["ours"]) <= 1.5 * max(r["sdpa"]), r
@@ -66,7 +68,9 @@ def test_low_precision_error_is_at_sdpa_level_on_three_ranks():
 def test_a_failing_rank_does_not_hang_its_peers():
     timeout = 3.0
     seen = spawn(failing_ring_worker, 2, 1, timeout, 2.0)
-    assert seen[1]["error"] == "RingError" and "injected failure" in seen[1]["message"] and "rank 1" in seen[1]["message"]
+    assert (
+        seen[1]["error"] == "RingError" and "injected failure" in seen[1]["message"] and "rank 1" in seen[1]["message"]
+    )
     for r in (0,):
         assert seen[r]["error"] == "RingError", seen[r]
         assert seen[r]["seconds"] < timeout + 10, seen[r]
@@ -102,8 +106,32 @@ def test_device_check_runs_on_cpu(tmp_path):
     from trainer.gpu_check import main
 
     out = tmp_path / "check.json"
-    rc = main(["--device", "cpu", "--lengths", "16,48", "--degrees", "1,2", "--mixes", "1,3", "--hidden", "32", "--heads", "4", "--ffn-hidden", "64",
-               "--exact-tokens", "96", "--held-out", "3", "--repeats", "1", "--json", str(out)])
+    rc = main(
+        [
+            "--device",
+            "cpu",
+            "--lengths",
+            "16,48",
+            "--degrees",
+            "1,2",
+            "--mixes",
+            "1,3",
+            "--hidden",
+            "32",
+            "--heads",
+            "4",
+            "--ffn-hidden",
+            "64",
+            "--exact-tokens",
+            "96",
+            "--held-out",
+            "3",
+            "--repeats",
+            "1",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     doc = json.loads(out.read_text())
     assert set(doc["exactness"]) == {"float32", "bfloat16", "float16"}

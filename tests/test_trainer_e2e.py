@@ -18,9 +18,11 @@ from trainer.launch import spawn  # noqa: E402
 from trainer.tiny_model import TinyConfig  # noqa: E402
 
 LENGTHS = [37, 20, 9, 5, 11, 16, 29, 13, 3]
-TINY_PROFILE = {"time": {"quadratic": 1e-9, "linear": 1e-6, "sample_constant": 1e-4, "group_constant": 1e-3},
-                "comm": {"scheme": "ring", "bytes_per_token": 1000, "bandwidth_bytes_per_s": {"intra": 1e9, "inter": 1e8}},
-                "capacity_tokens_per_rank": 4096}
+TINY_PROFILE = {
+    "time": {"quadratic": 1e-9, "linear": 1e-6, "sample_constant": 1e-4, "group_constant": 1e-3},
+    "comm": {"scheme": "ring", "bytes_per_token": 1000, "bandwidth_bytes_per_s": {"intra": 1e9, "inter": 1e8}},
+    "capacity_tokens_per_rank": 4096,
+}
 # Sizes 3, 2 and 1 in every micro-batch, one group across the two nodes (ranks 2 and 3), idle ranks in the last.
 GROUPS = [
     [((0, 1, 2), (0,)), ((3, 4), (1, 2)), ((5,), (3,))],
@@ -32,7 +34,9 @@ GROUPS = [
 def make_plan(scheme: str, cfg: TinyConfig):
     batch = {"samples": [{"id": f"s{i}", "text_tokens": n} for i, n in enumerate(LENGTHS)]}
     profile = {**TINY_PROFILE, "comm": {**TINY_PROFILE["comm"], "scheme": scheme}}
-    problem = problem_from_json({"batch": batch, "cluster": {"nodes": 2, "gpus_per_node": 3}, "model": cfg.model_document(), "profile": profile})
+    problem = problem_from_json(
+        {"batch": batch, "cluster": {"nodes": 2, "gpus_per_node": 3}, "model": cfg.model_document(), "profile": profile}
+    )
     tables = CostTables.build(problem)
     assignment = Assignment.of(GROUPS)
     plan = build_plan(tables, assignment, SolverStats("hand", "given", 0.0), 0.0)

@@ -20,21 +20,42 @@ from trainer.routing import PlanBatchSampler, SyntheticTokens, collate_samples, 
 from trainer.step import run_micro_batch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-PLAN = {"scheme": "ring", "domain_size": 3, "micro_batches": [
-    {"groups": [{"ranks": [0, 1], "samples": ["a", "b"], "lengths": [23, 6]}, {"ranks": [2], "samples": ["c"], "lengths": [12]}]},
-    {"groups": [{"ranks": [0, 1, 2], "samples": ["d"], "lengths": [30]}]},
-]}
+PLAN = {
+    "scheme": "ring",
+    "domain_size": 3,
+    "micro_batches": [
+        {
+            "groups": [
+                {"ranks": [0, 1], "samples": ["a", "b"], "lengths": [23, 6]},
+                {"ranks": [2], "samples": ["c"], "lengths": [12]},
+            ]
+        },
+        {"groups": [{"ranks": [0, 1, 2], "samples": ["d"], "lengths": [30]}]},
+    ],
+}
 
 
 def flat_grad(model):
-    return torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype) for p in model.parameters()])
+    return torch.cat(
+        [
+            p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype)
+            for p in model.parameters()
+        ]
+    )
 
 
 def tiny_qwen2(seed, dtype):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=96, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2)
+    cfg = Qwen2Config(
+        vocab_size=96,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+    )
     return Qwen2ForCausalLM(cfg).to(dtype)
 
 
@@ -45,7 +66,10 @@ def test_adapter_equals_the_library_attention_in_float64(build):
     ref_model = build(0, torch.float64)
     ref = reference_loss(ref_model, samples)
     model = HFCausalLM(build(0, torch.float64))
-    doc = {"scheme": "ring", "micro_batches": [{"groups": [{"ranks": [0], "samples": list(samples), "lengths": [23, 6, 12]}]}]}
+    doc = {
+        "scheme": "ring",
+        "micro_batches": [{"groups": [{"ranks": [0], "samples": list(samples), "lengths": [23, 6, 12]}]}],
+    }
     work = apply_plan(doc, 0)
     loss = run_micro_batch(model, work.micro_batches[0], None, "ring", samples, work.total_labels)
     assert float(loss) == pytest.approx(ref, rel=1e-13)
@@ -63,7 +87,9 @@ def test_routing_loads_only_a_ranks_samples():
     loader = torch.utils.data.DataLoader(data, batch_sampler=PlanBatchSampler([works[2]]), collate_fn=collate_samples)
     batch = next(iter(loader))
     assert sorted(batch) == ["c", "d"] and data.loads == 2
-    assert torch.equal(batch["d"], SyntheticTokens({"d": 30}, vocab=96, seed=1).tokens("d"))  # the same tokens in every process
+    assert torch.equal(
+        batch["d"], SyntheticTokens({"d": 30}, vocab=96, seed=1).tokens("d")
+    )  # the same tokens in every process
     assert sorted(route(works[0], data)) == ["a", "b", "d"]
 
 
@@ -85,16 +111,40 @@ def test_torchrun_trains_the_hf_model_planned_over_http_like_one_process(tmp_pat
     server = LocalServer(tmp_path / "data")
     try:
         out = tmp_path / "run.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", str(free_port()), "-m", "trainer.train_hf",
-               "--steps", "3", "--dtype", "float64", "--reference", "--service", server.url, "--out", str(out), "--tp", "2"]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "4",
+            "--master-port",
+            str(free_port()),
+            "-m",
+            "trainer.train_hf",
+            "--steps",
+            "3",
+            "--dtype",
+            "float64",
+            "--reference",
+            "--service",
+            server.url,
+            "--out",
+            str(out),
+            "--tp",
+            "2",
+        ]
+        res = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}
+        )
         assert res.returncode == 0, res.stderr[-3000:]
         run = json.loads(out.read_text())
         assert run["max_loss_rel_diff"] < 1e-12 and run["max_parameter_diff"] < 1e-12
         steps = run["steps"]
         assert len(steps) == 3 and all(s["digests_equal"] and s["feedback_stored"] for s in steps)
         assert any(len(g) > 1 for s in steps for mb in s["groups"] for g in mb)  # context parallelism was used
-        assert any(n < s["batch_samples"] for s in steps for n in s["samples_loaded"])  # routing: a rank loaded part of the batch
+        assert any(
+            n < s["batch_samples"] for s in steps for n in s["samples_loaded"]
+        )  # routing: a rank loaded part of the batch
         stored = httpx.get(f"{server.url}/v1/plans/{steps[1]['plan_id']}/feedback", timeout=30).json()
         assert json.dumps(stored).count("measured_step_time_s") >= 1
     finally:

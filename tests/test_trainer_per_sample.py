@@ -23,19 +23,33 @@ GROUPS = [
     [((0, 1), (0, 1, 2)), ((2,), (3, 4)), ((3,), (5,))],
     [((1, 2, 3), (6, 7))],
 ]
-PACKED = {"time": {"quadratic": 2e-9, "linear": 3e-6, "sample_constant": 2e-4, "group_constant": 4e-3,
-                   "sample_step": 1e-4, "step_constant": 2e-3},
-          "comm": {"scheme": "ring", "bytes_per_token": 1500, "bandwidth_bytes_per_s": {"intra": 2e8, "inter": 2e8},
-                   "latency_s": {"intra": 1e-3, "inter": 1e-3}, "group_messages": {"per_step": 6, "fixed": 2},
-                   "padded_bytes": True},
-          "capacity_tokens_per_rank": 1024}
+PACKED = {
+    "time": {
+        "quadratic": 2e-9,
+        "linear": 3e-6,
+        "sample_constant": 2e-4,
+        "group_constant": 4e-3,
+        "sample_step": 1e-4,
+        "step_constant": 2e-3,
+    },
+    "comm": {
+        "scheme": "ring",
+        "bytes_per_token": 1500,
+        "bandwidth_bytes_per_s": {"intra": 2e8, "inter": 2e8},
+        "latency_s": {"intra": 1e-3, "inter": 1e-3},
+        "group_messages": {"per_step": 6, "fixed": 2},
+        "padded_bytes": True,
+    },
+    "capacity_tokens_per_rank": 1024,
+}
 
 
 def plan_doc(scheme: str, cfg: TinyConfig) -> dict:
     batch = {"samples": [{"id": f"s{i}", "text_tokens": n} for i, n in enumerate(LENGTHS)]}
     profile = {**PACKED, "comm": {**PACKED["comm"], "scheme": scheme}}
-    problem = problem_from_json({"batch": batch, "cluster": {"nodes": 1, "gpus_per_node": 4},
-                                 "model": cfg.model_document(), "profile": profile})
+    problem = problem_from_json(
+        {"batch": batch, "cluster": {"nodes": 1, "gpus_per_node": 4}, "model": cfg.model_document(), "profile": profile}
+    )
     tables = CostTables.build(problem)
     return build_plan(tables, Assignment.of(GROUPS), SolverStats("hand", "given", 0.0), 0.0).to_json()
 
@@ -70,7 +84,10 @@ def test_per_sample_profile_is_each_sample_alone_plus_a_barrier():
     doc = per_sample_profile(PACKED, barrier)
     profile_from_json(doc)  # a profile the planner accepts
     assert doc["time"]["sample_constant"] == pytest.approx(2e-4 + 4e-3) and doc["time"]["group_constant"] == barrier
-    assert "group_messages" not in doc["comm"] and (doc["comm"]["messages_per_step"], doc["comm"]["messages_fixed"]) == (6, 2)
+    assert "group_messages" not in doc["comm"] and (
+        doc["comm"]["messages_per_step"],
+        doc["comm"]["messages_fixed"],
+    ) == (6, 2)
     assert doc["time"]["step_constant"] == pytest.approx(2e-3 - barrier)  # no barrier after the last barrier group
     assert PACKED["comm"]["group_messages"] == {"per_step": 6, "fixed": 2}  # the packed profile is left alone
     lengths = [300, 40, 1500]
@@ -78,8 +95,9 @@ def test_per_sample_profile_is_each_sample_alone_plus_a_barrier():
 
     def tables(profile):
         cluster = {"nodes": 1, "gpus_per_node": 4}
-        return CostTables.build(problem_from_json({"batch": batch, "cluster": cluster, "model_preset": "llama3-8b",
-                                                   "profile": profile}))
+        return CostTables.build(
+            problem_from_json({"batch": batch, "cluster": cluster, "model_preset": "llama3-8b", "profile": profile})
+        )
 
     packed, per_sample = tables(PACKED), tables(doc)
     for ranks in ((0,), (0, 1), (0, 1, 2), (0, 1, 2, 3)):

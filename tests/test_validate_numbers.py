@@ -33,8 +33,24 @@ def files(tmp_path_factory) -> dict[str, Path]:
     out = {"batch": batch}
     for nodes in (1, 2):
         plan_file = folder / f"plan{nodes}.json"
-        assert main(["plan", "--batch", str(batch), "--nodes", str(nodes), "--gpus-per-node", "8", "--backend", "heuristic",
-                     "--out", str(plan_file)]) == 0
+        assert (
+            main(
+                [
+                    "plan",
+                    "--batch",
+                    str(batch),
+                    "--nodes",
+                    str(nodes),
+                    "--gpus-per-node",
+                    "8",
+                    "--backend",
+                    "heuristic",
+                    "--out",
+                    str(plan_file),
+                ]
+            )
+            == 0
+        )
         out[f"plan{nodes}"] = plan_file
     return out
 
@@ -51,7 +67,19 @@ def plan(files) -> Doc:
 def validate(capsys, files, doc: Doc | str, tmp_path, nodes: int = 1) -> tuple[int, list[str]]:
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(doc if isinstance(doc, str) else json.dumps(doc))
-    code = main(["validate", "--plan", str(plan_file), "--batch", str(files["batch"]), "--nodes", str(nodes), "--gpus-per-node", "8"])
+    code = main(
+        [
+            "validate",
+            "--plan",
+            str(plan_file),
+            "--batch",
+            str(files["batch"]),
+            "--nodes",
+            str(nodes),
+            "--gpus-per-node",
+            "8",
+        ]
+    )
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err
     return code, out.strip().splitlines()
@@ -59,9 +87,11 @@ def validate(capsys, files, doc: Doc | str, tmp_path, nodes: int = 1) -> tuple[i
 
 def _set(path: str, value: Any) -> Callable[[Doc], None]:
     """A mutation that sets the field at ``path`` (``a.b[2].c``) to ``value``."""
+
     def mutate(doc: Doc) -> None:
         parent, key = _locate(doc, path)
         parent[key] = value
+
     return mutate
 
 
@@ -69,6 +99,7 @@ def _drop(path: str) -> Callable[[Doc], None]:
     def mutate(doc: Doc) -> None:
         parent, key = _locate(doc, path)
         del parent[key]
+
     return mutate
 
 
@@ -76,6 +107,7 @@ def _scale(path: str, factor: float) -> Callable[[Doc], None]:
     def mutate(doc: Doc) -> None:
         parent, key = _locate(doc, path)
         parent[key] *= factor
+
     return mutate
 
 
@@ -124,10 +156,16 @@ MUTATIONS: dict[str, tuple[Callable[[Doc], None], str]] = {
     "gap off": (_set("gap", 0.5), "gap:"),
     "ratio off": (_set("ratio_to_bound", 2.0), "ratio_to_bound:"),
     "degree 999": (_set("micro_batches[0].groups[0].degree", 999), "micro_batches[0].groups[0].degree: is 999"),
-    "degree a string": (_set("micro_batches[0].groups[0].degree", "3"), "micro_batches[0].groups[0].degree: is the string '3'"),
+    "degree a string": (
+        _set("micro_batches[0].groups[0].degree", "3"),
+        "micro_batches[0].groups[0].degree: is the string '3'",
+    ),
     "domain_size a float": (_set("domain_size", 8.0), "domain_size:"),
     "scheme unknown": (_set("scheme", "zigzag"), "scheme:"),
-    "static step NaN": (_set("static_baseline.predicted_step_time_s", math.nan), "static_baseline.predicted_step_time_s: is NaN"),
+    "static step NaN": (
+        _set("static_baseline.predicted_step_time_s", math.nan),
+        "static_baseline.predicted_step_time_s: is NaN",
+    ),
     "static degree 999": (_set("static_baseline.degree", 999), "static_baseline.degree:"),
     "static micro-batches 0": (_set("static_baseline.micro_batches", 0), "static_baseline.micro_batches:"),
     "static speedup off": (_set("static_baseline.speedup", 9.0), "static_baseline.speedup:"),
@@ -169,11 +207,30 @@ def test_a_plan_for_fewer_ranks_than_the_cluster_has_is_one_line(capsys, files, 
     assert code == 1 and lines == ["invalid: domain_size: this plan is for 8 ranks, the cluster has 16"], lines
 
 
-@pytest.mark.parametrize("content", ["[1, 2]", "{\"micro_batches\": [", "\"plan\"", "NaN"])
+@pytest.mark.parametrize("content", ["[1, 2]", '{"micro_batches": [', '"plan"', "NaN"])
 def test_a_file_that_is_not_a_plan_object_is_bad_input(files, tmp_path, content):
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(content)
-    proc = subprocess.run([sys.executable, "-m", "api.commands", "validate", "--plan", str(plan_file), "--batch", str(files["batch"]),
-                           "--nodes", "1", "--gpus-per-node", "8"], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "api.commands",
+            "validate",
+            "--plan",
+            str(plan_file),
+            "--batch",
+            str(files["batch"]),
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and "plan" in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and len(lines) == 1 and "plan" in lines[0] and "Traceback" not in proc.stderr, (
+        proc.stderr
+    )

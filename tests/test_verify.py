@@ -27,8 +27,14 @@ PROFILE = {
 @pytest.fixture
 def problem():
     samples = [{"id": f"s{i}", "text_tokens": t} for i, t in enumerate([500, 1200, 9000, 15000, 300])]
-    return problem_from_json({"batch": {"samples": samples}, "cluster": {"nodes": 2, "gpus_per_node": 2}, "profile": PROFILE,
-                              "options": {"backend": "heuristic", "degree_policy": "pow2", "max_micro_batches": 2}})
+    return problem_from_json(
+        {
+            "batch": {"samples": samples},
+            "cluster": {"nodes": 2, "gpus_per_node": 2},
+            "profile": PROFILE,
+            "options": {"backend": "heuristic", "degree_policy": "pow2", "max_micro_batches": 2},
+        }
+    )
 
 
 def violations(problem, mbs):
@@ -71,7 +77,11 @@ def test_plan_level_checks(problem):
     assert any("lower bound" in v for v in verify(too_high, problem).violations)
     mb = result.micro_batches[0]
     g = mb.groups[0]
-    tampered = replace(result, micro_batches=(replace(mb, groups=(replace(g, predicted_time_s=g.predicted_time_s / 2),) + mb.groups[1:]),) + result.micro_batches[1:])
+    tampered = replace(
+        result,
+        micro_batches=(replace(mb, groups=(replace(g, predicted_time_s=g.predicted_time_s / 2),) + mb.groups[1:]),)
+        + result.micro_batches[1:],
+    )
     assert any("recomputed" in v for v in verify(tampered, problem).violations)
 
 
@@ -79,8 +89,13 @@ def test_plan_level_checks(problem):
 
 
 def test_every_assignment_violation_is_named_in_order(problem):
-    a = Assignment(((((), (0,)), ((0, 9), (1,)), ((1, 1), (2,)), ((1, 2, 3), (3, 7)), ((0, 3), (3, -1))),
-                    (((0,), (4, 4)),), (((2, 1, 0, 3, 3), (2,)), ((3,), (3,)))))
+    a = Assignment(
+        (
+            (((), (0,)), ((0, 9), (1,)), ((1, 1), (2,)), ((1, 2, 3), (3, 7)), ((0, 3), (3, -1))),
+            (((0,), (4, 4)),),
+            (((2, 1, 0, 3, 3), (2,)), ((3,), (3,))),
+        )
+    )
     assert check_assignment(problem, a).violations == [
         "3 micro-batches exceed options.max_micro_batches 2",
         "micro-batch 0 group 0: has no ranks",
@@ -101,13 +116,21 @@ def test_every_assignment_violation_is_named_in_order(problem):
 
 
 def test_degree_rules_of_ulysses_and_max_degree_are_named():
-    problem = problem_from_json({"batch": WORKLOADS["video"](20, seed=1), "cluster_preset": "h100-8x8", "model_preset": "qwen2-vl-7b",
-                                 "options": {"cp_scheme": "ulysses", "degree_policy": "any", "max_degree": 8}})
+    problem = problem_from_json(
+        {
+            "batch": WORKLOADS["video"](20, seed=1),
+            "cluster_preset": "h100-8x8",
+            "model_preset": "qwen2-vl-7b",
+            "options": {"cp_scheme": "ulysses", "degree_policy": "any", "max_degree": 8},
+        }
+    )
     heads = problem.model.llm.heads // problem.cluster.tensor_parallel
     a = Assignment((((tuple(range(3)), tuple(range(5))), (tuple(range(3, 12)), tuple(range(5, 20)))),))
     found = check_assignment(problem, a).violations
-    assert found[:2] == [f"micro-batch 0 group 0: size 3 does not divide the {heads} attention heads per rank (Ulysses)",
-                         "micro-batch 0 group 1: size 9 exceeds options.max_degree 8"]
+    assert found[:2] == [
+        f"micro-batch 0 group 0: size 3 does not divide the {heads} attention heads per rank (Ulysses)",
+        "micro-batch 0 group 1: size 9 exceeds options.max_degree 8",
+    ]
 
 
 def test_every_plan_violation_is_named(problem):
@@ -115,7 +138,9 @@ def test_every_plan_violation_is_named(problem):
     mbs = list(result.micro_batches)
     groups = list(mbs[0].groups)
     g0 = groups[0]
-    groups[0] = replace(g0, samples=g0.samples + ("nobody",), predicted_time_s=g0.predicted_time_s * 2, intra_node=not g0.intra_node)
+    groups[0] = replace(
+        g0, samples=g0.samples + ("nobody",), predicted_time_s=g0.predicted_time_s * 2, intra_node=not g0.intra_node
+    )
     mbs[0] = replace(mbs[0], groups=tuple(groups))
     tampered = replace(result, micro_batches=tuple(mbs), lower_bound_s=result.predicted_step_time_s * 3)
     t, _, intra = group_time(problem, g0.ranks, tuple(problem.batch.index[s] for s in g0.samples))
@@ -160,16 +185,32 @@ def test_the_array_checks_and_the_named_checks_agree(problem):
 
 # -- the recomputed times are the scalar formula's ---------------------------------------------
 
-RING = dict(PROFILE, comm={**PROFILE["comm"], "latency_s": {"intra": 3e-6, "inter": 2e-5}, "messages_per_step": 7, "overlap_with_attention": True,
-                           "bandwidth_bytes_per_s": {"intra": {"2": 2e9, "8": 1.5e9}, "inter": 5e8}},
-            time={**PROFILE["time"], "vision_linear": 1e-6, "vision_quadratic": 1e-10}, speed_by_gpu={"A100-80GB": 0.4},
-            capacity_tokens_per_rank={"default": 10000, "A100-80GB": 6000})
-ULYSSES = dict(PROFILE, comm={"scheme": "ulysses", "bytes_per_token": 700.0, "bandwidth_bytes_per_s": {"intra": 3e9, "inter": 4e8}})
+RING = dict(
+    PROFILE,
+    comm={
+        **PROFILE["comm"],
+        "latency_s": {"intra": 3e-6, "inter": 2e-5},
+        "messages_per_step": 7,
+        "overlap_with_attention": True,
+        "bandwidth_bytes_per_s": {"intra": {"2": 2e9, "8": 1.5e9}, "inter": 5e8},
+    },
+    time={**PROFILE["time"], "vision_linear": 1e-6, "vision_quadratic": 1e-10},
+    speed_by_gpu={"A100-80GB": 0.4},
+    capacity_tokens_per_rank={"default": 10000, "A100-80GB": 6000},
+)
+ULYSSES = dict(
+    PROFILE, comm={"scheme": "ulysses", "bytes_per_token": 700.0, "bandwidth_bytes_per_s": {"intra": 3e9, "inter": 4e8}}
+)
 CASES = [
     {"batch": WORKLOADS["mixed"](60, seed=2), "cluster_preset": "mixed-h100-a100", "model_preset": "qwen2-vl-7b"},
     {"batch": WORKLOADS["dynamic-res"](50, seed=4), "cluster_preset": "mixed-h100-a100", "profile": RING},
     {"batch": WORKLOADS["dynamic-res"](50, seed=5), "cluster_preset": "mixed-h100-a100", "profile": ULYSSES},
-    {"batch": WORKLOADS["image-sft"](40, seed=3), "cluster_preset": "ascend910b-8x8", "model_preset": "internvl2-8b", "options": {"cp_scheme": "ulysses"}},
+    {
+        "batch": WORKLOADS["image-sft"](40, seed=3),
+        "cluster_preset": "ascend910b-8x8",
+        "model_preset": "internvl2-8b",
+        "options": {"cp_scheme": "ulysses"},
+    },
 ]
 
 
@@ -222,7 +263,9 @@ def test_recomputed_times_equal_the_scalar_formula(case):
         assert group_time(problem, r, s)[0] == pytest.approx(want[0][0], rel=1e-12)
 
 
-@pytest.mark.skipif(not hasattr(verify_kernels.recompute_groups, "py_func"), reason="numba is off: only the plain-Python form exists")
+@pytest.mark.skipif(
+    not hasattr(verify_kernels.recompute_groups, "py_func"), reason="numba is off: only the plain-Python form exists"
+)
 def test_plain_python_kernels_give_the_compiled_results(monkeypatch):
     problem = problem_from_json(CASES[1])
     a = _random_assignment(problem, random.Random(9))

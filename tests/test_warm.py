@@ -42,7 +42,9 @@ print(json.dumps({"error": warm.last_error, "loaded_later": sorted(k for k in ke
 
 
 def test_no_kernel_loads_after_the_warm_up():
-    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600, cwd=ROOT, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600, cwd=ROOT, check=True
+    )
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["error"] is None, report["error"]
     assert report["loaded_later"] == [], f"kernels first loaded after the warm-up: {report['loaded_later']}"

@@ -11,7 +11,14 @@ from trainer.group_pool import GroupPool
 from trainer.ring_attention import RingSpec, full_attention, ring_attention, shard_layout, ulysses_attention
 
 
-def attention_inputs(layout: list[tuple[torch.Tensor, torch.Tensor]], heads: int, kv_heads: int, dim: int, dtype: torch.dtype, seed: int = 1) -> list[torch.Tensor]:
+def attention_inputs(
+    layout: list[tuple[torch.Tensor, torch.Tensor]],
+    heads: int,
+    kv_heads: int,
+    dim: int,
+    dtype: torch.dtype,
+    seed: int = 1,
+) -> list[torch.Tensor]:
     """q, k, v and the output gradient of the whole group's tokens: float64 values rounded to ``dtype`` (then held in float64)."""
     total = sum(int(p.numel()) for p, _ in layout)
     g = torch.Generator().manual_seed(seed)
@@ -19,8 +26,18 @@ def attention_inputs(layout: list[tuple[torch.Tensor, torch.Tensor]], heads: int
     return [torch.randn(s, generator=g, dtype=torch.float64).to(dtype).to(torch.float64) for s in shapes]
 
 
-def attention_worker(rank: int, world_size: int, lengths: list[int], scheme: str, tile: int = 128, heads: int = 6, dim: int = 4,
-                     kv_heads: int | None = None, dtype: str = "float64", sdpa: bool = False) -> dict[str, Any]:
+def attention_worker(
+    rank: int,
+    world_size: int,
+    lengths: list[int],
+    scheme: str,
+    tile: int = 128,
+    heads: int = 6,
+    dim: int = 4,
+    kv_heads: int | None = None,
+    dtype: str = "float64",
+    sdpa: bool = False,
+) -> dict[str, Any]:
     """Largest errors (output, dq, dk, dv) of ring/Ulysses attention in ``dtype`` against float64 attention on the same inputs.
 
     With ``sdpa`` rank 0 also measures torch's ``scaled_dot_product_attention`` at the same dtype on
@@ -51,25 +68,44 @@ def attention_worker(rank: int, world_size: int, lengths: list[int], scheme: str
     assert ql.grad is not None and kl.grad is not None and vl.grad is not None
     assert qf.grad is not None and kf.grad is not None and vf.grad is not None
     out = out.detach()
-    result: dict[str, Any] = {"ours": [float((out.double() - ref[a:b]).abs().max()), float((ql.grad.double() - qf.grad[a:b]).abs().max()),
-                                       float((kl.grad.double() - kf.grad[a:b]).abs().max()), float((vl.grad.double() - vf.grad[a:b]).abs().max())]}
+    result: dict[str, Any] = {
+        "ours": [
+            float((out.double() - ref[a:b]).abs().max()),
+            float((ql.grad.double() - qf.grad[a:b]).abs().max()),
+            float((kl.grad.double() - kf.grad[a:b]).abs().max()),
+            float((vl.grad.double() - vf.grad[a:b]).abs().max()),
+        ]
+    }
     if sdpa and rank == 0:
         result["sdpa"] = sdpa_errors(q, k, v, go, pos, seg, typ, ref, [qf.grad, kf.grad, vf.grad])
     return result
 
 
-def sdpa_errors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, go: torch.Tensor, pos: torch.Tensor, seg: torch.Tensor, typ: torch.dtype,
-                ref: torch.Tensor, ref_grads: list[torch.Tensor]) -> list[float]:
+def sdpa_errors(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    go: torch.Tensor,
+    pos: torch.Tensor,
+    seg: torch.Tensor,
+    typ: torch.dtype,
+    ref: torch.Tensor,
+    ref_grads: list[torch.Tensor],
+) -> list[float]:
     """Largest errors (output, dq, dk, dv) of torch's SDPA at ``typ`` against the float64 reference."""
     from trainer.ring_attention import visible
 
     qs, ks, vs = (x.to(typ).transpose(0, 1).unsqueeze(0).requires_grad_(True) for x in (q, k, v))
     mask = visible(pos, seg, pos, seg)
-    o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=ks.shape[1] != qs.shape[1])
+    o = torch.nn.functional.scaled_dot_product_attention(
+        qs, ks, vs, attn_mask=mask, enable_gqa=ks.shape[1] != qs.shape[1]
+    )
     o.backward(go.to(typ).transpose(0, 1).unsqueeze(0))
     out = o.detach()[0].transpose(0, 1).double()
     grads = [t.grad[0].transpose(0, 1).double() for t in (qs, ks, vs) if t.grad is not None]
-    return [float((out - ref).abs().max())] + [float((g - r).abs().max()) for g, r in zip(grads, ref_grads, strict=True)]
+    return [float((out - ref).abs().max())] + [
+        float((g - r).abs().max()) for g, r in zip(grads, ref_grads, strict=True)
+    ]
 
 
 def pool_worker(rank: int, world_size: int) -> dict[str, Any]:
@@ -88,11 +124,21 @@ def pool_worker(rank: int, world_size: int) -> dict[str, Any]:
         unknown = "found"
     except KeyError:
         unknown = "missing"
-    return {"first": first, "again": again, "on_demand": on_demand, "hits": hits_after_get, "sum": float(x), "unknown": unknown,
-            "known": [list(k) for k in pool.known()], "single": pool.get((rank,)) is None}
+    return {
+        "first": first,
+        "again": again,
+        "on_demand": on_demand,
+        "hits": hits_after_get,
+        "sum": float(x),
+        "unknown": unknown,
+        "known": [list(k) for k in pool.known()],
+        "single": pool.get((rank,)) is None,
+    }
 
 
-def failing_ring_worker(rank: int, world_size: int, fail_rank: int, timeout_s: float, linger_s: float) -> dict[str, Any]:
+def failing_ring_worker(
+    rank: int, world_size: int, fail_rank: int, timeout_s: float, linger_s: float
+) -> dict[str, Any]:
     """Ring attention where ``fail_rank`` raises in its second block; that rank then stays alive for ``linger_s``.
 
     Returns what each rank saw: the error type and message, and the seconds until it was raised.
@@ -105,7 +151,9 @@ def failing_ring_worker(rank: int, world_size: int, fail_rank: int, timeout_s: f
     n = int(layout[rank][0].numel())
     g = torch.Generator().manual_seed(rank)
     q, k, v = (torch.randn(n, 4, 8, generator=g).requires_grad_(True) for _ in range(3))
-    spec = RingSpec(dist.new_group(list(range(world_size))), tuple(range(world_size)), rank, tuple(layout), timeout_s=timeout_s)
+    spec = RingSpec(
+        dist.new_group(list(range(world_size))), tuple(range(world_size)), rank, tuple(layout), timeout_s=timeout_s
+    )
     if rank == fail_rank:
         original, calls = module.block_forward_into, [0]
 

@@ -85,7 +85,11 @@ class RankWork:
         """Every gradient-reduction group of the job (one per tensor rank and stage), the same list on every rank."""
         if self.reduce_ranks is None or self.layout is None:
             return ()
-        return tuple(self.layout.domain_ranks(t, s) for s in range(self.layout.pipeline_parallel) for t in range(self.layout.tensor_parallel))
+        return tuple(
+            self.layout.domain_ranks(t, s)
+            for s in range(self.layout.pipeline_parallel)
+            for t in range(self.layout.tensor_parallel)
+        )
 
 
 def _plan_doc(plan: Any) -> Mapping[str, Any]:
@@ -93,7 +97,11 @@ def _plan_doc(plan: Any) -> Mapping[str, Any]:
         return plan
     to_json = getattr(plan, "to_json", None)
     if to_json is None:
-        raise ProblemError(f"is a {type(plan).__name__}, not a plan", field="plan", hint="pass an optimizer.plan.plan.Plan or the JSON printed by 'dhp plan'.")
+        raise ProblemError(
+            f"is a {type(plan).__name__}, not a plan",
+            field="plan",
+            hint="pass an optimizer.plan.plan.Plan or the JSON printed by 'dhp plan'.",
+        )
     return to_json(shards=True)
 
 
@@ -111,30 +119,47 @@ def apply_plan(plan: Any, rank: int, tensor_parallel: int = 1, pipeline_parallel
     global_rank = rank
     if tensor_parallel != 1 or pipeline_parallel != 1:
         if not isinstance(domain, int):
-            raise ProblemError("has no 'domain_size'", field="plan.domain_size", hint="pass the plan as 'dhp plan' printed it: mapping ranks under TP/PP needs it.")
+            raise ProblemError(
+                "has no 'domain_size'",
+                field="plan.domain_size",
+                hint="pass the plan as 'dhp plan' printed it: mapping ranks under TP/PP needs it.",
+            )
         layout = RankLayout(domain, tensor_parallel, pipeline_parallel)
         rank, tp_rank, stage = layout.coordinates(rank)
     elif isinstance(domain, int) and not 0 <= rank < domain:
-        raise ProblemError(f"rank {rank} is outside the plan's domain of {domain} ranks", field="rank",
-                           hint=f"use a rank from 0 to {domain - 1}, or pass tensor_parallel / pipeline_parallel when the job has them.")
+        raise ProblemError(
+            f"rank {rank} is outside the plan's domain of {domain} ranks",
+            field="rank",
+            hint=f"use a rank from 0 to {domain - 1}, or pass tensor_parallel / pipeline_parallel when the job has them.",
+        )
     out = []
     comms: dict[tuple[int, ...], None] = {}
     total_labels = 0
     for m, mb in enumerate(mbs):
         groups = mb.get("groups") if isinstance(mb, Mapping) else None
         if not isinstance(groups, list):
-            raise ProblemError("has no list 'groups'", field=f"plan.micro_batches[{m}]", hint="pass a plan printed by 'dhp plan'.")
+            raise ProblemError(
+                "has no list 'groups'", field=f"plan.micro_batches[{m}]", hint="pass a plan printed by 'dhp plan'."
+            )
         mine = None
         for k, g in enumerate(groups):
             ranks = tuple(g.get("ranks", ())) if isinstance(g, Mapping) else ()
             total_labels += _labels(g, f"plan.micro_batches[{m}].groups[{k}]")
             if not ranks:
-                raise ProblemError("has no ranks", field=f"plan.micro_batches[{m}].groups[{k}].ranks", hint="each group lists its global ranks.")
+                raise ProblemError(
+                    "has no ranks",
+                    field=f"plan.micro_batches[{m}].groups[{k}].ranks",
+                    hint="each group lists its global ranks.",
+                )
             if len(ranks) > 1:
                 comms.setdefault(tuple(ranks), None)
             if rank in ranks:
                 if mine is not None:
-                    raise ProblemError(f"rank {rank} is in two groups", field=f"plan.micro_batches[{m}]", hint="validate the plan with 'dhp validate'.")
+                    raise ProblemError(
+                        f"rank {rank} is in two groups",
+                        field=f"plan.micro_batches[{m}]",
+                        hint="validate the plan with 'dhp validate'.",
+                    )
                 mine = (ranks, g)
         if mine is None:
             out.append(MicroBatchWork(m, None, -1, ()))
@@ -146,10 +171,18 @@ def apply_plan(plan: Any, rank: int, tensor_parallel: int = 1, pipeline_parallel
         if lengths is None:
             shards_doc = g.get("shards")
             if not isinstance(shards_doc, list):
-                raise ProblemError("gives neither 'lengths' nor 'shards'", field=f"plan.micro_batches[{m}].groups", hint="print the plan with shards (the default of 'dhp plan').")
+                raise ProblemError(
+                    "gives neither 'lengths' nor 'shards'",
+                    field=f"plan.micro_batches[{m}].groups",
+                    hint="print the plan with shards (the default of 'dhp plan').",
+                )
             lengths = [int(s["length"]) for s in shards_doc]
         if len(samples) != len(lengths):
-            raise ProblemError(f"lists {len(samples)} samples but {len(lengths)} lengths", field=f"plan.micro_batches[{m}].groups", hint="pass the plan unchanged as 'dhp plan' printed it.")
+            raise ProblemError(
+                f"lists {len(samples)} samples but {len(lengths)} lengths",
+                field=f"plan.micro_batches[{m}].groups",
+                hint="pass the plan unchanged as 'dhp plan' printed it.",
+            )
         shards = []
         for sid, length in zip(samples, lengths, strict=True):
             length = int(length)
@@ -161,7 +194,16 @@ def apply_plan(plan: Any, rank: int, tensor_parallel: int = 1, pipeline_parallel
         out.append(MicroBatchWork(m, mapped, pos, tuple(shards), float(g.get("predicted_time_s", 0.0))))
     communicators = tuple(comms) if layout is None else tuple(layout.every_copy(comms))
     mine_ids = tuple(dict.fromkeys(sh.sample for w in out for sh in w.shards))
-    return RankWork(global_rank, scheme, tuple(out), communicators, float(doc.get("predicted_step_time_s", 0.0)), layout, total_labels, mine_ids)
+    return RankWork(
+        global_rank,
+        scheme,
+        tuple(out),
+        communicators,
+        float(doc.get("predicted_step_time_s", 0.0)),
+        layout,
+        total_labels,
+        mine_ids,
+    )
 
 
 def _labels(group: Any, where: str) -> int:
@@ -174,4 +216,8 @@ def _labels(group: Any, where: str) -> int:
     try:
         return sum(max(0, int(x) - 1) for x in lengths or ())
     except (TypeError, ValueError):
-        raise ProblemError(f"has a length that is not an integer: {lengths!r}", field=where, hint="pass the plan unchanged as 'dhp plan' printed it.") from None
+        raise ProblemError(
+            f"has a length that is not an integer: {lengths!r}",
+            field=where,
+            hint="pass the plan unchanged as 'dhp plan' printed it.",
+        ) from None

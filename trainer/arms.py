@@ -33,8 +33,9 @@ ARMS: dict[str, str] = {"static": "packed", "megatron": "per-sample", "dhp-megat
 """Each arm and the execution its plans run with."""
 
 
-def _problem(request: Mapping[str, Any], profile: Mapping[str, Any] | None = None,
-             options: Mapping[str, Any] | None = None) -> Any:
+def _problem(
+    request: Mapping[str, Any], profile: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None
+) -> Any:
     """The planning problem of a request, with another profile or options where given."""
     from optimizer.problem.documents import problem_from_json
 
@@ -46,8 +47,9 @@ def _problem(request: Mapping[str, Any], profile: Mapping[str, Any] | None = Non
     return problem_from_json(doc)
 
 
-def evaluated(problem: Any, assignment: Any, backend: str, wall_ms: float, static: Any = None,
-              rules: Any = None) -> dict[str, Any]:
+def evaluated(
+    problem: Any, assignment: Any, backend: str, wall_ms: float, static: Any = None, rules: Any = None
+) -> dict[str, Any]:
     """The plan document of ``assignment`` with every time from ``problem``'s profile, verified under
     ``rules`` (a problem with the rules its execution obeys; default ``problem``)."""
     from optimizer.bounds.lower_bounds import lower_bound
@@ -73,8 +75,11 @@ def static_plan(request: Mapping[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     found = best_static(CostTables.build(problem))
     if found is None:
-        raise ProblemError("no static power-of-two layout fits the batch in memory", field="batch",
-                           hint="raise --capacity-tokens or shorten --longest so that the longest sample fits.")
+        raise ProblemError(
+            "no static power-of-two layout fits the batch in memory",
+            field="batch",
+            hint="raise --capacity-tokens or shorten --longest so that the longest sample fits.",
+        )
     baseline, assignment = found
     return evaluated(problem, assignment, "static-best", (time.perf_counter() - t0) * 1000.0, baseline)
 
@@ -97,12 +102,18 @@ def megatron_plan(request: Mapping[str, Any], sample_profile: Mapping[str, Any])
     if too_long:
         sid = too_long[0]
         widest = 1 << (n.bit_length() - 1)
-        raise ProblemError(f"sample {sid!r} of {lengths[ids.index(sid)]} tokens needs {needs[sid]} ranks of {capacity} "
-                           f"tokens, more than the {n} ranks Megatron's scheduler places it on", field="batch",
-                           hint=f"keep samples at most {widest * capacity} tokens (--longest) or raise the capacity.")
+        raise ProblemError(
+            f"sample {sid!r} of {lengths[ids.index(sid)]} tokens needs {needs[sid]} ranks of {capacity} "
+            f"tokens, more than the {n} ranks Megatron's scheduler places it on",
+            field="batch",
+            hint=f"keep samples at most {widest * capacity} tokens (--longest) or raise the capacity.",
+        )
     if len(ids) < n:
-        raise ProblemError(f"{len(ids)} samples for {n} ranks: Megatron's scheduler needs a sample for every rank",
-                           field="batch", hint=f"give at least {n} samples per step (--samples).")
+        raise ProblemError(
+            f"{len(ids)} samples for {n} ranks: Megatron's scheduler needs a sample for every rank",
+            field="batch",
+            hint=f"give at least {n} samples per step (--samples).",
+        )
     t0 = time.perf_counter()
     _, sample_id_groups = scheduler.get_groups_and_subsamples(list(zip(ids, lengths, strict=True)), None)
     wall = (time.perf_counter() - t0) * 1000.0
@@ -116,8 +127,11 @@ def _balanced_scheduler(capacity: int, n: int) -> Any:
     try:
         scheduler = balanced_scheduler_class()
     except ImportError:
-        raise ProblemError("megatron-core is not installed", field="arm",
-                           hint="pip install 'dhp-planner[megatron]' (megatron-core) for the megatron arm.") from None
+        raise ProblemError(
+            "megatron-core is not installed",
+            field="arm",
+            hint="pip install 'dhp-planner[megatron]' (megatron-core) for the megatron arm.",
+        ) from None
     return scheduler(capacity, DomainGroup(n))
 
 
@@ -133,8 +147,11 @@ class ArmPlanner:
         if arm not in ARMS:
             raise ProblemError(f"unknown arm {arm!r}", field="arm", hint=f"use one of {', '.join(ARMS)}.")
         if ARMS[arm] == "per-sample" and sample_profile is None:
-            raise ProblemError(f"the {arm} arm needs the per-sample profile", field="sample_profile",
-                               hint="derive it with trainer.per_sample_costs.per_sample_profile.")
+            raise ProblemError(
+                f"the {arm} arm needs the per-sample profile",
+                field="sample_profile",
+                hint="derive it with trainer.per_sample_costs.per_sample_profile.",
+            )
         self.arm = arm
         self.execution = ARMS[arm]
         self.sample_profile = dict(sample_profile) if sample_profile is not None else None
@@ -164,9 +181,14 @@ class ArmPlanner:
         problem = _problem(request, self.sample_profile, MEGATRON_RULES)
         if self._scheduler is None:
             budget = float(request.get("options", {}).get("time_budget_ms", 200.0))
-            self._scheduler = PlannedCPScheduler(capacity, DomainGroup(problem.cluster.domain_size),
-                                                 profile=self.sample_profile, model=request["model"],
-                                                 cluster=request["cluster"], budget_ms=budget)
+            self._scheduler = PlannedCPScheduler(
+                capacity,
+                DomainGroup(problem.cluster.domain_size),
+                profile=self.sample_profile,
+                model=request["model"],
+                cluster=request["cluster"],
+                budget_ms=budget,
+            )
         t0 = time.perf_counter()
         seqlens = [(s.id, int(L)) for s, L in zip(problem.batch.samples, problem.batch.lengths, strict=True)]
         _, sample_id_groups = self._scheduler.get_groups_and_subsamples(seqlens, None)

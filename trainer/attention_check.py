@@ -26,14 +26,26 @@ LENGTHS = [97, 40, 13, 5]
 """Samples of one micro-batch: a long one, shorter ones, one shorter than 2d (whole chunks of padding)."""
 
 
-def _worker(rank: int, world_size: int, configs: list[tuple[str, str]], lengths: list[int], heads: int, kv_heads: int, dim: int) -> list[dict[str, Any]]:
+def _worker(
+    rank: int, world_size: int, configs: list[tuple[str, str]], lengths: list[int], heads: int, kv_heads: int, dim: int
+) -> list[dict[str, Any]]:
     from trainer._testing import attention_worker
 
-    return [attention_worker(rank, world_size, lengths, scheme, 128, heads, dim, kv_heads, dtype, sdpa=True) for scheme, dtype in configs]
+    return [
+        attention_worker(rank, world_size, lengths, scheme, 128, heads, dim, kv_heads, dtype, sdpa=True)
+        for scheme, dtype in configs
+    ]
 
 
-def error_table(degrees: list[int], dtypes: list[str], schemes: list[str], lengths: list[int] | None = None,
-                heads: int = HEADS, kv_heads: int = KV_HEADS, dim: int = DIM) -> list[dict[str, Any]]:
+def error_table(
+    degrees: list[int],
+    dtypes: list[str],
+    schemes: list[str],
+    lengths: list[int] | None = None,
+    heads: int = HEADS,
+    kv_heads: int = KV_HEADS,
+    dim: int = DIM,
+) -> list[dict[str, Any]]:
     """One row per (d, scheme, dtype): our largest errors and SDPA's, for output, dq, dk, dv."""
     from trainer.launch import spawn
 
@@ -77,7 +89,7 @@ def kernel_times(repeats: int = 5, kv_heads: int = 2, group: int = 3, dim: int =
             for _ in range(repeats):
                 out, lse = torch.zeros_like(q), torch.full(q.shape[:-1], -torch.inf)
                 start = time.perf_counter()
-                block_forward_into(out, lse, q, k, v, block, dim ** -0.5, kernel=kernel)
+                block_forward_into(out, lse, q, k, v, block, dim**-0.5, kernel=kernel)
                 best = min(best, time.perf_counter() - start)
             row[f"{kernel}_ms"] = best * 1000
         rows.append(row)
@@ -90,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", default="float32,bfloat16,float16")
     ap.add_argument("--schemes", default="ring,ulysses")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
-    ap.add_argument("--kernel", choices=("auto", "fused", "matmul"), default=None, help="tile kernel (sets DHP_ATTENTION_KERNEL)")
+    ap.add_argument(
+        "--kernel", choices=("auto", "fused", "matmul"), default=None, help="tile kernel (sets DHP_ATTENTION_KERNEL)"
+    )
     ap.add_argument("--time-kernels", action="store_true", help="time one block's forward with each kernel instead")
     args = ap.parse_args(argv)
     if args.kernel:
@@ -104,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         print("one block's forward, float32, one thread, 2 key/value heads x 3 query heads, head dim 64 (fastest of 5)")
         for r in timed:
-            print(f"{r['block']:20} {r['tokens']:5} tokens | matmul {r['matmul_ms']:8.1f} ms | fused {r['fused_ms']:8.1f} ms | {r['matmul_ms'] / r['fused_ms']:.1f}x")
+            print(
+                f"{r['block']:20} {r['tokens']:5} tokens | matmul {r['matmul_ms']:8.1f} ms | fused {r['fused_ms']:8.1f} ms | {r['matmul_ms'] / r['fused_ms']:.1f}x"
+            )
         return 0
     rows = error_table([int(x) for x in args.degrees.split(",")], args.dtypes.split(","), args.schemes.split(","))
     if args.json:
@@ -114,11 +130,17 @@ def main(argv: list[str] | None = None) -> int:
 
     from trainer.attention_tiles import kernel_for
 
-    print(f"heads {HEADS}, key/value heads {KV_HEADS}, head dim {DIM}, sample lengths {LENGTHS}, tile kernel {kernel_for(torch.device('cpu'))}; "
-          "largest absolute error against float64")
-    print(f"{'d':>2} {'scheme':8} {'dtype':9} | {'out':>9} {'dq':>9} {'dk':>9} {'dv':>9} | SDPA {'out':>9} {'dq':>9} {'dk':>9} {'dv':>9} | worst ratio")
+    print(
+        f"heads {HEADS}, key/value heads {KV_HEADS}, head dim {DIM}, sample lengths {LENGTHS}, tile kernel {kernel_for(torch.device('cpu'))}; "
+        "largest absolute error against float64"
+    )
+    print(
+        f"{'d':>2} {'scheme':8} {'dtype':9} | {'out':>9} {'dq':>9} {'dk':>9} {'dv':>9} | SDPA {'out':>9} {'dq':>9} {'dk':>9} {'dv':>9} | worst ratio"
+    )
     for r in rows:
-        ratio = max(o / s if s > 0 else (0.0 if o == 0 else float("inf")) for o, s in zip(r["ours"], r["sdpa"], strict=True))
+        ratio = max(
+            o / s if s > 0 else (0.0 if o == 0 else float("inf")) for o, s in zip(r["ours"], r["sdpa"], strict=True)
+        )
         ours = " ".join(f"{x:9.2e}" for x in r["ours"])
         sdpa = " ".join(f"{x:9.2e}" for x in r["sdpa"])
         print(f"{r['d']:>2} {r['scheme']:8} {r['dtype']:9} | {ours} |      {sdpa} | {ratio:.2f}")

@@ -111,7 +111,9 @@ def mask_value(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).min)
 
 
-def tiles(q_pos: torch.Tensor, q_seg: torch.Tensor, k_pos: torch.Tensor, k_seg: torch.Tensor, tile: int | None = None) -> Tiles:
+def tiles(
+    q_pos: torch.Tensor, q_seg: torch.Tensor, k_pos: torch.Tensor, k_seg: torch.Tensor, tile: int | None = None
+) -> Tiles:
     """(query rows, key columns, their mask) of each row tile of a block that sees at least one key.
 
     Built sample by sample, so the cost grows with the sum of squared sample lengths, not the square
@@ -133,15 +135,21 @@ def tiles(q_pos: torch.Tensor, q_seg: torch.Tensor, k_pos: torch.Tensor, k_seg: 
         bounds = [0, *breaks.tolist(), int(live.numel())]
         for a, b in zip(bounds[:-1], bounds[1:], strict=False):
             for x in range(a, b, size):
-                local = live[x:min(x + size, b)]
+                local = live[x : min(x + size, b)]
                 sub = mask[local]
                 c = sub.any(dim=0).nonzero().flatten()
                 out.append((s, qi[local], ki[c], sub[:, c]))
     return _merge_small(out, size, q_pos, q_seg, k_pos, k_seg)
 
 
-def _merge_small(per_sample: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]], size: int,
-                 q_pos: torch.Tensor, q_seg: torch.Tensor, k_pos: torch.Tensor, k_seg: torch.Tensor) -> Tiles:
+def _merge_small(
+    per_sample: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]],
+    size: int,
+    q_pos: torch.Tensor,
+    q_seg: torch.Tensor,
+    k_pos: torch.Tensor,
+    k_seg: torch.Tensor,
+) -> Tiles:
     """Merge consecutive tiles while their rows fit ``size`` and their distinct key columns MERGE_COLUMNS.
 
     A merged tile's columns are the union of its parts' (each key once) and its mask is recomputed
@@ -178,7 +186,9 @@ def grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return x.view(kv_heads, h // kv_heads, t, d)
 
 
-def _fused_tile(qr: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, m: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _fused_tile(
+    qr: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, m: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One tile through the fused kernel: (output [Hkv,G,R,D], log-sum-exp [Hkv,G,R]) of queries
     ``qr`` [Hkv,G,R,D] over keys and values [Hkv,C,D] under mask ``m`` [R,C]. The G query heads of
     a key/value head are stacked as rows, so keys and values are never copied per query head."""
@@ -187,11 +197,15 @@ def _fused_tile(qr: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, m: torch.T
     assert _CPU_FUSED is not None  # kernel_for chose it
     hkv, g, r, d = qr.shape
     bias = torch.zeros(m.shape, dtype=qr.dtype, device=qr.device).masked_fill_(~m, -torch.inf).repeat(g, 1)
-    out, lse = _CPU_FUSED(qr.reshape(1, hkv, g * r, d), kc.unsqueeze(0), vc.unsqueeze(0), 0.0, False, attn_mask=bias, scale=scale)
+    out, lse = _CPU_FUSED(
+        qr.reshape(1, hkv, g * r, d), kc.unsqueeze(0), vc.unsqueeze(0), 0.0, False, attn_mask=bias, scale=scale
+    )
     return out.view(hkv, g, r, d), lse.view(hkv, g, r).to(qr.dtype)
 
 
-def _cuda_tile(qr: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, m: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _cuda_tile(
+    qr: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, m: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`_fused_tile` on CUDA: the memory-efficient kernel, its bias padded to 16 columns (the
     kernel's alignment) and sliced back, its log-sum-exp (rows padded to its block) cut to the rows."""
     assert _CUDA_FUSED is not None
@@ -201,12 +215,22 @@ def _cuda_tile(qr: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, m: torch.Te
     bias = torch.full((g * r, padded), -torch.inf, dtype=qr.dtype, device=qr.device)
     bias[:, :c].masked_fill_(m.repeat(g, 1), 0.0)
     bias4 = bias[:, :c].unsqueeze(0).unsqueeze(0).expand(1, hkv, g * r, c)
-    out, lse = _CUDA_FUSED(qr.reshape(1, hkv, g * r, d), kc.unsqueeze(0), vc.unsqueeze(0), bias4, True, 0.0, False, scale=scale)[:2]
+    out, lse = _CUDA_FUSED(
+        qr.reshape(1, hkv, g * r, d), kc.unsqueeze(0), vc.unsqueeze(0), bias4, True, 0.0, False, scale=scale
+    )[:2]
     return out.view(hkv, g, r, d), lse[..., : g * r].reshape(hkv, g, r).to(qr.dtype)
 
 
-def block_forward_into(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_tiles: Tiles, scale: float,
-                       kernel: str | None = None) -> None:
+def block_forward_into(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_tiles: Tiles,
+    scale: float,
+    kernel: str | None = None,
+) -> None:
     """Merge one key block into the running (out [Hkv,G,T,D], lse [Hkv,G,T]) in place.
 
     ``q`` is [Hkv, G, T, D] and ``k``, ``v`` [Hkv, Tk, D], all in the accumulator dtype;
@@ -224,12 +248,25 @@ def block_forward_into(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k:
             b_out = torch.matmul(torch.exp(s - b_lse.unsqueeze(-1)), vc)
         old = lse[:, :, rows]
         new = torch.logaddexp(old, b_lse)
-        out[:, :, rows] = out[:, :, rows] * torch.exp(old - new).unsqueeze(-1) + b_out * torch.exp(b_lse - new).unsqueeze(-1)
+        out[:, :, rows] = out[:, :, rows] * torch.exp(old - new).unsqueeze(-1) + b_out * torch.exp(
+            b_lse - new
+        ).unsqueeze(-1)
         lse[:, :, rows] = new
 
 
-def block_backward_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor, delta: torch.Tensor,
-                        block_tiles: Tiles, scale: float, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
+def block_backward_into(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dout: torch.Tensor,
+    lse: torch.Tensor,
+    delta: torch.Tensor,
+    block_tiles: Tiles,
+    scale: float,
+    dq: torch.Tensor,
+    dk: torch.Tensor,
+    dv: torch.Tensor,
+) -> None:
     """Add one block's gradients into dq [Hkv,G,T,D], dk and dv [Hkv,Tk,D] in place, recomputing its probabilities."""
     for rows, cols, m in block_tiles:
         qr, dr = q[:, :, rows], dout[:, :, rows]

@@ -27,9 +27,18 @@ def flat_grad(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in model.parameters()])
 
 
-def step_worker(rank: int, world_size: int, plan_doc: dict[str, Any], cfg: TinyConfig, samples: dict[str, list[int]],
-                seed: int = 0, dtype: str = "float64", steps: int = 1, warmup: int = 0,
-                execution: str = "packed") -> dict[str, Any]:
+def step_worker(
+    rank: int,
+    world_size: int,
+    plan_doc: dict[str, Any],
+    cfg: TinyConfig,
+    samples: dict[str, list[int]],
+    seed: int = 0,
+    dtype: str = "float64",
+    steps: int = 1,
+    warmup: int = 0,
+    execution: str = "packed",
+) -> dict[str, Any]:
     """One process of a planned step (see the module docstring), run ``packed`` or ``per-sample``
     (:mod:`trainer.step`); returns loss, gradient and seconds."""
     model = build_model(cfg, seed, getattr(torch, dtype))
@@ -47,11 +56,20 @@ def step_worker(rank: int, world_size: int, plan_doc: dict[str, Any], cfg: TinyC
             mb_times.append(result.micro_batch_seconds)
         loss, barrier = result.loss, result.barrier_seconds
         grad = flat_grad(model)
-    return {"loss": loss, "grad": grad, "seconds": times, "micro_batch_seconds": mb_times, "barrier_seconds": barrier,
-            "groups_created": pool.stats.created, "create_seconds": pool.stats.create_seconds}
+    return {
+        "loss": loss,
+        "grad": grad,
+        "seconds": times,
+        "micro_batch_seconds": mb_times,
+        "barrier_seconds": barrier,
+        "groups_created": pool.stats.created,
+        "create_seconds": pool.stats.create_seconds,
+    }
 
 
-def reference(cfg: TinyConfig, samples: dict[str, list[int]], seed: int = 0, dtype: str = "float64") -> tuple[float, torch.Tensor]:
+def reference(
+    cfg: TinyConfig, samples: dict[str, list[int]], seed: int = 0, dtype: str = "float64"
+) -> tuple[float, torch.Tensor]:
     """Loss and flat gradient of the whole batch on one process."""
     model = build_model(cfg, seed, getattr(torch, dtype))
     loss = reference_step(model, {k: torch.tensor(v, dtype=torch.int64) for k, v in samples.items()})

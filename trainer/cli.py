@@ -17,39 +17,77 @@ def _ints(flag: str, text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise ProblemError(f"{text!r} is not a comma-separated list of integers", field=flag, hint="e.g. 128,256,512.") from None
+        raise ProblemError(
+            f"{text!r} is not a comma-separated list of integers", field=flag, hint="e.g. 128,256,512."
+        ) from None
     if not values or any(v < 1 for v in values):
         raise ProblemError(f"{text!r} must list positive integers", field=flag, hint="e.g. 128,256,512.")
     return values
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("profile", help="measure a cost profile on this machine with torch (CPU or CUDA) and write it as JSON",
-                              description="Times the model's attention and dense layers for a range of lengths and group sizes, "
-                                          "measures transfers between two processes, fits the profile coefficients and reports the fit.")
-    p.add_argument("--lengths", default="128,256,512,1024,1536", help="sample lengths in tokens (default 128,256,512,1024,1536)")
+    p = subparsers.add_parser(
+        "profile",
+        help="measure a cost profile on this machine with torch (CPU or CUDA) and write it as JSON",
+        description="Times the model's attention and dense layers for a range of lengths and group sizes, "
+        "measures transfers between two processes, fits the profile coefficients and reports the fit.",
+    )
+    p.add_argument(
+        "--lengths", default="128,256,512,1024,1536", help="sample lengths in tokens (default 128,256,512,1024,1536)"
+    )
     p.add_argument("--degrees", default="1,2,3,4", help="group sizes (default 1,2,3,4)")
-    p.add_argument("--mixes", default="1,2,3", help="samples per group, to separate per-sample and per-group constants (default 1,2,3)")
+    p.add_argument(
+        "--mixes",
+        default="1,2,3",
+        help="samples per group, to separate per-sample and per-group constants (default 1,2,3)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="timed runs per point; the fastest is kept (default 3)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs per point (default 1)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to run (default: CUDA if there is one)")
+    p.add_argument(
+        "--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to run (default: CUDA if there is one)"
+    )
     p.add_argument("--dtype", choices=["float32", "float64", "bfloat16", "float16"], default="float32")
     p.add_argument("--threads", type=int, help="torch CPU threads per process (default: torch's choice)")
-    p.add_argument("--procs", type=int, default=1, help="processes timing at once, as many as the job's ranks per machine (default 1)")
+    p.add_argument(
+        "--procs",
+        type=int,
+        default=1,
+        help="processes timing at once, as many as the job's ranks per machine (default 1)",
+    )
     p.add_argument("--hidden", type=int, default=128, help="model width (default 128)")
     p.add_argument("--heads", type=int, default=8, help="attention heads (default 8)")
     p.add_argument("--layers", type=int, default=2, help="transformer blocks (default 2)")
     p.add_argument("--ffn-hidden", type=int, default=512, help="MLP width (default 512)")
     p.add_argument("--vocab", type=int, default=96, help="vocabulary size (default 96)")
-    p.add_argument("--arch", choices=["tiny", "llama"], default="tiny",
-                   help="model timed: the tiny transformer or train_hf's Hugging Face Llama (default tiny)")
+    p.add_argument(
+        "--arch",
+        choices=["tiny", "llama"],
+        default="tiny",
+        help="model timed: the tiny transformer or train_hf's Hugging Face Llama (default tiny)",
+    )
     p.add_argument("--kv-heads", type=int, help="key/value heads of --arch llama (default: --heads)")
     p.add_argument("--no-comm", action="store_true", help="do not measure transfers; take --bandwidth instead")
     p.add_argument("--bandwidth", type=float, help="bytes per second between ranks when --no-comm is given")
-    p.add_argument("--capacity-tokens", type=int, help="tokens per rank per micro-batch (default: from free GPU memory, 65536 on CPU)")
-    p.add_argument("--short-mix", type=int, default=16, help="also time this many samples of the shortest length per group size (default 16; 0: not)")
-    p.add_argument("--min-r2", type=float, default=0.9, help="refuse (exit 2) a fit whose R^2 is below this (default 0.9)")
-    p.add_argument("--max-error", type=float, default=0.5, help="refuse (exit 2) a fit that misses a measured point by more than this fraction (default 0.5)")
+    p.add_argument(
+        "--capacity-tokens",
+        type=int,
+        help="tokens per rank per micro-batch (default: from free GPU memory, 65536 on CPU)",
+    )
+    p.add_argument(
+        "--short-mix",
+        type=int,
+        default=16,
+        help="also time this many samples of the shortest length per group size (default 16; 0: not)",
+    )
+    p.add_argument(
+        "--min-r2", type=float, default=0.9, help="refuse (exit 2) a fit whose R^2 is below this (default 0.9)"
+    )
+    p.add_argument(
+        "--max-error",
+        type=float,
+        default=0.5,
+        help="refuse (exit 2) a fit that misses a measured point by more than this fraction (default 0.5)",
+    )
     p.add_argument("--out", help="write the profile here instead of stdout")
     p.add_argument("--report", help="also write the measurements and the fit as JSON here")
     p.set_defaults(func=cmd_profile)
@@ -59,12 +97,18 @@ def cmd_profile(args: argparse.Namespace) -> int:
     try:
         import torch
     except ModuleNotFoundError:
-        raise ProblemError("torch is not installed", field="profile", hint="pip install 'dhp-planner[trainer]'.") from None
+        raise ProblemError(
+            "torch is not installed", field="profile", hint="pip install 'dhp-planner[trainer]'."
+        ) from None
     from trainer.profiler import ProfileSettings, measure_profile
     from trainer.tiny_model import TinyConfig
 
     if args.no_comm and not args.bandwidth:
-        raise ProblemError("--no-comm needs --bandwidth", field="--bandwidth", hint="give bytes per second, e.g. 5e9, or drop --no-comm.")
+        raise ProblemError(
+            "--no-comm needs --bandwidth",
+            field="--bandwidth",
+            hint="give bytes per second, e.g. 5e9, or drop --no-comm.",
+        )
     if args.threads is not None:
         if args.threads < 1:
             raise ProblemError(f"must be >= 1, got {args.threads}", field="--threads", hint="e.g. 1.")
@@ -72,12 +116,30 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.procs < 1:
         raise ProblemError(f"must be >= 1, got {args.procs}", field="--procs", hint="e.g. the ranks per node.")
     try:
-        cfg = TinyConfig(vocab=args.vocab, hidden=args.hidden, heads=args.heads, layers=args.layers, ffn_hidden=args.ffn_hidden,
-                         max_positions=max(4096, max(_ints("--lengths", args.lengths)) + 1))
-        settings = ProfileSettings(lengths=_ints("--lengths", args.lengths), degrees=_ints("--degrees", args.degrees), mixes=_ints("--mixes", args.mixes),
-                                   repeats=args.repeats, warmup=args.warmup, device=args.device, dtype=args.dtype, comm=not args.no_comm,
-                                   capacity_tokens=args.capacity_tokens, procs=args.procs, threads=args.threads,
-                                   short_mix=args.short_mix, architecture=args.arch, kv_heads=args.kv_heads)
+        cfg = TinyConfig(
+            vocab=args.vocab,
+            hidden=args.hidden,
+            heads=args.heads,
+            layers=args.layers,
+            ffn_hidden=args.ffn_hidden,
+            max_positions=max(4096, max(_ints("--lengths", args.lengths)) + 1),
+        )
+        settings = ProfileSettings(
+            lengths=_ints("--lengths", args.lengths),
+            degrees=_ints("--degrees", args.degrees),
+            mixes=_ints("--mixes", args.mixes),
+            repeats=args.repeats,
+            warmup=args.warmup,
+            device=args.device,
+            dtype=args.dtype,
+            comm=not args.no_comm,
+            capacity_tokens=args.capacity_tokens,
+            procs=args.procs,
+            threads=args.threads,
+            short_mix=args.short_mix,
+            architecture=args.arch,
+            kv_heads=args.kv_heads,
+        )
     except ValueError as exc:
         raise ProblemError(str(exc), field="profile", hint="see dhp profile --help.") from None
 
@@ -85,29 +147,42 @@ def cmd_profile(args: argparse.Namespace) -> int:
         print(message, file=sys.stderr, flush=True)
 
     if not 0 < args.max_error or args.min_r2 > 1:
-        raise ProblemError(f"--min-r2 {args.min_r2} / --max-error {args.max_error} cannot be met", field="--min-r2" if args.min_r2 > 1 else "--max-error",
-                           hint="R^2 is at most 1; the error is a positive fraction, e.g. 0.5.")
+        raise ProblemError(
+            f"--min-r2 {args.min_r2} / --max-error {args.max_error} cannot be met",
+            field="--min-r2" if args.min_r2 > 1 else "--max-error",
+            hint="R^2 is at most 1; the error is a positive fraction, e.g. 0.5.",
+        )
     from trainer.profiler import FitRefused
 
     try:
-        profile, report = measure_profile(cfg, settings, progress, bandwidth=args.bandwidth, min_r2=args.min_r2, max_error=args.max_error)
+        profile, report = measure_profile(
+            cfg, settings, progress, bandwidth=args.bandwidth, min_r2=args.min_r2, max_error=args.max_error
+        )
     except FitRefused as exc:
         if args.report:
             progress("no profile written: the fit was refused")
         raise ProblemError(f"refused the measured profile: {exc}", field=exc.field, hint=exc.hint) from None
     except ValueError as exc:
-        raise ProblemError(str(exc), field="--device" if "cuda" in str(exc) else "profile", hint="see dhp profile --help.") from None
+        raise ProblemError(
+            str(exc), field="--device" if "cuda" in str(exc) else "profile", hint="see dhp profile --help."
+        ) from None
     from optimizer.problem.documents import profile_from_json
 
     profile_from_json(profile)  # the file must be one `dhp plan --profile` accepts
-    progress(f"fit: R^2 {report['r2']:.4f}, largest relative error {report['max_rel_error']:.3f} over {len(report['points'])} points "
-             f"(thresholds: R^2 >= {args.min_r2:g}, error <= {args.max_error:g}); per-sample ring-step work {report['sample_step_s'] * 1e6:.1f} us")
+    progress(
+        f"fit: R^2 {report['r2']:.4f}, largest relative error {report['max_rel_error']:.3f} over {len(report['points'])} points "
+        f"(thresholds: R^2 >= {args.min_r2:g}, error <= {args.max_error:g}); per-sample ring-step work {report['sample_step_s'] * 1e6:.1f} us"
+    )
     if report["transfers"]:
-        progress(f"transfers: {report['bandwidth_bytes_per_s'] / 1e9:.3f} GB/s, latency {report['latency_s'] * 1e6:.1f} us")
+        progress(
+            f"transfers: {report['bandwidth_bytes_per_s'] / 1e9:.3f} GB/s, latency {report['latency_s'] * 1e6:.1f} us"
+        )
     if "ring_r2" in report:
-        progress(f"rings: R^2 {report['ring_r2']:.4f}, largest relative error {report['ring_max_rel_error']:.3f} over {len(report['ring_points'])} points; "
-                 f"{report['bandwidth_bytes_per_s'] / 1e9:.3f} GB/s, {report['latency_s'] * 1e6:.1f} us per message; "
-                 f"gradient all-reduce {report['step_constant_s'] * 1000:.2f} ms per step")
+        progress(
+            f"rings: R^2 {report['ring_r2']:.4f}, largest relative error {report['ring_max_rel_error']:.3f} over {len(report['ring_points'])} points; "
+            f"{report['bandwidth_bytes_per_s'] / 1e9:.3f} GB/s, {report['latency_s'] * 1e6:.1f} us per message; "
+            f"gradient all-reduce {report['step_constant_s'] * 1000:.2f} ms per step"
+        )
     text = json.dumps(profile, indent=2)
     if args.out:
         with open(args.out, "w") as fh:

@@ -44,7 +44,11 @@ class EpochPlan:
         self.predicted = table.column("predicted_step_time_s").to_pylist()
         steps = table.column("step").to_pylist()
         if steps != list(range(len(steps))):
-            raise ProblemError("steps are not numbered 0, 1, ... in order", field="plan_file", hint="give a plan.parquet written by 'dhp plan-epoch'.")
+            raise ProblemError(
+                "steps are not numbered 0, 1, ... in order",
+                field="plan_file",
+                hint="give a plan.parquet written by 'dhp plan-epoch'.",
+            )
         index = self.path.parent / INDEX_FILE
         self.index: dict[str, Any] | None = json.loads(index.read_text()) if index.exists() else None
         self._doc = lru_cache(maxsize=4)(self._load)
@@ -62,12 +66,19 @@ class EpochPlan:
     def plan(self, step: int) -> dict[str, Any]:
         """The plan document of ``step``; a step that failed to plan raises, naming the step and sample."""
         if not 0 <= step < len(self):
-            raise ProblemError(f"step {step} is outside the epoch's {len(self)} steps", field="step", hint=f"use a step from 0 to {len(self) - 1}.")
+            raise ProblemError(
+                f"step {step} is outside the epoch's {len(self)} steps",
+                field="step",
+                hint=f"use a step from 0 to {len(self) - 1}.",
+            )
         if self._status[step] != "ok":
             err = json.loads(self._error[step] or "{}")
             sample = f" (sample {err['sample']!r})" if err.get("sample") else ""
-            raise ProblemError(f"step {step} has no plan{sample}: {err.get('message', 'failed')}", field=f"steps[{step}]",
-                               hint=err.get("hint") or "fix the sample and plan the epoch again.")
+            raise ProblemError(
+                f"step {step} has no plan{sample}: {err.get('message', 'failed')}",
+                field=f"steps[{step}]",
+                hint=err.get("hint") or "fix the sample and plan the epoch again.",
+            )
         return self._doc(step)
 
     def work(self, step: int, rank: int, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> StepWork:
@@ -81,7 +92,9 @@ class EpochPlan:
                 ids.setdefault(shard.sample, None)
         return StepWork(step, rank, work, tuple(ids))
 
-    def iter_rank(self, rank: int, start: int = 0, skip_failed: bool = False, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> Iterator[StepWork]:
+    def iter_rank(
+        self, rank: int, start: int = 0, skip_failed: bool = False, tensor_parallel: int = 1, pipeline_parallel: int = 1
+    ) -> Iterator[StepWork]:
         """The rank's work in every step from ``start`` on; failed steps raise unless skipped."""
         for step in range(start, len(self)):
             if skip_failed and self._status[step] != "ok":
@@ -89,8 +102,15 @@ class EpochPlan:
             yield self.work(step, rank, tensor_parallel, pipeline_parallel)
 
 
-def planned_batch_sampler(plan: EpochPlan | str | Path, rank: int, index_of: Mapping[str, int] | Sequence[str], start: int = 0, skip_failed: bool = False,
-                          tensor_parallel: int = 1, pipeline_parallel: int = 1) -> Any:
+def planned_batch_sampler(
+    plan: EpochPlan | str | Path,
+    rank: int,
+    index_of: Mapping[str, int] | Sequence[str],
+    start: int = 0,
+    skip_failed: bool = False,
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+) -> Any:
     """A ``torch.utils.data.Sampler`` for ``DataLoader(dataset, batch_sampler=...)``: per step the
     dataset indices of ``rank``'s samples (``index_of``: sample id -> dataset index, or the dataset's
     ids in order). ``sampler.current`` is the :class:`StepWork` of the step last yielded, and
@@ -115,8 +135,11 @@ def planned_batch_sampler(plan: EpochPlan | str | Path, rank: int, index_of: Map
             for sw in self.works():
                 missing = [s for s in sw.sample_ids if s not in lookup]
                 if missing:
-                    raise ProblemError(f"step {sw.step} names samples not in the dataset: {missing[:5]}", field="index_of",
-                                       hint="pass the ids of the dataset the epoch was planned from.")
+                    raise ProblemError(
+                        f"step {sw.step} names samples not in the dataset: {missing[:5]}",
+                        field="index_of",
+                        hint="pass the ids of the dataset the epoch was planned from.",
+                    )
                 self.current = sw
                 yield [lookup[s] for s in sw.sample_ids]
 

@@ -38,7 +38,10 @@ def exactness(device: Any, dtype: Any, tokens: int, heads: int, kv_heads: int, d
     layout = [(p.to(device), s.to(device)) for p, s in shard_layout(lengths, 1)]
     g = torch.Generator().manual_seed(0)
     shapes = [(tokens, heads, dim), (tokens, kv_heads, dim), (tokens, kv_heads, dim), (tokens, heads, dim)]
-    q, k, v, go = (torch.randn(s, generator=g, dtype=torch.float64).to(dtype).to(device=device, dtype=torch.float64) for s in shapes)
+    q, k, v, go = (
+        torch.randn(s, generator=g, dtype=torch.float64).to(dtype).to(device=device, dtype=torch.float64)
+        for s in shapes
+    )
     ql, kl, vl = (x.to(dtype).requires_grad_(True) for x in (q, k, v))
     out = ring_attention(ql, kl, vl, RingSpec(None, (0,), 0, tuple(layout)))
     out.backward(go.to(dtype))
@@ -48,12 +51,17 @@ def exactness(device: Any, dtype: Any, tokens: int, heads: int, kv_heads: int, d
     ref.backward(go)
     ref_grads = [t.grad for t in (qf, kf, vf)]
     ours = [float((out.detach().double() - ref.detach()).abs().max())] + [
-        float((t.grad.double() - r).abs().max()) for t, r in zip((ql, kl, vl), ref_grads, strict=True) if t.grad is not None and r is not None]
+        float((t.grad.double() - r).abs().max())
+        for t, r in zip((ql, kl, vl), ref_grads, strict=True)
+        if t.grad is not None and r is not None
+    ]
     theirs = sdpa_errors(q, k, v, go, pos, seg, dtype, ref.detach(), [r for r in ref_grads if r is not None])
     return {"ring_d1": ours, "sdpa": theirs}
 
 
-def held_out(lengths: list[int], degrees: list[int], capacity: int, count: int, seed: int) -> list[tuple[tuple[int, ...], int]]:
+def held_out(
+    lengths: list[int], degrees: list[int], capacity: int, count: int, seed: int
+) -> list[tuple[tuple[int, ...], int]]:
     """Seeded micro-batches (sample lengths, group size) unlike the fitted grid, within ``capacity`` tokens per rank."""
     rng = random.Random(seed)
     lo, hi = min(lengths), max(lengths)
@@ -67,8 +75,17 @@ def held_out(lengths: list[int], degrees: list[int], capacity: int, count: int, 
     return out
 
 
-def cost_model(device: Any, dtype_name: str, lengths: list[int], degrees: list[int], mixes: list[int], cfg: Any, repeats: int, count: int,
-               progress: Any) -> dict[str, Any]:
+def cost_model(
+    device: Any,
+    dtype_name: str,
+    lengths: list[int],
+    degrees: list[int],
+    mixes: list[int],
+    cfg: Any,
+    repeats: int,
+    count: int,
+    progress: Any,
+) -> dict[str, Any]:
     import torch
 
     from trainer.profiler import Point, fit, time_group
@@ -89,21 +106,40 @@ def cost_model(device: Any, dtype_name: str, lengths: list[int], degrees: list[i
         progress(f"d={p.degree} {len(p.lengths)}x{p.lengths[0]}: {p.seconds * 1000:.2f} ms")
     f = fit(points)
     plain = fit(points, sample_step=False)
-    progress(f"fit: R^2 {f.r2:.4f}, worst point {f.max_rel_error * 100:.1f}%, per-sample ring-step work {f.sample_step * 1e6:.1f} us "
-             f"(without that term: R^2 {plain.r2:.4f}, worst point {plain.max_rel_error * 100:.1f}%)")
+    progress(
+        f"fit: R^2 {f.r2:.4f}, worst point {f.max_rel_error * 100:.1f}%, per-sample ring-step work {f.sample_step * 1e6:.1f} us "
+        f"(without that term: R^2 {plain.r2:.4f}, worst point {plain.max_rel_error * 100:.1f}%)"
+    )
     rows: list[dict[str, Any]] = []
     for k, (sample, d) in enumerate(tests):
         measured = best[len(combos) + k]
         predicted, before = f.predict(sample, d), plain.predict(sample, d)
-        rows.append({"lengths": list(sample), "degree": d, "measured_s": measured, "predicted_s": predicted, "error": (predicted - measured) / measured,
-                     "error_without_term": (before - measured) / measured})
-        progress(f"held out d={d} lengths {list(sample)}: predicted {predicted * 1000:.2f} ms, measured {measured * 1000:.2f} ms, "
-                 f"error {rows[-1]['error'] * 100:+.1f}% (without the term {rows[-1]['error_without_term'] * 100:+.1f}%)")
+        rows.append(
+            {
+                "lengths": list(sample),
+                "degree": d,
+                "measured_s": measured,
+                "predicted_s": predicted,
+                "error": (predicted - measured) / measured,
+                "error_without_term": (before - measured) / measured,
+            }
+        )
+        progress(
+            f"held out d={d} lengths {list(sample)}: predicted {predicted * 1000:.2f} ms, measured {measured * 1000:.2f} ms, "
+            f"error {rows[-1]['error'] * 100:+.1f}% (without the term {rows[-1]['error_without_term'] * 100:+.1f}%)"
+        )
     errors = [abs(r["error"]) for r in rows]
     before_errors = [abs(r["error_without_term"]) for r in rows]
-    return {"r2": f.r2, "fit_worst": f.max_rel_error, "sample_step_s": f.sample_step, "held_out": rows,
-            "mean_abs_error": statistics.mean(errors), "worst_abs_error": max(errors),
-            "mean_abs_error_without_term": statistics.mean(before_errors), "worst_abs_error_without_term": max(before_errors)}
+    return {
+        "r2": f.r2,
+        "fit_worst": f.max_rel_error,
+        "sample_step_s": f.sample_step,
+        "held_out": rows,
+        "mean_abs_error": statistics.mean(errors),
+        "worst_abs_error": max(errors),
+        "mean_abs_error_without_term": statistics.mean(before_errors),
+        "worst_abs_error_without_term": max(before_errors),
+    }
 
 
 CUDA_KERNEL_SHAPES = "4x8192@1,1x32768@1,32x512@4"
@@ -119,7 +155,9 @@ def _shape(text: str) -> tuple[tuple[int, ...], int]:
         raise ValueError(f"--kernel-shapes takes COUNTxLENGTH@DEGREE items such as 4x8192@1, got {text!r}") from None
 
 
-def kernel_times(device: Any, dtype_name: str, cfg: Any, shapes: list[tuple[tuple[int, ...], int]], repeats: int, progress: Any) -> list[dict[str, Any]]:
+def kernel_times(
+    device: Any, dtype_name: str, cfg: Any, shapes: list[tuple[tuple[int, ...], int]], repeats: int, progress: Any
+) -> list[dict[str, Any]]:
     """One rank's share of each micro-batch timed with the plain-product tiles and with the fused kernel (where the device has one)."""
     import os
 
@@ -141,7 +179,10 @@ def kernel_times(device: Any, dtype_name: str, cfg: Any, shapes: list[tuple[tupl
                 os.environ["DHP_ATTENTION_KERNEL"] = choice
                 row[f"{choice}_s"] = time_group(model, lengths, d, device, repeats, 1)
             rows.append(row)
-            progress(f"kernels, {len(lengths)} x {lengths[0]} tokens on d={d}: " + ", ".join(f"{c} {row[c + '_s'] * 1000:.2f} ms" for c in choices))
+            progress(
+                f"kernels, {len(lengths)} x {lengths[0]} tokens on d={d}: "
+                + ", ".join(f"{c} {row[c + '_s'] * 1000:.2f} ms" for c in choices)
+            )
     finally:
         if before is None:
             os.environ.pop("DHP_ATTENTION_KERNEL", None)
@@ -165,10 +206,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ffn-hidden", type=int, default=4096)
     ap.add_argument("--tile", type=int, help="query rows per attention tile (default 128 on CPU, 1024 on CUDA)")
     ap.add_argument("--exact-tokens", type=int, default=4096, help="tokens of the exactness check (default 4096)")
-    ap.add_argument("--exact-dtypes", default="float32,bfloat16,float16", help="dtypes of the exactness check (default all three)")
-    ap.add_argument("--kernel-shapes", default=None,
-                    help="micro-batches timed with each tile kernel, as COUNTxLENGTH@DEGREE (default on CUDA 4x8192@1,1x32768@1,32x512@4, "
-                         "elsewhere 2xLONGEST@1,8xSHORTEST@2 of --lengths; empty: none)")
+    ap.add_argument(
+        "--exact-dtypes", default="float32,bfloat16,float16", help="dtypes of the exactness check (default all three)"
+    )
+    ap.add_argument(
+        "--kernel-shapes",
+        default=None,
+        help="micro-batches timed with each tile kernel, as COUNTxLENGTH@DEGREE (default on CUDA 4x8192@1,1x32768@1,32x512@4, "
+        "elsewhere 2xLONGEST@1,8xSHORTEST@2 of --lengths; empty: none)",
+    )
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args(argv)
 
@@ -191,7 +237,14 @@ def main(argv: list[str] | None = None) -> int:
         if shapes_text is None:
             shapes_text = CUDA_KERNEL_SHAPES if device.type == "cuda" else f"2x{max(lengths)}@1,8x{min(lengths)}@2"
         kernel_shapes = [_shape(x) for x in shapes_text.split(",") if x]
-        cfg = TinyConfig(vocab=96, hidden=args.hidden, heads=args.heads, layers=args.layers, ffn_hidden=args.ffn_hidden, max_positions=max(lengths) + 1)
+        cfg = TinyConfig(
+            vocab=96,
+            hidden=args.hidden,
+            heads=args.heads,
+            layers=args.layers,
+            ffn_hidden=args.ffn_hidden,
+            max_positions=max(lengths) + 1,
+        )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -200,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    say(f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), {args.dtype}, tile {attention_tiles.TILE}")
+    say(
+        f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), {args.dtype}, tile {attention_tiles.TILE}"
+    )
     kernel = attention_tiles.kernel_for(device)
     why = attention_tiles.cuda_fused_problem(device) if device.type == "cuda" else None
     say(f"tile kernel: {kernel}" + (f" ({why})" if why else ""))
@@ -208,18 +263,35 @@ def main(argv: list[str] | None = None) -> int:
     names = ("out", "dq", "dk", "dv")
     exact: dict[str, dict[str, list[float]]] = {}
     for name in exact_dtypes:
-        exact[name] = exactness(device, getattr(torch, name), args.exact_tokens, args.heads, kv, args.hidden // args.heads)
-        say(f"exactness at {args.exact_tokens} tokens, {args.heads} query / {kv} key-value heads, {name} (largest absolute error against float64):")
+        exact[name] = exactness(
+            device, getattr(torch, name), args.exact_tokens, args.heads, kv, args.hidden // args.heads
+        )
+        say(
+            f"exactness at {args.exact_tokens} tokens, {args.heads} query / {kv} key-value heads, {name} (largest absolute error against float64):"
+        )
         for who in ("ring_d1", "sdpa"):
             say(f"  {who:8} " + "  ".join(f"{n} {e:.2e}" for n, e in zip(names, exact[name][who], strict=True)))
     kernels = kernel_times(device, args.dtype, cfg, kernel_shapes, args.repeats, say) if kernel_shapes else []
     costs = cost_model(device, args.dtype, lengths, degrees, mixes, cfg, args.repeats, args.held_out, say)
-    say(f"held-out micro-batches: mean |error| {costs['mean_abs_error'] * 100:.1f}%, worst {costs['worst_abs_error'] * 100:.1f}% "
-        f"(without the ring-step term: mean {costs['mean_abs_error_without_term'] * 100:.1f}%, worst {costs['worst_abs_error_without_term'] * 100:.1f}%)")
+    say(
+        f"held-out micro-batches: mean |error| {costs['mean_abs_error'] * 100:.1f}%, worst {costs['worst_abs_error'] * 100:.1f}% "
+        f"(without the ring-step term: mean {costs['mean_abs_error_without_term'] * 100:.1f}%, worst {costs['worst_abs_error_without_term'] * 100:.1f}%)"
+    )
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"device": str(device), "dtype": args.dtype, "tile_kernel": kernel, "fused_problem": why, "exactness": exact,
-                       "kernel_times": kernels, "cost_model": costs}, fh, indent=1)
+            json.dump(
+                {
+                    "device": str(device),
+                    "dtype": args.dtype,
+                    "tile_kernel": kernel,
+                    "fused_problem": why,
+                    "exactness": exact,
+                    "kernel_times": kernels,
+                    "cost_model": costs,
+                },
+                fh,
+                indent=1,
+            )
     ok = all(math.isfinite(x) for e in exact.values() for x in e["ring_d1"])
     return 0 if ok else 1
 

@@ -33,7 +33,9 @@ from typing import Any
 MODES = ("blind", "ignore", "prefer", "prefer-blocks", "only")
 
 
-def simulate(mode: str, batches: list[dict[str, Any]], base: dict[str, Any], group_cost_s: float, budget_ms: int) -> dict[str, Any]:
+def simulate(
+    mode: str, batches: list[dict[str, Any]], base: dict[str, Any], group_cost_s: float, budget_ms: int
+) -> dict[str, Any]:
     """Plan ``batches`` in order as a job with a pool would under ``mode``; per step: new groups and predicted time."""
     from optimizer.problem.documents import problem_from_json
     from planning.planner import plan
@@ -60,20 +62,43 @@ def simulate(mode: str, batches: list[dict[str, Any]], base: dict[str, Any], gro
         new_per_step.append(len(new))
         step_s.append(result.predicted_step_time_s)
     created = start_groups + sum(new_per_step)
-    return {"mode": mode, "new_groups_per_step": new_per_step, "mean_new_groups_per_step": statistics.mean(new_per_step),
-            "groups_created": created, "created_at_start": start_groups, "step_times_s": step_s, "total_step_s": sum(step_s),
-            "group_setup_s": created * group_cost_s, "total_s": sum(step_s) + created * group_cost_s, "plan_wall_ms_median": statistics.median(wall_ms)}
+    return {
+        "mode": mode,
+        "new_groups_per_step": new_per_step,
+        "mean_new_groups_per_step": statistics.mean(new_per_step),
+        "groups_created": created,
+        "created_at_start": start_groups,
+        "step_times_s": step_s,
+        "total_step_s": sum(step_s),
+        "group_setup_s": created * group_cost_s,
+        "total_s": sum(step_s) + created * group_cost_s,
+        "plan_wall_ms_median": statistics.median(wall_ms),
+    }
 
 
-def run(steps: int = 30, samples: int = 256, workload: str = "video", costs: tuple[float, ...] = (0.05,), budget_ms: int = 300,
-        modes: tuple[str, ...] = MODES, cluster_preset: str = "h100-8x8", model_preset: str = "qwen2-vl-7b",
-        progress: Any = None) -> dict[str, Any]:
+def run(
+    steps: int = 30,
+    samples: int = 256,
+    workload: str = "video",
+    costs: tuple[float, ...] = (0.05,),
+    budget_ms: int = 300,
+    modes: tuple[str, ...] = MODES,
+    cluster_preset: str = "h100-8x8",
+    model_preset: str = "qwen2-vl-7b",
+    progress: Any = None,
+) -> dict[str, Any]:
     from optimizer.problem.workloads import WORKLOADS
 
     say = progress or (lambda m: None)
     batches = [WORKLOADS[workload](samples, seed=s) for s in range(steps)]
     base = {"cluster_preset": cluster_preset, "model_preset": model_preset}
-    out: dict[str, Any] = {"steps": steps, "samples": samples, "workload": workload, "cluster_preset": cluster_preset, "runs": []}
+    out: dict[str, Any] = {
+        "steps": steps,
+        "samples": samples,
+        "workload": workload,
+        "cluster_preset": cluster_preset,
+        "runs": [],
+    }
     for cost in costs:
         for mode in modes:
             if mode == "blind" and cost != costs[0]:
@@ -81,7 +106,9 @@ def run(steps: int = 30, samples: int = 256, workload: str = "video", costs: tup
             r = simulate(mode, batches, base, cost, budget_ms)
             r["group_cost_s"] = cost
             out["runs"].append(r)
-            say(f"cost {cost:g} s, {mode}: {r['mean_new_groups_per_step']:.2f} new groups per step, steps {r['total_step_s']:.3f} s")
+            say(
+                f"cost {cost:g} s, {mode}: {r['mean_new_groups_per_step']:.2f} new groups per step, steps {r['total_step_s']:.3f} s"
+            )
     return out
 
 
@@ -92,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", default="video")
     ap.add_argument("--cluster-preset", default="h100-8x8")
     ap.add_argument("--model-preset", default="qwen2-vl-7b")
-    ap.add_argument("--group-cost-s", default="0.05", help="seconds to create one communicator, comma-separated for several runs")
+    ap.add_argument(
+        "--group-cost-s", default="0.05", help="seconds to create one communicator, comma-separated for several runs"
+    )
     ap.add_argument("--budget-ms", type=int, default=300)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--json", action="store_true")
@@ -106,18 +135,33 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--modes must be some of {','.join(MODES)}")
     if args.steps < 1 or args.samples < 1 or any(c < 0 for c in costs):
         ap.error("--steps and --samples must be >= 1 and --group-cost-s >= 0")
-    out = run(args.steps, args.samples, args.workload, costs, args.budget_ms, modes, args.cluster_preset, args.model_preset,
-              progress=lambda m: print(m, file=sys.stderr, flush=True))
+    out = run(
+        args.steps,
+        args.samples,
+        args.workload,
+        costs,
+        args.budget_ms,
+        modes,
+        args.cluster_preset,
+        args.model_preset,
+        progress=lambda m: print(m, file=sys.stderr, flush=True),
+    )
     if args.json:
         print(json.dumps(out))
         return 0
     blind = next((r for r in out["runs"] if r["mode"] == "blind"), None)
-    print(f"{out['steps']} {out['workload']} batches of {out['samples']} samples on {out['cluster_preset']} (deterministic plans, {args.budget_ms} ms budget)")
-    print(f"{'cost s':>7} {'mode':13} {'new/step':>8} {'created':>7} {'steps s':>9} {'setup s':>8} {'total s':>9} {'vs blind steps':>14}")
+    print(
+        f"{out['steps']} {out['workload']} batches of {out['samples']} samples on {out['cluster_preset']} (deterministic plans, {args.budget_ms} ms budget)"
+    )
+    print(
+        f"{'cost s':>7} {'mode':13} {'new/step':>8} {'created':>7} {'steps s':>9} {'setup s':>8} {'total s':>9} {'vs blind steps':>14}"
+    )
     for r in out["runs"]:
         rel = f"{(r['total_step_s'] / blind['total_step_s'] - 1) * 100:+.2f}%" if blind else "-"
-        print(f"{r['group_cost_s']:7g} {r['mode']:13} {r['mean_new_groups_per_step']:8.2f} {r['groups_created']:7d} {r['total_step_s']:9.3f} "
-              f"{r['group_setup_s']:8.3f} {r['total_s']:9.3f} {rel:>14}")
+        print(
+            f"{r['group_cost_s']:7g} {r['mode']:13} {r['mean_new_groups_per_step']:8.2f} {r['groups_created']:7d} {r['total_step_s']:9.3f} "
+            f"{r['group_setup_s']:8.3f} {r['total_s']:9.3f} {rel:>14}"
+        )
     return 0
 
 

@@ -64,7 +64,9 @@ class GroupPool:
 
     def __init__(self, backend: str | None = None, use_split: bool | None = None, timeout: Any = None) -> None:
         if not dist.is_initialized():
-            raise RuntimeError("torch.distributed is not initialised; call init_process_group before building a GroupPool")
+            raise RuntimeError(
+                "torch.distributed is not initialised; call init_process_group before building a GroupPool"
+            )
         self.world_size = dist.get_world_size()
         self.rank = dist.get_rank()
         self.backend = backend

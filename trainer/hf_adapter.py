@@ -33,16 +33,30 @@ _current: contextvars.ContextVar[Attend | None] = contextvars.ContextVar("dhp_at
 _registered = False
 
 
-def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, scaling: float | None = None,
-               dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
+def _attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """The registered attention: [1, H, T, D] queries and [1, Hkv, T, D] keys/values to [1, T, H, D]."""
     attend = _current.get()
     if attend is None:
-        raise RuntimeError(f"the {IMPLEMENTATION!r} attention runs only inside HFCausalLM.forward (no micro-batch attention is set)")
+        raise RuntimeError(
+            f"the {IMPLEMENTATION!r} attention runs only inside HFCausalLM.forward (no micro-batch attention is set)"
+        )
     if query.shape[0] != 1:
-        raise ValueError(f"context-parallel attention takes one packed sequence per rank (batch 1), got batch {query.shape[0]}")
+        raise ValueError(
+            f"context-parallel attention takes one packed sequence per rank (batch 1), got batch {query.shape[0]}"
+        )
     if dropout:
-        raise ValueError("attention dropout is not supported by the context-parallel attention; set attention_dropout to 0")
+        raise ValueError(
+            "attention dropout is not supported by the context-parallel attention; set attention_dropout to 0"
+        )
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))
     out = attend(q, k, v, scaling)  # type: ignore[call-arg]
     return out.unsqueeze(0), None
@@ -75,7 +89,9 @@ class HFCausalLM(nn.Module):
         if config is None or not hasattr(config, "num_attention_heads"):
             raise ValueError("HFCausalLM needs a transformers causal LM (a model with a config)")
         if getattr(config, "use_sliding_window", False):
-            raise ValueError("sliding-window attention is not supported by the context-parallel attention; set use_sliding_window to False")
+            raise ValueError(
+                "sliding-window attention is not supported by the context-parallel attention; set use_sliding_window to False"
+            )
         self.model = model
         config._attn_implementation = IMPLEMENTATION
         self.vocab = int(config.vocab_size)
@@ -93,8 +109,17 @@ def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: A
     """A small random-weight Llama model built locally (GQA: 4 query heads, 2 key/value heads by default)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    settings: dict[str, Any] = {"vocab_size": 96, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-                                "num_key_value_heads": 2, "max_position_embeddings": 4096, "attention_dropout": 0.0, "tie_word_embeddings": False}
+    settings: dict[str, Any] = {
+        "vocab_size": 96,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 4096,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+    }
     settings.update(overrides)
     torch.manual_seed(seed)
     model: nn.Module = LlamaForCausalLM(LlamaConfig(**settings))
@@ -104,9 +129,19 @@ def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: A
 def model_document(model: nn.Module, name: str = "hf-tiny") -> dict[str, Any]:
     """The model as a planner request's ``model`` document (dimensions from its config)."""
     c: Any = model.config
-    return {"name": name, "llm": {"layers": int(c.num_hidden_layers), "hidden": int(c.hidden_size), "heads": int(c.num_attention_heads),
-                                  "kv_heads": int(c.num_key_value_heads), "ffn_hidden": int(c.intermediate_size), "vocab": int(c.vocab_size),
-                                  "parameters": float(sum(p.numel() for p in model.parameters())), "gated_mlp": True}}
+    return {
+        "name": name,
+        "llm": {
+            "layers": int(c.num_hidden_layers),
+            "hidden": int(c.hidden_size),
+            "heads": int(c.num_attention_heads),
+            "kv_heads": int(c.num_key_value_heads),
+            "ffn_hidden": int(c.intermediate_size),
+            "vocab": int(c.vocab_size),
+            "parameters": float(sum(p.numel() for p in model.parameters())),
+            "gated_mlp": True,
+        },
+    }
 
 
 def reference_loss(model: nn.Module, samples: Mapping[str, torch.Tensor], attn_implementation: str = "sdpa") -> float:

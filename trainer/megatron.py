@@ -88,7 +88,9 @@ def balanced_scheduler_class() -> Any:
             warnings.simplefilter("ignore")  # its optimizer modules warn that Transformer Engine and Apex are absent
             module = importlib.import_module(SCHEDULER_MODULE)
     except ImportError as exc:
-        raise ImportError(f"megatron-core's scheduler cannot be imported ({type(exc).__name__}: {exc}); {INSTALL_HINT}") from exc
+        raise ImportError(
+            f"megatron-core's scheduler cannot be imported ({type(exc).__name__}: {exc}); {INSTALL_HINT}"
+        ) from exc
     return module.BalancedCPScheduler
 
 
@@ -184,7 +186,7 @@ def _fill_idle(tables: CostTables, mb: tuple[GroupAssignment, ...]) -> tuple[Gro
             for k, i in enumerate(samples):
                 if tables.lengths[i] > fit * size:
                     continue
-                rest = samples[:k] + samples[k + 1:]
+                rest = samples[:k] + samples[k + 1 :]
                 worst = max(tables.group_time(rest, ranks), tables.group_time([i], block))
                 if best is None or worst < best[0]:
                     best = (worst, g, k)
@@ -199,10 +201,15 @@ def _fill_idle(tables: CostTables, mb: tuple[GroupAssignment, ...]) -> tuple[Gro
     widths = [len(r) for r, _ in groups]
     while idle > 0:
         least = min(widths)
-        g = max((k for k, w in enumerate(widths) if w == least), key=lambda k: tables.group_time(groups[k][1], groups[k][0]))
+        g = max(
+            (k for k, w in enumerate(widths) if w == least), key=lambda k: tables.group_time(groups[k][1], groups[k][0])
+        )
         if 2 * least not in sizes or least > idle:
-            raise ProblemError(f"{idle} ranks have no sample in any barrier group and no group can grow onto them",
-                               field="batch", hint="give the batch at least as many samples as the data x context-parallel domain has ranks.")
+            raise ProblemError(
+                f"{idle} ranks have no sample in any barrier group and no group can grow onto them",
+                field="batch",
+                hint="give the batch at least as many samples as the data x context-parallel domain has ranks.",
+            )
         widths[g] *= 2
         idle -= least
     out: list[GroupAssignment] = []
@@ -236,19 +243,35 @@ class PlannedCPScheduler:
     step time under Megatron's rules, where it came from and how long it took).
     """
 
-    def __init__(self, max_seq_len_per_rank: int, dp_cp_group: Any, *, profile: Mapping[str, Any] | str | Path | None = None,
-                 model: Mapping[str, Any] | str | None = None, gpus_per_node: int | None = None, tensor_parallel: int = 1,
-                 cluster: Mapping[str, Any] | None = None, budget_ms: float = 200.0, url: str | None = None, deterministic: bool = False,
-                 token: str | None = None) -> None:
+    def __init__(
+        self,
+        max_seq_len_per_rank: int,
+        dp_cp_group: Any,
+        *,
+        profile: Mapping[str, Any] | str | Path | None = None,
+        model: Mapping[str, Any] | str | None = None,
+        gpus_per_node: int | None = None,
+        tensor_parallel: int = 1,
+        cluster: Mapping[str, Any] | None = None,
+        budget_ms: float = 200.0,
+        url: str | None = None,
+        deterministic: bool = False,
+        token: str | None = None,
+    ) -> None:
         self.max_seq_len_per_rank = int(max_seq_len_per_rank)
         self.dp_cp_group = dp_cp_group
         self.total_hdp_gpus = int(dp_cp_group.size())
         if self.max_seq_len_per_rank < 1:
-            raise ProblemError(f"must be a positive number of tokens, got {max_seq_len_per_rank!r}", field="max_seq_len_per_rank",
-                               hint="give the tokens of one sub-sample a rank holds (Megatron's max_seqlen_per_dp_cp_rank).")
+            raise ProblemError(
+                f"must be a positive number of tokens, got {max_seq_len_per_rank!r}",
+                field="max_seq_len_per_rank",
+                hint="give the tokens of one sub-sample a rank holds (Megatron's max_seqlen_per_dp_cp_rank).",
+            )
         self.budget_ms = float(budget_ms)
         self.deterministic = bool(deterministic)
-        self._cluster = dict(cluster) if cluster is not None else _cluster_doc(self.total_hdp_gpus, gpus_per_node, tensor_parallel)
+        self._cluster = (
+            dict(cluster) if cluster is not None else _cluster_doc(self.total_hdp_gpus, gpus_per_node, tensor_parallel)
+        )
         given = _read_profile(profile)
         self._model = _model_doc(model, given)
         self._profile = self._profile_doc(given)
@@ -277,7 +300,9 @@ class PlannedCPScheduler:
             from optimizer.costs.analytical import analytical_profile
             from optimizer.problem.documents import cluster_from_json, model_from_json
 
-            profile = analytical_profile(model_from_json(self._model), cluster_from_json(self._cluster), "ring").to_json()
+            profile = analytical_profile(
+                model_from_json(self._model), cluster_from_json(self._cluster), "ring"
+            ).to_json()
         profile["capacity_tokens_per_rank"] = self.max_seq_len_per_rank
         return profile
 
@@ -285,7 +310,13 @@ class PlannedCPScheduler:
         """The planning request of one global batch, as the service takes it (sample ids become strings)."""
         options = {**MEGATRON_RULES, "time_budget_ms": self.budget_ms, "deterministic": self.deterministic}
         samples = [{"id": str(sid), "text_tokens": int(length)} for sid, length in sample_id_seqlens]
-        return {"batch": {"samples": samples}, "cluster": self._cluster, "model": self._model, "profile": self._profile, "options": options}
+        return {
+            "batch": {"samples": samples},
+            "cluster": self._cluster,
+            "model": self._model,
+            "profile": self._profile,
+            "options": options,
+        }
 
     def problem(self, sample_id_seqlens: SampleSeqlens) -> Problem:
         """The planning problem of one global batch: the job's cluster, model, profile and options
@@ -297,8 +328,11 @@ class PlannedCPScheduler:
         samples = []
         for k, (sid, length) in enumerate(sample_id_seqlens):
             if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= MAX_TOKENS:
-                raise ProblemError(f"sample {sid!r} has length {length!r}", field=f"sample_id_seqlens[{k}]",
-                                   hint="give each sub-sample as (id, length) with a positive integer length.")
+                raise ProblemError(
+                    f"sample {sid!r} has length {length!r}",
+                    field=f"sample_id_seqlens[{k}]",
+                    hint="give each sub-sample as (id, length) with a positive integer length.",
+                )
             samples.append(Sample.checked(str(sid), length, (), 0))
         return replace(self._template, batch=Batch(tuple(samples)))
 
@@ -362,15 +396,25 @@ class PlannedCPScheduler:
         if isinstance(pending, Future):
             problem, doc = pending.result()
         elif self._client is not None:
-            doc = self._client.result(pending, wait_ms=60_000) if pending is not None else self._client.plan(self.request(sample_id_seqlens))
+            doc = (
+                self._client.result(pending, wait_ms=60_000)
+                if pending is not None
+                else self._client.plan(self.request(sample_id_seqlens))
+            )
             if doc.get("status") in ("pending", "failed", "error"):
-                raise RuntimeError(f"the planning service gave no plan for this batch: {doc.get('error') or doc.get('status')}")
+                raise RuntimeError(
+                    f"the planning service gave no plan for this batch: {doc.get('error') or doc.get('status')}"
+                )
             problem = self.problem(sample_id_seqlens)
         else:
             problem, doc = self._plan_in_process(sample_id_seqlens, start)
         index = problem.batch.index
-        assignment = Assignment(tuple(tuple((tuple(g["ranks"]), tuple(index[s] for s in g["samples"])) for g in mb["groups"])
-                                      for mb in doc["micro_batches"]))
+        assignment = Assignment(
+            tuple(
+                tuple((tuple(g["ranks"]), tuple(index[s] for s in g["samples"])) for g in mb["groups"])
+                for mb in doc["micro_batches"]
+            )
+        )
         fixed = busy_last(problem, assignment)
         predicted = doc.get("predicted_step_time_s")
         if {g for mb in fixed.micro_batches for g in mb} != {g for mb in assignment.micro_batches for g in mb}:
@@ -378,8 +422,13 @@ class PlannedCPScheduler:
             report = check_assignment(problem, fixed)
             report.raise_if_failed()
             predicted = report.step_time_s
-        self.last = {"plan": doc, "source": source, "predicted_step_time_s": predicted,
-                     "planned_step_time_s": doc.get("predicted_step_time_s"), "plan_ms": (time.perf_counter() - start) * 1000.0}
+        self.last = {
+            "plan": doc,
+            "source": source,
+            "predicted_step_time_s": predicted,
+            "planned_step_time_s": doc.get("predicted_step_time_s"),
+            "plan_ms": (time.perf_counter() - start) * 1000.0,
+        }
         return schedule_of(fixed, [sid for sid, _ in sample_id_seqlens], problem.batch.lengths, self.total_hdp_gpus)
 
     def close(self) -> None:
@@ -414,14 +463,21 @@ def _cluster_doc(domain: int, gpus_per_node: int | None, tensor_parallel: int) -
     per_node = DEFAULT_GPUS_PER_NODE if gpus_per_node is None else int(gpus_per_node)
     tp = int(tensor_parallel)
     if per_node < 1 or tp < 1 or per_node % tp and tp % per_node:
-        raise ProblemError(f"gpus_per_node {per_node} and tensor_parallel {tp} do not tile a node", field="gpus_per_node",
-                           hint="give the GPUs of one node and the job's tensor-parallel size (one divides the other).")
+        raise ProblemError(
+            f"gpus_per_node {per_node} and tensor_parallel {tp} do not tile a node",
+            field="gpus_per_node",
+            hint="give the GPUs of one node and the job's tensor-parallel size (one divides the other).",
+        )
     gpus = domain * tp
     if gpus < per_node:
         return {"nodes": 1, "gpus_per_node": gpus, "tensor_parallel": tp}
     if gpus % per_node:
-        raise ProblemError(f"{domain} data x context-parallel ranks x tensor_parallel {tp} = {gpus} GPUs is not a whole number of "
-                           f"{per_node}-GPU nodes", field="gpus_per_node", hint="give the job's GPUs per node and tensor-parallel size.")
+        raise ProblemError(
+            f"{domain} data x context-parallel ranks x tensor_parallel {tp} = {gpus} GPUs is not a whole number of "
+            f"{per_node}-GPU nodes",
+            field="gpus_per_node",
+            hint="give the job's GPUs per node and tensor-parallel size.",
+        )
     return {"nodes": gpus // per_node, "gpus_per_node": per_node, "tensor_parallel": tp}
 
 
@@ -432,7 +488,11 @@ def _read_profile(profile: Mapping[str, Any] | str | Path | None) -> dict[str, A
         return None
     from optimizer.problem.documents import profile_from_json, read_json_file
 
-    doc = dict(read_json_file(profile, "profile")) if isinstance(profile, (str, Path)) else json.loads(json.dumps(profile))
+    doc = (
+        dict(read_json_file(profile, "profile"))
+        if isinstance(profile, (str, Path))
+        else json.loads(json.dumps(profile))
+    )
     profile_from_json(doc)
     return doc
 
@@ -444,8 +504,14 @@ def _model_doc(model: Mapping[str, Any] | str | None, profile: dict[str, Any] | 
 
     if model is None:
         if profile is None or (profile.get("comm") or {}).get("scheme") == "ulysses":
-            what = "the analytical profile" if profile is None else "a Ulysses profile (group sizes must divide the heads)"
-            raise ProblemError(f"{what} needs the model", field="model", hint="pass model='llama3-8b' (a preset name) or a model document.")
+            what = (
+                "the analytical profile" if profile is None else "a Ulysses profile (group sizes must divide the heads)"
+            )
+            raise ProblemError(
+                f"{what} needs the model",
+                field="model",
+                hint="pass model='llama3-8b' (a preset name) or a model document.",
+            )
         return dict(load_preset("models", "llama3-8b", "model"))
     if isinstance(model, str):
         return dict(load_preset("models", model, "model"))
@@ -478,4 +544,6 @@ def _check_digest(digest: str, group: Any) -> None:
     dist.all_gather_object(digests, digest, group=group)
     if len(set(digests)) != 1:
         odd = [r for r, d in enumerate(digests) if d != digests[0]]
-        raise PlanMismatch(f"ranks of the data x context-parallel group hold different schedules: ranks {odd} differ from rank 0")
+        raise PlanMismatch(
+            f"ranks of the data x context-parallel group hold different schedules: ranks {odd} differ from rank 0"
+        )

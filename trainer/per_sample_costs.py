@@ -50,9 +50,11 @@ def per_sample_profile(packed: Mapping[str, Any], barrier_s: float) -> dict[str,
     step = float(t.get("step_constant", 0.0))
     if step >= barrier_s:
         t["step_constant"] = step - barrier_s
-    doc["source"] = (f"per-sample execution of [{packed.get('source', 'a packed profile')}]: sample_constant a0 + b = "
-                     f"{t['sample_constant']:.6g} s, group_constant = barrier {barrier_s:.3g} s, messages per sample "
-                     f"{comm['messages_per_step']:g} per ring step + {comm['messages_fixed']:g} (trainer.per_sample_costs)")
+    doc["source"] = (
+        f"per-sample execution of [{packed.get('source', 'a packed profile')}]: sample_constant a0 + b = "
+        f"{t['sample_constant']:.6g} s, group_constant = barrier {barrier_s:.3g} s, messages per sample "
+        f"{comm['messages_per_step']:g} per ring step + {comm['messages_fixed']:g} (trainer.per_sample_costs)"
+    )
     return doc
 
 

@@ -25,9 +25,17 @@ class PlanMismatch(RuntimeError):
 
 def plan_digest(doc: Mapping[str, Any]) -> str:
     """SHA-256 of the parts of a plan document that decide the work (see the module docstring)."""
-    mbs = [[{"ranks": list(g.get("ranks", ())), "samples": list(g.get("samples", ())),
-             "lengths": [int(x) for x in (g.get("lengths") or [s.get("length") for s in g.get("shards", ())])]}
-            for g in mb.get("groups", ())] for mb in doc.get("micro_batches", ())]
+    mbs = [
+        [
+            {
+                "ranks": list(g.get("ranks", ())),
+                "samples": list(g.get("samples", ())),
+                "lengths": [int(x) for x in (g.get("lengths") or [s.get("length") for s in g.get("shards", ())])],
+            }
+            for g in mb.get("groups", ())
+        ]
+        for mb in doc.get("micro_batches", ())
+    ]
     canonical = {"scheme": doc.get("scheme", "ring"), "domain_size": doc.get("domain_size"), "micro_batches": mbs}
     return hashlib.sha256(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
@@ -39,8 +47,10 @@ def check_digest(doc: Mapping[str, Any], group: Any = None) -> str:
     dist.all_gather_object(digests, mine, group=group)
     if len(set(digests)) != 1:
         odd = [r for r, d in enumerate(digests) if d != digests[0]]
-        raise PlanMismatch(f"ranks hold different plans: digest {digests[0][:12]} on rank 0, other digests on ranks {odd} "
-                           f"({', '.join(str(digests[r])[:12] for r in odd)})")
+        raise PlanMismatch(
+            f"ranks hold different plans: digest {digests[0][:12]} on rank 0, other digests on ranks {odd} "
+            f"({', '.join(str(digests[r])[:12] for r in odd)})"
+        )
     return mine
 
 

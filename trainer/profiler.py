@@ -130,9 +130,17 @@ def build_model(cfg: TinyConfig, settings: ProfileSettings, device: torch.device
     kv = settings.kv_heads or cfg.heads
     if cfg.heads % kv:
         raise ValueError(f"heads {cfg.heads} must be a multiple of kv_heads {kv}")
-    llama = tiny_llama(0, dtype, vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.ffn_hidden,
-                       num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=kv,
-                       max_position_embeddings=cfg.max_positions)
+    llama = tiny_llama(
+        0,
+        dtype,
+        vocab_size=cfg.vocab,
+        hidden_size=cfg.hidden,
+        intermediate_size=cfg.ffn_hidden,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=cfg.max_positions,
+    )
     return HFCausalLM(llama.to(device))
 
 
@@ -165,7 +173,10 @@ class Fit:
     """c: seconds each sample adds per extra ring step (times d - 1)."""
 
     def predict(self, lengths: Sequence[int], d: int) -> float:
-        return self.group_constant + sum((self.quadratic * L * L + self.linear * L) / d + self.sample_constant + self.sample_step * (d - 1) for L in lengths)
+        return self.group_constant + sum(
+            (self.quadratic * L * L + self.linear * L) / d + self.sample_constant + self.sample_step * (d - 1)
+            for L in lengths
+        )
 
 
 def resolve_device(name: str) -> torch.device:
@@ -181,8 +192,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_group(model: torch.nn.Module, lengths: Sequence[int], d: int, device: torch.device, repeats: int = 3,
-               warmup: int = 1, group: Any = LOOPBACK, position: int = 0) -> float:
+def time_group(
+    model: torch.nn.Module,
+    lengths: Sequence[int],
+    d: int,
+    device: torch.device,
+    repeats: int = 3,
+    warmup: int = 1,
+    group: Any = LOOPBACK,
+    position: int = 0,
+) -> float:
     """Fastest seconds of one rank's part of a micro-batch: a group of size d holding these samples.
 
     It runs the trainer's own micro-batch code (:func:`trainer.step.run_micro_batch`: token
@@ -194,7 +213,12 @@ def time_group(model: torch.nn.Module, lengths: Sequence[int], d: int, device: t
     from trainer.step import label_count, run_micro_batch
 
     ids = [f"p{i}" for i in range(len(lengths))]
-    doc = {"scheme": "ring", "micro_batches": [{"groups": [{"ranks": list(range(d)), "samples": ids, "lengths": [int(x) for x in lengths]}]}]}
+    doc = {
+        "scheme": "ring",
+        "micro_batches": [
+            {"groups": [{"ranks": list(range(d)), "samples": ids, "lengths": [int(x) for x in lengths]}]}
+        ],
+    }
     mb = apply_plan(doc, position).micro_batches[0]
     gen = torch.Generator().manual_seed(0)
     samples = {k: torch.randint(vocab_of(model), (int(n),), generator=gen) for k, n in zip(ids, lengths, strict=True)}
@@ -211,8 +235,13 @@ def time_group(model: torch.nn.Module, lengths: Sequence[int], d: int, device: t
     return min(times)
 
 
-def measure_all(model: torch.nn.Module, cfg: TinyConfig, settings: ProfileSettings, device: torch.device,
-                progress: Progress | None = None) -> tuple[list[Point], list[Point], float]:
+def measure_all(
+    model: torch.nn.Module,
+    cfg: TinyConfig,
+    settings: ProfileSettings,
+    device: torch.device,
+    progress: Progress | None = None,
+) -> tuple[list[Point], list[Point], float]:
     """(compute points, real ring points, seconds of the step's gradient all-reduce): the last two only
     with several processes (rings for sizes up to their number; 0 s with one process)."""
     points = []
@@ -224,34 +253,52 @@ def measure_all(model: torch.nn.Module, cfg: TinyConfig, settings: ProfileSettin
         from trainer.launch import spawn
 
         if progress:
-            progress(f"timing {len(combos)} points on {settings.procs} processes at once, then real rings of up to {settings.procs} ranks ...")
+            progress(
+                f"timing {len(combos)} points on {settings.procs} processes at once, then real rings of up to {settings.procs} ranks ..."
+            )
         runs = spawn(_measure_worker, settings.procs, cfg, settings, str(device), threads=settings.threads or 1)
         together = [max(r[0][k] for r in runs) for k in range(len(combos))]
         ring_combos = [c for c in combos if 2 <= c[1] <= settings.procs]
-        rings = [Point((L,) * n, d, max(r[1][k] for r in runs if k < len(r[1]))) for k, (L, d, n) in enumerate(ring_combos)]
+        rings = [
+            Point((L,) * n, d, max(r[1][k] for r in runs if k < len(r[1]))) for k, (L, d, n) in enumerate(ring_combos)
+        ]
         # Each run ends when the slowest rank has its sums; the fastest run is the step's own cost.
         reduction = min(max(r[2][k] for r in runs) for k in range(len(runs[0][2])))
-    alone = together if together is not None else _sweep(combos, settings, lambda c, w: time_group(model, (c[0],) * c[2], c[1], device, 1, w))
+    alone = (
+        together
+        if together is not None
+        else _sweep(combos, settings, lambda c, w: time_group(model, (c[0],) * c[2], c[1], device, 1, w))
+    )
     for k, (L, d, n) in enumerate(combos):
         points.append(Point((L,) * n, d, alone[k]))
         if progress:
             progress(f"[{k + 1}/{len(combos)}] d={d} samples={n}x{L}: {alone[k] * 1000:.2f} ms")
     for p in rings:
         if progress:
-            progress(f"ring d={p.degree} samples={len(p.lengths)}x{p.lengths[0]}: {p.seconds * 1000:.2f} ms with transfers")
+            progress(
+                f"ring d={p.degree} samples={len(p.lengths)}x{p.lengths[0]}: {p.seconds * 1000:.2f} ms with transfers"
+            )
     if progress and settings.procs > 1:
-        progress(f"step beyond its micro-batches (gradient all-reduce) over {settings.procs} processes: {reduction * 1000:.2f} ms")
+        progress(
+            f"step beyond its micro-batches (gradient all-reduce) over {settings.procs} processes: {reduction * 1000:.2f} ms"
+        )
     return points, rings, reduction
 
 
 def _combos(settings: ProfileSettings) -> list[tuple[int, int, int]]:
     out = [(L, d, n) for d in settings.degrees for L in settings.lengths for n in settings.mixes]
     if settings.short_mix:
-        out += [(min(settings.lengths), d, settings.short_mix) for d in settings.degrees if (min(settings.lengths), d, settings.short_mix) not in out]
+        out += [
+            (min(settings.lengths), d, settings.short_mix)
+            for d in settings.degrees
+            if (min(settings.lengths), d, settings.short_mix) not in out
+        ]
     return out
 
 
-def _sweep(combos: list[tuple[int, int, int]], settings: ProfileSettings, run: Callable[[tuple[int, int, int], int], float]) -> list[float]:
+def _sweep(
+    combos: list[tuple[int, int, int]], settings: ProfileSettings, run: Callable[[tuple[int, int, int], int], float]
+) -> list[float]:
     """Fastest of ``settings.repeats`` runs of every point, the runs taken in rounds over all points.
 
     A burst of other work on the machine then spoils one run of a few points, not every run of one.
@@ -263,7 +310,9 @@ def _sweep(combos: list[tuple[int, int, int]], settings: ProfileSettings, run: C
     return best
 
 
-def _measure_worker(rank: int, world_size: int, cfg: TinyConfig, settings: ProfileSettings, device_name: str) -> tuple[list[float], list[float], list[float]]:
+def _measure_worker(
+    rank: int, world_size: int, cfg: TinyConfig, settings: ProfileSettings, device_name: str
+) -> tuple[list[float], list[float], list[float]]:
     import torch.distributed as dist
 
     device = torch.device(device_name)
@@ -300,7 +349,10 @@ def time_step_overhead(model: torch.nn.Module, device: torch.device, runs: int) 
     from trainer.step import train_step
 
     world = dist.get_world_size()
-    doc = {"scheme": "ring", "micro_batches": [{"groups": [{"ranks": [r], "samples": [f"o{r}"], "lengths": [16]} for r in range(world)]}]}
+    doc = {
+        "scheme": "ring",
+        "micro_batches": [{"groups": [{"ranks": [r], "samples": [f"o{r}"], "lengths": [16]} for r in range(world)]}],
+    }
     work = apply_plan(doc, dist.get_rank())
     pool = GroupPool()
     gen = torch.Generator().manual_seed(0)
@@ -332,8 +384,18 @@ def fit(points: Sequence[Point], sample_step: bool = True) -> Fit:
 
     With ``sample_step=False`` c stays 0 (the profile form without the per-sample ring-step term).
     """
-    x = np.array([[sum(L * L for L in p.lengths) / p.degree, sum(p.lengths) / p.degree, len(p.lengths), 1.0, len(p.lengths) * (p.degree - 1)]
-                  for p in points])
+    x = np.array(
+        [
+            [
+                sum(L * L for L in p.lengths) / p.degree,
+                sum(p.lengths) / p.degree,
+                len(p.lengths),
+                1.0,
+                len(p.lengths) * (p.degree - 1),
+            ]
+            for p in points
+        ]
+    )
     if not sample_step:
         x = x[:, :4]
     y = np.array([p.seconds for p in points])
@@ -343,12 +405,24 @@ def fit(points: Sequence[Point], sample_step: bool = True) -> Fit:
     ss_res = float(((y - pred) ** 2).sum())
     ss_tot = float(((y - y.mean()) ** 2).sum())
     rel = np.abs(pred - y) / y
-    rows = [{"lengths": list(p.lengths), "degree": p.degree, "measured_s": p.seconds, "predicted_s": float(q)} for p, q in zip(points, pred, strict=True)]
-    return Fit(float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3]), 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0, float(rel.max()), rows,
-               float(coef[4]) if len(coef) > 4 else 0.0)
+    rows = [
+        {"lengths": list(p.lengths), "degree": p.degree, "measured_s": p.seconds, "predicted_s": float(q)}
+        for p, q in zip(points, pred, strict=True)
+    ]
+    return Fit(
+        float(coef[0]),
+        float(coef[1]),
+        float(coef[2]),
+        float(coef[3]),
+        1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0,
+        float(rel.max()),
+        rows,
+        float(coef[4]) if len(coef) > 4 else 0.0,
+    )
 
 
 # -- transfers --------------------------------------------------------------------------------
+
 
 def _pingpong(rank: int, world_size: int, sizes: list[int], repeats: int, use_cuda: bool) -> list[float]:
     import torch.distributed as dist
@@ -376,7 +450,9 @@ def _pingpong(rank: int, world_size: int, sizes: list[int], repeats: int, use_cu
     return out
 
 
-def probe_transfers(sizes: Sequence[int], repeats: int = 5, use_cuda: bool = False) -> tuple[float, float, list[tuple[int, float]]]:
+def probe_transfers(
+    sizes: Sequence[int], repeats: int = 5, use_cuda: bool = False
+) -> tuple[float, float, list[tuple[int, float]]]:
     """(bandwidth bytes/s, latency s, [(bytes, one-way seconds)]) between two processes on this machine."""
     from trainer.launch import spawn
 
@@ -390,8 +466,13 @@ def probe_transfers(sizes: Sequence[int], repeats: int = 5, use_cuda: bool = Fal
     return bandwidth, latency, list(zip(sizes, secs, strict=True))
 
 
-def fit_ring_transfers(compute: Fit, rings: Sequence[Point], bytes_per_token: float, messages: float,
-                       group: tuple[float, float] | None = None) -> tuple[float, float, dict[str, Any]]:
+def fit_ring_transfers(
+    compute: Fit,
+    rings: Sequence[Point],
+    bytes_per_token: float,
+    messages: float,
+    group: tuple[float, float] | None = None,
+) -> tuple[float, float, dict[str, Any]]:
     """Bandwidth and per-exchange latency from real rings: what they took beyond the compute fit.
 
     Each ring point's excess over the fitted compute time is matched to the profile's transfer
@@ -401,10 +482,25 @@ def fit_ring_transfers(compute: Fit, rings: Sequence[Point], bytes_per_token: fl
     The report gives the whole formula's R^2 and largest relative error on the ring points.
     """
     if group is None:
-        x = np.array([[sum(bytes_per_token * L * (p.degree - 1) / p.degree for L in p.lengths), len(p.lengths) * messages * (p.degree - 1)] for p in rings])
+        x = np.array(
+            [
+                [
+                    sum(bytes_per_token * L * (p.degree - 1) / p.degree for L in p.lengths),
+                    len(p.lengths) * messages * (p.degree - 1),
+                ]
+                for p in rings
+            ]
+        )
     else:
-        x = np.array([[sum(bytes_per_token * padded_length(L, p.degree) * (p.degree - 1) / p.degree for L in p.lengths),
-                       group[0] * (p.degree - 1) + group[1]] for p in rings])
+        x = np.array(
+            [
+                [
+                    sum(bytes_per_token * padded_length(L, p.degree) * (p.degree - 1) / p.degree for L in p.lengths),
+                    group[0] * (p.degree - 1) + group[1],
+                ]
+                for p in rings
+            ]
+        )
     y = np.array([p.seconds - compute.predict(p.lengths, p.degree) for p in rings])
     w = 1.0 / np.array([p.seconds for p in rings])
     per_byte, latency = (float(v) for v in _nnls(x * w[:, None], y * w))
@@ -413,8 +509,15 @@ def fit_ring_transfers(compute: Fit, rings: Sequence[Point], bytes_per_token: fl
     measured = np.array([p.seconds for p in rings])
     ss_tot = float(((measured - measured.mean()) ** 2).sum())
     r2 = 1.0 - float(((measured - total) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
-    rows = [{"lengths": list(p.lengths), "degree": p.degree, "measured_s": p.seconds, "predicted_s": float(t)} for p, t in zip(rings, total, strict=True)]
-    return bandwidth, latency, {"ring_r2": r2, "ring_max_rel_error": float((np.abs(total - measured) / measured).max()), "ring_points": rows}
+    rows = [
+        {"lengths": list(p.lengths), "degree": p.degree, "measured_s": p.seconds, "predicted_s": float(t)}
+        for p, t in zip(rings, total, strict=True)
+    ]
+    return (
+        bandwidth,
+        latency,
+        {"ring_r2": r2, "ring_max_rel_error": float((np.abs(total - measured) / measured).max()), "ring_points": rows},
+    )
 
 
 def group_messages(cfg: TinyConfig) -> tuple[float, float]:
@@ -423,20 +526,43 @@ def group_messages(cfg: TinyConfig) -> tuple[float, float]:
     return 3.0 * cfg.layers, float(cfg.layers)
 
 
-def profile_document(f: Fit, bytes_per_token: float, bandwidth: float, latency: float, capacity: float, *, messages: float = 0.0,
-                     group: tuple[float, float] | None = None, step_constant: float = 0.0, source: str = "") -> dict[str, Any]:
+def profile_document(
+    f: Fit,
+    bytes_per_token: float,
+    bandwidth: float,
+    latency: float,
+    capacity: float,
+    *,
+    messages: float = 0.0,
+    group: tuple[float, float] | None = None,
+    step_constant: float = 0.0,
+    source: str = "",
+) -> dict[str, Any]:
     """The profile of a fit. With ``group`` the trainer's form (per-sample ring-step work in
     ``time.sample_step``, the group's messages per micro-batch, padded bytes, the step's all-reduce);
     without, the per-sample form (the ring-step work folded into the per-sample latency of
     ``messages`` exchanges per ring step), which is what this profiler wrote before."""
-    time_doc: dict[str, Any] = {"quadratic": f.quadratic, "linear": f.linear, "sample_constant": f.sample_constant, "group_constant": f.group_constant}
-    comm: dict[str, Any] = {"scheme": "ring", "bytes_per_token": bytes_per_token, "bandwidth_bytes_per_s": {"intra": bandwidth, "inter": bandwidth}}
+    time_doc: dict[str, Any] = {
+        "quadratic": f.quadratic,
+        "linear": f.linear,
+        "sample_constant": f.sample_constant,
+        "group_constant": f.group_constant,
+    }
+    comm: dict[str, Any] = {
+        "scheme": "ring",
+        "bytes_per_token": bytes_per_token,
+        "bandwidth_bytes_per_s": {"intra": bandwidth, "inter": bandwidth},
+    }
     if group is None:
         per_sample = latency + f.sample_step / messages
         comm.update(latency_s={"intra": per_sample, "inter": per_sample}, messages_per_step=messages)
     else:
         time_doc.update(sample_step=f.sample_step, step_constant=step_constant)
-        comm.update(latency_s={"intra": latency, "inter": latency}, group_messages={"per_step": group[0], "fixed": group[1]}, padded_bytes=True)
+        comm.update(
+            latency_s={"intra": latency, "inter": latency},
+            group_messages={"per_step": group[0], "fixed": group[1]},
+            padded_bytes=True,
+        )
     out: dict[str, Any] = {"time": time_doc, "comm": comm, "capacity_tokens_per_rank": capacity}
     if source:
         out["source"] = source
@@ -475,27 +601,43 @@ BANDWIDTH_RANGE = (1e6, 1e13)
 def check_fit(report: dict[str, Any], min_r2: float, max_error: float) -> None:
     """Raise :class:`FitRefused` when the fit is degenerate or below the thresholds (see ``dhp profile --min-r2``)."""
     if report.get("per_token_s", 1.0) <= 0:
-        raise FitRefused("the compute fit has no term per token: the measured times did not grow with the sample lengths", "--lengths",
-                         "measure lengths far apart (e.g. 128 to 4096 tokens) so that the work per token shows.")
+        raise FitRefused(
+            "the compute fit has no term per token: the measured times did not grow with the sample lengths",
+            "--lengths",
+            "measure lengths far apart (e.g. 128 to 4096 tokens) so that the work per token shows.",
+        )
     checks = [("r2", "max_rel_error", "compute")]
     if "ring_r2" in report:
         checks.append(("ring_r2", "ring_max_rel_error", "ring"))
     for r2_key, err_key, what in checks:
         r2, err = report[r2_key], report[err_key]
         if not math.isfinite(r2) or r2 < min_r2:
-            raise FitRefused(f"the {what} fit explains too little of the measured times: R^2 {r2:.3f} < {min_r2:g}", "--min-r2",
-                             "the timings are noisy (other work on the machine?): rerun with more --repeats and fewer --procs, or lower --min-r2 knowingly.")
+            raise FitRefused(
+                f"the {what} fit explains too little of the measured times: R^2 {r2:.3f} < {min_r2:g}",
+                "--min-r2",
+                "the timings are noisy (other work on the machine?): rerun with more --repeats and fewer --procs, or lower --min-r2 knowingly.",
+            )
         if not math.isfinite(err) or err > max_error:
-            raise FitRefused(f"the {what} fit misses a measured point by {err * 100:.0f}% > {max_error * 100:g}%", "--max-error",
-                             "measure lengths and group sizes like the job's, add --repeats, or raise --max-error knowingly.")
+            raise FitRefused(
+                f"the {what} fit misses a measured point by {err * 100:.0f}% > {max_error * 100:g}%",
+                "--max-error",
+                "measure lengths and group sizes like the job's, add --repeats, or raise --max-error knowingly.",
+            )
     bw = report.get("bandwidth_bytes_per_s")
     if report.get("comm_measured") and (bw is None or not BANDWIDTH_RANGE[0] <= bw <= BANDWIDTH_RANGE[1]):
-        raise FitRefused(f"the transfer fit gives {bw:.3g} bytes/s, outside {BANDWIDTH_RANGE[0]:.0e}..{BANDWIDTH_RANGE[1]:.0e}: "
-                         "the measured times did not grow with the bytes sent", "--bandwidth",
-                         "measure longer samples or larger messages, or pass --no-comm --bandwidth with a known rate.")
+        raise FitRefused(
+            f"the transfer fit gives {bw:.3g} bytes/s, outside {BANDWIDTH_RANGE[0]:.0e}..{BANDWIDTH_RANGE[1]:.0e}: "
+            "the measured times did not grow with the bytes sent",
+            "--bandwidth",
+            "measure longer samples or larger messages, or pass --no-comm --bandwidth with a known rate.",
+        )
     lat = report.get("latency_s", 0.0)
     if not math.isfinite(lat) or lat > 1.0:
-        raise FitRefused(f"the fit gives a latency of {lat:.3g} s per exchange", "--bandwidth", "rerun; the ring timings are dominated by noise.")
+        raise FitRefused(
+            f"the fit gives a latency of {lat:.3g} s per exchange",
+            "--bandwidth",
+            "rerun; the ring timings are dominated by noise.",
+        )
 
 
 def default_capacity(model: torch.nn.Module, device: torch.device) -> int:
@@ -510,9 +652,15 @@ def default_capacity(model: torch.nn.Module, device: torch.device) -> int:
     return int(0.8 * free / per_token)
 
 
-def measure_profile(cfg: TinyConfig, settings: ProfileSettings, progress: Progress | None = None,
-                    bandwidth: float | None = None, latency: float = 0.0, min_r2: float | None = None,
-                    max_error: float | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def measure_profile(
+    cfg: TinyConfig,
+    settings: ProfileSettings,
+    progress: Progress | None = None,
+    bandwidth: float | None = None,
+    latency: float = 0.0,
+    min_r2: float | None = None,
+    max_error: float | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Measure and fit; returns (profile document for ``dhp plan --profile``, report).
 
     With ``min_r2`` / ``max_error`` a fit below them raises :class:`FitRefused` (:func:`check_fit`).
@@ -523,9 +671,11 @@ def measure_profile(cfg: TinyConfig, settings: ProfileSettings, progress: Progre
     if settings.threads:
         torch.set_num_threads(settings.threads)
     if progress:
-        progress(f"device {device}, {torch.get_num_threads()} threads x {settings.procs} processes, "
-                 f"{settings.architecture} model {cfg}"
-                 + (f", {settings.kv_heads} key/value heads" if settings.kv_heads else ""))
+        progress(
+            f"device {device}, {torch.get_num_threads()} threads x {settings.procs} processes, "
+            f"{settings.architecture} model {cfg}"
+            + (f", {settings.kv_heads} key/value heads" if settings.kv_heads else "")
+        )
     points, rings, reduction = measure_all(model, cfg, settings, device, progress)
     f = fit(points)
     transfers: list[tuple[int, float]] = []
@@ -544,15 +694,31 @@ def measure_profile(cfg: TinyConfig, settings: ProfileSettings, progress: Progre
     if bandwidth is None:
         raise ValueError("give a bandwidth when transfers are not measured")
     capacity = settings.capacity_tokens or default_capacity(model, device)
-    source = (f"dhp profile on {device} ({settings.procs} x {torch.get_num_threads()} threads, "
-              f"torch {torch.__version__}), "
-              f"{settings.architecture} model "
-              f"{cfg.layers}x{cfg.hidden} ({cfg.heads}/{settings.kv_heads or cfg.heads} heads, MLP {cfg.ffn_hidden}), "
-              f"{len(points)} points, R^2 {f.r2:.4f}, largest relative error {f.max_rel_error:.3f}")
-    profile = profile_document(f, bpt, bandwidth, latency, capacity, group=group, step_constant=reduction, source=source)
-    report = {"r2": f.r2, "max_rel_error": f.max_rel_error, "points": f.points, "device": str(device), "sample_step_s": f.sample_step,
-              "per_token_s": f.quadratic + f.linear, "step_constant_s": reduction, "group_messages": list(group), "comm_measured": settings.comm,
-              "transfers": [{"bytes": n, "seconds": s} for n, s in transfers], "bandwidth_bytes_per_s": bandwidth, "latency_s": latency, **ring_fit}
+    source = (
+        f"dhp profile on {device} ({settings.procs} x {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}), "
+        f"{settings.architecture} model "
+        f"{cfg.layers}x{cfg.hidden} ({cfg.heads}/{settings.kv_heads or cfg.heads} heads, MLP {cfg.ffn_hidden}), "
+        f"{len(points)} points, R^2 {f.r2:.4f}, largest relative error {f.max_rel_error:.3f}"
+    )
+    profile = profile_document(
+        f, bpt, bandwidth, latency, capacity, group=group, step_constant=reduction, source=source
+    )
+    report = {
+        "r2": f.r2,
+        "max_rel_error": f.max_rel_error,
+        "points": f.points,
+        "device": str(device),
+        "sample_step_s": f.sample_step,
+        "per_token_s": f.quadratic + f.linear,
+        "step_constant_s": reduction,
+        "group_messages": list(group),
+        "comm_measured": settings.comm,
+        "transfers": [{"bytes": n, "seconds": s} for n, s in transfers],
+        "bandwidth_bytes_per_s": bandwidth,
+        "latency_s": latency,
+        **ring_fit,
+    }
     if not all(math.isfinite(v) for v in (f.quadratic, f.linear, f.sample_constant, f.group_constant, f.sample_step)):
         raise ValueError("the fit produced a non-finite coefficient; measure more points")
     if min_r2 is not None or max_error is not None:

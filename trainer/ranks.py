@@ -32,7 +32,11 @@ class RankLayout:
         for name in ("domain_size", "tensor_parallel", "pipeline_parallel"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ProblemError(f"must be a positive integer, got {value!r}", field=name, hint="give the job's sizes as the cluster document does.")
+                raise ProblemError(
+                    f"must be a positive integer, got {value!r}",
+                    field=name,
+                    hint="give the job's sizes as the cluster document does.",
+                )
 
     @property
     def world_size(self) -> int:
@@ -44,8 +48,12 @@ class RankLayout:
     def coordinates(self, rank: int) -> tuple[int, int, int]:
         """(planner rank, tensor-parallel rank, pipeline stage) of a global rank."""
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
-            raise ProblemError(f"rank {rank!r} is outside the job's {self.world_size} ranks ({self.domain_size} planned x TP {self.tensor_parallel} x PP "
-                               f"{self.pipeline_parallel})", field="rank", hint=f"use a global rank from 0 to {self.world_size - 1}.")
+            raise ProblemError(
+                f"rank {rank!r} is outside the job's {self.world_size} ranks ({self.domain_size} planned x TP {self.tensor_parallel} x PP "
+                f"{self.pipeline_parallel})",
+                field="rank",
+                hint=f"use a global rank from 0 to {self.world_size - 1}.",
+            )
         tp_rank = rank % self.tensor_parallel
         rest = rank // self.tensor_parallel
         return rest % self.domain_size, tp_rank, rest // self.domain_size

@@ -46,7 +46,14 @@ import torch.distributed as dist
 
 from optimizer.plan.sharding import padded_length, token_ranges
 from trainer import attention_tiles
-from trainer.attention_tiles import Tiles, accumulator_dtype, block_backward_into, block_forward_into, grouped, mask_value
+from trainer.attention_tiles import (
+    Tiles,
+    accumulator_dtype,
+    block_backward_into,
+    block_forward_into,
+    grouped,
+    mask_value,
+)
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("DHP_RING_TIMEOUT_S", "300"))
 """Longest wait for one ring message before the peer is declared failed (``DHP_RING_TIMEOUT_S``)."""
@@ -57,6 +64,7 @@ class RingError(RuntimeError):
 
 
 # -- layout ---------------------------------------------------------------------------------
+
 
 def shard_layout(lengths: Sequence[int], d: int, scheme: str = "ring") -> list[tuple[torch.Tensor, torch.Tensor]]:
     """For each position 0..d-1 of a group, the (positions, segments) of the tokens it holds, padding included."""
@@ -80,6 +88,7 @@ def visible(q_pos: torch.Tensor, q_seg: torch.Tensor, k_pos: torch.Tensor, k_seg
 
 
 # -- the ring ---------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class RingSpec:
@@ -143,11 +152,16 @@ def _start_exchange(t: torch.Tensor, spec: RingSpec, tag: int = 0) -> tuple[list
     if spec.group is LOOPBACK or spec.d == 1:
         return [], t
     buf = torch.empty_like(t)
-    ops = [dist.P2POp(dist.isend, t, spec.send_to, spec.group, tag), dist.P2POp(dist.irecv, buf, spec.recv_from, spec.group, tag)]
+    ops = [
+        dist.P2POp(dist.isend, t, spec.send_to, spec.group, tag),
+        dist.P2POp(dist.irecv, buf, spec.recv_from, spec.group, tag),
+    ]
     try:
         return dist.batch_isend_irecv(ops), buf
     except Exception as exc:
-        raise RingError(f"rank {spec.rank}: could not post the ring exchange with ranks {spec.recv_from} and {spec.send_to}: {exc}") from exc
+        raise RingError(
+            f"rank {spec.rank}: could not post the ring exchange with ranks {spec.recv_from} and {spec.send_to}: {exc}"
+        ) from exc
 
 
 def _finish(reqs: list[Any], spec: RingSpec) -> None:
@@ -157,8 +171,10 @@ def _finish(reqs: list[Any], spec: RingSpec) -> None:
         try:
             r.wait(timeout=limit)
         except Exception as exc:
-            raise RingError(f"rank {spec.rank}: the ring exchange with ranks {spec.recv_from} (receive) and {spec.send_to} (send) of group "
-                            f"{list(spec.ranks)} failed or passed {seconds:g} s; a peer failed or stopped: {exc}") from exc
+            raise RingError(
+                f"rank {spec.rank}: the ring exchange with ranks {spec.recv_from} (receive) and {spec.send_to} (send) of group "
+                f"{list(spec.ranks)} failed or passed {seconds:g} s; a peer failed or stopped: {exc}"
+            ) from exc
 
 
 def _drain(pending: tuple[list[Any], torch.Tensor] | None, spec: RingSpec) -> None:
@@ -173,13 +189,17 @@ def _drain(pending: tuple[list[Any], torch.Tensor] | None, spec: RingSpec) -> No
 def _fail(exc: BaseException, spec: RingSpec, step: int, phase: str) -> RingError:
     if isinstance(exc, RingError):
         return exc
-    return RingError(f"rank {spec.rank} (position {spec.position} of group {list(spec.ranks)}) failed in the {phase} pass at ring step {step}: "
-                     f"{type(exc).__name__}: {exc}")
+    return RingError(
+        f"rank {spec.rank} (position {spec.position} of group {list(spec.ranks)}) failed in the {phase} pass at ring step {step}: "
+        f"{type(exc).__name__}: {exc}"
+    )
 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSpec, scale: float) -> torch.Tensor:  # type: ignore[override]
+    def forward(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSpec, scale: float
+    ) -> torch.Tensor:  # type: ignore[override]
         acc = accumulator_dtype(q.dtype)
         qh = q.transpose(0, 1).to(acc).contiguous()  # [H, T, D]
         kh, vh = (x.transpose(0, 1).contiguous() for x in (k, v))  # [Hkv, T, D], input dtype
@@ -225,7 +245,9 @@ class _RingAttention(torch.autograd.Function):
             for step in range(d):
                 source = (spec.position - step) % d
                 pending = _start_exchange(kv, spec) if step < d - 1 else None
-                block_backward_into(qg, kv[0].to(acc), kv[1].to(acc), dog, lse, delta, spec.tiles(source), scale, dq, dkv[0], dkv[1])
+                block_backward_into(
+                    qg, kv[0].to(acc), kv[1].to(acc), dog, lse, delta, spec.tiles(source), scale, dq, dkv[0], dkv[1]
+                )
                 if pending is not None:
                     _finish(pending[0], spec)
                     kv, pending = pending[1], None
@@ -242,12 +264,16 @@ class _RingAttention(torch.autograd.Function):
 
 def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
-        raise ValueError(f"attention takes q [T, H, D] and k, v [T, Hkv, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"attention takes q [T, H, D] and k, v [T, Hkv, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"the {q.shape[1]} query heads must be a multiple of the {k.shape[1]} key/value heads")
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSpec, scale: float | None = None) -> torch.Tensor:
+def ring_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSpec, scale: float | None = None
+) -> torch.Tensor:
     """Causal attention of this rank's tokens over the whole group's sequence (ring, zig-zag layout)."""
     _check_heads(q, k, v)
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
@@ -256,7 +282,15 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Ring
 
 # -- plain attention (the reference) -----------------------------------------------------------
 
-def full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+
+def full_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    segments: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Causal attention within each segment on one rank, with autograd, in the accumulator dtype (the reference)."""
     _check_heads(q, k, v)
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
@@ -271,6 +305,7 @@ def full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions:
 
 
 # -- Ulysses ----------------------------------------------------------------------------------
+
 
 def _a2a(x: torch.Tensor, group: Any) -> torch.Tensor:
     x = x.contiguous()
@@ -308,7 +343,9 @@ class _AllToAll(torch.autograd.Function):
         return (_tokens_to_heads if ctx.to_tokens else _heads_to_tokens)(g, ctx.d, ctx.group), None, None, None
 
 
-def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSpec, scale: float | None = None) -> torch.Tensor:
+def ulysses_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: RingSpec, scale: float | None = None
+) -> torch.Tensor:
     """Causal attention by all-to-all over heads (layout from ``shard_layout(..., 'ulysses')``).
 
     The group size must divide the query heads; when it does not divide the key/value heads, keys

@@ -42,7 +42,9 @@ def label_count(samples: Mapping[str, torch.Tensor]) -> int:
     return sum(max(0, int(t.numel()) - 1) for t in samples.values())
 
 
-def local_tokens(mb: MicroBatchWork, samples: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def local_tokens(
+    mb: MicroBatchWork, samples: Mapping[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(token ids, in-sample positions, next-token labels) of this rank's shards, padding included."""
     toks, poss, labs = [], [], []
     for sh in mb.shards:
@@ -72,9 +74,15 @@ class StepResult:
     """Seconds spent in the barriers between micro-batches (per-sample execution; 0 when packed)."""
 
 
-def train_step(model: torch.nn.Module, work: RankWork, pool: GroupPool, samples: Mapping[str, torch.Tensor],
-               optimizer: torch.optim.Optimizer | None = None, reduce: bool = True,
-               execution: str = "packed") -> StepResult:
+def train_step(
+    model: torch.nn.Module,
+    work: RankWork,
+    pool: GroupPool,
+    samples: Mapping[str, torch.Tensor],
+    optimizer: torch.optim.Optimizer | None = None,
+    reduce: bool = True,
+    execution: str = "packed",
+) -> StepResult:
     """Run this rank's part of one step, then reduce gradients (and apply ``optimizer`` if given).
 
     Every rank must call it with the same plan; the pool must already hold the plan's groups
@@ -116,7 +124,14 @@ def train_step(model: torch.nn.Module, work: RankWork, pool: GroupPool, samples:
     return StepResult(float(loss_sum), time.perf_counter() - start, mb_seconds, waited)
 
 
-def run_micro_batch(model: torch.nn.Module, mb: MicroBatchWork, group: Any, scheme: str, samples: Mapping[str, torch.Tensor], total_labels: int) -> torch.Tensor:
+def run_micro_batch(
+    model: torch.nn.Module,
+    mb: MicroBatchWork,
+    group: Any,
+    scheme: str,
+    samples: Mapping[str, torch.Tensor],
+    total_labels: int,
+) -> torch.Tensor:
     """Forward and backward of this rank's shards of one micro-batch; returns its loss contribution."""
     device = next(model.parameters()).device
     assert mb.group is not None
@@ -129,13 +144,21 @@ def run_micro_batch(model: torch.nn.Module, mb: MicroBatchWork, group: Any, sche
         return attention(q, k, v, spec, scale)
 
     logits = model(tokens, positions, attend)
-    loss = torch.nn.functional.cross_entropy(logits.double(), labels, ignore_index=IGNORE, reduction="sum") / max(total_labels, 1)
+    loss = torch.nn.functional.cross_entropy(logits.double(), labels, ignore_index=IGNORE, reduction="sum") / max(
+        total_labels, 1
+    )
     loss.backward()
     return loss.detach()
 
 
-def run_per_sample(model: torch.nn.Module, mb: MicroBatchWork, group: Any, scheme: str,
-                   samples: Mapping[str, torch.Tensor], total_labels: int) -> torch.Tensor:
+def run_per_sample(
+    model: torch.nn.Module,
+    mb: MicroBatchWork,
+    group: Any,
+    scheme: str,
+    samples: Mapping[str, torch.Tensor],
+    total_labels: int,
+) -> torch.Tensor:
     """Each sample of this rank's group in one micro-batch as its own forward and backward, in the
     group's order (Megatron-Core's sub-samples); returns the micro-batch's loss contribution."""
     loss = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device)
@@ -157,7 +180,7 @@ def reduce_gradients(model: torch.nn.Module, group: Any = None) -> None:
     offset = 0
     for g in grads:
         n = g.numel()
-        g.copy_(flat[offset:offset + n].view_as(g))
+        g.copy_(flat[offset : offset + n].view_as(g))
         offset += n
 
 
@@ -173,6 +196,8 @@ def reference_step(model: torch.nn.Module, samples: Mapping[str, torch.Tensor]) 
         return full_attention(q, k, v, positions, segments)
 
     logits = model(tokens, positions, attend)
-    loss = torch.nn.functional.cross_entropy(logits.double(), labels, ignore_index=IGNORE, reduction="sum") / max(label_count(samples), 1)
+    loss = torch.nn.functional.cross_entropy(logits.double(), labels, ignore_index=IGNORE, reduction="sum") / max(
+        label_count(samples), 1
+    )
     loss.backward()
     return float(loss.detach())

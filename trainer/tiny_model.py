@@ -53,8 +53,19 @@ class TinyConfig:
 
     def model_document(self) -> dict[str, Any]:
         """The model as a planner request's ``model`` document."""
-        return {"name": "tiny", "llm": {"layers": self.layers, "hidden": self.hidden, "heads": self.heads, "kv_heads": self.heads,
-                                        "ffn_hidden": self.ffn_hidden, "vocab": self.vocab, "parameters": float(self.parameters()), "gated_mlp": False}}
+        return {
+            "name": "tiny",
+            "llm": {
+                "layers": self.layers,
+                "hidden": self.hidden,
+                "heads": self.heads,
+                "kv_heads": self.heads,
+                "ffn_hidden": self.ffn_hidden,
+                "vocab": self.vocab,
+                "parameters": float(self.parameters()),
+                "gated_mlp": False,
+            },
+        }
 
 
 class Block(nn.Module):

@@ -72,7 +72,9 @@ def batch_lengths(step: int, n: int, seed: int, shortest: int, longest: int) -> 
 
 def packed_profile(args: argparse.Namespace) -> dict[str, Any]:
     """The profile of packed execution: ``--profile`` (or the built-in one), ``--scheme``, ``--capacity-tokens``."""
-    profile: dict[str, Any] = json.loads(open(args.profile).read()) if args.profile else json.loads(json.dumps(DEFAULT_PROFILE))
+    profile: dict[str, Any] = (
+        json.loads(open(args.profile).read()) if args.profile else json.loads(json.dumps(DEFAULT_PROFILE))
+    )
     profile["comm"] = {**profile["comm"], "scheme": args.scheme}
     if args.capacity_tokens:
         profile["capacity_tokens_per_rank"] = args.capacity_tokens
@@ -80,8 +82,14 @@ def packed_profile(args: argparse.Namespace) -> dict[str, Any]:
     return profile
 
 
-def make_request(lengths: dict[str, int], args: argparse.Namespace, model_doc: dict[str, Any], world: int,
-                 existing: list[tuple[int, ...]] | None = None, group_cost_s: float | None = None) -> dict[str, Any]:
+def make_request(
+    lengths: dict[str, int],
+    args: argparse.Namespace,
+    model_doc: dict[str, Any],
+    world: int,
+    existing: list[tuple[int, ...]] | None = None,
+    group_cost_s: float | None = None,
+) -> dict[str, Any]:
     """The planning request of one batch; ``existing`` (planner ranks) and ``group_cost_s`` make it
     communicator-aware (see the module docstring)."""
     profile = packed_profile(args)
@@ -90,9 +98,18 @@ def make_request(lengths: dict[str, int], args: argparse.Namespace, model_doc: d
     cost = args.group_cost_s if args.group_cost_s is not None else group_cost_s
     if cost is not None:
         options["new_group_cost_s"] = cost
-    request: dict[str, Any] = {"batch": {"samples": [{"id": k, "text_tokens": v} for k, v in lengths.items()]},
-               "cluster": {"nodes": 1, "gpus_per_node": domain * args.tp * args.pp, "tensor_parallel": args.tp, "pipeline_parallel": args.pp},
-               "model": model_doc, "profile": profile, "options": options}
+    request: dict[str, Any] = {
+        "batch": {"samples": [{"id": k, "text_tokens": v} for k, v in lengths.items()]},
+        "cluster": {
+            "nodes": 1,
+            "gpus_per_node": domain * args.tp * args.pp,
+            "tensor_parallel": args.tp,
+            "pipeline_parallel": args.pp,
+        },
+        "model": model_doc,
+        "profile": profile,
+        "options": options,
+    }
     if existing:
         request["existing_groups"] = [list(g) for g in existing]
     return request
@@ -128,11 +145,19 @@ class Planner:
             return {**doc, "arm": "dhp", "execution": "packed"}
         return self.arm.plan(json.loads(key))
 
-    def feedback(self, doc: dict[str, Any], measured: float, group_times: list[list[float]], step: int, new_groups: int) -> bool:
+    def feedback(
+        self, doc: dict[str, Any], measured: float, group_times: list[list[float]], step: int, new_groups: int
+    ) -> bool:
         if self.client is None or "id" not in doc:
             return False
-        answer = self.client.feedback(str(doc["id"]), measured, group_times_s=group_times, step=step,
-                                      metrics={"new_groups": float(new_groups)}, notes="trainer.train_hf")
+        answer = self.client.feedback(
+            str(doc["id"]),
+            measured,
+            group_times_s=group_times,
+            step=step,
+            metrics={"new_groups": float(new_groups)},
+            notes="trainer.train_hf",
+        )
         return answer is not None
 
 
@@ -147,28 +172,79 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dtype", choices=["float32", "float64", "bfloat16"], default="float32")
     ap.add_argument("--hidden", type=int, default=48)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--heads", type=int, default=6, help="query heads (default 6: Ulysses works on groups of 1, 2, 3, 6)")
+    ap.add_argument(
+        "--heads", type=int, default=6, help="query heads (default 6: Ulysses works on groups of 1, 2, 3, 6)"
+    )
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the job's rank numbering (the model itself is replicated)")
-    ap.add_argument("--pp", type=int, default=1, help="pipeline stages of the job's rank numbering (the model itself is replicated)")
+    ap.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        help="tensor-parallel size of the job's rank numbering (the model itself is replicated)",
+    )
+    ap.add_argument(
+        "--pp", type=int, default=1, help="pipeline stages of the job's rank numbering (the model itself is replicated)"
+    )
     ap.add_argument("--profile", help="cost profile file for the planner (default: a rough built-in CPU profile)")
-    ap.add_argument("--capacity-tokens", type=int, default=96, help="tokens per rank per micro-batch the plan may use (default 96: long samples need groups)")
+    ap.add_argument(
+        "--capacity-tokens",
+        type=int,
+        default=96,
+        help="tokens per rank per micro-batch the plan may use (default 96: long samples need groups)",
+    )
     ap.add_argument("--budget-ms", type=int, default=300)
     ap.add_argument("--service", help="planning service URL; default: plan in this process")
-    ap.add_argument("--reference", action="store_true", help="rank 0 also trains a single-process copy on the whole batch and compares")
+    ap.add_argument(
+        "--reference",
+        action="store_true",
+        help="rank 0 also trains a single-process copy on the whole batch and compares",
+    )
     ap.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
-    ap.add_argument("--ring-timeout", type=float, default=120.0, help="seconds a rank waits for a ring message before failing")
-    ap.add_argument("--group-reuse", choices=["prefer", "only", "ignore"], default="prefer", help="how the planner treats the job's groups (default prefer)")
-    ap.add_argument("--group-cost-s", type=float, help="seconds one new communicator costs (default: the pool's measured mean)")
-    ap.add_argument("--no-precreate", dest="precreate", action="store_false", help="do not create the aligned power-of-two blocks at start")
-    ap.add_argument("--arm", choices=list(ARMS), default="dhp",
-                    help="plan source and execution (default dhp; static, megatron, dhp-megatron: see the docstring)")
-    ap.add_argument("--barrier-s", type=float,
-                    help="seconds of a barrier over the job for the per-sample profile (default: timed at start)")
+    ap.add_argument(
+        "--ring-timeout", type=float, default=120.0, help="seconds a rank waits for a ring message before failing"
+    )
+    ap.add_argument(
+        "--group-reuse",
+        choices=["prefer", "only", "ignore"],
+        default="prefer",
+        help="how the planner treats the job's groups (default prefer)",
+    )
+    ap.add_argument(
+        "--group-cost-s", type=float, help="seconds one new communicator costs (default: the pool's measured mean)"
+    )
+    ap.add_argument(
+        "--no-precreate",
+        dest="precreate",
+        action="store_false",
+        help="do not create the aligned power-of-two blocks at start",
+    )
+    ap.add_argument(
+        "--arm",
+        choices=list(ARMS),
+        default="dhp",
+        help="plan source and execution (default dhp; static, megatron, dhp-megatron: see the docstring)",
+    )
+    ap.add_argument(
+        "--barrier-s",
+        type=float,
+        help="seconds of a barrier over the job for the per-sample profile (default: timed at start)",
+    )
     ap.add_argument("--out", help="rank 0 writes the run's figures here as JSON")
     args = ap.parse_args(argv)
-    for name in ("steps", "samples", "shortest", "longest", "hidden", "layers", "heads", "kv_heads", "tp", "pp", "budget_ms"):
+    for name in (
+        "steps",
+        "samples",
+        "shortest",
+        "longest",
+        "hidden",
+        "layers",
+        "heads",
+        "kv_heads",
+        "tp",
+        "pp",
+        "budget_ms",
+    ):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.longest < args.shortest:
@@ -212,8 +288,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     ring_attention.DEFAULT_TIMEOUT_S = args.ring_timeout
     dtype = getattr(torch, args.dtype)
-    build = dict(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-                 intermediate_size=2 * args.hidden)
+    build = dict(
+        hidden_size=args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        intermediate_size=2 * args.hidden,
+    )
     model = HFCausalLM(tiny_llama(args.seed, dtype, **build))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     ref_model = ref_opt = None
@@ -221,7 +302,9 @@ def main(argv: list[str] | None = None) -> int:
         ref_model = tiny_llama(args.seed, dtype, **build)
         ref_opt = torch.optim.SGD(ref_model.parameters(), lr=args.lr)
     lengths = {s: batch_lengths(s, args.samples, args.seed, args.shortest, args.longest) for s in range(args.steps)}
-    dataset = SyntheticTokens({k: v for batch in lengths.values() for k, v in batch.items()}, vocab=model.vocab, seed=args.seed)
+    dataset = SyntheticTokens(
+        {k: v for batch in lengths.values() for k, v in batch.items()}, vocab=model.vocab, seed=args.seed
+    )
     execution = ARMS[args.arm]
     sample_profile = None
     barrier_s = args.barrier_s
@@ -262,7 +345,9 @@ def main(argv: list[str] | None = None) -> int:
             # The next request knows this step's groups too (they exist by the time it is applied).
             known.update(dict.fromkeys(tuple(sorted(c)) for c in doc.get("communicators", [])))
             if step + 1 < args.steps:
-                planner.submit(step + 1, make_request(lengths[step + 1], args, doc_model, world, list(known), group_cost()))
+                planner.submit(
+                    step + 1, make_request(lengths[step + 1], args, doc_model, world, list(known), group_cost())
+                )
         doc, digest = broadcast_plan(doc)
         plan_wait = time.perf_counter() - t_plan
         work = apply_plan(doc, rank, tensor_parallel=args.tp, pipeline_parallel=args.pp)
@@ -275,26 +360,51 @@ def main(argv: list[str] | None = None) -> int:
         opt.zero_grad(set_to_none=True)
         dist.barrier()
         result = train_step(model, work, pool, samples, opt, execution=execution)
-        mine = {"seconds": result.seconds, "mb": result.micro_batch_seconds, "digest": digest, "samples": len(samples),
-                "barrier": result.barrier_seconds}
+        mine = {
+            "seconds": result.seconds,
+            "mb": result.micro_batch_seconds,
+            "digest": digest,
+            "samples": len(samples),
+            "barrier": result.barrier_seconds,
+        }
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, mine)
         if rank != 0:
             continue
         measured = max(g["seconds"] for g in gathered)
-        group_times = [[max(gathered[r]["mb"][m] for r in _globals(g["ranks"], args.tp, args.pp, doc["domain_size"])) for g in mb["groups"]]
-                       for m, mb in enumerate(doc["micro_batches"])]
+        group_times = [
+            [
+                max(gathered[r]["mb"][m] for r in _globals(g["ranks"], args.tp, args.pp, doc["domain_size"]))
+                for g in mb["groups"]
+            ]
+            for m, mb in enumerate(doc["micro_batches"])
+        ]
         stored = planner.feedback(doc, measured, group_times, step, new_groups) if planner is not None else False
-        row = {"step": step, "plan_id": doc.get("id"), "loss": result.loss, "digest": digest, "digests_equal": len({g["digest"] for g in gathered}) == 1,
-               "predicted_s": doc.get("predicted_step_time_s"), "measured_s": measured, "plan_wait_s": plan_wait, "new_groups": new_groups,
-               "samples_loaded": [g["samples"] for g in gathered], "batch_samples": len(lengths[step]), "feedback_stored": stored,
-               "groups": [[g["ranks"] for g in mb["groups"]] for mb in doc["micro_batches"]]}
+        row = {
+            "step": step,
+            "plan_id": doc.get("id"),
+            "loss": result.loss,
+            "digest": digest,
+            "digests_equal": len({g["digest"] for g in gathered}) == 1,
+            "predicted_s": doc.get("predicted_step_time_s"),
+            "measured_s": measured,
+            "plan_wait_s": plan_wait,
+            "new_groups": new_groups,
+            "samples_loaded": [g["samples"] for g in gathered],
+            "batch_samples": len(lengths[step]),
+            "feedback_stored": stored,
+            "groups": [[g["ranks"] for g in mb["groups"]] for mb in doc["micro_batches"]],
+        }
         # What the comparison of arms reads: the arm, the samples of each group, measured and predicted group times.
-        row.update(arm=args.arm, execution=execution, barrier_s=max(g["barrier"] for g in gathered),
-                   sample_groups=[[g["samples"] for g in mb["groups"]] for mb in doc["micro_batches"]],
-                   group_times_s=group_times,
-                   group_predicted_s=[[g.get("predicted_time_s") for g in mb["groups"]] for mb in doc["micro_batches"]],
-                   verification=doc.get("verification"))
+        row.update(
+            arm=args.arm,
+            execution=execution,
+            barrier_s=max(g["barrier"] for g in gathered),
+            sample_groups=[[g["samples"] for g in mb["groups"]] for mb in doc["micro_batches"]],
+            group_times_s=group_times,
+            group_predicted_s=[[g.get("predicted_time_s") for g in mb["groups"]] for mb in doc["micro_batches"]],
+            verification=doc.get("verification"),
+        )
         if ref_model is not None and ref_opt is not None:
             ref_opt.zero_grad(set_to_none=True)
             whole = {sid: dataset.tokens(sid) for sid in lengths[step]}
@@ -302,23 +412,42 @@ def main(argv: list[str] | None = None) -> int:
             ref_opt.step()
             row["loss_rel_diff"] = abs(row["reference_loss"] - result.loss) / max(abs(row["reference_loss"]), 1e-30)
         rows.append(row)
-        log(f"[{args.arm}] step {step}: loss {result.loss:.6f}"
+        log(
+            f"[{args.arm}] step {step}: loss {result.loss:.6f}"
             + (f" (one process {row['reference_loss']:.6f})" if "reference_loss" in row else "")
             + f", groups {row['groups']}, predicted {row['predicted_s'] * 1000:.1f} ms, measured {measured * 1000:.1f} ms, new groups {new_groups}, "
-            f"samples loaded per rank {row['samples_loaded']} of {row['batch_samples']}, digest {digest[:12]}")
+            f"samples loaded per rank {row['samples_loaded']} of {row['batch_samples']}, digest {digest[:12]}"
+        )
     summary: dict[str, Any] = {}
     if rank == 0:
-        summary = {"world": world, "steps": rows, "dtype": args.dtype, "scheme": args.scheme, "groups_created_at_start": at_start,
-                   "group_cost_s": group_cost(), "new_groups": sum(r["new_groups"] for r in rows)}
-        summary.update(arm=args.arm, execution=execution, profile=packed_profile(args), sample_profile=sample_profile,
-                       barrier_s=barrier_s)
+        summary = {
+            "world": world,
+            "steps": rows,
+            "dtype": args.dtype,
+            "scheme": args.scheme,
+            "groups_created_at_start": at_start,
+            "group_cost_s": group_cost(),
+            "new_groups": sum(r["new_groups"] for r in rows),
+        }
+        summary.update(
+            arm=args.arm,
+            execution=execution,
+            profile=packed_profile(args),
+            sample_profile=sample_profile,
+            barrier_s=barrier_s,
+        )
         if ref_model is not None:
             with torch.no_grad():
-                diffs = [float((p - q).abs().max()) for p, q in zip(model.model.parameters(), ref_model.parameters(), strict=True)]
+                diffs = [
+                    float((p - q).abs().max())
+                    for p, q in zip(model.model.parameters(), ref_model.parameters(), strict=True)
+                ]
             summary["max_parameter_diff"] = max(diffs)
             summary["max_loss_rel_diff"] = max(r["loss_rel_diff"] for r in rows)
-            log(f"after {args.steps} steps: largest loss difference {summary['max_loss_rel_diff']:.2e} (relative), "
-                f"largest parameter difference {summary['max_parameter_diff']:.2e}")
+            log(
+                f"after {args.steps} steps: largest loss difference {summary['max_loss_rel_diff']:.2e} (relative), "
+                f"largest parameter difference {summary['max_parameter_diff']:.2e}"
+            )
         if args.out:
             with open(args.out, "w") as fh:
                 json.dump(summary, fh, indent=1)

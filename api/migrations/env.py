@@ -13,7 +13,9 @@ from api.store.models import Base
 
 
 def _run(connection) -> None:  # type: ignore[no-untyped-def]
-    context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=connection.dialect.name == "sqlite")
+    context.configure(
+        connection=connection, target_metadata=Base.metadata, render_as_batch=connection.dialect.name == "sqlite"
+    )
     with context.begin_transaction():
         context.run_migrations()
 

@@ -23,8 +23,22 @@ from api.routes.plans import _ERRORS, NOT_FOUND, PlanFilterDep, PlanId, _not_fou
 from api.store import queries
 
 PAGES = FsPath(__file__).resolve().parent.parent / "static" / "dashboard"
-Sort = Literal["created_at", "n_samples", "n_ranks", "cluster", "model", "backend", "budget_ms", "solve_ms", "predicted_step_time_s",
-               "lower_bound_s", "gap", "speedup", "measured_step_time_s", "status"]
+Sort = Literal[
+    "created_at",
+    "n_samples",
+    "n_ranks",
+    "cluster",
+    "model",
+    "backend",
+    "budget_ms",
+    "solve_ms",
+    "predicted_step_time_s",
+    "lower_bound_s",
+    "gap",
+    "speedup",
+    "measured_step_time_s",
+    "status",
+]
 assert set(Sort.__args__) == set(queries.SORT_KEYS)  # type: ignore[attr-defined]
 
 router = APIRouter(prefix="/v1/dashboard", tags=["dashboard"], dependencies=[Depends(require_token)], responses=_ERRORS)
@@ -32,16 +46,31 @@ pages = APIRouter(prefix="/dashboard", include_in_schema=False)
 
 
 @router.get("/plans", response_model=PlanTable, summary="The plans table: sorted, filtered and paginated server-side")
-def plan_table(store: StoreDep, given: PlanFilterDep,
-               id_prefix: Annotated[str | None, Query(max_length=32, pattern="^[0-9a-fA-F]*$", description="plans whose id starts with this")] = None,
-               sort: Annotated[Sort, Query(description="column to sort on; rows without a value come last")] = "created_at",
-               order: Annotated[Literal["asc", "desc"], Query()] = "desc",
-               limit: Annotated[int, Query(ge=1, le=500)] = 50,
-               offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0) -> PlanTable:
+def plan_table(
+    store: StoreDep,
+    given: PlanFilterDep,
+    id_prefix: Annotated[
+        str | None, Query(max_length=32, pattern="^[0-9a-fA-F]*$", description="plans whose id starts with this")
+    ] = None,
+    sort: Annotated[Sort, Query(description="column to sort on; rows without a value come last")] = "created_at",
+    order: Annotated[Literal["asc", "desc"], Query()] = "desc",
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0, le=1_000_000_000)] = 0,
+) -> PlanTable:
     filters = queries.PlanFilters(**asdict(given), id_prefix=id_prefix or None)
     rows, total = queries.plan_table(store, filters, sort=sort, descending=order == "desc", limit=limit, offset=offset)
     nxt = offset + len(rows) if offset + len(rows) < total else None
-    return PlanTable.model_validate({"items": rows, "total": total, "limit": limit, "offset": offset, "sort": sort, "order": order, "next_offset": nxt})
+    return PlanTable.model_validate(
+        {
+            "items": rows,
+            "total": total,
+            "limit": limit,
+            "offset": offset,
+            "sort": sort,
+            "order": order,
+            "next_offset": nxt,
+        }
+    )
 
 
 @router.get("/facets", response_model=Facets, summary="The values the plans table's filters can take")
@@ -54,8 +83,12 @@ def changes(store: StoreDep) -> Changes:
     return Changes.model_validate(queries.change_stamp(store))
 
 
-@router.get("/plans/{plan_id}", response_model=PlanView, summary="One plan laid out for the dashboard: Gantt blocks, solver trace, feedback",
-            responses=NOT_FOUND)
+@router.get(
+    "/plans/{plan_id}",
+    response_model=PlanView,
+    summary="One plan laid out for the dashboard: Gantt blocks, solver trace, feedback",
+    responses=NOT_FOUND,
+)
 def one_plan(plan_id: PlanId, store: StoreDep) -> PlanView:
     record = store.get(plan_id)
     if record is None:
@@ -63,9 +96,15 @@ def one_plan(plan_id: PlanId, store: StoreDep) -> PlanView:
     return PlanView.model_validate(plan_view(record, store.feedback_for(plan_id)))
 
 
-@router.post("/plans/{plan_id}/replan", response_model=ReplanOut, summary="Plan a stored request again with other options (not stored)",
-             responses=NOT_FOUND)
-async def replan_plan(plan_id: PlanId, body: ReplanIn, store: StoreDep, service: ServiceDep, settings: SettingsDep) -> ReplanOut:
+@router.post(
+    "/plans/{plan_id}/replan",
+    response_model=ReplanOut,
+    summary="Plan a stored request again with other options (not stored)",
+    responses=NOT_FOUND,
+)
+async def replan_plan(
+    plan_id: PlanId, body: ReplanIn, store: StoreDep, service: ServiceDep, settings: SettingsDep
+) -> ReplanOut:
     """The stored request with ``options`` laid over its own, for a plan of any status (pending and failed
     ones too). The budget is ``options.time_budget_ms``, else 200 ms (``REPLAN_BUDGET_MS``, at most the
     server's limit), never the stored request's; it counts from the start of the solve.
@@ -77,12 +116,18 @@ async def replan_plan(plan_id: PlanId, body: ReplanIn, store: StoreDep, service:
     return ReplanOut.model_validate(result)
 
 
-@router.get("/calibration", response_model=Calibration, summary="Predicted against measured step times from feedback, by profile and cluster")
-def calibration_view(store: StoreDep,
-                     cluster: Annotated[str | None, text_query(128)] = None,
-                     model: Annotated[str | None, text_query(128)] = None,
-                     profile: Annotated[str | None, text_query(2000, "'analytical' or a profile's source")] = None,
-                     limit: Annotated[int, Query(ge=1, le=20_000, description="newest points returned for the scatter")] = 2000) -> Calibration:
+@router.get(
+    "/calibration",
+    response_model=Calibration,
+    summary="Predicted against measured step times from feedback, by profile and cluster",
+)
+def calibration_view(
+    store: StoreDep,
+    cluster: Annotated[str | None, text_query(128)] = None,
+    model: Annotated[str | None, text_query(128)] = None,
+    profile: Annotated[str | None, text_query(2000, "'analytical' or a profile's source")] = None,
+    limit: Annotated[int, Query(ge=1, le=20_000, description="newest points returned for the scatter")] = 2000,
+) -> Calibration:
     rows, total = queries.calibration_points(store, cluster=cluster, model=model, profile=profile)
     return Calibration.model_validate(calibration(rows, total, limit))
 

@@ -10,8 +10,12 @@ from api.deps import require_token
 from api.routes.plans import problem_responses
 from optimizer.costs.zoo import describe_presets
 
-router = APIRouter(prefix="/v1", tags=["presets"], dependencies=[Depends(require_token)],
-                   responses=problem_responses((401, "missing or wrong bearer token")))
+router = APIRouter(
+    prefix="/v1",
+    tags=["presets"],
+    dependencies=[Depends(require_token)],
+    responses=problem_responses((401, "missing or wrong bearer token")),
+)
 
 
 @router.get("/presets", summary="Preset clusters, models and GPU types")

@@ -55,7 +55,9 @@ def _migrate(engine: Engine, step: Any, revision: str) -> None:
         return
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
-            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})  # released when this transaction ends
+            conn.execute(
+                text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK}
+            )  # released when this transaction ends
         cfg.attributes["connection"] = conn
         step(cfg, revision)
 

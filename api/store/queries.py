@@ -39,9 +39,15 @@ def profile_label(store: Store) -> ColumnElement[Any]:
 
 
 def _feedback_summary() -> Any:
-    return (select(FeedbackRow.plan_id.label("plan_id"), func.count(FeedbackRow.id).label("n"),
-                   func.avg(FeedbackRow.measured_step_time_s).label("mean_s"))
-            .group_by(FeedbackRow.plan_id).subquery("fb"))
+    return (
+        select(
+            FeedbackRow.plan_id.label("plan_id"),
+            func.count(FeedbackRow.id).label("n"),
+            func.avg(FeedbackRow.measured_step_time_s).label("mean_s"),
+        )
+        .group_by(FeedbackRow.plan_id)
+        .subquery("fb")
+    )
 
 
 @dataclass(frozen=True)
@@ -75,8 +81,17 @@ def plan_facts(store: Store, ids: list[str]) -> dict[str, PlanFacts]:
     final: dict[str, PlanFacts] = {}
     with store.engine.connect() as conn:
         for k in range(0, len(missing), 500):
-            rows = conn.execute(select(PlanRow.id, PlanRow.status, PlanRow.cluster, PlanRow.model, profile_label(store), budget_ms(store), speedup(store))
-                                .where(PlanRow.id.in_(missing[k:k + 500])))
+            rows = conn.execute(
+                select(
+                    PlanRow.id,
+                    PlanRow.status,
+                    PlanRow.cluster,
+                    PlanRow.model,
+                    profile_label(store),
+                    budget_ms(store),
+                    speedup(store),
+                ).where(PlanRow.id.in_(missing[k : k + 500]))
+            )
             for pid, status, cluster, model, label, budget, gain in rows:
                 facts = PlanFacts(cluster, model, label, float(budget), gain)
                 fresh[pid] = facts
@@ -115,8 +130,22 @@ class PlanFilters:
         return conds
 
 
-SORT_KEYS = ("created_at", "n_samples", "n_ranks", "cluster", "model", "backend", "budget_ms", "solve_ms", "predicted_step_time_s",
-             "lower_bound_s", "gap", "speedup", "measured_step_time_s", "status")
+SORT_KEYS = (
+    "created_at",
+    "n_samples",
+    "n_ranks",
+    "cluster",
+    "model",
+    "backend",
+    "budget_ms",
+    "solve_ms",
+    "predicted_step_time_s",
+    "lower_bound_s",
+    "gap",
+    "speedup",
+    "measured_step_time_s",
+    "status",
+)
 
 
 def _sort_column(store: Store, key: str, fb: Any) -> ColumnElement[Any]:
@@ -127,24 +156,58 @@ def _sort_column(store: Store, key: str, fb: Any) -> ColumnElement[Any]:
     return getattr(PlanRow, key)
 
 
-def plan_table(store: Store, filters: PlanFilters, sort: str = "created_at", descending: bool = True, limit: int = 50,
-               offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+def plan_table(
+    store: Store,
+    filters: PlanFilters,
+    sort: str = "created_at",
+    descending: bool = True,
+    limit: int = 50,
+    offset: int = 0,
+) -> tuple[list[dict[str, Any]], int]:
     """One page of the plans table, sorted server-side (missing values last), and the count matching the filters."""
     if sort not in SORT_KEYS:
         raise ValueError(f"unknown sort key {sort!r}")
     fb = _feedback_summary()
     conds = filters.conditions()
-    columns = [PlanRow.id, PlanRow.created_at, PlanRow.status, PlanRow.n_samples, PlanRow.n_ranks, PlanRow.cluster, PlanRow.model, PlanRow.backend,
-               PlanRow.solver_status, PlanRow.solve_ms, PlanRow.predicted_step_time_s, PlanRow.lower_bound_s, PlanRow.gap]
+    columns = [
+        PlanRow.id,
+        PlanRow.created_at,
+        PlanRow.status,
+        PlanRow.n_samples,
+        PlanRow.n_ranks,
+        PlanRow.cluster,
+        PlanRow.model,
+        PlanRow.backend,
+        PlanRow.solver_status,
+        PlanRow.solve_ms,
+        PlanRow.predicted_step_time_s,
+        PlanRow.lower_bound_s,
+        PlanRow.gap,
+    ]
     with store.engine.connect() as conn:
         total = conn.scalar(select(func.count()).select_from(PlanRow).where(*conds)) or 0
         key = _sort_column(store, sort, fb)
         order = [key.is_(None), key.desc() if descending else key.asc(), PlanRow.created_at.desc(), PlanRow.id]
-        page: Select[Any] = select(PlanRow.id).outerjoin(fb, fb.c.plan_id == PlanRow.id).where(*conds).order_by(*order).limit(limit).offset(offset)
+        page: Select[Any] = (
+            select(PlanRow.id)
+            .outerjoin(fb, fb.c.plan_id == PlanRow.id)
+            .where(*conds)
+            .order_by(*order)
+            .limit(limit)
+            .offset(offset)
+        )
         ids = [r[0] for r in conn.execute(page)]
         if not ids:
             return [], int(total)
-        rows = conn.execute(select(*columns, fb.c.n, fb.c.mean_s).outerjoin(fb, fb.c.plan_id == PlanRow.id).where(PlanRow.id.in_(ids))).mappings().all()
+        rows = (
+            conn.execute(
+                select(*columns, fb.c.n, fb.c.mean_s)
+                .outerjoin(fb, fb.c.plan_id == PlanRow.id)
+                .where(PlanRow.id.in_(ids))
+            )
+            .mappings()
+            .all()
+        )
     by_id = {r["id"]: r for r in rows}
     facts = plan_facts(store, ids)
     out = []
@@ -165,16 +228,27 @@ _FACETS: weakref.WeakKeyDictionary[Store, tuple[Any, dict[str, list[str]]]] = we
 def facets(store: Store) -> dict[str, list[str]]:
     """The distinct values the table's filters can take; read again only when plans were added or finished."""
     with store.engine.connect() as conn:
-        stamp = conn.execute(select(func.count(), func.max(PlanRow.created_at)).select_from(PlanRow)).one(), \
-            tuple(conn.execute(select(PlanRow.status, func.count()).group_by(PlanRow.status).order_by(PlanRow.status)).all())
+        stamp = (
+            conn.execute(select(func.count(), func.max(PlanRow.created_at)).select_from(PlanRow)).one(),
+            tuple(
+                conn.execute(
+                    select(PlanRow.status, func.count()).group_by(PlanRow.status).order_by(PlanRow.status)
+                ).all()
+            ),
+        )
         kept = _FACETS.get(store)
         if kept is not None and kept[0] == stamp:
             return kept[1]
 
         def distinct(col: Any) -> list[str]:
             return [v for (v,) in conn.execute(select(col).where(col.is_not(None)).distinct().order_by(col))]
-        out = {"status": distinct(PlanRow.status), "backend": distinct(PlanRow.backend), "cluster": distinct(PlanRow.cluster),
-               "model": distinct(PlanRow.model)}
+
+        out = {
+            "status": distinct(PlanRow.status),
+            "backend": distinct(PlanRow.backend),
+            "cluster": distinct(PlanRow.cluster),
+            "model": distinct(PlanRow.model),
+        }
     _FACETS[store] = (stamp, out)
     return out
 
@@ -185,23 +259,48 @@ def change_stamp(store: Store) -> dict[str, Any]:
         by_status = dict(conn.execute(select(PlanRow.status, func.count()).group_by(PlanRow.status)).all())
         latest_plan = conn.scalar(select(func.max(func.coalesce(PlanRow.finished_at, PlanRow.created_at))))
         n_fb, latest_fb = conn.execute(select(func.count(FeedbackRow.id), func.max(FeedbackRow.id))).one()
-    return {"plans": int(sum(by_status.values())), "by_status": {k: int(v) for k, v in by_status.items()}, "feedback": int(n_fb or 0),
-            "latest_plan_at": _aware(latest_plan), "latest_feedback_id": latest_fb}
+    return {
+        "plans": int(sum(by_status.values())),
+        "by_status": {k: int(v) for k, v in by_status.items()},
+        "feedback": int(n_fb or 0),
+        "latest_plan_at": _aware(latest_plan),
+        "latest_feedback_id": latest_fb,
+    }
 
 
 def _measured_plans(conn: Any) -> list[str]:
     return [pid for (pid,) in conn.execute(select(FeedbackRow.plan_id).distinct())]
 
 
-def calibration_points(store: Store, *, cluster: str | None = None, model: str | None = None, profile: str | None = None,
-                       limit: int = 100_000) -> tuple[list[dict[str, Any]], int]:
+def calibration_points(
+    store: Store,
+    *,
+    cluster: str | None = None,
+    model: str | None = None,
+    profile: str | None = None,
+    limit: int = 100_000,
+) -> tuple[list[dict[str, Any]], int]:
     """Feedback with a prediction, newest first (at most ``limit``), with the plan's cluster, model and profile; and how many there are."""
     with store.engine.connect() as conn:
         facts = plan_facts(store, _measured_plans(conn))
-        labels = {pid: (f.cluster, f.model, f.profile) for pid, f in facts.items()
-                  if (not cluster or f.cluster == cluster) and (not model or f.model == model) and (not profile or f.profile == profile)}
-        rows = conn.execute(select(FeedbackRow.id, FeedbackRow.plan_id, FeedbackRow.created_at, FeedbackRow.predicted_step_time_s, FeedbackRow.measured_step_time_s)
-                            .where(FeedbackRow.predicted_step_time_s.is_not(None)).order_by(FeedbackRow.id.desc()))
+        labels = {
+            pid: (f.cluster, f.model, f.profile)
+            for pid, f in facts.items()
+            if (not cluster or f.cluster == cluster)
+            and (not model or f.model == model)
+            and (not profile or f.profile == profile)
+        }
+        rows = conn.execute(
+            select(
+                FeedbackRow.id,
+                FeedbackRow.plan_id,
+                FeedbackRow.created_at,
+                FeedbackRow.predicted_step_time_s,
+                FeedbackRow.measured_step_time_s,
+            )
+            .where(FeedbackRow.predicted_step_time_s.is_not(None))
+            .order_by(FeedbackRow.id.desc())
+        )
         out: list[dict[str, Any]] = []
         total = 0
         for fid, pid, created, predicted, measured in rows:
@@ -210,8 +309,18 @@ def calibration_points(store: Store, *, cluster: str | None = None, model: str |
                 continue
             total += 1
             if len(out) < limit:
-                out.append({"id": fid, "plan_id": pid, "created_at": _aware(created), "predicted_step_time_s": predicted, "measured_step_time_s": measured,
-                            "cluster": where[0], "model": where[1], "profile": where[2]})
+                out.append(
+                    {
+                        "id": fid,
+                        "plan_id": pid,
+                        "created_at": _aware(created),
+                        "predicted_step_time_s": predicted,
+                        "measured_step_time_s": measured,
+                        "cluster": where[0],
+                        "model": where[1],
+                        "profile": where[2],
+                    }
+                )
     return out, total
 
 

@@ -74,7 +74,11 @@ class PlanRecord:
         return json.loads(self.error_json) if self.error_json else None
 
 
-SUMMARY_FIELDS = tuple(f.name for f in fields(PlanRecord) if f.name not in ("request_hash", "plan_json", "error_json", "request_json", "claimed_at"))
+SUMMARY_FIELDS = tuple(
+    f.name
+    for f in fields(PlanRecord)
+    if f.name not in ("request_hash", "plan_json", "error_json", "request_json", "claimed_at")
+)
 """The fields of a record that the plan list shows (everything but the documents and the hash)."""
 
 
@@ -87,8 +91,14 @@ def request_columns(request: Any) -> dict[str, Any]:
     options = request.get("options") if isinstance(request, dict) else None
     budget = options.get("time_budget_ms") if isinstance(options, dict) else None
     profile = request.get("profile") if isinstance(request, dict) else None
-    return {"budget_ms": float(budget) if isinstance(budget, (int, float)) and not isinstance(budget, bool) else DEFAULT_BUDGET_MS,
-            "profile": "analytical" if not isinstance(profile, dict) else str(profile.get("source") or "given")[:PROFILE_LABEL_LENGTH]}
+    return {
+        "budget_ms": float(budget)
+        if isinstance(budget, (int, float)) and not isinstance(budget, bool)
+        else DEFAULT_BUDGET_MS,
+        "profile": "analytical"
+        if not isinstance(profile, dict)
+        else str(profile.get("source") or "given")[:PROFILE_LABEL_LENGTH],
+    }
 
 
 def plan_speedup(plan: Plan) -> float | None:
@@ -119,7 +129,14 @@ SOLVED_FIELDS = ("backend", "solver_status", "predicted_step_time_s", "lower_bou
 
 def solved_columns(plan: Plan) -> dict[str, Any]:
     """The columns a solved plan fills (SOLVED_FIELDS), from the plan itself: the one place that maps a plan to its record."""
-    values = (plan.solver.backend, plan.solver.status, plan.predicted_step_time_s, plan.lower_bound_s, plan.gap, plan.solver.wall_ms)
+    values = (
+        plan.solver.backend,
+        plan.solver.status,
+        plan.predicted_step_time_s,
+        plan.lower_bound_s,
+        plan.gap,
+        plan.solver.wall_ms,
+    )
     return dict(zip(SOLVED_FIELDS, values, strict=True))
 
 
@@ -136,8 +153,15 @@ class FeedbackRecord:
 
 
 def _feedback_record(row: FeedbackRow, replayed: bool = False) -> FeedbackRecord:
-    return FeedbackRecord(row.id, row.plan_id, _aware(row.created_at), row.measured_step_time_s, row.predicted_step_time_s,  # type: ignore[arg-type]
-                          json.loads(row.feedback_json), replayed=replayed)
+    return FeedbackRecord(
+        row.id,
+        row.plan_id,
+        _aware(row.created_at),
+        row.measured_step_time_s,
+        row.predicted_step_time_s,  # type: ignore[arg-type]
+        json.loads(row.feedback_json),
+        replayed=replayed,
+    )
 
 
 _PLANS = cast(Table, PlanRow.__table__)
@@ -216,7 +240,9 @@ class Store:
     def finish(self, plan_id: str, plan_json: str, plan: Plan) -> bool:
         """Mark a pending plan done with its plan document and :func:`solved_columns`. The first answer
         stored wins: a plan that is no longer pending is left as it is (False)."""
-        speedup = plan_speedup(plan) if hasattr(plan, "speedup_over_static") else document_columns(None, plan_json)["speedup"]
+        speedup = (
+            plan_speedup(plan) if hasattr(plan, "speedup_over_static") else document_columns(None, plan_json)["speedup"]
+        )
         return self._settle(plan_id, status="done", plan_json=plan_json, **solved_columns(plan), speedup=speedup)
 
     def finish_from(self, plan_id: str, done: PlanRecord) -> bool:
@@ -229,7 +255,11 @@ class Store:
 
     def _settle(self, plan_id: str, **values: Any) -> bool:
         with self._session.begin() as s:
-            done = s.execute(update(PlanRow).where(PlanRow.id == plan_id, PlanRow.status == "pending").values(finished_at=utcnow(), **values))
+            done = s.execute(
+                update(PlanRow)
+                .where(PlanRow.id == plan_id, PlanRow.status == "pending")
+                .values(finished_at=utcnow(), **values)
+            )
             return bool(done.rowcount)  # type: ignore[attr-defined]
 
     def claim_pending(self, started_before: datetime, limit: int = 1000) -> list[PlanRecord]:
@@ -237,7 +267,9 @@ class Store:
         claimed for the caller in one conditional update, so that processes starting together resume each plan once."""
         stale = (PlanRow.status == "pending") & ((PlanRow.claimed_at.is_(None)) | (PlanRow.claimed_at < started_before))
         with self.engine.connect() as conn:
-            ids = [r[0] for r in conn.execute(select(PlanRow.id).where(stale).order_by(PlanRow.created_at).limit(limit))]
+            ids = [
+                r[0] for r in conn.execute(select(PlanRow.id).where(stale).order_by(PlanRow.created_at).limit(limit))
+            ]
         claimed = []
         for plan_id in ids:
             with self._session.begin() as s:
@@ -259,13 +291,26 @@ class Store:
     def find_done(self, request_hash: str) -> PlanRecord | None:
         """The newest finished plan for this request hash (the lasting plan cache)."""
         with self.engine.connect() as conn:
-            row = conn.execute(select(*_PLANS.c).where(_PLANS.c.request_hash == request_hash, _PLANS.c.status == "done")
-                               .order_by(_PLANS.c.created_at.desc()).limit(1)).first()
+            row = conn.execute(
+                select(*_PLANS.c)
+                .where(_PLANS.c.request_hash == request_hash, _PLANS.c.status == "done")
+                .order_by(_PLANS.c.created_at.desc())
+                .limit(1)
+            ).first()
             return _record(row, True) if row is not None else None
 
-    def search(self, *, status: str | None = None, backend: str | None = None, cluster: str | None = None, model: str | None = None,
-             created_after: datetime | None = None, created_before: datetime | None = None,
-             limit: int = 50, offset: int = 0) -> tuple[list[PlanRecord], int]:
+    def search(
+        self,
+        *,
+        status: str | None = None,
+        backend: str | None = None,
+        cluster: str | None = None,
+        model: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> tuple[list[PlanRecord], int]:
         """Plans, newest first, without their documents; and the total matching the filters."""
         conds = []
         if status:
@@ -282,14 +327,20 @@ class Store:
             conds.append(PlanRow.created_at < created_before)
         with self._session() as s:
             total = s.scalar(select(func.count()).select_from(PlanRow).where(*conds)) or 0
-            rows = s.execute(select(*_SUMMARY_COLUMNS).where(*conds).order_by(PlanRow.created_at.desc(), PlanRow.id)
-                             .limit(limit).offset(offset)).all()
+            rows = s.execute(
+                select(*_SUMMARY_COLUMNS)
+                .where(*conds)
+                .order_by(PlanRow.created_at.desc(), PlanRow.id)
+                .limit(limit)
+                .offset(offset)
+            ).all()
             return [_record(r, False) for r in rows], int(total)
 
     # -- feedback ---------------------------------------------------------------------------
 
-    def add_feedback(self, plan_id: str, measured_step_time_s: float, document: dict[str, Any],
-                     idempotency_key: str | None = None) -> FeedbackRecord | None:
+    def add_feedback(
+        self, plan_id: str, measured_step_time_s: float, document: dict[str, Any], idempotency_key: str | None = None
+    ) -> FeedbackRecord | None:
         """Store feedback beside the plan's prediction; None when the plan does not exist. Feedback sent again with
         the same ``idempotency_key`` (a retried POST) is stored once: the record stored the first time comes back,
         marked ``replayed``."""
@@ -304,11 +355,19 @@ class Store:
                 plan = s.get(PlanRow, plan_id)
                 if plan is None:
                     return None
-                row = FeedbackRow(plan_id=plan_id, created_at=utcnow(), measured_step_time_s=measured_step_time_s,
-                                  predicted_step_time_s=plan.predicted_step_time_s, feedback_json=json.dumps(document), idempotency_key=idempotency_key)
+                row = FeedbackRow(
+                    plan_id=plan_id,
+                    created_at=utcnow(),
+                    measured_step_time_s=measured_step_time_s,
+                    predicted_step_time_s=plan.predicted_step_time_s,
+                    feedback_json=json.dumps(document),
+                    idempotency_key=idempotency_key,
+                )
                 s.add(row)
                 s.flush()
-                return FeedbackRecord(row.id, plan_id, row.created_at, measured_step_time_s, plan.predicted_step_time_s, document)
+                return FeedbackRecord(
+                    row.id, plan_id, row.created_at, measured_step_time_s, plan.predicted_step_time_s, document
+                )
         except IntegrityError:  # the same key stored meanwhile by a concurrent try
             kept = self._feedback_by_key(plan_id, idempotency_key) if idempotency_key is not None else None
             if kept is None:
@@ -317,7 +376,9 @@ class Store:
 
     def _feedback_by_key(self, plan_id: str, key: str) -> FeedbackRecord | None:
         with self._session() as s:
-            r = s.scalars(select(FeedbackRow).where(FeedbackRow.plan_id == plan_id, FeedbackRow.idempotency_key == key)).first()
+            r = s.scalars(
+                select(FeedbackRow).where(FeedbackRow.plan_id == plan_id, FeedbackRow.idempotency_key == key)
+            ).first()
             return None if r is None else _feedback_record(r, replayed=True)
 
     def feedback_for(self, plan_id: str) -> list[FeedbackRecord]:

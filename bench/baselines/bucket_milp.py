@@ -84,8 +84,19 @@ def _buckets(samples: list[int], lengths: np.ndarray, count: int) -> list[list[i
     return [b for b in out if b]
 
 
-def _hint(model: Any, cands: list[tuple[int, int]], y: list[Any], x: dict[tuple[int, int], Any], buckets: list[list[int]],
-          counts: list[int], longest: list[int], mean_us: dict[tuple[int, int], int], cap: float, n_ranks: int, beta: int) -> tuple[set[int], dict[tuple[int, int], int], bool]:
+def _hint(
+    model: Any,
+    cands: list[tuple[int, int]],
+    y: list[Any],
+    x: dict[tuple[int, int], Any],
+    buckets: list[list[int]],
+    counts: list[int],
+    longest: list[int],
+    mean_us: dict[tuple[int, int], int],
+    cap: float,
+    n_ranks: int,
+    beta: int,
+) -> tuple[set[int], dict[tuple[int, int], int], bool]:
     """A static starting point for the solver: the smallest size that fits every bucket, as many groups
     of it as the ranks allow, bucket units longest first to the least-loaded group with memory room."""
     size = min(s for s, _ in cands if all(longest[k] <= cap * s for k in range(len(buckets))))
@@ -119,7 +130,9 @@ def _hint(model: Any, cands: list[tuple[int, int]], y: list[Any], x: dict[tuple[
     return opened, quota, complete
 
 
-def _solve_micro_batch(tables: CostTables, samples: list[int], sizes: list[int], seconds: float, workers: int) -> tuple[list[tuple[int, list[int]]] | None, str]:
+def _solve_micro_batch(
+    tables: CostTables, samples: list[int], sizes: list[int], seconds: float, workers: int
+) -> tuple[list[tuple[int, list[int]]] | None, str]:
     """Groups (size, sample indices) of one micro-batch, or None; and the solver status."""
     from ortools.sat.python import cp_model
 
@@ -132,7 +145,9 @@ def _solve_micro_batch(tables: CostTables, samples: list[int], sizes: list[int],
     buckets = _buckets(samples, lengths, BUCKETS)
     counts = [len(b) for b in buckets]
     longest = [int(lengths[b].max()) for b in buckets]
-    mean_us = {(k, s): int(math.ceil(float(times[b, index[s]].mean()) * 1e6)) for k, b in enumerate(buckets) for s in sizes}
+    mean_us = {
+        (k, s): int(math.ceil(float(times[b, index[s]].mean()) * 1e6)) for k, b in enumerate(buckets) for s in sizes
+    }
     smallest = max(2, _next_pow2(math.ceil(max(longest) / cap)))
     if smallest > sizes[-1]:
         return None, "infeasible"
@@ -213,14 +228,18 @@ def bucket_milp(tables: CostTables, budget_s: float, workers: int = 1, counts_tr
     n_ranks = tables.n_ranks
     sizes = [int(s) for s in tables.degrees if s >= 2 and not (s & (s - 1)) and s <= n_ranks]
     if not sizes:
-        return BucketMILPResult(None, message="the domain has fewer than 2 ranks; the bucket MILP needs groups of size >= 2")
+        return BucketMILPResult(
+            None, message="the domain has fewer than 2 ranks; the bucket MILP needs groups of size >= 2"
+        )
     cap = float(tables.rank_capacity.min())
     lengths = tables.lengths
     least = max(1, math.ceil(float(lengths.sum()) / (cap * n_ranks) - 1e-12))
     most = tables.problem.options.micro_batch_limit
     tries = list(range(least, most + 1))
     if not tries:
-        return BucketMILPResult(None, message=f"memory needs {least} micro-batches, more than options.max_micro_batches {most}")
+        return BucketMILPResult(
+            None, message=f"memory needs {least} micro-batches, more than options.max_micro_batches {most}"
+        )
     index = tables.degree_index
     min_size = [max(2, _next_pow2(math.ceil(int(L) / cap))) for L in lengths.tolist()]
     if max(min_size) > sizes[-1]:
@@ -265,7 +284,12 @@ def bucket_milp(tables: CostTables, budget_s: float, workers: int = 1, counts_tr
             plan.append(placed)
         if not plan:
             if best.assignment is None:
-                best = BucketMILPResult(None, m_count, statuses, f"no solution for {m_count} micro-batch(es) within the budget ({statuses[-1] if statuses else 'not run'})")
+                best = BucketMILPResult(
+                    None,
+                    m_count,
+                    statuses,
+                    f"no solution for {m_count} micro-batch(es) within the budget ({statuses[-1] if statuses else 'not run'})",
+                )
             continue
         solved += 1
         a = Assignment.of(plan)

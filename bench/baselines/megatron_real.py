@@ -85,15 +85,21 @@ class MegatronScheduler:
         longest = max(range(len(lengths)), key=lengths.__getitem__)
         need = int(self.scheduler.gpus_needed(lengths[longest]))  # the next power of two of length / capacity
         if need > self.ranks:
-            return MegatronResult(None, f"sample {longest} of {lengths[longest]} tokens needs CP size {need} at {cap} "
-                                        f"tokens per rank, more than the {self.ranks}-rank domain")
+            return MegatronResult(
+                None,
+                f"sample {longest} of {lengths[longest]} tokens needs CP size {need} at {cap} "
+                f"tokens per rank, more than the {self.ranks}-rank domain",
+            )
         try:
             (_, sample_id_groups), wall = self.schedule(lengths)
         except AssertionError as exc:
             return MegatronResult(None, f"BalancedCPScheduler failed: AssertionError: {exc}")
         assignment = assignment_of(sample_id_groups, {i: i for i in range(len(lengths))})
-        details = {"max_seq_len_per_rank": cap, "barrier_groups": len(sample_id_groups),
-                   "construct_ms": self.construct_ms}
+        details = {
+            "max_seq_len_per_rank": cap,
+            "barrier_groups": len(sample_id_groups),
+            "construct_ms": self.construct_ms,
+        }
         return MegatronResult(assignment, None, details, wall)
 
 

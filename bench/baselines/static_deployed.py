@@ -50,5 +50,7 @@ def static_deployed(tables: CostTables, max_length: int) -> Assignment | None:
         packs_by_group.append(packs)
     depth = max(len(p) for p in packs_by_group)
     groups: list[tuple[int, ...]] = [tuple(range(k * c, (k + 1) * c)) for k in range(n_groups)]
-    micro_batches: list[list[tuple[list[int] | tuple[int, ...], list[int] | tuple[int, ...]]]] = [[(groups[k], packs_by_group[k][m]) for k in range(n_groups) if m < len(packs_by_group[k])] for m in range(depth)]
+    micro_batches: list[list[tuple[list[int] | tuple[int, ...], list[int] | tuple[int, ...]]]] = [
+        [(groups[k], packs_by_group[k][m]) for k in range(n_groups) if m < len(packs_by_group[k])] for m in range(depth)
+    ]
     return Assignment.of(micro_batches)

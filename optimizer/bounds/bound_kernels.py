@@ -25,8 +25,17 @@ from optimizer.jit import compiled
 
 
 @compiled
-def sample_extremes(intra: np.ndarray, inter: np.ndarray, fits_node: np.ndarray, degrees: np.ndarray, min_j: np.ndarray, b: np.ndarray,
-                    fastest: np.ndarray, best_area: np.ndarray, best_area_time: np.ndarray) -> None:
+def sample_extremes(
+    intra: np.ndarray,
+    inter: np.ndarray,
+    fits_node: np.ndarray,
+    degrees: np.ndarray,
+    min_j: np.ndarray,
+    b: np.ndarray,
+    fastest: np.ndarray,
+    best_area: np.ndarray,
+    best_area_time: np.ndarray,
+) -> None:
     """Per sample i, over its allowed sizes: ``fastest[i]`` the earliest finish b + t, ``best_area[i]``
     the least area d t (the first size attaining it) and ``best_area_time[i]`` the finish on that size."""
     n_degrees = degrees.shape[0]
@@ -49,8 +58,19 @@ def sample_extremes(intra: np.ndarray, inter: np.ndarray, fits_node: np.ndarray,
 
 
 @compiled
-def area_frontiers(intra: np.ndarray, inter: np.ndarray, fits_node: np.ndarray, degrees: np.ndarray, min_j: np.ndarray,
-                   rows: np.ndarray, b: np.ndarray, lo: float, start: np.ndarray, finish: np.ndarray, area: np.ndarray) -> None:
+def area_frontiers(
+    intra: np.ndarray,
+    inter: np.ndarray,
+    fits_node: np.ndarray,
+    degrees: np.ndarray,
+    min_j: np.ndarray,
+    rows: np.ndarray,
+    b: np.ndarray,
+    lo: float,
+    start: np.ndarray,
+    finish: np.ndarray,
+    area: np.ndarray,
+) -> None:
     """The frontier above ``lo`` of each sample ``rows[k]``: entries ``start[k]:start[k + 1]`` of
     ``finish`` (b + t, ascending) and ``area`` (strictly descending).
 
@@ -123,7 +143,16 @@ def area_excess(s: float, start: np.ndarray, finish: np.ndarray, area: np.ndarra
 
 
 @compiled
-def area_search(lo: float, base: float, memory: float, start: np.ndarray, finish: np.ndarray, area: np.ndarray, n_ranks: float, rel_tol: float) -> float:
+def area_search(
+    lo: float,
+    base: float,
+    memory: float,
+    start: np.ndarray,
+    finish: np.ndarray,
+    area: np.ndarray,
+    n_ranks: float,
+    rel_tol: float,
+) -> float:
     """Bisection for the smallest S >= ``lo`` with base + excess(S) + memory - N S <= 0, to
     ``rel_tol`` (``base``: the fixed samples' areas, ``memory``: the memory term; see
     :func:`optimizer.bounds.lower_bounds.area_bound`)."""

@@ -43,8 +43,15 @@ def _extremes(tables: CostTables) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     and the finish on that size."""
     n = tables.n_samples
     fastest, best_area, best_area_time = np.empty(n), np.empty(n), np.empty(n)
-    sample_extremes(*tables.best_placements(), tables.degrees.astype(np.float64), tables.min_degree_index, tables.best_group_constants,
-                    fastest, best_area, best_area_time)
+    sample_extremes(
+        *tables.best_placements(),
+        tables.degrees.astype(np.float64),
+        tables.min_degree_index,
+        tables.best_group_constants,
+        fastest,
+        best_area,
+        best_area_time,
+    )
     return fastest, best_area, best_area_time
 
 
@@ -55,8 +62,13 @@ def single_sample_bound(tables: CostTables, fastest: np.ndarray | None = None) -
     return float(fastest.max())
 
 
-def _area_search(tables: CostTables, memory: float, floor: float, rel_tol: float,
-                 extremes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> float:
+def _area_search(
+    tables: CostTables,
+    memory: float,
+    floor: float,
+    rel_tol: float,
+    extremes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+) -> float:
     """Smallest S >= floor with sum_i e_i(S) + ``memory`` <= N S, by bisection to ``rel_tol``
     (``extremes``: :func:`_extremes` of the tables when already computed)."""
     fastest, best_area, best_area_time = _extremes(tables) if extremes is None else extremes
@@ -69,11 +81,26 @@ def _area_search(tables: CostTables, memory: float, floor: float, rel_tol: float
     room = int((len(tables.degrees) - min_j[rows]).sum()) + len(rows)
     start = np.empty(len(rows) + 1, dtype=np.int64)
     finish, area = np.empty(room), np.empty(room)
-    area_frontiers(*tables.best_placements(), tables.degrees.astype(np.float64), min_j, rows, tables.best_group_constants, lo, start, finish, area)
+    area_frontiers(
+        *tables.best_placements(),
+        tables.degrees.astype(np.float64),
+        min_j,
+        rows,
+        tables.best_group_constants,
+        lo,
+        start,
+        finish,
+        area,
+    )
     return float(area_search(lo, base, memory, start, finish, area, float(tables.n_ranks), rel_tol))
 
 
-def area_bound(tables: CostTables, floor: float = 0.0, rel_tol: float = 1e-5, extremes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> float:
+def area_bound(
+    tables: CostTables,
+    floor: float = 0.0,
+    rel_tol: float = 1e-5,
+    extremes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+) -> float:
     """Smallest S with sum_i e_i(S) + b sum L / C <= N S (bound 2 of the module docstring)."""
     memory_ranks = float(tables.lengths.sum()) / float(tables.rank_capacity.max())
     return _area_search(tables, tables.group_constant * memory_ranks, floor, rel_tol, extremes)
@@ -85,7 +112,9 @@ def fewest_micro_batches(tables: CostTables) -> int:
     return max(1, math.ceil(float(tables.lengths.sum()) / per_mb * (1 - 1e-12)))
 
 
-def micro_batch_bound(tables: CostTables, rel_tol: float = 1e-5, extremes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> float:
+def micro_batch_bound(
+    tables: CostTables, rel_tol: float = 1e-5, extremes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+) -> float:
     """Bound 3 of the module docstring: (M - 1) b + S', S' the smallest with sum_i e_i(S') + N b <= N S'."""
     m = fewest_micro_batches(tables)
     b = tables.group_constant
@@ -126,4 +155,6 @@ def memory_proof(tables: CostTables) -> bool:
     limit = min(tables.problem.options.micro_batch_limit, tables.n_samples)
     capacity = tables.rank_capacity
     largest = float(group_capacities(capacity, tables.degrees).max())
-    return bool(tables.lengths.sum() > limit * capacity.sum() * (1 + 1e-9) or tables.lengths.max() > largest * (1 + 1e-9))
+    return bool(
+        tables.lengths.sum() > limit * capacity.sum() * (1 + 1e-9) or tables.lengths.max() > largest * (1 + 1e-9)
+    )

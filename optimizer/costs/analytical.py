@@ -69,7 +69,9 @@ def analytical_profile(model: ModelSpec, cluster: Cluster, scheme: str = "ring")
     layers = llm.layers / pp
 
     mlp_mats = 3 if llm.gated_mlp else 2
-    linear_flops = 2.0 * (2 * llm.hidden * llm.hidden + 2 * llm.hidden * llm.kv_dim + mlp_mats * llm.hidden * llm.ffn_hidden)
+    linear_flops = 2.0 * (
+        2 * llm.hidden * llm.hidden + 2 * llm.hidden * llm.kv_dim + mlp_mats * llm.hidden * llm.ffn_hidden
+    )
     linear_per_token = passes * (layers * linear_flops + 2.0 * llm.hidden * llm.vocab / pp)
     quadratic_per_token2 = passes * layers * 2.0 * llm.hidden
 

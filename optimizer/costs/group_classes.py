@@ -27,7 +27,9 @@ class GroupClasses:
     """[G] smallest per-rank capacity among each group's ranks."""
 
 
-def group_spans(tables: CostTables, flat: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def group_spans(
+    tables: CostTables, flat: np.ndarray, starts: np.ndarray, sizes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(size index, intra-node?, slowest speed, smallest capacity) of groups whose ranks lie one
     group after the other in ``flat`` (group g from ``starts[g]``, ``sizes[g]`` ranks, none empty).
 
@@ -64,7 +66,9 @@ def classify(tables: CostTables, ranks: list[tuple[int, ...]]) -> GroupClasses:
     return GroupClasses(keys, number[inverse.reshape(-1)], capacity)
 
 
-def class_times(tables: CostTables, keys: list[ClassKey], columns: dict[ClassKey, np.ndarray] | None = None) -> np.ndarray:
+def class_times(
+    tables: CostTables, keys: list[ClassKey], columns: dict[ClassKey, np.ndarray] | None = None
+) -> np.ndarray:
     """[n_samples, classes]: each sample's time on a group of each class.
 
     ``columns``, when given, caches each class's column (contiguous) across calls."""

@@ -89,7 +89,9 @@ class Bandwidth:
     def from_json(cls, value: Any, where: str) -> Bandwidth:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if not value > 0 or not math.isfinite(value):
-                raise ProblemError(f"must be a positive number, got {value!r}", field=where, hint="give bytes per second, e.g. 1.0e11.")
+                raise ProblemError(
+                    f"must be a positive number, got {value!r}", field=where, hint="give bytes per second, e.g. 1.0e11."
+                )
             return cls.constant(value)
         if isinstance(value, Mapping) and value:
             items = []
@@ -97,22 +99,49 @@ class Bandwidth:
                 try:
                     size = int(k)
                 except (TypeError, ValueError):
-                    raise ProblemError(f"key {k!r} is not a group size", field=where, hint='key the table by group size, e.g. {"2": 1.2e11, "8": 1.0e11}.') from None
-                if size < 1 or isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or not math.isfinite(v):
-                    raise ProblemError(f"entry {k!r}: {v!r} is not a positive bandwidth for a group size >= 1", field=where, hint="give bytes per second per group size.")
+                    raise ProblemError(
+                        f"key {k!r} is not a group size",
+                        field=where,
+                        hint='key the table by group size, e.g. {"2": 1.2e11, "8": 1.0e11}.',
+                    ) from None
+                if (
+                    size < 1
+                    or isinstance(v, bool)
+                    or not isinstance(v, (int, float))
+                    or not v > 0
+                    or not math.isfinite(v)
+                ):
+                    raise ProblemError(
+                        f"entry {k!r}: {v!r} is not a positive bandwidth for a group size >= 1",
+                        field=where,
+                        hint="give bytes per second per group size.",
+                    )
                 items.append((size, float(v)))
             items.sort()
             return cls(tuple(s for s, _ in items), tuple(v for _, v in items))
-        raise ProblemError(f"must be a number or a table by group size, got {value!r}", field=where, hint='e.g. 1.0e11 or {"2": 1.2e11, "8": 1.0e11}.')
+        raise ProblemError(
+            f"must be a number or a table by group size, got {value!r}",
+            field=where,
+            hint='e.g. 1.0e11 or {"2": 1.2e11, "8": 1.0e11}.',
+        )
 
 
 _NUMBER_FIELDS = {
-    "quadratic": "time.quadratic", "linear": "time.linear", "sample_constant": "time.sample_constant", "group_constant": "time.group_constant",
-    "vision_linear": "time.vision_linear", "vision_quadratic": "time.vision_quadratic", "sample_step": "time.sample_step",
-    "step_constant": "time.step_constant", "bytes_per_token": "comm.bytes_per_token", "intra_latency": "comm.latency_s.intra",
-    "inter_latency": "comm.latency_s.inter", "messages_per_step": "comm.messages_per_step",
+    "quadratic": "time.quadratic",
+    "linear": "time.linear",
+    "sample_constant": "time.sample_constant",
+    "group_constant": "time.group_constant",
+    "vision_linear": "time.vision_linear",
+    "vision_quadratic": "time.vision_quadratic",
+    "sample_step": "time.sample_step",
+    "step_constant": "time.step_constant",
+    "bytes_per_token": "comm.bytes_per_token",
+    "intra_latency": "comm.latency_s.intra",
+    "inter_latency": "comm.latency_s.inter",
+    "messages_per_step": "comm.messages_per_step",
     "messages_fixed": "comm.messages_fixed",
-    "group_messages_per_step": "comm.group_messages.per_step", "group_messages_fixed": "comm.group_messages.fixed",
+    "group_messages_per_step": "comm.group_messages.per_step",
+    "group_messages_fixed": "comm.group_messages.fixed",
 }
 """The profile's numbers that must be finite and >= 0, with their place in the JSON form."""
 
@@ -150,17 +179,41 @@ class CostProfile:
         for name, path in _NUMBER_FIELDS.items():
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or not math.isfinite(v):
-                raise ProblemError(f"must be a finite number >= 0, got {v!r}", field=f"profile.{path}", hint="use SI units (seconds, bytes).")
+                raise ProblemError(
+                    f"must be a finite number >= 0, got {v!r}",
+                    field=f"profile.{path}",
+                    hint="use SI units (seconds, bytes).",
+                )
         if self.scheme not in CP_SCHEMES:
-            raise ProblemError(f"must be one of {CP_SCHEMES}, got {self.scheme!r}", field="profile.comm.scheme", hint="use 'ring' or 'ulysses'.")
-        if isinstance(self.capacity_tokens_per_rank, bool) or not isinstance(self.capacity_tokens_per_rank, (int, float)) or not self.capacity_tokens_per_rank > 0:
-            raise ProblemError(f"must be a positive number, got {self.capacity_tokens_per_rank!r}", field="profile.capacity_tokens_per_rank", hint="give the tokens one rank holds in a micro-batch, e.g. 16384.")
+            raise ProblemError(
+                f"must be one of {CP_SCHEMES}, got {self.scheme!r}",
+                field="profile.comm.scheme",
+                hint="use 'ring' or 'ulysses'.",
+            )
+        if (
+            isinstance(self.capacity_tokens_per_rank, bool)
+            or not isinstance(self.capacity_tokens_per_rank, (int, float))
+            or not self.capacity_tokens_per_rank > 0
+        ):
+            raise ProblemError(
+                f"must be a positive number, got {self.capacity_tokens_per_rank!r}",
+                field="profile.capacity_tokens_per_rank",
+                hint="give the tokens one rank holds in a micro-batch, e.g. 16384.",
+            )
         if self.quadratic + self.linear + self.sample_constant <= 0:
-            raise ProblemError("quadratic, linear and sample_constant are all zero", field="profile.time", hint="give at least one positive time coefficient.")
+            raise ProblemError(
+                "quadratic, linear and sample_constant are all zero",
+                field="profile.time",
+                hint="give at least one positive time coefficient.",
+            )
         for name, table in (("capacity_by_gpu", self.capacity_by_gpu), ("speed_by_gpu", self.speed_by_gpu)):
             for k, v in table.items():
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                    raise ProblemError(f"entry {k!r} must be a positive number, got {v!r}", field=f"profile.{name}", hint="key by GPU type name.")
+                    raise ProblemError(
+                        f"entry {k!r} must be a positive number, got {v!r}",
+                        field=f"profile.{name}",
+                        hint="key by GPU type name.",
+                    )
 
     def bandwidth(self, d: int, intra: bool) -> float:
         return (self.intra_bandwidth if intra else self.inter_bandwidth).at(d)
@@ -178,7 +231,9 @@ class CostProfile:
 
     @property
     def has_group_exchange(self) -> bool:
-        return bool((self.group_messages_per_step or self.group_messages_fixed) and (self.intra_latency or self.inter_latency))
+        return bool(
+            (self.group_messages_per_step or self.group_messages_fixed) and (self.intra_latency or self.inter_latency)
+        )
 
     def capacity_for(self, gpu_name: str) -> float:
         return float(self.capacity_by_gpu.get(gpu_name, self.capacity_tokens_per_rank))
@@ -188,7 +243,12 @@ class CostProfile:
 
     # -- the documented JSON form -------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        time: dict[str, Any] = {"quadratic": self.quadratic, "linear": self.linear, "sample_constant": self.sample_constant, "group_constant": self.group_constant}
+        time: dict[str, Any] = {
+            "quadratic": self.quadratic,
+            "linear": self.linear,
+            "sample_constant": self.sample_constant,
+            "group_constant": self.group_constant,
+        }
         if self.vision_linear or self.vision_quadratic:
             time.update(vision_linear=self.vision_linear, vision_quadratic=self.vision_quadratic)
         if self.sample_step:
@@ -201,7 +261,10 @@ class CostProfile:
             "bandwidth_bytes_per_s": {"intra": self.intra_bandwidth.to_json(), "inter": self.inter_bandwidth.to_json()},
         }
         if self.intra_latency or self.inter_latency or self.messages_per_step:
-            comm.update(latency_s={"intra": self.intra_latency, "inter": self.inter_latency}, messages_per_step=self.messages_per_step)
+            comm.update(
+                latency_s={"intra": self.intra_latency, "inter": self.inter_latency},
+                messages_per_step=self.messages_per_step,
+            )
         if self.messages_fixed:
             comm["messages_fixed"] = self.messages_fixed
         if self.overlap_with_attention:

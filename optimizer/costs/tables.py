@@ -36,20 +36,27 @@ a placement, and the verifier, which checks the memory rule itself, refuses any 
 
 def vision_work(profile: CostProfile, sample: Sample) -> float:
     """Vision-encoder seconds of one sample on one rank (before splitting over the group)."""
-    return sum(im.frames * (profile.vision_linear * im.tokens + profile.vision_quadratic * im.tokens * im.tokens) for im in sample.images)
+    return sum(
+        im.frames * (profile.vision_linear * im.tokens + profile.vision_quadratic * im.tokens * im.tokens)
+        for im in sample.images
+    )
 
 
 def sample_time(profile: CostProfile, length: int, vision: float, d: int, intra: bool, speed: float = 1.0) -> float:
     """Seconds one sample of ``length`` tokens adds to a group of size ``d``."""
     attention = profile.quadratic * length * length / d / speed
-    compute = (profile.quadratic * length * length + profile.linear * length + vision) / d / speed + profile.sample_constant / speed
+    compute = (
+        profile.quadratic * length * length + profile.linear * length + vision
+    ) / d / speed + profile.sample_constant / speed
     if d == 1:
         return compute
     compute += profile.sample_step * (d - 1) / speed
     bw = profile.bandwidth(d, intra)
     share = (d - 1) / d if profile.scheme == "ring" else 1.0 / d
     sent = padded_length(length, d, profile.scheme) if profile.padded_bytes else length
-    comm = profile.bytes_per_token * sent * share / bw + (profile.messages_per_step * (d - 1) + profile.messages_fixed) * profile.latency(intra)
+    comm = profile.bytes_per_token * sent * share / bw + (
+        profile.messages_per_step * (d - 1) + profile.messages_fixed
+    ) * profile.latency(intra)
     if profile.overlap_with_attention:
         comm = max(0.0, comm - attention)
     return compute + comm
@@ -118,20 +125,24 @@ class CostTables:
             worst = problem.batch.samples[int(lengths.argmax())]
             uniform = float(rank_capacity.min()) == best_capacity
             if uniform:
-                message = (f"sample {worst.id!r} has {worst.length} tokens and needs a group of at least {need} ranks "
-                           f"({best_capacity:.0f} tokens per rank), but the largest allowed group size is {max(degrees)}")
+                message = (
+                    f"sample {worst.id!r} has {worst.length} tokens and needs a group of at least {need} ranks "
+                    f"({best_capacity:.0f} tokens per rank), but the largest allowed group size is {max(degrees)}"
+                )
             else:
                 d = int(degrees[int(holds.argmax())])
-                message = (f"sample {worst.id!r} has {worst.length} tokens, but no allowed group holds it: a sample is split evenly over its "
-                           f"group, so a group of d ranks holds at most d times its smallest rank's capacity; the most any group holds is "
-                           f"{float(holds.max()):.0f} tokens ({d} ranks; the largest allowed size is {max(degrees)}, "
-                           f"{int((rank_capacity == best_capacity).sum())} ranks hold {best_capacity:.0f} tokens each)")
+                message = (
+                    f"sample {worst.id!r} has {worst.length} tokens, but no allowed group holds it: a sample is split evenly over its "
+                    f"group, so a group of d ranks holds at most d times its smallest rank's capacity; the most any group holds is "
+                    f"{float(holds.max()):.0f} tokens ({d} ranks; the largest allowed size is {max(degrees)}, "
+                    f"{int((rank_capacity == best_capacity).sum())} ranks hold {best_capacity:.0f} tokens each)"
+                )
             raise InfeasibleError(
                 message,
                 field="batch.samples",
                 hint=f"raise options.max_degree to >= {need}, use more ranks, enable recomputation, or shorten the sample."
-                if uniform else
-                "add ranks of the roomiest GPU type, raise options.max_degree, enable recomputation, or shorten the sample.",
+                if uniform
+                else "add ranks of the roomiest GPU type, raise options.max_degree, enable recomputation, or shorten the sample.",
             )
         sample_capacity = rank_capacity
         if problem.options.memory == "sample":
@@ -200,7 +211,9 @@ class CostTables:
 
     @cached_property
     def homogeneous(self) -> bool:
-        return bool(np.all(self.rank_speed == self.rank_speed[0]) and np.all(self.rank_capacity == self.rank_capacity[0]))
+        return bool(
+            np.all(self.rank_speed == self.rank_speed[0]) and np.all(self.rank_capacity == self.rank_capacity[0])
+        )
 
     @cached_property
     def degree_index(self) -> dict[int, int]:
@@ -227,8 +240,23 @@ class CostTables:
         latency = (p.messages_per_step * (d - 1) + p.messages_fixed) * p.latency(intra)
         out = np.empty((self.n_samples, d.shape[0]))
         pad_unit = (2 if p.scheme == "ring" else 1) if p.padded_bytes else 0
-        fill_time_matrix(self.lengths, self.vision, d, share, bw, latency, float(p.quadratic), float(p.linear), float(p.sample_constant),
-                         float(p.bytes_per_token), float(speed), bool(p.overlap_with_attention), float(p.sample_step), pad_unit, out)
+        fill_time_matrix(
+            self.lengths,
+            self.vision,
+            d,
+            share,
+            bw,
+            latency,
+            float(p.quadratic),
+            float(p.linear),
+            float(p.sample_constant),
+            float(p.bytes_per_token),
+            float(speed),
+            bool(p.overlap_with_attention),
+            float(p.sample_step),
+            pad_unit,
+            out,
+        )
         if self.problem.options.memory == "sample":
             # Sizes below the first that holds the sample alone, at the capacity every rank has.
             fits = np.searchsorted(float(self.sample_capacity.min()) * self.degrees, self.lengths, side="left")
@@ -258,7 +286,10 @@ class CostTables:
     def _group_constants(self) -> tuple[np.ndarray, np.ndarray]:
         p = self.profile
         b = self.group_constant
-        inter, intra = (np.array([b + p.group_exchange_time(int(d), span) for d in self.degrees.tolist()], dtype=np.float64) for span in (False, True))
+        inter, intra = (
+            np.array([b + p.group_exchange_time(int(d), span) for d in self.degrees.tolist()], dtype=np.float64)
+            for span in (False, True)
+        )
         return inter, intra
 
     @cached_property
@@ -340,4 +371,6 @@ class CostTables:
             return 0.0
         intra, speed, _ = self.group_span(ranks)
         j = self.degree_index[len(ranks)]
-        return float(self.group_constants(intra)[j]) + float(self.time_matrix(intra, speed)[np.asarray(samples), j].sum())
+        return float(self.group_constants(intra)[j]) + float(
+            self.time_matrix(intra, speed)[np.asarray(samples), j].sum()
+        )

@@ -20,9 +20,23 @@ from optimizer.jit import compiled
 
 
 @compiled
-def fill_time_matrix(lengths: np.ndarray, vision: np.ndarray, degrees: np.ndarray, share: np.ndarray, bandwidth: np.ndarray,
-                     latency: np.ndarray, quadratic: float, linear: float, sample_constant: float, bytes_per_token: float,
-                     speed: float, overlap: bool, sample_step: float, pad_unit: int, out: np.ndarray) -> None:
+def fill_time_matrix(
+    lengths: np.ndarray,
+    vision: np.ndarray,
+    degrees: np.ndarray,
+    share: np.ndarray,
+    bandwidth: np.ndarray,
+    latency: np.ndarray,
+    quadratic: float,
+    linear: float,
+    sample_constant: float,
+    bytes_per_token: float,
+    speed: float,
+    overlap: bool,
+    sample_step: float,
+    pad_unit: int,
+    out: np.ndarray,
+) -> None:
     """``out[i, j]``: seconds sample i adds to a group of ``degrees[j]`` ranks.
 
     Per size j: ``share[j]`` is the fraction of a sample's tokens each rank exchanges,
@@ -85,7 +99,9 @@ def fill_best_time(intra: np.ndarray, inter: np.ndarray, fits_node: np.ndarray, 
 
 
 @compiled
-def fill_best_columns(intra: np.ndarray, inter: np.ndarray, fits_node: np.ndarray, columns: np.ndarray, out: np.ndarray) -> None:
+def fill_best_columns(
+    intra: np.ndarray, inter: np.ndarray, fits_node: np.ndarray, columns: np.ndarray, out: np.ndarray
+) -> None:
     """``out[k, i]``: :func:`best_placement` of sample i and size ``columns[k]`` (one pass over the rows)."""
     for i in range(intra.shape[0]):
         for k in range(columns.shape[0]):

@@ -41,7 +41,11 @@ def load_profile(name: str, field: str = "profile_preset") -> dict[str, Any]:
         return json.loads(json.dumps(read_data(str(HERE / "profiles" / f"{name}.json"))))
     pair = _analytical_pairs().get(name)
     if pair is None:
-        raise ProblemError(f"unknown profile preset {name!r}", field=field, hint=f"use one of {profile_names()} (dhp presets lists them).")
+        raise ProblemError(
+            f"unknown profile preset {name!r}",
+            field=field,
+            hint=f"use one of {profile_names()} (dhp presets lists them).",
+        )
     model_name, cluster_name = pair
     model = model_from_json(load_preset("models", model_name, field))
     cluster = cluster_from_json(load_preset("clusters", cluster_name, field))

@@ -15,9 +15,20 @@ from optimizer.jit import compiled
 
 
 @compiled
-def best_fit_long(order: np.ndarray, size_index: np.ndarray, times: np.ndarray, lengths: np.ndarray, sizes: np.ndarray,
-                  capacity: float, slack: np.ndarray, probes: int, out_group: np.ndarray, g_size: np.ndarray,
-                  g_load: np.ndarray, g_tokens: np.ndarray) -> int:
+def best_fit_long(
+    order: np.ndarray,
+    size_index: np.ndarray,
+    times: np.ndarray,
+    lengths: np.ndarray,
+    sizes: np.ndarray,
+    capacity: float,
+    slack: np.ndarray,
+    probes: int,
+    out_group: np.ndarray,
+    g_size: np.ndarray,
+    g_load: np.ndarray,
+    g_tokens: np.ndarray,
+) -> int:
     """Pack ``order``; ``out_group[k]`` gets the group of ``order[k]``. Returns the number of groups,
     whose size index, load and tokens are written to ``g_size``, ``g_load`` and ``g_tokens``."""
     n = order.shape[0]

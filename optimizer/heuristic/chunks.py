@@ -55,8 +55,15 @@ def token_chunks(tokens: np.ndarray, count: int) -> np.ndarray:
     return starts[: k + 1].copy()
 
 
-def chunked_plan(tables: CostTables, plan_one: SubPlanner, order: np.ndarray, count: int, deadline: float | None,
-                 give_up_above: float = np.inf, whole_s: float = 0.0) -> Assignment | None:
+def chunked_plan(
+    tables: CostTables,
+    plan_one: SubPlanner,
+    order: np.ndarray,
+    count: int,
+    deadline: float | None,
+    give_up_above: float = np.inf,
+    whole_s: float = 0.0,
+) -> Assignment | None:
     """The plan of ``count`` token-balanced chunks of ``order`` (longest first), or None when a chunk
     cannot be planned in time or the chunks planned so far already take ``give_up_above`` seconds
     (``whole_s``: seconds one plan of the whole batch took, the estimate of the chunks' time)."""
@@ -99,8 +106,9 @@ def join_parts(parts: list[tuple[np.ndarray, Assignment]]) -> Assignment:
     return Assignment(tuple(mbs))
 
 
-def best_chunked(tables: CostTables, plan_one: SubPlanner, least: int, deadline: float | None, tries: int = 5,
-                 whole_s: float = 0.0) -> tuple[Assignment, float] | None:
+def best_chunked(
+    tables: CostTables, plan_one: SubPlanner, least: int, deadline: float | None, tries: int = 5, whole_s: float = 0.0
+) -> tuple[Assignment, float] | None:
     """The fastest chunked plan over a few counts, from ``least`` (the fewest micro-batches memory allows).
 
     Counts go up by one; a count whose chunks do not each fit one micro-batch gives a plan with more

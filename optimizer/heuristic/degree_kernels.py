@@ -24,14 +24,18 @@ def _choose(cost: np.ndarray, min_j: np.ndarray, fastest: np.ndarray, b: np.ndar
 
 
 @compiled
-def choose_degrees(cost: np.ndarray, min_j: np.ndarray, fastest: np.ndarray, b: np.ndarray, target: float, out: np.ndarray) -> None:
+def choose_degrees(
+    cost: np.ndarray, min_j: np.ndarray, fastest: np.ndarray, b: np.ndarray, target: float, out: np.ndarray
+) -> None:
     """``out[i]``: the size index of sample i for ``target``."""
     for i in range(cost.shape[0]):
         out[i] = _choose(cost, min_j, fastest, b, target, i)
 
 
 @compiled
-def fluid_work(cost: np.ndarray, min_j: np.ndarray, fastest: np.ndarray, degrees: np.ndarray, b: np.ndarray, target: float) -> float:
+def fluid_work(
+    cost: np.ndarray, min_j: np.ndarray, fastest: np.ndarray, degrees: np.ndarray, b: np.ndarray, target: float
+) -> float:
     """Rank-seconds of all samples on their sizes for ``target`` (size times time, summed)."""
     work = 0.0
     for i in range(cost.shape[0]):

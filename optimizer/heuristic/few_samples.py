@@ -27,8 +27,18 @@ MAX_SAMPLES = 12
 
 
 @compiled
-def _run_sizes(prefix: np.ndarray, tokens: np.ndarray, degrees: np.ndarray, capacity: float, b: np.ndarray, n_ranks: int,
-               mask: int, k: int, cand: np.ndarray, sizes_out: np.ndarray) -> float:
+def _run_sizes(
+    prefix: np.ndarray,
+    tokens: np.ndarray,
+    degrees: np.ndarray,
+    capacity: float,
+    b: np.ndarray,
+    n_ranks: int,
+    mask: int,
+    k: int,
+    cand: np.ndarray,
+    sizes_out: np.ndarray,
+) -> float:
     """Least T for the runs cut by ``mask`` (bit p set: a cut after position p); sizes (indices) to ``sizes_out``."""
     n_deg = degrees.shape[0]
     starts = np.empty(k + 1, dtype=np.int64)
@@ -58,7 +68,10 @@ def _run_sizes(prefix: np.ndarray, tokens: np.ndarray, degrees: np.ndarray, capa
             s, e = starts[g], starts[g + 1]
             found = -1
             for j in range(n_deg):
-                if tokens[e] - tokens[s] <= capacity * degrees[j] * (1 + 1e-12) and b[j] + prefix[e, j] - prefix[s, j] <= t:
+                if (
+                    tokens[e] - tokens[s] <= capacity * degrees[j] * (1 + 1e-12)
+                    and b[j] + prefix[e, j] - prefix[s, j] <= t
+                ):
                     found = j
                     break
             if found < 0:
@@ -82,8 +95,19 @@ def _run_sizes(prefix: np.ndarray, tokens: np.ndarray, degrees: np.ndarray, capa
 
 
 @compiled
-def best_split(prefix: np.ndarray, tokens: np.ndarray, degrees: np.ndarray, capacity: float, b: np.ndarray, n_ranks: int,
-               k: int, sizes_out: np.ndarray, first: int, stop: int, best_t: float) -> tuple[int, float]:
+def best_split(
+    prefix: np.ndarray,
+    tokens: np.ndarray,
+    degrees: np.ndarray,
+    capacity: float,
+    b: np.ndarray,
+    n_ranks: int,
+    k: int,
+    sizes_out: np.ndarray,
+    first: int,
+    stop: int,
+    best_t: float,
+) -> tuple[int, float]:
     """The split (a mask in [``first``, ``stop``)) with a T below ``best_t`` and least, its run sizes in
     ``sizes_out``; (-1, ``best_t``) when none is better."""
     cand = np.empty(k * degrees.shape[0])
@@ -125,8 +149,19 @@ def few_samples_plan(tables: CostTables, deadline: float | None = None) -> Assig
     for first in range(0, 1 << (k - 1), MASKS_PER_CALL):
         if first and deadline is not None and time.perf_counter() > deadline:
             break
-        m, best_t = best_split(prefix, tokens, tables.degrees, float(tables.rank_capacity.min()), tables.placed_group_constants, tables.n_ranks, k,
-                               found, first, min(1 << (k - 1), first + MASKS_PER_CALL), best_t)
+        m, best_t = best_split(
+            prefix,
+            tokens,
+            tables.degrees,
+            float(tables.rank_capacity.min()),
+            tables.placed_group_constants,
+            tables.n_ranks,
+            k,
+            found,
+            first,
+            min(1 << (k - 1), first + MASKS_PER_CALL),
+            best_t,
+        )
         if m >= 0:
             mask, sizes[:] = m, found
     if mask < 0:

@@ -23,7 +23,9 @@ def _less(a1: float, a2: float, ai: int, b1: float, b2: float, bi: int) -> bool:
 
 
 @compiled
-def push(key1: np.ndarray, key2: np.ndarray, ident: np.ndarray, base: int, size: int, k1: float, k2: float, i: int) -> int:
+def push(
+    key1: np.ndarray, key2: np.ndarray, ident: np.ndarray, base: int, size: int, k1: float, k2: float, i: int
+) -> int:
     """Add (k1, k2, i) to the heap at ``base`` holding ``size`` entries; returns the new size."""
     pos = size
     while pos > 0:

@@ -79,8 +79,8 @@ class LocalSearch:
         bs, ids = busy_start.tolist(), idle_start.tolist()
         ranks: list[tuple[int, ...]] = []
         for m in range(n_micro_batches):
-            ranks += busy_ranks[bs[m]:bs[m + 1]]
-            ranks += idle_ranks[ids[m]:ids[m + 1]]
+            ranks += busy_ranks[bs[m] : bs[m + 1]]
+            ranks += idle_ranks[ids[m] : ids[m + 1]]
         group_micro_batch = np.repeat(np.arange(n_micro_batches), busy_count + idle_count)
         self._setup(tables, ranks, group_micro_batch, s_group, n_micro_batches, max_rounds)
 
@@ -103,11 +103,27 @@ class LocalSearch:
         if packing.classes is not None and packing.times is not None:
             c = packing.classes
             known = (GroupClasses(c.keys, c.group_class[order], c.capacity[order]), packing.times)
-        search._setup(tables, ranks, new_micro_batch[packing.micro_batch[order]], renumber[packing.sample_group], int(kept.sum()), max_rounds, known)
+        search._setup(
+            tables,
+            ranks,
+            new_micro_batch[packing.micro_batch[order]],
+            renumber[packing.sample_group],
+            int(kept.sum()),
+            max_rounds,
+            known,
+        )
         return search
 
-    def _setup(self, tables: CostTables, ranks: list[tuple[int, ...]], group_micro_batch: np.ndarray, s_group: np.ndarray,
-               n_micro_batches: int, max_rounds: int, known: tuple[GroupClasses, np.ndarray] | None = None) -> None:
+    def _setup(
+        self,
+        tables: CostTables,
+        ranks: list[tuple[int, ...]],
+        group_micro_batch: np.ndarray,
+        s_group: np.ndarray,
+        n_micro_batches: int,
+        max_rounds: int,
+        known: tuple[GroupClasses, np.ndarray] | None = None,
+    ) -> None:
         self.t = tables
         self.b = tables.group_constant
         self.max_rounds = max_rounds
@@ -171,8 +187,24 @@ class LocalSearch:
     # -- moves ------------------------------------------------------------------------------
     def _best_move(self, g: int) -> tuple[float, tuple]:
         """Best move or swap of one sample of g (see :func:`optimizer.heuristic.search_kernels.best_move`)."""
-        delta, kind, a, x = best_move(g, self.top, self.top_id, self.g_time, self.g_micro_batch, self.g_limit, self.g_tokens, self.g_alive,
-                                      self.g_class, self.s_group, self.s_cost, self.lengths, self.times, self.class_b, SLACK_CANDIDATES, ROOM_CANDIDATES)
+        delta, kind, a, x = best_move(
+            g,
+            self.top,
+            self.top_id,
+            self.g_time,
+            self.g_micro_batch,
+            self.g_limit,
+            self.g_tokens,
+            self.g_alive,
+            self.g_class,
+            self.s_group,
+            self.s_cost,
+            self.lengths,
+            self.times,
+            self.class_b,
+            SLACK_CANDIDATES,
+            ROOM_CANDIDATES,
+        )
         if kind == 0:
             return -EPS, ()
         return float(delta), ("move" if kind == 1 else "swap", int(a), int(x))
@@ -242,7 +274,16 @@ class LocalSearch:
 
     def _update_groups(self, gs: list[int]) -> None:
         for g in gs:
-            refresh_group(g, self.s_group, self.s_cost, self.lengths, self.times[:, self.g_class[g]], float(self.class_b[self.g_class[g]]), self.g_time, self.g_tokens)
+            refresh_group(
+                g,
+                self.s_group,
+                self.s_cost,
+                self.lengths,
+                self.times[:, self.g_class[g]],
+                float(self.class_b[self.g_class[g]]),
+                self.g_time,
+                self.g_tokens,
+            )
 
     # -- driver -----------------------------------------------------------------------------
     def run(self, deadline: float | None = None) -> None:

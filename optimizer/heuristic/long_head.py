@@ -63,8 +63,17 @@ RestPlanner = Callable[[CostTables, float | None], Assignment]
 
 
 @compiled
-def fill_groups(order: np.ndarray, lengths: np.ndarray, times: np.ndarray, n_fill: int, capacity: np.ndarray,
-                load: np.ndarray, tokens: np.ndarray, budget: float, out_group: np.ndarray) -> int:
+def fill_groups(
+    order: np.ndarray,
+    lengths: np.ndarray,
+    times: np.ndarray,
+    n_fill: int,
+    capacity: np.ndarray,
+    load: np.ndarray,
+    tokens: np.ndarray,
+    budget: float,
+    out_group: np.ndarray,
+) -> int:
     """Place ``order`` (longest first) on groups: ``n_fill`` filling groups of one size (time column 0),
     then the head's groups (group ``n_fill + h`` reads column ``1 + h``). Each sample goes where it
     finishes first among the least-loaded filling group and every head group, within ``budget``
@@ -111,7 +120,9 @@ class LongHead:
         self.order = np.lexsort((np.arange(tables.n_samples), -tables.lengths))
         self.degrees = [int(d) for d in tables.degrees]
         # Each sample's smallest size by the smallest rank memory (a head group may land on any ranks).
-        self._min_index = np.searchsorted(float(tables.rank_capacity.min()) * tables.degrees, tables.lengths, side="left")
+        self._min_index = np.searchsorted(
+            float(tables.rank_capacity.min()) * tables.degrees, tables.lengths, side="left"
+        )
         self.speed = float(tables.rank_speed.min())
         self._times: dict[bool, np.ndarray] = {}
         self._lengths = tables.lengths.astype(np.float64)
@@ -119,7 +130,9 @@ class LongHead:
         area = tables.best_time * sizes
         area[np.arange(tables.n_ranks + 1)[None, : len(sizes)] < tables.min_degree_index[:, None]] = np.inf
         self._area = area.min(axis=1)
-        self._spanning = tables.lengths > float(tables.rank_capacity.min()) * tables.node_size  # each sample's least rank-seconds over the sizes that hold it
+        self._spanning = (
+            tables.lengths > float(tables.rank_capacity.min()) * tables.node_size
+        )  # each sample's least rank-seconds over the sizes that hold it
 
     def _times_by_size(self, sample: int) -> np.ndarray:
         """The sample's time alone on each allowed size (within a node where the size fits one; the slowest GPU)."""
@@ -166,7 +179,7 @@ class LongHead:
                 for lo in whole:
                     take = free[lo][: d - len(ranks)]
                     ranks += take
-                    free[lo] = free[lo][len(take):]
+                    free[lo] = free[lo][len(take) :]
                     if len(ranks) == d:
                         break
                 if len(ranks) < d:
@@ -194,19 +207,23 @@ class LongHead:
         placed = self._place(list(sizes))
         if placed is None:
             return None
-        heads: list[GroupAssignment] = [(ranks, (int(s),)) for ranks, s in zip(placed, self.order[:k].tolist(), strict=True)]
+        heads: list[GroupAssignment] = [
+            (ranks, (int(s),)) for ranks, s in zip(placed, self.order[:k].tolist(), strict=True)
+        ]
         t0 = max(self.tables.group_time(samples, ranks) for ranks, samples in heads)
         used = np.zeros(self.tables.n_ranks, dtype=bool)
         for ranks, _ in heads:
             used[list(ranks)] = True
         return heads, t0, used
 
-    def fill(self, heads: list[GroupAssignment], t0: float, used: np.ndarray, fill: int) -> tuple[list[GroupAssignment], np.ndarray]:
+    def fill(
+        self, heads: list[GroupAssignment], t0: float, used: np.ndarray, fill: int
+    ) -> tuple[list[GroupAssignment], np.ndarray]:
         """The first micro-batch's groups and the rest's sample rows when the ranks the head leaves free
         form groups of ``fill`` ranks (see the module docstring)."""
         tables = self.tables
         b = tables.group_constant
-        rest = self.order[len(heads):]
+        rest = self.order[len(heads) :]
         free = np.flatnonzero(~used)
         node = tables.rank_node[free]
         first = np.searchsorted(node, node, side="left")  # nodes hold consecutive ranks
@@ -225,7 +242,17 @@ class LongHead:
             load[len(fills) + h] = tables.group_time(samples, ranks) - b
             tokens[len(fills) + h] = float(tables.lengths[samples[0]])
         out = np.empty(rest.size, dtype=np.int64)
-        fill_groups(rest, self._lengths, np.ascontiguousarray(np.stack(columns, axis=1)), len(fills), capacity, load, tokens, t0 - b, out)
+        fill_groups(
+            rest,
+            self._lengths,
+            np.ascontiguousarray(np.stack(columns, axis=1)),
+            len(fills),
+            capacity,
+            load,
+            tokens,
+            t0 - b,
+            out,
+        )
         members: list[list[int]] = [[] for _ in everyone]
         for h, (_, samples) in enumerate(heads):
             members[len(fills) + h] += samples
@@ -243,7 +270,9 @@ class LongHead:
         """Every sample's time on a group of d ranks (within a node or not; the slowest GPU)."""
         return self._matrix(intra)[:, self.tables.degree_index[d]]
 
-    def ranked(self, limit: float, deadline: float | None) -> list[tuple[float, float, list[GroupAssignment], np.ndarray]]:
+    def ranked(
+        self, limit: float, deadline: float | None
+    ) -> list[tuple[float, float, list[GroupAssignment], np.ndarray]]:
         """Candidates as (estimate, T0, groups, rest rows), best estimate first; only those whose
         estimate (T0 plus the rest's lower bound) is below ``limit``. The :data:`SHORTLIST` best by a
         quicker estimate (:meth:`rest_estimate`) get the rest's lower bound."""
@@ -309,7 +338,9 @@ class LongHead:
         return sorted({min(n, step * i) for i in range(1, BUDGET_STEPS + 1)})
 
 
-def picks(head: LongHead, limit: float, deadline: float | None, planned: int) -> list[tuple[float, float, list[GroupAssignment], np.ndarray]]:
+def picks(
+    head: LongHead, limit: float, deadline: float | None, planned: int
+) -> list[tuple[float, float, list[GroupAssignment], np.ndarray]]:
     """The candidates whose rest is planned, best estimate first: the ``planned`` best, and the best of
     every micro-batch count of the rest (the count is the plan's largest discrete choice, and the
     estimates of different counts err differently)."""
@@ -324,8 +355,9 @@ def picks(head: LongHead, limit: float, deadline: float | None, planned: int) ->
     return out
 
 
-def long_head_plan(tables: CostTables, plan_rest: RestPlanner, best_time: float, deadline: float | None,
-                   whole_s: float = 0.0) -> tuple[Assignment, float] | None:
+def long_head_plan(
+    tables: CostTables, plan_rest: RestPlanner, best_time: float, deadline: float | None, whole_s: float = 0.0
+) -> tuple[Assignment, float] | None:
     """The best plan of the module docstring's candidates that beats ``best_time``, or None
     (``whole_s``: seconds one plan of the whole batch took, the estimate of a first rest's time)."""
     if tables.n_samples < 3 or tables.problem.options.micro_batch_limit < 2:

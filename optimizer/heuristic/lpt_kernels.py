@@ -21,8 +21,18 @@ from optimizer.jit import compiled
 
 
 @compiled
-def lpt_place(order: np.ndarray, lengths: np.ndarray, times: np.ndarray, group_class: np.ndarray, load: np.ndarray,
-              tokens: np.ndarray, class_limit: np.ndarray, class_unit: np.ndarray, slack: float, out_group: np.ndarray) -> bool:
+def lpt_place(
+    order: np.ndarray,
+    lengths: np.ndarray,
+    times: np.ndarray,
+    group_class: np.ndarray,
+    load: np.ndarray,
+    tokens: np.ndarray,
+    class_limit: np.ndarray,
+    class_unit: np.ndarray,
+    slack: float,
+    out_group: np.ndarray,
+) -> bool:
     """Place ``order`` (sample indices); ``times[i, c]`` is sample i's time on class c.
 
     ``load`` and ``tokens`` (per group) are updated in place; ``out_group[k]`` receives the group of

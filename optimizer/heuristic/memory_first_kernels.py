@@ -31,8 +31,16 @@ def _before(room_a: float, group_a: int, room_b: float, group_b: int) -> bool:
 
 
 @compiled
-def _first_not_before(rooms: np.ndarray, groups: np.ndarray, size: np.ndarray, blocks: np.ndarray, count: int, b: int,
-                      room: float, group: int) -> int:
+def _first_not_before(
+    rooms: np.ndarray,
+    groups: np.ndarray,
+    size: np.ndarray,
+    blocks: np.ndarray,
+    count: int,
+    b: int,
+    room: float,
+    group: int,
+) -> int:
     """Binary search for (room, group): with ``b`` < 0 over the last entries of the first ``count``
     blocks in order (the place of the first block whose last entry is not before it; ``count`` when
     every one is), else within block ``b`` (its first entry not before it)."""
@@ -51,20 +59,26 @@ def _first_not_before(rooms: np.ndarray, groups: np.ndarray, size: np.ndarray, b
 
 
 @compiled
-def _block_of(rooms: np.ndarray, groups: np.ndarray, size: np.ndarray, blocks: np.ndarray, n_blocks: int, room: float, group: int) -> int:
+def _block_of(
+    rooms: np.ndarray, groups: np.ndarray, size: np.ndarray, blocks: np.ndarray, n_blocks: int, room: float, group: int
+) -> int:
     """The place (in ``blocks``) of the first block whose last entry is not before (room, group);
     ``n_blocks`` when every block's is."""
     return _first_not_before(rooms, groups, size, blocks, n_blocks, -1, room, group)
 
 
 @compiled
-def _index_in(rooms: np.ndarray, groups: np.ndarray, size: np.ndarray, blocks: np.ndarray, b: int, room: float, group: int) -> int:
+def _index_in(
+    rooms: np.ndarray, groups: np.ndarray, size: np.ndarray, blocks: np.ndarray, b: int, room: float, group: int
+) -> int:
     """The first entry of block b not before (room, group)."""
     return _first_not_before(rooms, groups, size, blocks, size[b], b, room, group)
 
 
 @compiled
-def _remove(rooms: np.ndarray, groups: np.ndarray, size: np.ndarray, blocks: np.ndarray, n_blocks: int, place: int, k: int) -> int:
+def _remove(
+    rooms: np.ndarray, groups: np.ndarray, size: np.ndarray, blocks: np.ndarray, n_blocks: int, place: int, k: int
+) -> int:
     """Remove entry k of the block at ``place``; returns the number of blocks (an emptied block
     leaves the order, unless it is the only one)."""
     b = blocks[place]
@@ -81,8 +95,16 @@ def _remove(rooms: np.ndarray, groups: np.ndarray, size: np.ndarray, blocks: np.
 
 
 @compiled
-def _insert(rooms: np.ndarray, groups: np.ndarray, size: np.ndarray, blocks: np.ndarray, n_blocks: int, n_made: int,
-            room: float, group: int) -> tuple[int, int]:
+def _insert(
+    rooms: np.ndarray,
+    groups: np.ndarray,
+    size: np.ndarray,
+    blocks: np.ndarray,
+    n_blocks: int,
+    n_made: int,
+    room: float,
+    group: int,
+) -> tuple[int, int]:
     """Insert (room, group); returns the numbers of blocks in order and of blocks ever made."""
     place = min(_block_of(rooms, groups, size, blocks, n_blocks, room, group), n_blocks - 1)
     b = blocks[place]
@@ -113,8 +135,19 @@ def _insert(rooms: np.ndarray, groups: np.ndarray, size: np.ndarray, blocks: np.
 
 
 @compiled
-def memory_first(order: np.ndarray, lengths: np.ndarray, min_j: np.ndarray, degrees: np.ndarray, capacity: float, n_ranks: int,
-                 n_micro_batches: int, spread: bool, out_group: np.ndarray, g_size: np.ndarray, g_micro_batch: np.ndarray) -> tuple[int, int]:
+def memory_first(
+    order: np.ndarray,
+    lengths: np.ndarray,
+    min_j: np.ndarray,
+    degrees: np.ndarray,
+    capacity: float,
+    n_ranks: int,
+    n_micro_batches: int,
+    spread: bool,
+    out_group: np.ndarray,
+    g_size: np.ndarray,
+    g_micro_batch: np.ndarray,
+) -> tuple[int, int]:
     """Place ``order`` (sample indices, longest first); ``min_j[i]`` is sample i's memory-minimal
     size index into ``degrees`` at ``capacity`` tokens per rank.
 

@@ -75,7 +75,9 @@ class HeuristicPlanner:
         micro-batches pack with less waste (at the price of some communication)."""
         self.t = tables
         self.b = tables.group_constant
-        self.bj = tables.placed_group_constants  # per size: b, plus the group's messages when the profile has comm.group_messages
+        self.bj = (
+            tables.placed_group_constants
+        )  # per size: b, plus the group's messages when the profile has comm.group_messages
         self.capacity = float(tables.rank_capacity.min())
         self.degrees = [int(d) for d in tables.degrees]
         self.node_size = tables.node_size
@@ -88,7 +90,9 @@ class HeuristicPlanner:
         self.lengths = tables.lengths.astype(np.float64)
         self.min_j = self._min_degree_index()
         if floor > 1:
-            self.min_j = np.maximum(self.min_j, min(int(np.searchsorted(tables.degrees, floor, side="left")), len(self.degrees) - 1))
+            self.min_j = np.maximum(
+                self.min_j, min(int(np.searchsorted(tables.degrees, floor, side="left")), len(self.degrees) - 1)
+            )
         self.total_tokens = float(self.lengths.sum())
         self.probes = BEST_FIT_PROBES if self.lengths.shape[0] <= LARGE_BATCH else LARGE_BATCH_PROBES
         self._columns: dict[tuple[int, bool, float], np.ndarray] = {}
@@ -149,7 +153,12 @@ class HeuristicPlanner:
         lo = self._slowest_alone()
         fixed = t_min + self.bj[self.min_j] <= lo
         rest = np.flatnonzero(~fixed)
-        return float((self.t.degrees[self.min_j[fixed]] * t_min[fixed]).sum()), self.cost[rest], self.min_j[rest], self._fastest[rest]
+        return (
+            float((self.t.degrees[self.min_j[fixed]] * t_min[fixed]).sum()),
+            self.cost[rest],
+            self.min_j[rest],
+            self._fastest[rest],
+        )
 
     def fluid_ranks(self, target: float) -> float:
         fixed_work, cost, min_j, fastest = self._fluid_split
@@ -199,7 +208,20 @@ class HeuristicPlanner:
         g_size = np.empty(n_long, dtype=np.int64)
         g_load = np.empty(n_long, dtype=np.float64)
         g_tokens = np.empty(n_long, dtype=np.float64)
-        n_groups = best_fit_long(long_idx, j_of, t_of, self.lengths, degs, self.capacity, target - self.bj, self.probes, long_group, g_size, g_load, g_tokens)
+        n_groups = best_fit_long(
+            long_idx,
+            j_of,
+            t_of,
+            self.lengths,
+            degs,
+            self.capacity,
+            target - self.bj,
+            self.probes,
+            long_group,
+            g_size,
+            g_load,
+            g_tokens,
+        )
         g_size, g_load, g_tokens = g_size[:n_groups], g_load[:n_groups], g_tokens[:n_groups]
         placed = self._place(g_size, g_load, n_micro_batches)
         if placed is None:
@@ -249,8 +271,19 @@ class HeuristicPlanner:
         group_of = np.empty(n, dtype=np.int64)
         sizes = np.empty(n, dtype=np.int64)  # per group (at most one per sample): its size index
         places = np.empty(n, dtype=np.int64)  # per group: its micro-batch
-        n_groups, opened = memory_first(self._longest_first, self.lengths, self.min_j, self.t.degrees, self.capacity, self.t.n_ranks,
-                                        n_micro_batches, spread, group_of, sizes, places)
+        n_groups, opened = memory_first(
+            self._longest_first,
+            self.lengths,
+            self.min_j,
+            self.t.degrees,
+            self.capacity,
+            self.t.n_ranks,
+            n_micro_batches,
+            spread,
+            group_of,
+            sizes,
+            places,
+        )
         if n_groups < 0:
             return None
         # Each group's samples in placement order (longest first), the groups of a micro-batch in the order they were opened.
@@ -262,7 +295,9 @@ class HeuristicPlanner:
         for k, micro_batch in enumerate(places[:n_groups].tolist()):
             members[micro_batch].append(k)
         mbs: list[list[tuple[list[int] | tuple[int, ...], list[int] | tuple[int, ...]]]] = [[] for _ in range(opened)]
-        layouts: dict[tuple[int, ...], list[tuple[int, ...]] | None] = {}  # many micro-batches hold the same group sizes
+        layouts: dict[
+            tuple[int, ...], list[tuple[int, ...]] | None
+        ] = {}  # many micro-batches hold the same group sizes
         for micro_batch in range(opened):
             key = tuple(degree_of[k] for k in members[micro_batch])
             if key not in layouts:
@@ -271,7 +306,7 @@ class HeuristicPlanner:
             if ranks is None:
                 return None
             for k, rs in zip(members[micro_batch], ranks, strict=True):
-                mbs[micro_batch].append((rs, by_group[ends[k - 1] if k else 0:ends[k]]))
+                mbs[micro_batch].append((rs, by_group[ends[k - 1] if k else 0 : ends[k]]))
         return Assignment.of(mbs)
 
     @cached_property
@@ -317,7 +352,9 @@ class HeuristicPlanner:
         if k >= len(counts):
             if quick is not None:
                 return quick
-            return next((packing for k in range(len(counts)) if k not in tried and (packing := at(k)) is not None), None)
+            return next(
+                (packing for k in range(len(counts)) if k not in tried and (packing := at(k)) is not None), None
+            )
         while k - failed > 1 and not late():
             mid = (failed + k) // 2
             if at(mid) is None:
@@ -326,7 +363,9 @@ class HeuristicPlanner:
                 k = mid
         return at(k)
 
-    def _place(self, g_size: np.ndarray, g_load: np.ndarray, n_micro_batches: int) -> tuple[list[tuple[int, ...]], np.ndarray, list[list[int]]] | None:
+    def _place(
+        self, g_size: np.ndarray, g_load: np.ndarray, n_micro_batches: int
+    ) -> tuple[list[tuple[int, ...]], np.ndarray, list[list[int]]] | None:
         """Spread groups over micro-batches (largest first, then most loaded, to the emptiest micro-batch) and
         place them on nodes (:mod:`optimizer.heuristic.placement`).
 
@@ -352,8 +391,16 @@ class HeuristicPlanner:
             free_ranks.append(free)
         return ranks, micro_batch_of, free_ranks
 
-    def _lpt(self, ranks: list[tuple[int, ...]], g_size: np.ndarray, long_idx: np.ndarray, long_group: np.ndarray, g_tokens: np.ndarray,
-             order: np.ndarray, slack: float) -> tuple[np.ndarray, GroupClasses, np.ndarray] | None:
+    def _lpt(
+        self,
+        ranks: list[tuple[int, ...]],
+        g_size: np.ndarray,
+        long_idx: np.ndarray,
+        long_group: np.ndarray,
+        g_tokens: np.ndarray,
+        order: np.ndarray,
+        slack: float,
+    ) -> tuple[np.ndarray, GroupClasses, np.ndarray] | None:
         """Longest first, each sample to the group where it would finish earliest (memory permitting);
         see :mod:`optimizer.heuristic.lpt_kernels`. Groups are the packed ones (holding ``long_idx``), then one per
         free rank. Returns the group of each sample of ``order``, or None when one fits nowhere."""
@@ -370,7 +417,9 @@ class HeuristicPlanner:
         class_limit = np.array([self.capacity * self.degrees[j] for j, _, _ in keys], dtype=np.float64)
         class_unit = np.array([j == 0 for j, _, _ in keys], dtype=np.bool_)
         placed = np.empty(order.shape[0], dtype=np.int64)
-        if not lpt_place(order, self.lengths, times, group_class, load, tokens, class_limit, class_unit, float(slack), placed):
+        if not lpt_place(
+            order, self.lengths, times, group_class, load, tokens, class_limit, class_unit, float(slack), placed
+        ):
             return None
         return placed, classes, times
 
@@ -411,7 +460,9 @@ class HeuristicPlanner:
                     best, best_time = search, step
             # Another count costs about what this one did: it starts only if it would end by the deadline.
             now = time.perf_counter()
-            if best_time <= floor * (1 + GOOD_ENOUGH) or (deadline is not None and now + (now - count_start) > deadline):
+            if best_time <= floor * (1 + GOOD_ENOUGH) or (
+                deadline is not None and now + (now - count_start) > deadline
+            ):
                 break
         if best is None:
             fallback = self._fewest_memory_first(counts, deadline)

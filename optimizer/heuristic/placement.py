@@ -38,8 +38,14 @@ def _whole_node_run(free_start: np.ndarray, node_start: np.ndarray, node_end: np
 
 
 @compiled
-def place_micro_batch(sizes: np.ndarray, node_start: np.ndarray, node_end: np.ndarray, offsets: np.ndarray,
-                ranks_out: np.ndarray, free_out: np.ndarray) -> int:
+def place_micro_batch(
+    sizes: np.ndarray,
+    node_start: np.ndarray,
+    node_end: np.ndarray,
+    offsets: np.ndarray,
+    ranks_out: np.ndarray,
+    free_out: np.ndarray,
+) -> int:
     """Place groups of ``sizes`` on one micro-batch of the domain.
 
     Group k's ranks go to ``ranks_out[offsets[k]:offsets[k + 1]]`` (ascending); the free ranks left
@@ -100,7 +106,7 @@ def place_micro_batch(sizes: np.ndarray, node_start: np.ndarray, node_end: np.nd
             free_start[n] += take
             if got == d:
                 break
-        ranks_out[out:out + d] = np.sort(ranks_out[out:out + d])
+        ranks_out[out : out + d] = np.sort(ranks_out[out : out + d])
     n_free = 0
     for n in range(n_nodes):
         for r in range(free_start[n], node_end[n]):
@@ -110,7 +116,9 @@ def place_micro_batch(sizes: np.ndarray, node_start: np.ndarray, node_end: np.nd
 
 
 @compiled
-def spread_over_micro_batches(sizes: np.ndarray, order: np.ndarray, n_micro_batches: int, n_ranks: int, micro_batch_out: np.ndarray) -> bool:
+def spread_over_micro_batches(
+    sizes: np.ndarray, order: np.ndarray, n_micro_batches: int, n_ranks: int, micro_batch_out: np.ndarray
+) -> bool:
     """Each group, in ``order``, to the micro-batch with the fewest used ranks that still has room (lowest
     micro-batch on ties). False if some group has no room."""
     used = np.zeros(n_micro_batches, dtype=np.int64)
@@ -127,7 +135,9 @@ def spread_over_micro_batches(sizes: np.ndarray, order: np.ndarray, n_micro_batc
     return True
 
 
-def place_groups(sizes: Sequence[int], node_ranges: Sequence[tuple[int, int]]) -> tuple[list[tuple[int, ...]] | None, list[int]]:
+def place_groups(
+    sizes: Sequence[int], node_ranges: Sequence[tuple[int, int]]
+) -> tuple[list[tuple[int, ...]] | None, list[int]]:
     """Ranks for each group (same order as ``sizes``) and the free ranks left, or (None, []) if they do not fit."""
     size_arr = np.asarray(sizes, dtype=np.int64).reshape(-1)
     node_start = np.fromiter((a for a, _ in node_ranges), dtype=np.int64, count=len(node_ranges))

@@ -50,11 +50,19 @@ def roomy_plan(tables: CostTables, deadline: float | None) -> tuple[Assignment, 
             whole = _mapped(heuristic_plan(CostTables.build(sub), deadline=deadline), ranks)
         except PlannerError:
             continue
-        best, how = whole, f"planned on the {len(ranks)} ranks of {names} nodes (at least {level:.0f} tokens per rank); the others idle"
+        best, how = (
+            whole,
+            f"planned on the {len(ranks)} ranks of {names} nodes (at least {level:.0f} tokens per rank); the others idle",
+        )
         split = _split_plan(tables, sub, ranks, deadline)
         if split is not None and assignment_step_time(tables, split) < assignment_step_time(tables, whole):
-            best, how = split, (f"the samples that need {names} ranks planned on those {len(ranks)} ranks, in micro-batches of their own; "
-                                "the others on the whole cluster")
+            best, how = (
+                split,
+                (
+                    f"the samples that need {names} ranks planned on those {len(ranks)} ranks, in micro-batches of their own; "
+                    "the others on the whole cluster"
+                ),
+            )
         return best, how
     return None
 
@@ -62,7 +70,12 @@ def roomy_plan(tables: CostTables, deadline: float | None) -> tuple[Assignment, 
 def _cut(problem: Problem, kept: list[int]) -> Problem:
     """The problem on the nodes ``kept`` alone (same batch, profile and options)."""
     cluster = problem.cluster
-    sub = replace(problem, cluster=replace(cluster, nodes=tuple(cluster.nodes[i] for i in kept)), profile=problem.cost_profile, existing_groups=())
+    sub = replace(
+        problem,
+        cluster=replace(cluster, nodes=tuple(cluster.nodes[i] for i in kept)),
+        profile=problem.cost_profile,
+        existing_groups=(),
+    )
     if problem.options.max_degree is not None and problem.options.max_degree > sub.domain_size:
         sub = sub.with_options(max_degree=sub.domain_size)
     return sub
@@ -70,10 +83,13 @@ def _cut(problem: Problem, kept: list[int]) -> Problem:
 
 def _mapped(plan: Assignment, ranks: np.ndarray, samples: list[int] | None = None) -> Assignment:
     """``plan`` of a cut problem in the whole problem's ranks (and sample indices, when ``samples`` maps them)."""
+
     def sample(i: int) -> int:
         return i if samples is None else samples[i]
 
-    return Assignment.of([[(ranks[list(r)].tolist(), [sample(i) for i in s]) for r, s in mb] for mb in plan.micro_batches])
+    return Assignment.of(
+        [[(ranks[list(r)].tolist(), [sample(i) for i in s]) for r, s in mb] for mb in plan.micro_batches]
+    )
 
 
 def _split_plan(tables: CostTables, sub: Problem, ranks: np.ndarray, deadline: float | None) -> Assignment | None:
@@ -87,8 +103,13 @@ def _split_plan(tables: CostTables, sub: Problem, ranks: np.ndarray, deadline: f
         return None
     samples = problem.batch.samples
     try:
-        head = heuristic_plan(CostTables.build(replace(sub, batch=Batch(tuple(samples[i] for i in big)))), deadline=deadline)
-        rest = heuristic_plan(CostTables.build(replace(problem, batch=Batch(tuple(samples[i] for i in small)), existing_groups=())), deadline=deadline)
+        head = heuristic_plan(
+            CostTables.build(replace(sub, batch=Batch(tuple(samples[i] for i in big)))), deadline=deadline
+        )
+        rest = heuristic_plan(
+            CostTables.build(replace(problem, batch=Batch(tuple(samples[i] for i in small)), existing_groups=())),
+            deadline=deadline,
+        )
     except PlannerError:
         return None
     first = _mapped(head, ranks, big)

@@ -18,7 +18,9 @@ EPS = 1e-12
 
 
 @compiled
-def micro_batch_tops(g_time: np.ndarray, g_micro_batch: np.ndarray, g_alive: np.ndarray, top: np.ndarray, top_id: np.ndarray) -> None:
+def micro_batch_tops(
+    g_time: np.ndarray, g_micro_batch: np.ndarray, g_alive: np.ndarray, top: np.ndarray, top_id: np.ndarray
+) -> None:
     """Per micro-batch m: ``top[m, 0..2]`` the three largest group times, ``top_id[m, 0..1]`` the groups of the first two (-1: none)."""
     top[:, :] = 0.0
     top_id[:, :] = -1
@@ -42,7 +44,9 @@ def micro_batch_tops(g_time: np.ndarray, g_micro_batch: np.ndarray, g_alive: np.
 
 
 @compiled
-def step_delta(g: int, m: int, new_tg: float, h: int, hl: int, new_th: float, top: np.ndarray, top_id: np.ndarray) -> float:
+def step_delta(
+    g: int, m: int, new_tg: float, h: int, hl: int, new_th: float, top: np.ndarray, top_id: np.ndarray
+) -> float:
     """Change of the step time when group g (micro-batch m) takes time new_tg and group h (micro-batch hl) new_th."""
     if hl != m:
         ex_g = top[m, 1] if top_id[m, 0] == g else top[m, 0]
@@ -78,8 +82,17 @@ def _top_k(score: np.ndarray, ids: np.ndarray, n: int, k: int, out: np.ndarray) 
 
 
 @compiled
-def candidates(g: int, top: np.ndarray, g_time: np.ndarray, g_micro_batch: np.ndarray, g_limit: np.ndarray,
-               g_tokens: np.ndarray, g_alive: np.ndarray, n_slack: int, n_room: int) -> np.ndarray:
+def candidates(
+    g: int,
+    top: np.ndarray,
+    g_time: np.ndarray,
+    g_micro_batch: np.ndarray,
+    g_limit: np.ndarray,
+    g_tokens: np.ndarray,
+    g_alive: np.ndarray,
+    n_slack: int,
+    n_room: int,
+) -> np.ndarray:
     """Groups a sample of g may go to, ascending: every other live group when few, else the n_slack
     with the most time slack below their micro-batch's maximum and the n_room with the most memory room."""
     n_groups = g_time.shape[0]
@@ -100,13 +113,28 @@ def candidates(g: int, top: np.ndarray, g_time: np.ndarray, g_micro_batch: np.nd
     picked = np.empty(n_slack + n_room, dtype=np.int64)
     a = _top_k(slack, ids, n, n_slack, picked)
     b = _top_k(room, ids, n, n_room, picked[a:])
-    return np.unique(picked[:a + b])
+    return np.unique(picked[: a + b])
 
 
 @compiled
-def best_move(g: int, top: np.ndarray, top_id: np.ndarray, g_time: np.ndarray, g_micro_batch: np.ndarray, g_limit: np.ndarray,
-              g_tokens: np.ndarray, g_alive: np.ndarray, g_class: np.ndarray, s_group: np.ndarray, s_cost: np.ndarray,
-              lengths: np.ndarray, times: np.ndarray, class_b: np.ndarray, n_slack: int, n_room: int) -> tuple[float, int, int, int]:
+def best_move(
+    g: int,
+    top: np.ndarray,
+    top_id: np.ndarray,
+    g_time: np.ndarray,
+    g_micro_batch: np.ndarray,
+    g_limit: np.ndarray,
+    g_tokens: np.ndarray,
+    g_alive: np.ndarray,
+    g_class: np.ndarray,
+    s_group: np.ndarray,
+    s_cost: np.ndarray,
+    lengths: np.ndarray,
+    times: np.ndarray,
+    class_b: np.ndarray,
+    n_slack: int,
+    n_room: int,
+) -> tuple[float, int, int, int]:
     """Best move (one sample of g to another group) or swap (with a sample of another group);
     ``class_b[c]`` is the group constant of a group of class c (the time of an empty group that gets a sample, before it).
 
@@ -151,15 +179,25 @@ def best_move(g: int, top: np.ndarray, top_id: np.ndarray, g_time: np.ndarray, g
             la = lengths[a]
             if room_h < la or room_g + la < lc:
                 continue
-            d = step_delta(g, m, tg - s_cost[a] + times[c, cg], h, hl, g_time[h] - s_cost[c] + times[a, ch], top, top_id)
+            d = step_delta(
+                g, m, tg - s_cost[a] + times[c, cg], h, hl, g_time[h] - s_cost[c] + times[a, ch], top, top_id
+            )
             if d < best:
                 best, kind, best_a, best_x = d, 2, int(a), int(c)
     return best, kind, best_a, best_x
 
 
 @compiled
-def refresh_group(g: int, s_group: np.ndarray, s_cost: np.ndarray, lengths: np.ndarray, col: np.ndarray, b: float,
-                  g_time: np.ndarray, g_tokens: np.ndarray) -> None:
+def refresh_group(
+    g: int,
+    s_group: np.ndarray,
+    s_cost: np.ndarray,
+    lengths: np.ndarray,
+    col: np.ndarray,
+    b: float,
+    g_time: np.ndarray,
+    g_tokens: np.ndarray,
+) -> None:
     """Recompute group g's sample times (from its class column ``col``), time and tokens."""
     total = 0.0
     tokens = 0.0

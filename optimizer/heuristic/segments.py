@@ -51,8 +51,14 @@ def _cuts(tables: CostTables, order: np.ndarray, node_size: int) -> list[int]:
     return sorted(k for k in cuts if 1 <= k < n)
 
 
-def segmented(tables: CostTables, plan_one: SubPlanner, first: Assignment, first_time: float, deadline: float | None,
-              whole_s: float = 0.0) -> tuple[Assignment, float]:
+def segmented(
+    tables: CostTables,
+    plan_one: SubPlanner,
+    first: Assignment,
+    first_time: float,
+    deadline: float | None,
+    whole_s: float = 0.0,
+) -> tuple[Assignment, float]:
     """The best plan found by cutting the batch into segments (see the module docstring), or
     ``first`` when no cut beats it. ``plan_one(tables, deadline)`` plans one segment; a cut is tried
     only while the last cut's time (at first ``whole_s``, one plan of the whole batch) is left."""

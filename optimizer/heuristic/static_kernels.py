@@ -24,9 +24,19 @@ from optimizer.jit import compiled
 
 
 @compiled
-def balance_static(order: np.ndarray, lengths: np.ndarray, times: np.ndarray, group_class: np.ndarray, limit: np.ndarray,
-                   micro_batches: int, group_constant: np.ndarray, out_bin: np.ndarray, load: np.ndarray, mb_time: np.ndarray,
-                   rest_min: np.ndarray) -> bool:
+def balance_static(
+    order: np.ndarray,
+    lengths: np.ndarray,
+    times: np.ndarray,
+    group_class: np.ndarray,
+    limit: np.ndarray,
+    micro_batches: int,
+    group_constant: np.ndarray,
+    out_bin: np.ndarray,
+    load: np.ndarray,
+    mb_time: np.ndarray,
+    rest_min: np.ndarray,
+) -> bool:
     """Place ``order`` (sample indices); ``times[c, i]`` is sample i's time on a group of class c,
     ``group_constant[c]`` the group constant of class c, ``group_class[k]`` and ``limit[k]`` group k's
     class and token limit; ``rest_min[p]`` is the shortest length among ``order[p:]``.
@@ -108,7 +118,9 @@ def sort_ties_by_index(keys: np.ndarray, order: np.ndarray) -> None:
 
 
 @compiled
-def members_by_bin(order: np.ndarray, sample_bin: np.ndarray, n_bins: int, members: np.ndarray, end: np.ndarray) -> None:
+def members_by_bin(
+    order: np.ndarray, sample_bin: np.ndarray, n_bins: int, members: np.ndarray, end: np.ndarray
+) -> None:
     """The samples of ``order`` grouped by bin, each bin's in the order of ``order``: bin b holds
     ``members[end[b - 1]:end[b]]`` (from 0 for b = 0)."""
     end[:] = 0

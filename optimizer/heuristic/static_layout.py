@@ -62,7 +62,9 @@ def _layout(tables: CostTables, c: int) -> _Layout | None:
     order = np.argsort(keys)
     sort_ties_by_index(keys, order)  # as np.argsort(keys, kind="stable"), faster
     rest_min = np.minimum.accumulate(tables.lengths[order][::-1].astype(np.float64))[::-1].copy()
-    return _Layout(c, n_groups, order, times, group_class.reshape(-1).astype(np.int64), capacity * c, constant, rest_min)
+    return _Layout(
+        c, n_groups, order, times, group_class.reshape(-1).astype(np.int64), capacity * c, constant, rest_min
+    )
 
 
 def _balance(tables: CostTables, layout: _Layout, micro_batches: int) -> _Balanced | None:
@@ -70,8 +72,19 @@ def _balance(tables: CostTables, layout: _Layout, micro_batches: int) -> _Balanc
     sample_bin = np.empty(tables.n_samples, dtype=np.int64)
     load = np.empty(micro_batches * layout.n_groups)
     mb_time = np.empty(micro_batches)
-    if not balance_static(layout.order, tables.lengths, layout.times, layout.group_class, layout.limit, micro_batches,
-                          layout.constant, sample_bin, load, mb_time, layout.rest_min):
+    if not balance_static(
+        layout.order,
+        tables.lengths,
+        layout.times,
+        layout.group_class,
+        layout.limit,
+        micro_batches,
+        layout.constant,
+        sample_bin,
+        load,
+        mb_time,
+        layout.rest_min,
+    ):
         return None
     used = [t for t in mb_time.tolist() if t > 0.0]
     # The step time as :func:`optimizer.plan.evaluate.assignment_step_time` adds it up: slowest group per micro-batch, summed in order.
@@ -134,7 +147,10 @@ def best_static(tables: CostTables) -> tuple[StaticBaseline, Assignment] | None:
         c *= 2
     works = tables.best_time_columns([tables.degree_index[c] for c, _, _ in sizes]).sum(axis=1).tolist()
     constant = tables.best_group_constants.tolist()
-    candidates = sorted((work / n_groups + least * constant[tables.degree_index[c]], c, least) for work, (c, n_groups, least) in zip(works, sizes, strict=True))
+    candidates = sorted(
+        (work / n_groups + least * constant[tables.degree_index[c]], c, least)
+        for work, (c, n_groups, least) in zip(works, sizes, strict=True)
+    )
     best: tuple[_Layout, _Balanced] | None = None
     for estimate, c, least in candidates:
         if best is not None and estimate >= best[1].step_time:
@@ -148,4 +164,6 @@ def best_static(tables: CostTables) -> tuple[StaticBaseline, Assignment] | None:
     if best is None:
         return None
     layout, balanced = best
-    return StaticBaseline(degree=layout.c, micro_batches=balanced.used_micro_batches, predicted_step_time_s=balanced.step_time), _assignment(layout, balanced)
+    return StaticBaseline(
+        degree=layout.c, micro_batches=balanced.used_micro_batches, predicted_step_time_s=balanced.step_time
+    ), _assignment(layout, balanced)

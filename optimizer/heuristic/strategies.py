@@ -87,12 +87,21 @@ def plan_piece(tables: CostTables, deadline: float | None, tried: tuple[int, ...
         if deadline is not None and time.perf_counter() > deadline:
             break
     if best is None:
-        raise error or InfeasibleError("no plan found for a part of the batch", field="batch.samples", hint="allow more micro-batches or add ranks.")
+        raise error or InfeasibleError(
+            "no plan found for a part of the batch",
+            field="batch.samples",
+            hint="allow more micro-batches or add ranks.",
+        )
     return best
 
 
-def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: float | None = None, report: dict[str, Any] | None = None,
-                   long_head: bool = True) -> Assignment:
+def heuristic_plan(
+    tables: CostTables,
+    deadline: float | None = None,
+    bound: float | None = None,
+    report: dict[str, Any] | None = None,
+    long_head: bool = True,
+) -> Assignment:
     """The fastest plan of the strategies of the module docstring; past the first only when the
     whole-batch plan is more than GOOD_ENOUGH above ``bound`` (the problem's lower bound, computed
     here when not given). ``report``, when given, receives the strategy whose plan won
@@ -154,7 +163,13 @@ def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: flo
         if best_time < before:
             floor_of_best = floor
     if not expired():
-        chunked = best_chunked(tables, lambda sub, d: plan_piece(sub, d, CHUNK_FLOORS), fewest_micro_batches(tables), deadline, whole_s=whole_s)
+        chunked = best_chunked(
+            tables,
+            lambda sub, d: plan_piece(sub, d, CHUNK_FLOORS),
+            fewest_micro_batches(tables),
+            deadline,
+            whole_s=whole_s,
+        )
         keep("sorted chunks", *(chunked or (None,)))
 
     if best is None:
@@ -172,11 +187,15 @@ def heuristic_plan(tables: CostTables, deadline: float | None = None, bound: flo
     if not expired():
         tried = (1,) if floor_of_best == 1 else (1, floor_of_best)
         before = best_time
-        keep("segments", *segmented(tables, lambda sub, d: plan_piece(sub, d, tried), best, best_time, deadline, whole_s))
+        keep(
+            "segments", *segmented(tables, lambda sub, d: plan_piece(sub, d, tried), best, best_time, deadline, whole_s)
+        )
         if best_time < before:
             polish()
     if long_head and not expired():
-        found = long_head_plan(tables, lambda sub, d: heuristic_plan(sub, d, long_head=False), best_time, deadline, whole_s)
+        found = long_head_plan(
+            tables, lambda sub, d: heuristic_plan(sub, d, long_head=False), best_time, deadline, whole_s
+        )
         keep("long head", *(found or (None,)))
         if found is not None and best_time <= found[1]:
             polish()

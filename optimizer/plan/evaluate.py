@@ -74,9 +74,18 @@ def build_plan(
     mbs = []
     step = 0.0
     for order in _by_first_rank(flat, len(assignment.micro_batches)):
-        plan_mb = MicroBatchPlan(tuple(
-            GroupPlan(groups[g][0], flat_ids[bounds[g]:bounds[g + 1]], flat_lengths[bounds[g]:bounds[g + 1]], time_list[g], intra_list[g])
-            for g in order))
+        plan_mb = MicroBatchPlan(
+            tuple(
+                GroupPlan(
+                    groups[g][0],
+                    flat_ids[bounds[g] : bounds[g + 1]],
+                    flat_lengths[bounds[g] : bounds[g + 1]],
+                    time_list[g],
+                    intra_list[g],
+                )
+                for g in order
+            )
+        )
         step += plan_mb.predicted_time_s
         mbs.append(plan_mb)
     problem = tables.problem
@@ -111,6 +120,6 @@ def _by_first_rank(flat: FlatGroups, n_micro_batches: int) -> list[list[int]]:
     out, start = [], 0
     ordered = order.tolist()
     for count in per_micro_batch.tolist():
-        out.append(ordered[start:start + count])
+        out.append(ordered[start : start + count])
         start += count
     return out

@@ -77,8 +77,14 @@ def _fits(tables: CostTables, ranks: Ranks, samples: Sequence[int]) -> bool:
     return float(tables.lengths[list(samples)].sum()) / len(ranks) <= capacity * (1 + 1e-9) if samples else True
 
 
-def _remap(tables: CostTables, mb: Sequence[GroupAssignment], have: set[Ranks], by_size: dict[int, list[Ranks]],
-           paid: set[Ranks], only: bool) -> tuple[list[GroupAssignment], list[tuple[int, tuple[int, ...]]]]:
+def _remap(
+    tables: CostTables,
+    mb: Sequence[GroupAssignment],
+    have: set[Ranks],
+    by_size: dict[int, list[Ranks]],
+    paid: set[Ranks],
+    only: bool,
+) -> tuple[list[GroupAssignment], list[tuple[int, tuple[int, ...]]]]:
     cost = tables.problem.options.new_group_cost_s
     out: list[GroupAssignment] = []
     used: set[int] = set()
@@ -133,8 +139,15 @@ def _remap(tables: CostTables, mb: Sequence[GroupAssignment], have: set[Ranks], 
     return out, leftovers
 
 
-def _other_size(tables: CostTables, by_size: dict[int, list[Ranks]], d: int, used: set[int], samples: Sequence[int], spare: int,
-                limit: float) -> Ranks | None:
+def _other_size(
+    tables: CostTables,
+    by_size: dict[int, list[Ranks]],
+    d: int,
+    used: set[int],
+    samples: Sequence[int],
+    spare: int,
+    limit: float,
+) -> Ranks | None:
     """The fastest free existing group of a size other than d (larger by at most ``spare`` ranks)
     that holds ``samples`` within ``limit`` seconds, or None."""
     best, best_t = None, limit
@@ -163,8 +176,12 @@ def _free_block(tables: CostTables, used: set[int], d: int) -> Ranks:
     return tuple(sorted(ranks))
 
 
-def _place_leftovers(tables: CostTables, mbs: list[list[GroupAssignment]], leftovers: list[tuple[int, tuple[int, ...]]],
-                     by_size: dict[int, list[Ranks]]) -> None:
+def _place_leftovers(
+    tables: CostTables,
+    mbs: list[list[GroupAssignment]],
+    leftovers: list[tuple[int, tuple[int, ...]]],
+    by_size: dict[int, list[Ranks]],
+) -> None:
     """Put groups that found no free existing group where they cost least.
 
     First as a whole, on a free existing group of the same size in any micro-batch (or a new one, up
@@ -189,8 +206,14 @@ def _place_leftovers(tables: CostTables, mbs: list[list[GroupAssignment]], lefto
             _put(mbs, slot, (i,))
 
 
-def _best_slot(tables: CostTables, mbs: list[list[GroupAssignment]], targets: Sequence[Ranks], samples: tuple[int, ...],
-               limit: int, join: bool) -> tuple[float, int, Ranks, int] | None:
+def _best_slot(
+    tables: CostTables,
+    mbs: list[list[GroupAssignment]],
+    targets: Sequence[Ranks],
+    samples: tuple[int, ...],
+    limit: int,
+    join: bool,
+) -> tuple[float, int, Ranks, int] | None:
     """(growth of the step, micro-batch, ranks, index of the group joined or -1) of the cheapest place."""
     best: tuple[float, int, Ranks, int] | None = None
     for m, mb in enumerate([*mbs, []]):

@@ -30,7 +30,9 @@ def new_communicators(problem: Problem, groups: Iterable[Sequence[int]]) -> list
 
 def reporting(problem: Problem) -> bool:
     """Whether plans of this problem report new communicators and their cost."""
-    return bool(problem.existing_groups) or problem.options.new_group_cost_s > 0 or problem.options.group_reuse == "only"
+    return (
+        bool(problem.existing_groups) or problem.options.new_group_cost_s > 0 or problem.options.group_reuse == "only"
+    )
 
 
 def active(problem: Problem) -> bool:

@@ -44,8 +44,16 @@ class Assignment:
     micro_batches: tuple[tuple[GroupAssignment, ...], ...]
 
     @classmethod
-    def of(cls, micro_batches: list[list[tuple[list[int] | tuple[int, ...], list[int] | tuple[int, ...]]]]) -> Assignment:
-        return cls(tuple(tuple((tuple(map(int, ranks)), tuple(map(int, samples))) for ranks, samples in mb if len(samples)) for mb in micro_batches if any(len(s) for _, s in mb)))
+    def of(
+        cls, micro_batches: list[list[tuple[list[int] | tuple[int, ...], list[int] | tuple[int, ...]]]]
+    ) -> Assignment:
+        return cls(
+            tuple(
+                tuple((tuple(map(int, ranks)), tuple(map(int, samples))) for ranks, samples in mb if len(samples))
+                for mb in micro_batches
+                if any(len(s) for _, s in mb)
+            )
+        )
 
     @cached_property
     def flat(self) -> FlatGroups:
@@ -58,8 +66,20 @@ class Assignment:
         rank_start = np.zeros(n, dtype=np.int64)
         np.cumsum(size[:-1], out=rank_start[1:])
         micro_batch = np.repeat(np.arange(len(self.micro_batches)), [len(mb) for mb in self.micro_batches])
-        first_rank = ranks[rank_start] if n and size.min() > 0 else np.array([r[0] if r else -1 for r, _ in groups], dtype=np.int64)
-        return FlatGroups(micro_batch=micro_batch, size=size, ranks=ranks, rank_start=rank_start, samples=samples, count=count, first_rank=first_rank)
+        first_rank = (
+            ranks[rank_start]
+            if n and size.min() > 0
+            else np.array([r[0] if r else -1 for r, _ in groups], dtype=np.int64)
+        )
+        return FlatGroups(
+            micro_batch=micro_batch,
+            size=size,
+            ranks=ranks,
+            rank_start=rank_start,
+            samples=samples,
+            count=count,
+            first_rank=first_rank,
+        )
 
 
 # -- the plan ---------------------------------------------------------------------------------
@@ -95,7 +115,10 @@ class SolverStats:
         if self.bound_s is not None:
             out["bound_s"] = self.bound_s
         if self.trace:
-            out["trace"] = [{"elapsed_ms": round(t.elapsed_ms, 3), "objective_s": t.objective_s, "bound_s": t.bound_s} for t in self.trace]
+            out["trace"] = [
+                {"elapsed_ms": round(t.elapsed_ms, 3), "objective_s": t.objective_s, "bound_s": t.bound_s}
+                for t in self.trace
+            ]
         if self.fallback_reason:
             out["fallback_reason"] = self.fallback_reason
         if self.details:
@@ -181,7 +204,10 @@ class Plan:
                     "intra_node": g.intra_node,
                 }
                 if shards:
-                    gj["shards"] = [shard_json(sid, length, g.degree, self.scheme) for sid, length in zip(g.samples, g.lengths, strict=True)]
+                    gj["shards"] = [
+                        shard_json(sid, length, g.degree, self.scheme)
+                        for sid, length in zip(g.samples, g.lengths, strict=True)
+                    ]
                 groups.append(gj)
             mbs.append({"predicted_time_s": mb.predicted_time_s, "groups": groups})
         out: dict[str, Any] = {
@@ -239,7 +265,12 @@ def communicators_of(groups: Iterable[Sequence[int]]) -> list[tuple[int, ...]]:
 
 def shard_json(sample: str, length: int, d: int, scheme: str) -> dict[str, Any]:
     """One sample's entry of a group's ``shards``: its length, padded length and token ranges per rank position."""
-    return {"sample": sample, "length": length, "padded_length": padded_length(length, d, scheme), "ranges": _ranges_json(length, d, scheme)}
+    return {
+        "sample": sample,
+        "length": length,
+        "padded_length": padded_length(length, d, scheme),
+        "ranges": _ranges_json(length, d, scheme),
+    }
 
 
 def _ranges_json(length: int, d: int, scheme: str) -> list[list[list[int]]]:
@@ -256,20 +287,38 @@ def assignment_from_json(doc: Any, sample_index: dict[str, int]) -> Assignment:
     mbs = []
     for m, mb in enumerate(doc["micro_batches"]):
         if not isinstance(mb, dict) or not isinstance(mb.get("groups"), list):
-            raise ProblemError("has no list 'groups'", field=f"plan.micro_batches[{m}]", hint="pass a plan printed by 'dhp plan'.")
+            raise ProblemError(
+                "has no list 'groups'", field=f"plan.micro_batches[{m}]", hint="pass a plan printed by 'dhp plan'."
+            )
         groups = []
         for k, g in enumerate(mb["groups"]):
             where = f"plan.micro_batches[{m}].groups[{k}]"
             if not isinstance(g, dict):
                 raise ProblemError("is not an object", field=where, hint="each group needs 'ranks' and 'samples'.")
             ranks, samples = g.get("ranks"), g.get("samples")
-            if not isinstance(ranks, list) or not ranks or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
-                raise ProblemError("must be a non-empty list of integers", field=f"{where}.ranks", hint="list the group's global ranks.")
+            if (
+                not isinstance(ranks, list)
+                or not ranks
+                or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks)
+            ):
+                raise ProblemError(
+                    "must be a non-empty list of integers",
+                    field=f"{where}.ranks",
+                    hint="list the group's global ranks.",
+                )
             if not isinstance(samples, list) or not all(isinstance(s, str) for s in samples):
-                raise ProblemError("must be a list of sample ids", field=f"{where}.samples", hint="list the ids of the group's samples.")
+                raise ProblemError(
+                    "must be a list of sample ids",
+                    field=f"{where}.samples",
+                    hint="list the ids of the group's samples.",
+                )
             unknown = [s for s in samples if s not in sample_index]
             if unknown:
-                raise ProblemError(f"names samples not in the batch: {unknown[:5]}", field=f"{where}.samples", hint="validate the plan against the batch it was made for.")
+                raise ProblemError(
+                    f"names samples not in the batch: {unknown[:5]}",
+                    field=f"{where}.samples",
+                    hint="validate the plan against the batch it was made for.",
+                )
             groups.append((tuple(ranks), tuple(sample_index[s] for s in samples)))
         mbs.append(tuple(groups))
     return Assignment(tuple(mbs))

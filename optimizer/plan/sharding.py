@@ -25,7 +25,10 @@ def token_ranges(length: int, d: int, scheme: str = "ring") -> list[list[tuple[i
     if scheme == "ring":
         c = total // (2 * d)
         last = 2 * d
-        return [[(min(i * c, L), min((i + 1) * c, L)), (min((last - 1 - i) * c, L), min((last - i) * c, L))] for i in range(d)]
+        return [
+            [(min(i * c, L), min((i + 1) * c, L)), (min((last - 1 - i) * c, L), min((last - i) * c, L))]
+            for i in range(d)
+        ]
     c = total // d
     return [[(min(i * c, L), min((i + 1) * c, L))] for i in range(d)]
 

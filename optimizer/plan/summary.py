@@ -20,14 +20,18 @@ def summary_text(plan: Plan, problem: Problem, max_groups: int = 12) -> str:
     lines = []
     n = len(problem.batch)
     tokens = sum(problem.batch.lengths)
-    lines.append(f"batch: {n} samples, {tokens:,} tokens (longest {max(problem.batch.lengths):,}) | {problem.cluster.describe()} | {plan.scheme} CP")
+    lines.append(
+        f"batch: {n} samples, {tokens:,} tokens (longest {max(problem.batch.lengths):,}) | {problem.cluster.describe()} | {plan.scheme} CP"
+    )
     lines.append(
         f"predicted step {plan.predicted_step_time_s:.4f} s | lower bound {plan.lower_bound_s:.4f} s{_which(plan)} | "
         f"ratio {plan.ratio_to_bound:.4f} (gap {plan.gap * 100:.2f}%)"
     )
     if plan.static_baseline is not None:
         sb = plan.static_baseline
-        lines.append(f"best static power-of-two layout: CP {sb.degree} x {sb.micro_batches} micro-batches, {sb.predicted_step_time_s:.4f} s -> speedup {plan.speedup_over_static:.3f}x")
+        lines.append(
+            f"best static power-of-two layout: CP {sb.degree} x {sb.micro_batches} micro-batches, {sb.predicted_step_time_s:.4f} s -> speedup {plan.speedup_over_static:.3f}x"
+        )
     skipped = plan.solver.details.get("skipped") or {}
     if plan.static_baseline is None:
         lines.append(f"best static power-of-two layout: none ({skipped.get('static_baseline', 'no reason recorded')})")
@@ -43,7 +47,9 @@ def summary_text(plan: Plan, problem: Problem, max_groups: int = 12) -> str:
         lines.append(f"micro-batch {m}: {mb.predicted_time_s:.4f} s, {len(mb.groups)} groups (size x count: {shape})")
         for g in sorted(mb.groups, key=lambda g: -g.predicted_time_s)[:max_groups]:
             span = "" if g.intra_node else " spans nodes"
-            lines.append(f"  ranks {_ranks(g.ranks):>9} (size {g.degree}{span}): {len(g.samples)} samples, {sum(g.lengths):,} tokens, {g.predicted_time_s:.4f} s")
+            lines.append(
+                f"  ranks {_ranks(g.ranks):>9} (size {g.degree}{span}): {len(g.samples)} samples, {sum(g.lengths):,} tokens, {g.predicted_time_s:.4f} s"
+            )
         if len(mb.groups) > max_groups:
             lines.append(f"  ... {len(mb.groups) - max_groups} more groups")
     return "\n".join(lines)

@@ -25,9 +25,17 @@ class Image:
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokens, int) or isinstance(self.tokens, bool) or not 1 <= self.tokens <= MAX_TOKENS:
-            raise ProblemError(f"must be an integer >= 1, got {self.tokens!r}", field="images[].tokens", hint="give the visual token count, or width and height in pixels.")
+            raise ProblemError(
+                f"must be an integer >= 1, got {self.tokens!r}",
+                field="images[].tokens",
+                hint="give the visual token count, or width and height in pixels.",
+            )
         if not isinstance(self.frames, int) or isinstance(self.frames, bool) or not 1 <= self.frames <= MAX_TOKENS:
-            raise ProblemError(f"must be an integer >= 1, got {self.frames!r}", field="images[].frames", hint="give the number of video frames (1 for a still image).")
+            raise ProblemError(
+                f"must be an integer >= 1, got {self.frames!r}",
+                field="images[].frames",
+                hint="give the number of video frames (1 for a still image).",
+            )
 
     @property
     def total_tokens(self) -> int:
@@ -50,17 +58,32 @@ class Sample:
         images = tuple(self.images)
         object.__setattr__(self, "images", images)
         if not isinstance(self.id, str) or not self.id:
-            raise ProblemError("must be a non-empty string", field="samples[].id", hint="give every sample a unique id.")
-        if not isinstance(self.text_tokens, int) or isinstance(self.text_tokens, bool) or not 0 <= self.text_tokens <= MAX_TOKENS:
-            raise ProblemError(f"must be an integer >= 0, got {self.text_tokens!r}", field=f"samples[{self.id}].text_tokens", hint="give the number of text tokens.")
+            raise ProblemError(
+                "must be a non-empty string", field="samples[].id", hint="give every sample a unique id."
+            )
+        if (
+            not isinstance(self.text_tokens, int)
+            or isinstance(self.text_tokens, bool)
+            or not 0 <= self.text_tokens <= MAX_TOKENS
+        ):
+            raise ProblemError(
+                f"must be an integer >= 0, got {self.text_tokens!r}",
+                field=f"samples[{self.id}].text_tokens",
+                hint="give the number of text tokens.",
+            )
         visual = sum(im.tokens * im.frames for im in images)
         object.__setattr__(self, "visual_tokens", visual)
         object.__setattr__(self, "length", self.text_tokens + visual)
         if self.length < 1:
-            raise ProblemError("has no tokens", field=f"samples[{self.id}]", hint="give text_tokens > 0 or at least one image.")
+            raise ProblemError(
+                "has no tokens", field=f"samples[{self.id}]", hint="give text_tokens > 0 or at least one image."
+            )
         if self.length > MAX_SAMPLE_TOKENS:
-            raise ProblemError(f"has {self.length} tokens, more than the {MAX_SAMPLE_TOKENS:.0e} a sample may have", field=f"samples[{self.id}]",
-                               hint="check the frame and token counts of its images and videos.")
+            raise ProblemError(
+                f"has {self.length} tokens, more than the {MAX_SAMPLE_TOKENS:.0e} a sample may have",
+                field=f"samples[{self.id}]",
+                hint="check the frame and token counts of its images and videos.",
+            )
 
     @classmethod
     def checked(cls, id: str, text_tokens: int, images: tuple[Image, ...], visual_tokens: int) -> Sample:
@@ -68,7 +91,13 @@ class Sample:
         non-empty str id, int counts in range, at least one token): built without checking again.
         Used by the document reader's fast path, where per-sample checks dominate reading a batch."""
         sample = object.__new__(cls)
-        sample.__dict__.update(id=id, text_tokens=text_tokens, images=images, visual_tokens=visual_tokens, length=text_tokens + visual_tokens)
+        sample.__dict__.update(
+            id=id,
+            text_tokens=text_tokens,
+            images=images,
+            visual_tokens=visual_tokens,
+            length=text_tokens + visual_tokens,
+        )
         return sample
 
 
@@ -86,12 +115,18 @@ class Batch:
         for k, s in enumerate(self.samples):
             first = seen.setdefault(s.id, k)
             if first != k:
-                raise ProblemError(f"sample id {s.id!r} is also the id of samples[{first}]", field=f"batch.samples[{k}].id",
-                                   hint="make every sample id unique (or leave an id out: the sample is then named after its position).")
+                raise ProblemError(
+                    f"sample id {s.id!r} is also the id of samples[{first}]",
+                    field=f"batch.samples[{k}].id",
+                    hint="make every sample id unique (or leave an id out: the sample is then named after its position).",
+                )
         total = sum(s.length for s in self.samples)
         if total > MAX_BATCH_TOKENS:
-            raise ProblemError(f"have {total} tokens in all, more than the {MAX_BATCH_TOKENS:.0e} a batch may have", field="batch.samples",
-                               hint="split the batch, or check the frame and token counts of its samples.")
+            raise ProblemError(
+                f"have {total} tokens in all, more than the {MAX_BATCH_TOKENS:.0e} a batch may have",
+                field="batch.samples",
+                hint="split the batch, or check the frame and token counts of its samples.",
+            )
 
     def __len__(self) -> int:
         return len(self.samples)

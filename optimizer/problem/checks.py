@@ -23,12 +23,18 @@ def require_number(value: object, field: str, hint: str, *, positive: bool = Tru
     """``value`` must be a number (not a bool), > 0 when ``positive`` else >= 0."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value > 0 if positive else value >= 0)
     if not ok:
-        raise ProblemError(f"must be a number {'> 0' if positive else '>= 0'}, got {shown(value)}", field=field, hint=hint)
+        raise ProblemError(
+            f"must be a number {'> 0' if positive else '>= 0'}, got {shown(value)}", field=field, hint=hint
+        )
 
 
 def shown(value: object) -> str:
     """``repr(value)``, cut to :data:`SHOWN_CHARACTERS` characters."""
-    text = repr(value) if not isinstance(value, int) or abs(value) < 10**SHOWN_CHARACTERS else f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    text = (
+        repr(value)
+        if not isinstance(value, int) or abs(value) < 10**SHOWN_CHARACTERS
+        else f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    )
     return text if len(text) <= SHOWN_CHARACTERS else text[: SHOWN_CHARACTERS - 3] + "..."
 
 
@@ -61,14 +67,26 @@ class Range:
         return f"<= {plain(self.high)}" if self.high is not None else ""
 
     def contains(self, value: object) -> bool:
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or (self.integer and not isinstance(value, int)):
+        if (
+            not isinstance(value, (int, float))
+            or isinstance(value, bool)
+            or (self.integer and not isinstance(value, int))
+        ):
             return False
         if isinstance(value, int) and value.bit_length() > FLOAT_BITS:  # beyond any float: no number field can use it
             return False
-        return math.isfinite(value) and (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
+        return (
+            math.isfinite(value)
+            and (self.low is None or value >= self.low)
+            and (self.high is None or value <= self.high)
+        )
 
     def check(self, value: object, field: str, hint: str) -> None:
         """Raise a ProblemError naming ``field`` and the range when ``value`` is outside it (or not a number)."""
         if not self.contains(value):
-            what = "an integer" if self.integer else f"a finite number of {self.unit}" if self.unit else "a finite number"
-            raise ProblemError(f"must be {' '.join(filter(None, (what, self.span)))}, got {shown(value)}", field=field, hint=hint)
+            what = (
+                "an integer" if self.integer else f"a finite number of {self.unit}" if self.unit else "a finite number"
+            )
+            raise ProblemError(
+                f"must be {' '.join(filter(None, (what, self.span)))}, got {shown(value)}", field=field, hint=hint
+            )

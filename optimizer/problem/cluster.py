@@ -68,16 +68,34 @@ class Cluster:
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(self.nodes))
         if not self.nodes:
-            raise ProblemError("must list at least one node", field="cluster.nodes", hint="describe the nodes, or use the shorthand {\"nodes\": K, \"gpus_per_node\": G}.")
-        require_number(self.intra_bandwidth, "cluster.intra_bandwidth", "give bytes/s per GPU inside a node, e.g. 4.5e11.")
-        require_number(self.inter_bandwidth, "cluster.inter_bandwidth", "give bytes/s per GPU between nodes, e.g. 5e10.")
-        require_number(self.intra_latency, "cluster.intra_latency", "give a latency in seconds, e.g. 5e-6.", positive=False)
-        require_number(self.inter_latency, "cluster.inter_latency", "give a latency in seconds, e.g. 2e-5.", positive=False)
+            raise ProblemError(
+                "must list at least one node",
+                field="cluster.nodes",
+                hint='describe the nodes, or use the shorthand {"nodes": K, "gpus_per_node": G}.',
+            )
+        require_number(
+            self.intra_bandwidth, "cluster.intra_bandwidth", "give bytes/s per GPU inside a node, e.g. 4.5e11."
+        )
+        require_number(
+            self.inter_bandwidth, "cluster.inter_bandwidth", "give bytes/s per GPU between nodes, e.g. 5e10."
+        )
+        require_number(
+            self.intra_latency, "cluster.intra_latency", "give a latency in seconds, e.g. 5e-6.", positive=False
+        )
+        require_number(
+            self.inter_latency, "cluster.inter_latency", "give a latency in seconds, e.g. 2e-5.", positive=False
+        )
         require_int(self.tensor_parallel, "cluster.tensor_parallel", "use 1 when tensor parallelism is off.")
         require_int(self.pipeline_parallel, "cluster.pipeline_parallel", "use 1 when pipeline parallelism is off.")
-        require_number(self.memory_reserve_bytes, "cluster.memory_reserve_bytes", "give bytes, e.g. 4e9.", positive=False)
+        require_number(
+            self.memory_reserve_bytes, "cluster.memory_reserve_bytes", "give bytes, e.g. 4e9.", positive=False
+        )
         if not isinstance(self.efficiency, (int, float)) or not 0 < self.efficiency <= 1:
-            raise ProblemError(f"must be in (0, 1], got {self.efficiency!r}", field="cluster.efficiency", hint="a typical model FLOPs utilisation is 0.4 to 0.6.")
+            raise ProblemError(
+                f"must be in (0, 1], got {self.efficiency!r}",
+                field="cluster.efficiency",
+                hint="a typical model FLOPs utilisation is 0.4 to 0.6.",
+            )
         tp, pp = self.tensor_parallel, self.pipeline_parallel
         for i, node in enumerate(self.nodes):
             if node.gpus % tp:
@@ -141,4 +159,3 @@ class Cluster:
             kinds[n.gpu.name] = kinds.get(n.gpu.name, 0) + n.gpus
         gpus = ", ".join(f"{c}x {k}" for k, c in kinds.items())
         return f"{len(self.nodes)} nodes ({gpus}), TP={self.tensor_parallel} PP={self.pipeline_parallel}, domain of {self.domain_size} ranks"
-

@@ -36,10 +36,22 @@ QUANTITIES: dict[str, tuple[Range, str]] = {
     "memory": (Range(1e6, 1e15, "bytes"), "give the device memory in bytes, e.g. 80e9."),
     "reserve": (Range(0, 1e15, "bytes"), "give the bytes per GPU kept back for the framework, e.g. 4e9."),
     "flops": (Range(1e6, 1e19, "FLOP/s"), "give the peak dense bf16 FLOP/s, e.g. 989e12."),
-    "link": (Range(1e6, 1e15, "bytes/s"), "give bytes per second per GPU, e.g. 4.5e11 inside a node or 5e10 between nodes."),
-    "bandwidth": (Range(1, 1e15, "bytes/s"), "give the measured bytes per second (with comm.bytes_per_token in the same bytes), e.g. 4.5e11."),
-    "latency": (Range(0, 10, "seconds"), "give the latency of one message in seconds, e.g. 5e-6 inside a node or 2e-5 between nodes."),
-    "efficiency": (Range(0.01, 1), "give the fraction of peak throughput dense kernels reach; a typical model FLOPs utilisation is 0.4 to 0.6."),
+    "link": (
+        Range(1e6, 1e15, "bytes/s"),
+        "give bytes per second per GPU, e.g. 4.5e11 inside a node or 5e10 between nodes.",
+    ),
+    "bandwidth": (
+        Range(1, 1e15, "bytes/s"),
+        "give the measured bytes per second (with comm.bytes_per_token in the same bytes), e.g. 4.5e11.",
+    ),
+    "latency": (
+        Range(0, 10, "seconds"),
+        "give the latency of one message in seconds, e.g. 5e-6 inside a node or 2e-5 between nodes.",
+    ),
+    "efficiency": (
+        Range(0.01, 1),
+        "give the fraction of peak throughput dense kernels reach; a typical model FLOPs utilisation is 0.4 to 0.6.",
+    ),
     "parameters": (Range(1, 1e15, "parameters"), "give the parameter count, e.g. 8.03e9."),
     "capacity": (Range(1, MAX_SAMPLE_TOKENS, "tokens"), "give the tokens one rank holds in a micro-batch, e.g. 16384."),
     "speed": (Range(1e-3, 1e3), "give the GPU type's speed relative to the profile's own GPU (1.0), e.g. 0.32."),
@@ -57,7 +69,11 @@ a rank count of 300 digits)."""
 
 def _obj(doc: Any, where: str) -> Mapping[str, Any]:
     if not isinstance(doc, Mapping):
-        raise ProblemError(f"must be a JSON object, got {type(doc).__name__}", field=where, hint="see examples/ for the document shapes.")
+        raise ProblemError(
+            f"must be a JSON object, got {type(doc).__name__}",
+            field=where,
+            hint="see examples/ for the document shapes.",
+        )
     return doc
 
 
@@ -80,7 +96,9 @@ def _get(doc: Mapping[str, Any], key: str, where: str, kind: str, default: Any =
         if not isinstance(value, int) or isinstance(value, bool):
             raise ProblemError(f"must be an integer, got {shown(value)}", field=path, hint="use a whole number.")
         if abs(value) > MAX_COUNT:
-            raise ProblemError(f"{shown(value)} is too large", field=path, hint=f"use a value of at most {MAX_COUNT:,}.")
+            raise ProblemError(
+                f"{shown(value)} is too large", field=path, hint=f"use a value of at most {MAX_COUNT:,}."
+            )
     elif kind == "number":  # bounded by the caller (the planner options check their own ranges)
         Range().check(value, path, "use a JSON number.")
         value = float(value)
@@ -118,6 +136,7 @@ def _rewhere(exc: ProblemError, prefix: str) -> ProblemError:
 
 # -- batch ------------------------------------------------------------------------------------
 
+
 def batch_from_json(doc: Any, model: ModelSpec | None = None, where: str = "batch") -> Batch:
     doc = _obj(doc, where)
     _unknown(doc, {"samples"}, where)
@@ -137,12 +156,18 @@ def batch_from_json(doc: Any, model: ModelSpec | None = None, where: str = "batc
         if isinstance(sid, int) and not isinstance(sid, bool):
             sid = str(sid)
         if not isinstance(sid, str) or not sid:
-            raise ProblemError(f"must be a non-empty string, got {shown(sid)}", field=f"{w}.id", hint="give every sample a unique id.")
+            raise ProblemError(
+                f"must be a non-empty string, got {shown(sid)}", field=f"{w}.id", hint="give every sample a unique id."
+            )
         text = _get(s, "text_tokens", w, "int", 0)
         if text < 0:
-            raise ProblemError(f"must be >= 0, got {text}", field=f"{w}.text_tokens", hint="give the number of text tokens.")
+            raise ProblemError(
+                f"must be >= 0, got {text}", field=f"{w}.text_tokens", hint="give the number of text tokens."
+            )
         images = [_image(im, f"{w}.images[{i}]", model) for i, im in enumerate(_get(s, "images", w, "list", []))]
-        images += [_image(v, f"{w}.videos[{i}]", model, video=True) for i, v in enumerate(_get(s, "videos", w, "list", []))]
+        images += [
+            _image(v, f"{w}.videos[{i}]", model, video=True) for i, v in enumerate(_get(s, "videos", w, "list", []))
+        ]
         try:
             samples.append(Sample(id=sid, text_tokens=text, images=tuple(images)))
         except ProblemError as exc:
@@ -186,7 +211,13 @@ def _fast_images(items: Any, video: bool) -> list[Image] | None:
         frames = im.get("frames", 1)
         per_frame = im.get("tokens_per_frame")
         tokens = im.get("tokens") if per_frame is None else per_frame
-        if type(frames) is not int or type(tokens) is not int or not 1 <= frames <= MAX_COUNT or not 1 <= tokens <= MAX_COUNT or (per_frame is not None and "tokens" in im):
+        if (
+            type(frames) is not int
+            or type(tokens) is not int
+            or not 1 <= frames <= MAX_COUNT
+            or not 1 <= tokens <= MAX_COUNT
+            or (per_frame is not None and "tokens" in im)
+        ):
             return None
         if video and per_frame is None and "frames" in im:
             tokens = max(1, -(-tokens // frames))  # for videos, 'tokens' is the clip's total
@@ -230,42 +261,66 @@ def _image(doc: Any, where: str, model: ModelSpec | None, video: bool = False) -
         key = "tokens_per_frame" if "tokens_per_frame" in doc else "tokens"
         tokens = _get(doc, key, where, "int")
         if tokens < 1:
-            raise ProblemError(f"must be >= 1, got {tokens}", field=f"{where}.{key}", hint="give the visual tokens per image or frame.")
+            raise ProblemError(
+                f"must be >= 1, got {tokens}", field=f"{where}.{key}", hint="give the visual tokens per image or frame."
+            )
         if video and key == "tokens" and "frames" in doc:
             # For videos, 'tokens' is the clip's total unless tokens_per_frame is given.
             tokens = max(1, -(-tokens // frames))
     else:
         if "width" not in doc or "height" not in doc:
-            raise ProblemError("needs 'tokens' or both 'width' and 'height'", field=where, hint='e.g. {"tokens": 576} or {"width": 448, "height": 448}.')
+            raise ProblemError(
+                "needs 'tokens' or both 'width' and 'height'",
+                field=where,
+                hint='e.g. {"tokens": 576} or {"width": 448, "height": 448}.',
+            )
         width = _get(doc, "width", where, "int")
         height = _get(doc, "height", where, "int")
         if width < 1 or height < 1:
             raise ProblemError(f"{width}x{height} is not a valid size", field=where, hint="give positive pixel sizes.")
         if model is None or model.vision is None:
-            raise ProblemError("gives pixels but the model has no vision encoder to turn them into tokens", field=where, hint="give 'tokens' instead, or use a multimodal model (e.g. --model-preset qwen2-vl-7b).")
+            raise ProblemError(
+                "gives pixels but the model has no vision encoder to turn them into tokens",
+                field=where,
+                hint="give 'tokens' instead, or use a multimodal model (e.g. --model-preset qwen2-vl-7b).",
+            )
         tokens = model.vision.tokens_for_pixels(width, height)
     return Image(tokens=tokens, frames=frames)
 
 
 # -- cluster ----------------------------------------------------------------------------------
 
+
 def _gpu(doc: Any, where: str) -> tuple[GPUType, dict[str, float]]:
     catalog = gpu_catalog()
     if isinstance(doc, str):
         if doc not in catalog:
-            raise ProblemError(f"unknown GPU type {shown(doc)}", field=where, hint=f"use one of {sorted(catalog)} or describe it with name, memory_bytes and peak_flops.")
+            raise ProblemError(
+                f"unknown GPU type {shown(doc)}",
+                field=where,
+                hint=f"use one of {sorted(catalog)} or describe it with name, memory_bytes and peak_flops.",
+            )
         entry = catalog[doc]
         return GPUType(doc, entry["memory_bytes"], entry["peak_flops"]), entry
     doc = _obj(doc, where)
     _unknown(doc, {"name", "memory_bytes", "peak_flops", "intra_bandwidth", "inter_bandwidth"}, where)
     name = _get(doc, "name", where, "str")
     base = dict(catalog.get(name, {}))
-    for key, quantity in (("memory_bytes", "memory"), ("peak_flops", "flops"), ("intra_bandwidth", "link"), ("inter_bandwidth", "link")):
+    for key, quantity in (
+        ("memory_bytes", "memory"),
+        ("peak_flops", "flops"),
+        ("intra_bandwidth", "link"),
+        ("inter_bandwidth", "link"),
+    ):
         if key in doc:
             base[key] = _get(doc, key, where, quantity)
     for key in ("memory_bytes", "peak_flops"):
         if key not in base:
-            raise ProblemError("is required for a GPU type not in the catalog", field=f"{where}.{key}", hint=f"give it, or use a known type: {sorted(catalog)}.")
+            raise ProblemError(
+                "is required for a GPU type not in the catalog",
+                field=f"{where}.{key}",
+                hint=f"give it, or use a known type: {sorted(catalog)}.",
+            )
     try:
         return GPUType(name, base["memory_bytes"], base["peak_flops"]), base
     except ProblemError as exc:
@@ -274,25 +329,51 @@ def _gpu(doc: Any, where: str) -> tuple[GPUType, dict[str, float]]:
 
 def cluster_from_json(doc: Any, where: str = "cluster") -> Cluster:
     doc = _obj(doc, where)
-    allowed = {"name", "nodes", "gpus_per_node", "gpu", "intra_bandwidth", "inter_bandwidth", "intra_latency", "inter_latency",
-               "tensor_parallel", "pipeline_parallel", "memory_reserve_bytes", "efficiency"}
+    allowed = {
+        "name",
+        "nodes",
+        "gpus_per_node",
+        "gpu",
+        "intra_bandwidth",
+        "inter_bandwidth",
+        "intra_latency",
+        "inter_latency",
+        "tensor_parallel",
+        "pipeline_parallel",
+        "memory_reserve_bytes",
+        "efficiency",
+    }
     _unknown(doc, allowed, where)
     nodes_doc = doc.get("nodes")
     nodes: list[Node] = []
     defaults: dict[str, float] = {}
     if isinstance(nodes_doc, int) and not isinstance(nodes_doc, bool):
         if nodes_doc < 1:
-            raise ProblemError(f"must be >= 1, got {shown(nodes_doc)}", field=f"{where}.nodes", hint="give the number of nodes.")
+            raise ProblemError(
+                f"must be >= 1, got {shown(nodes_doc)}", field=f"{where}.nodes", hint="give the number of nodes."
+            )
         if nodes_doc > MAX_NODES:
-            raise ProblemError(f"{shown(nodes_doc)} nodes are more than the {MAX_NODES:,} this planner accepts", field=f"{where}.nodes", hint="describe at most that many nodes.")
+            raise ProblemError(
+                f"{shown(nodes_doc)} nodes are more than the {MAX_NODES:,} this planner accepts",
+                field=f"{where}.nodes",
+                hint="describe at most that many nodes.",
+            )
         per = _get(doc, "gpus_per_node", where, "int", 8)
         if not 1 <= per <= MAX_GPUS_PER_NODE:
-            raise ProblemError(f"must be from 1 to {MAX_GPUS_PER_NODE}, got {per}", field=f"{where}.gpus_per_node", hint="give the GPUs per node, e.g. 8.")
+            raise ProblemError(
+                f"must be from 1 to {MAX_GPUS_PER_NODE}, got {per}",
+                field=f"{where}.gpus_per_node",
+                hint="give the GPUs per node, e.g. 8.",
+            )
         gpu, defaults = _gpu(doc.get("gpu", "H100-SXM"), f"{where}.gpu")
         nodes = [Node(gpu, per)] * nodes_doc
     elif isinstance(nodes_doc, list) and nodes_doc:
         if "gpus_per_node" in doc:
-            raise ProblemError("goes with the shorthand 'nodes': K only", field=f"{where}.gpus_per_node", hint="give 'gpus' inside each node entry instead.")
+            raise ProblemError(
+                "goes with the shorthand 'nodes': K only",
+                field=f"{where}.gpus_per_node",
+                hint="give 'gpus' inside each node entry instead.",
+            )
         for k, nd in enumerate(nodes_doc):
             w = f"{where}.nodes[{k}]"
             nd = _obj(nd, w)
@@ -302,13 +383,21 @@ def cluster_from_json(doc: Any, where: str = "cluster") -> Cluster:
             if count < 1 or gpus < 1:
                 raise ProblemError(f"count {count} and gpus {gpus} must be >= 1", field=w, hint="give positive counts.")
             if gpus > MAX_GPUS_PER_NODE or len(nodes) + count > MAX_NODES:
-                raise ProblemError(f"at most {MAX_NODES:,} nodes of at most {MAX_GPUS_PER_NODE} GPUs are accepted", field=w, hint="describe a smaller cluster.")
+                raise ProblemError(
+                    f"at most {MAX_NODES:,} nodes of at most {MAX_GPUS_PER_NODE} GPUs are accepted",
+                    field=w,
+                    hint="describe a smaller cluster.",
+                )
             gpu, entry = _gpu(nd.get("gpu", doc.get("gpu", "H100-SXM")), f"{w}.gpu")
             if not defaults:
                 defaults = entry
             nodes.extend([Node(gpu, gpus)] * count)
     else:
-        raise ProblemError(f"must be a node count or a non-empty list of nodes, got {shown(nodes_doc)}", field=f"{where}.nodes", hint='e.g. {"nodes": 8, "gpus_per_node": 8} or {"nodes": [{"count": 8, "gpus": 8, "gpu": "H100-SXM"}]}.')
+        raise ProblemError(
+            f"must be a node count or a non-empty list of nodes, got {shown(nodes_doc)}",
+            field=f"{where}.nodes",
+            hint='e.g. {"nodes": 8, "gpus_per_node": 8} or {"nodes": [{"count": 8, "gpus": 8, "gpu": "H100-SXM"}]}.',
+        )
 
     def number(key: str, quantity: str, fallback: float | None) -> float:
         value = _get(doc, key, where, quantity, fallback)
@@ -335,6 +424,7 @@ def cluster_from_json(doc: Any, where: str = "cluster") -> Cluster:
 
 # -- model ------------------------------------------------------------------------------------
 
+
 def model_from_json(doc: Any, where: str = "model") -> ModelSpec:
     doc = _obj(doc, where)
     _unknown(doc, {"name", "llm", "vision", "training"}, where)
@@ -356,7 +446,21 @@ def model_from_json(doc: Any, where: str = "model") -> ModelSpec:
         if doc.get("vision") is not None:
             v = _get(doc, "vision", where, "object")
             wv = f"{where}.vision"
-            _unknown(v, {"layers", "hidden", "ffn_hidden", "parameters", "patch_size", "merge_size", "tokens_per_image", "min_tokens", "max_tokens"}, wv)
+            _unknown(
+                v,
+                {
+                    "layers",
+                    "hidden",
+                    "ffn_hidden",
+                    "parameters",
+                    "patch_size",
+                    "merge_size",
+                    "tokens_per_image",
+                    "min_tokens",
+                    "max_tokens",
+                },
+                wv,
+            )
             vision = VisionEncoder(
                 layers=_get(v, "layers", wv, "int"),
                 hidden=_get(v, "hidden", wv, "int"),
@@ -373,7 +477,9 @@ def model_from_json(doc: Any, where: str = "model") -> ModelSpec:
             t = _get(doc, "training", where, "object")
             wt = f"{where}.training"
             _unknown(t, {"zero_stage", "recompute"}, wt)
-            training = TrainingSetup(zero_stage=_get(t, "zero_stage", wt, "int", 1), recompute=_get(t, "recompute", wt, "str", "selective"))
+            training = TrainingSetup(
+                zero_stage=_get(t, "zero_stage", wt, "int", 1), recompute=_get(t, "recompute", wt, "str", "selective")
+            )
         return ModelSpec(name=_get(doc, "name", where, "str", "custom"), llm=llm, vision=vision, training=training)
     except ProblemError as exc:
         raise _rewhere(exc, where) from None
@@ -381,20 +487,50 @@ def model_from_json(doc: Any, where: str = "model") -> ModelSpec:
 
 # -- profile ----------------------------------------------------------------------------------
 
+
 def profile_from_json(doc: Any, where: str = "profile") -> CostProfile:
     doc = _obj(doc, where)
     _unknown(doc, {"time", "comm", "capacity_tokens_per_rank", "speed_by_gpu", "source"}, where)
     t = _get(doc, "time", where, "object")
     wt = f"{where}.time"
-    _unknown(t, {"quadratic", "linear", "sample_constant", "group_constant", "vision_linear", "vision_quadratic", "sample_step", "step_constant"}, wt)
+    _unknown(
+        t,
+        {
+            "quadratic",
+            "linear",
+            "sample_constant",
+            "group_constant",
+            "vision_linear",
+            "vision_quadratic",
+            "sample_step",
+            "step_constant",
+        },
+        wt,
+    )
     c = _get(doc, "comm", where, "object")
     wc = f"{where}.comm"
-    _unknown(c, {"scheme", "bytes_per_token", "bandwidth_bytes_per_s", "latency_s", "messages_per_step", "messages_fixed", "overlap_with_attention", "group_messages", "padded_bytes"}, wc)
+    _unknown(
+        c,
+        {
+            "scheme",
+            "bytes_per_token",
+            "bandwidth_bytes_per_s",
+            "latency_s",
+            "messages_per_step",
+            "messages_fixed",
+            "overlap_with_attention",
+            "group_messages",
+            "padded_bytes",
+        },
+        wc,
+    )
     bw = _get(c, "bandwidth_bytes_per_s", wc, "object")
     wb = f"{wc}.bandwidth_bytes_per_s"
     _unknown(bw, {"intra", "inter"}, wb)
     if "intra" not in bw or "inter" not in bw:
-        raise ProblemError("needs both 'intra' and 'inter'", field=wb, hint="give a number or a table by group size for each.")
+        raise ProblemError(
+            "needs both 'intra' and 'inter'", field=wb, hint="give a number or a table by group size for each."
+        )
     lat = _get(c, "latency_s", wc, "object", {})
     _unknown(lat, {"intra", "inter"}, f"{wc}.latency_s")
     group_messages = _get(c, "group_messages", wc, "object", {})
@@ -404,12 +540,17 @@ def profile_from_json(doc: Any, where: str = "profile") -> CostProfile:
     cap_by_gpu: dict[str, float] = {}
     if isinstance(cap, Mapping):
         if "default" not in cap:
-            raise ProblemError("a table needs a 'default' entry", field=wcap, hint='e.g. {"default": 16384, "A100-40GB": 8192}.')
+            raise ProblemError(
+                "a table needs a 'default' entry", field=wcap, hint='e.g. {"default": 16384, "A100-40GB": 8192}.'
+            )
         cap_by_gpu = {str(k): _within(v, "capacity", f"{wcap}.{k}") for k, v in cap.items() if k != "default"}
         cap, wcap = cap["default"], f"{wcap}.default"
     if cap is None:
         raise ProblemError("is required", field=wcap, hint="give the tokens one rank holds in a micro-batch.")
-    speed = {str(k): _within(v, "speed", f"{where}.speed_by_gpu.{k}") for k, v in _get(doc, "speed_by_gpu", where, "object", {}).items()}
+    speed = {
+        str(k): _within(v, "speed", f"{where}.speed_by_gpu.{k}")
+        for k, v in _get(doc, "speed_by_gpu", where, "object", {}).items()
+    }
 
     try:
         return CostProfile(
@@ -454,6 +595,7 @@ def _bandwidth(doc: Any, where: str) -> Bandwidth:
 
 # -- options ----------------------------------------------------------------------------------
 
+
 def options_from_json(doc: Any, where: str = "options") -> PlanOptions:
     if doc is None:
         return PlanOptions()
@@ -477,13 +619,33 @@ so that a body saved to a file reads as one."""
 def problem_from_json(doc: Any, overrides: Mapping[str, Any] | None = None) -> Problem:
     """Build a problem from a request document (see the module docstring)."""
     doc = _obj(doc, "request")
-    _unknown(doc, {"batch", "cluster", "cluster_preset", "model", "model_preset", "profile", "options", "existing_groups", *ENVELOPE}, "request")
-    for key in ENVELOPE:  # how the service answers; checked as strictly as the rest, though the plan does not depend on them
+    _unknown(
+        doc,
+        {
+            "batch",
+            "cluster",
+            "cluster_preset",
+            "model",
+            "model_preset",
+            "profile",
+            "options",
+            "existing_groups",
+            *ENVELOPE,
+        },
+        "request",
+    )
+    for (
+        key
+    ) in ENVELOPE:  # how the service answers; checked as strictly as the rest, though the plan does not depend on them
         _get(doc, key, "", "bool", True)
     if "cluster" in doc and "cluster_preset" in doc:
-        raise ProblemError("give either 'cluster' or 'cluster_preset', not both", field="cluster_preset", hint="drop one of them.")
+        raise ProblemError(
+            "give either 'cluster' or 'cluster_preset', not both", field="cluster_preset", hint="drop one of them."
+        )
     if "model" in doc and "model_preset" in doc:
-        raise ProblemError("give either 'model' or 'model_preset', not both", field="model_preset", hint="drop one of them.")
+        raise ProblemError(
+            "give either 'model' or 'model_preset', not both", field="model_preset", hint="drop one of them."
+        )
     if doc.get("cluster") is not None:
         cluster = cluster_from_json(doc["cluster"])
     else:
@@ -505,22 +667,36 @@ def problem_from_json(doc: Any, overrides: Mapping[str, Any] | None = None) -> P
     return Problem(cluster=cluster, model=model, batch=batch, options=options, profile=profile, existing_groups=groups)
 
 
-def existing_groups_from_json(doc: Any, domain_size: int, where: str = "existing_groups") -> tuple[tuple[int, ...], ...]:
+def existing_groups_from_json(
+    doc: Any, domain_size: int, where: str = "existing_groups"
+) -> tuple[tuple[int, ...], ...]:
     """The rank groups a job already has, as a set: each group's ranks sorted, the groups sorted, a group
     listed twice kept once (it is the same communicator), so that the same groups in any order are the
     same problem (and the same request hash). None means none."""
     if doc is None:
         return ()
     if not isinstance(doc, list):
-        raise ProblemError(f"must be a list of rank lists, got {type(doc).__name__}", field=where, hint="e.g. [[0, 1], [2, 3], [0, 1, 2, 3]].")
+        raise ProblemError(
+            f"must be a list of rank lists, got {type(doc).__name__}",
+            field=where,
+            hint="e.g. [[0, 1], [2, 3], [0, 1, 2, 3]].",
+        )
     out: set[tuple[int, ...]] = set()
     for k, g in enumerate(doc):
         w = f"{where}[{k}]"
         if not isinstance(g, list) or not g or not all(isinstance(r, int) and not isinstance(r, bool) for r in g):
-            raise ProblemError("must be a non-empty list of integer ranks", field=w, hint="list the global ranks of one group as JSON integers, e.g. [0, 1].")
+            raise ProblemError(
+                "must be a non-empty list of integer ranks",
+                field=w,
+                hint="list the global ranks of one group as JSON integers, e.g. [0, 1].",
+            )
         bad = [r for r in g if not 0 <= r < domain_size]
         if bad:
-            raise ProblemError(f"rank {shown(bad[0])} is outside 0..{domain_size - 1}", field=w, hint="use ranks of the data/context domain of this cluster.")
+            raise ProblemError(
+                f"rank {shown(bad[0])} is outside 0..{domain_size - 1}",
+                field=w,
+                hint="use ranks of the data/context domain of this cluster.",
+            )
         if len(set(g)) != len(g):
             raise ProblemError("repeats a rank", field=w, hint="list each rank once.")
         out.add(tuple(sorted(g)))
@@ -535,15 +711,27 @@ def read_json_file(path: str | Path, what: str) -> Any:
     except OSError as exc:
         raise ProblemError(f"cannot read {p}: {exc.strerror or exc}", field=what, hint="check the path.") from None
     except UnicodeDecodeError as exc:
-        raise ProblemError(f"{p} is not UTF-8 text (byte {exc.start})", field=what, hint="save the file as UTF-8 JSON.") from None
+        raise ProblemError(
+            f"{p} is not UTF-8 text (byte {exc.start})", field=what, hint="save the file as UTF-8 JSON."
+        ) from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ProblemError(f"{p} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", field=what, hint="fix the JSON syntax.") from None
+        raise ProblemError(
+            f"{p} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
+            field=what,
+            hint="fix the JSON syntax.",
+        ) from None
     except RecursionError:
-        raise ProblemError(f"{p} nests arrays or objects too deeply to read", field=what, hint="input documents are a few levels deep; check the file.") from None
+        raise ProblemError(
+            f"{p} nests arrays or objects too deeply to read",
+            field=what,
+            hint="input documents are a few levels deep; check the file.",
+        ) from None
     except ValueError as exc:  # e.g. an integer of thousands of digits
-        raise ProblemError(f"{p} has a value that cannot be read: {exc}", field=what, hint="check the numbers in the file.") from None
+        raise ProblemError(
+            f"{p} has a value that cannot be read: {exc}", field=what, hint="check the numbers in the file."
+        ) from None
     bad = first_bad_text(doc)
     if bad is not None:
         raise ProblemError(f"{p}: {bad[0]} {bad[1]}", field=what, hint=TEXT_HINT)

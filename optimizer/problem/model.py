@@ -34,9 +34,17 @@ class LanguageModel:
         ):
             require_int(getattr(self, name), f"model.llm.{name}", hint)
         if self.hidden % self.heads:
-            raise ProblemError(f"hidden {self.hidden} is not a multiple of heads {self.heads}", field="model.llm.heads", hint="heads must divide hidden.")
+            raise ProblemError(
+                f"hidden {self.hidden} is not a multiple of heads {self.heads}",
+                field="model.llm.heads",
+                hint="heads must divide hidden.",
+            )
         if self.heads % self.kv_heads:
-            raise ProblemError(f"heads {self.heads} is not a multiple of kv_heads {self.kv_heads}", field="model.llm.kv_heads", hint="kv_heads must divide heads.")
+            raise ProblemError(
+                f"heads {self.heads} is not a multiple of kv_heads {self.kv_heads}",
+                field="model.llm.kv_heads",
+                hint="kv_heads must divide heads.",
+            )
         require_number(self.parameters, "model.llm.parameters", "give the parameter count, e.g. 8.03e9.")
 
     @property
@@ -80,7 +88,11 @@ class VisionEncoder:
         ):
             require_int(getattr(self, name), f"model.vision.{name}", hint)
         if self.tokens_per_image is not None:
-            require_int(self.tokens_per_image, "model.vision.tokens_per_image", "give the fixed visual token count per image, or leave it out.")
+            require_int(
+                self.tokens_per_image,
+                "model.vision.tokens_per_image",
+                "give the fixed visual token count per image, or leave it out.",
+            )
         require_number(self.parameters, "model.vision.parameters", "give the encoder's parameter count, e.g. 6.7e8.")
 
     def tokens_for_pixels(self, width: int, height: int) -> int:
@@ -109,9 +121,17 @@ class TrainingSetup:
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
-            raise ProblemError(f"must be 0, 1, 2 or 3, got {self.zero_stage!r}", field="model.training.zero_stage", hint="choose the ZeRO/FSDP sharding stage the job uses.")
+            raise ProblemError(
+                f"must be 0, 1, 2 or 3, got {self.zero_stage!r}",
+                field="model.training.zero_stage",
+                hint="choose the ZeRO/FSDP sharding stage the job uses.",
+            )
         if self.recompute not in ("none", "selective", "full"):
-            raise ProblemError(f"must be 'none', 'selective' or 'full', got {self.recompute!r}", field="model.training.recompute", hint="say how activations are recomputed.")
+            raise ProblemError(
+                f"must be 'none', 'selective' or 'full', got {self.recompute!r}",
+                field="model.training.recompute",
+                hint="say how activations are recomputed.",
+            )
 
 
 @dataclass(frozen=True)

@@ -56,42 +56,101 @@ def _option(default: Any, **spec: Any) -> Any:
 class PlanOptions:
     """Validated planner options; each field's metadata is its :class:`OptionSpec`."""
 
-    degree_policy: str = _option("any", kind="str", choices=DEGREE_POLICIES, flag="--degree-policy",
-                                 help="group sizes: any integer, powers of two, or aligned (powers of two up to half the domain on blocks "
-                                      "that start at a multiple of their size, or the whole domain: the groups Megatron-Core creates)",
-                                 hint="use 'any' for any group size, 'pow2' for powers of two, 'aligned' for Megatron-Core's hybrid CP groups.")
-    memory: str = _option("micro_batch", kind="str", choices=MEMORY_RULES, flag="--memory",
-                          help="what a rank's memory holds at once: the tokens of all its group's samples in a micro-batch (they run packed, "
-                               "in one forward and backward), or one sample (each sample runs its own forward and backward, one after "
-                               "another, as Megatron-Core's hybrid context parallel runs sub-samples)",
-                          hint="use 'micro_batch' for packed micro-batches or 'sample' when samples run one at a time.")
-    max_degree: int | None = _option(None, kind="int", low=1, flag="--max-degree",
-                                     help="largest group size (default: the whole domain)", hint="give the largest group size, or leave it out.")
-    max_micro_batches: int | None = _option(None, kind="int", low=1, high=MICRO_BATCH_CEILING, flag="--max-micro-batches",
-                                            help="most micro-batches per step (default: as many as pay off; the planner decides)",
-                                            hint="give the most micro-batches a step may use, e.g. 16, or leave it out to let the planner decide.")
-    cp_scheme: str | None = _option(None, kind="str", choices=CP_SCHEMES, flag="--cp-scheme",
-                                    help="context-parallel scheme: ring (point-to-point, zig-zag split) or ulysses (all-to-all); default the profile's, else ring",
-                                    hint="use 'ring' or 'ulysses'.")
-    time_budget_ms: float = _option(200.0, kind="number", low=1, high=600_000, unit="milliseconds", flag="--budget-ms",
-                                    help="wall-clock budget of the whole planning call in milliseconds (the service counts it from the request's arrival)",
-                                    hint="give the planning budget in milliseconds, e.g. 200.")
-    backend: str = _option("auto", kind="str", choices=BACKENDS, flag="--backend",
-                           help="planner after the heuristic: auto, heuristic (none), cpsat, highs or cbc", hint="use 'auto' to let the planner choose.")
-    solver_workers: int = _option(1, kind="int", low=1, high=64, help="threads an exact solver may use (capped by the service)",
-                                  hint="give the solver's thread count, e.g. 1.")
-    deterministic: bool = _option(False, kind="bool", flag="--deterministic",
-                                  help="the plan depends on the input alone: no planning step reads the clock (the heuristic runs all its "
-                                       "strategies, CP-SAT works to deterministic limits derived from the budget), so every rank planning the "
-                                       "same batch gets the same plan; a loaded machine may take longer than the budget. HiGHS and CBC have "
-                                       "no deterministic limits: their rounds still stop on the clock",
-                                  hint="use a JSON boolean.")
-    group_reuse: str = _option("prefer", kind="str", choices=GROUP_REUSE,
-                               help="how to treat existing_groups: prefer them, use only them (and single ranks), or ignore them",
-                               hint="use 'prefer' to favour the job's existing groups, 'only' to use nothing else.")
-    new_group_cost_s: float = _option(0.0, kind="number", low=0, unit="seconds",
-                                      help="seconds charged for each communicator the job does not have yet",
-                                      hint="give the time to create one communicator, e.g. 2.0.")
+    degree_policy: str = _option(
+        "any",
+        kind="str",
+        choices=DEGREE_POLICIES,
+        flag="--degree-policy",
+        help="group sizes: any integer, powers of two, or aligned (powers of two up to half the domain on blocks "
+        "that start at a multiple of their size, or the whole domain: the groups Megatron-Core creates)",
+        hint="use 'any' for any group size, 'pow2' for powers of two, 'aligned' for Megatron-Core's hybrid CP groups.",
+    )
+    memory: str = _option(
+        "micro_batch",
+        kind="str",
+        choices=MEMORY_RULES,
+        flag="--memory",
+        help="what a rank's memory holds at once: the tokens of all its group's samples in a micro-batch (they run packed, "
+        "in one forward and backward), or one sample (each sample runs its own forward and backward, one after "
+        "another, as Megatron-Core's hybrid context parallel runs sub-samples)",
+        hint="use 'micro_batch' for packed micro-batches or 'sample' when samples run one at a time.",
+    )
+    max_degree: int | None = _option(
+        None,
+        kind="int",
+        low=1,
+        flag="--max-degree",
+        help="largest group size (default: the whole domain)",
+        hint="give the largest group size, or leave it out.",
+    )
+    max_micro_batches: int | None = _option(
+        None,
+        kind="int",
+        low=1,
+        high=MICRO_BATCH_CEILING,
+        flag="--max-micro-batches",
+        help="most micro-batches per step (default: as many as pay off; the planner decides)",
+        hint="give the most micro-batches a step may use, e.g. 16, or leave it out to let the planner decide.",
+    )
+    cp_scheme: str | None = _option(
+        None,
+        kind="str",
+        choices=CP_SCHEMES,
+        flag="--cp-scheme",
+        help="context-parallel scheme: ring (point-to-point, zig-zag split) or ulysses (all-to-all); default the profile's, else ring",
+        hint="use 'ring' or 'ulysses'.",
+    )
+    time_budget_ms: float = _option(
+        200.0,
+        kind="number",
+        low=1,
+        high=600_000,
+        unit="milliseconds",
+        flag="--budget-ms",
+        help="wall-clock budget of the whole planning call in milliseconds (the service counts it from the request's arrival)",
+        hint="give the planning budget in milliseconds, e.g. 200.",
+    )
+    backend: str = _option(
+        "auto",
+        kind="str",
+        choices=BACKENDS,
+        flag="--backend",
+        help="planner after the heuristic: auto, heuristic (none), cpsat, highs or cbc",
+        hint="use 'auto' to let the planner choose.",
+    )
+    solver_workers: int = _option(
+        1,
+        kind="int",
+        low=1,
+        high=64,
+        help="threads an exact solver may use (capped by the service)",
+        hint="give the solver's thread count, e.g. 1.",
+    )
+    deterministic: bool = _option(
+        False,
+        kind="bool",
+        flag="--deterministic",
+        help="the plan depends on the input alone: no planning step reads the clock (the heuristic runs all its "
+        "strategies, CP-SAT works to deterministic limits derived from the budget), so every rank planning the "
+        "same batch gets the same plan; a loaded machine may take longer than the budget. HiGHS and CBC have "
+        "no deterministic limits: their rounds still stop on the clock",
+        hint="use a JSON boolean.",
+    )
+    group_reuse: str = _option(
+        "prefer",
+        kind="str",
+        choices=GROUP_REUSE,
+        help="how to treat existing_groups: prefer them, use only them (and single ranks), or ignore them",
+        hint="use 'prefer' to favour the job's existing groups, 'only' to use nothing else.",
+    )
+    new_group_cost_s: float = _option(
+        0.0,
+        kind="number",
+        low=0,
+        unit="seconds",
+        help="seconds charged for each communicator the job does not have yet",
+        hint="give the time to create one communicator, e.g. 2.0.",
+    )
 
     def __post_init__(self) -> None:
         for spec in OPTION_SPECS:

@@ -28,7 +28,11 @@ class Problem:
     """Rank groups (sorted) the job already has communicators for; see ``options.group_reuse``."""
 
     def __post_init__(self) -> None:
-        if self.profile is not None and self.options.cp_scheme is not None and self.options.cp_scheme != self.profile.scheme:
+        if (
+            self.profile is not None
+            and self.options.cp_scheme is not None
+            and self.options.cp_scheme != self.profile.scheme
+        ):
             raise ProblemError(
                 f"options ask for {self.options.cp_scheme!r} but the profile was measured with {self.profile.scheme!r}",
                 field="options.cp_scheme",

@@ -31,7 +31,9 @@ def _path(parent: str, key: str | int) -> str:
 
 def _describe(text: str) -> str:
     c = _BAD.search(text).group()  # type: ignore[union-attr]  # only called on text that has one
-    return "contains a NUL character (\\u0000)" if c == "\x00" else f"contains a lone UTF-16 surrogate (\\u{ord(c):04x})"
+    return (
+        "contains a NUL character (\\u0000)" if c == "\x00" else f"contains a lone UTF-16 surrogate (\\u{ord(c):04x})"
+    )
 
 
 def first_bad_text(value: Any, where: str = "") -> tuple[str, str] | None:

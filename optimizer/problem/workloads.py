@@ -30,7 +30,13 @@ def long_tail_video(n: int, seed: int = 0, max_frames: int = 1200) -> dict[str, 
     samples = []
     for k in range(n):
         frames = int(min(max_frames, max(4, rng.lognormal(np.log(24), 1.2))))
-        samples.append({"id": f"v{k}", "text_tokens": _text(rng, 120, 0.8, 4096), "videos": [{"frames": frames, "tokens_per_frame": TOKENS_PER_FRAME}]})
+        samples.append(
+            {
+                "id": f"v{k}",
+                "text_tokens": _text(rng, 120, 0.8, 4096),
+                "videos": [{"frames": frames, "tokens_per_frame": TOKENS_PER_FRAME}],
+            }
+        )
     return {"samples": samples}
 
 
@@ -53,7 +59,13 @@ def anyres_images(n: int, seed: int = 0) -> dict[str, Any]:
     samples = []
     for k in range(n):
         rows, cols = int(rng.integers(1, 7)), int(rng.integers(1, 7))
-        samples.append({"id": f"a{k}", "text_tokens": _text(rng, 250, 0.9, 8192), "images": [{"tokens": TOKENS_PER_CROP, "frames": 1 + rows * cols}]})
+        samples.append(
+            {
+                "id": f"a{k}",
+                "text_tokens": _text(rng, 250, 0.9, 8192),
+                "images": [{"tokens": TOKENS_PER_CROP, "frames": 1 + rows * cols}],
+            }
+        )
     return {"samples": samples}
 
 

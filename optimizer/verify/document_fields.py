@@ -56,8 +56,16 @@ class Fields:
             return False, None
         return True, value
 
-    def number(self, obj: Mapping[str, Any], key: str, path: str, *, required: bool = True, nullable: bool = False,
-               low: float | None = 0.0) -> float | None:
+    def number(
+        self,
+        obj: Mapping[str, Any],
+        key: str,
+        path: str,
+        *,
+        required: bool = True,
+        nullable: bool = False,
+        low: float | None = 0.0,
+    ) -> float | None:
         """A finite JSON number (an integer or a float, not a boolean) of at least ``low``, as a float."""
         found, value = self._value(obj, key, path, required, nullable)
         if not found:
@@ -80,8 +88,17 @@ class Fields:
             return x
         return None
 
-    def integer(self, obj: Mapping[str, Any], key: str, path: str, *, required: bool = True, low: int | None = None,
-                high: int | None = None, what: str = "") -> int | None:
+    def integer(
+        self,
+        obj: Mapping[str, Any],
+        key: str,
+        path: str,
+        *,
+        required: bool = True,
+        low: int | None = None,
+        high: int | None = None,
+        what: str = "",
+    ) -> int | None:
         """A JSON integer (not a float such as ``8.0``, not a boolean) in ``low..high`` (``what`` names ``high``)."""
         found, value = self._value(obj, key, path, required, False)
         if not found:
@@ -117,13 +134,20 @@ class Fields:
     def mapping(self, obj: Mapping[str, Any], key: str, path: str, *, required: bool = True) -> dict[str, Any] | None:
         return self._typed(obj, key, path, required, dict, "an object")
 
-    def rank_lists(self, obj: Mapping[str, Any], key: str, path: str, *, required: bool = True) -> list[list[int]] | None:
+    def rank_lists(
+        self, obj: Mapping[str, Any], key: str, path: str, *, required: bool = True
+    ) -> list[list[int]] | None:
         """A list of lists of integers (rank groups)."""
         groups = self.array(obj, key, path, required=required)
         if groups is None:
             return None
         for i, g in enumerate(groups):
             if not isinstance(g, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in g):
-                self.fail(f"{path}[{i}]", f"is {describe(g)}, not a list of ranks" if not isinstance(g, list) else "holds a rank that is not an integer")
+                self.fail(
+                    f"{path}[{i}]",
+                    f"is {describe(g)}, not a list of ranks"
+                    if not isinstance(g, list)
+                    else "holds a rank that is not an integer",
+                )
                 return None
         return groups

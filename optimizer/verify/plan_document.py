@@ -30,10 +30,25 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from optimizer.plan.plan import assignment_from_json, bound_gap, bound_ratio, communicators_of, shard_json, static_speedup
+from optimizer.plan.plan import (
+    assignment_from_json,
+    bound_gap,
+    bound_ratio,
+    communicators_of,
+    shard_json,
+    static_speedup,
+)
 from optimizer.problem.problem import Problem
 from optimizer.verify.document_fields import Fields, describe, same_json
-from optimizer.verify.verifier import REL_TOL, GroupClaims, Report, check_assignment, close, communicator_violations, field_place
+from optimizer.verify.verifier import (
+    REL_TOL,
+    GroupClaims,
+    Report,
+    check_assignment,
+    close,
+    communicator_violations,
+    field_place,
+)
 
 
 def check_plan_document(problem: Problem, doc: Any) -> Report:
@@ -55,20 +70,26 @@ def check_plan_document(problem: Problem, doc: Any) -> Report:
             intra.append(fields.flag(group, "intra_node", field_place(m, k, "intra_node")))
             _group_figures(fields, problem, group, field_place(m, k))
     times: list[list[float]] = []
-    report = check_assignment(problem, assignment, times=times, claims=GroupClaims.of(seconds, intra), place=field_place)
+    report = check_assignment(
+        problem, assignment, times=times, claims=GroupClaims.of(seconds, intra), place=field_place
+    )
     found = report.violations
     for m, (mb, recomputed) in enumerate(zip(mbs, times, strict=True)):
         claimed = fields.number(mb, "predicted_time_s", f"micro_batches[{m}].predicted_time_s")
         slowest = max(recomputed, default=0.0)
         if claimed is not None and not any(map(math.isnan, recomputed)) and not close(claimed, slowest):
-            found.append(f"micro_batches[{m}].predicted_time_s: {claimed:.6g} s, its slowest group's recomputed time is {slowest:.6g} s")
+            found.append(
+                f"micro_batches[{m}].predicted_time_s: {claimed:.6g} s, its slowest group's recomputed time is {slowest:.6g} s"
+            )
     # A group with ranks out of range (NaN, named above) has no time: the step cannot be recomputed.
     whole = not any(math.isnan(t) for mb in times for t in mb)
     figures, step, bound = _step_figures(fields, doc, report.step_time_s if whole else None)
     found += figures + _static_figures(fields, problem, doc, step, bound)
     rank_groups = [[g["ranks"] for g in mb["groups"]] for mb in mbs]
     listed = fields.rank_lists(doc, "communicators", "communicators")
-    if listed is not None and not same_json(listed, [list(c) for c in communicators_of(r for mb in rank_groups for r in mb)]):
+    if listed is not None and not same_json(
+        listed, [list(c) for c in communicators_of(r for mb in rank_groups for r in mb)]
+    ):
         found.append("communicators: are not the plan's distinct groups of two or more ranks in first-use order")
     new = fields.rank_lists(doc, "new_communicators", "new_communicators", required=False)
     setup = fields.number(doc, "group_setup_s", "group_setup_s", required=False)
@@ -86,11 +107,18 @@ def _group_figures(fields: Fields, problem: Problem, group: Mapping[str, Any], w
         return
     degree = fields.integer(group, "degree", f"{where}.degree", required=False)
     if degree is not None and degree != len(ranks):
-        fields.fail(f"{where}.degree", f"is {degree}, the group has {len(ranks)} ranks" + (f" and the cluster {n_ranks}" if degree > n_ranks else ""))
+        fields.fail(
+            f"{where}.degree",
+            f"is {degree}, the group has {len(ranks)} ranks"
+            + (f" and the cluster {n_ranks}" if degree > n_ranks else ""),
+        )
     lengths = [problem.batch.lengths[problem.batch.index[s]] for s in samples]
     listed = fields.array(group, "lengths", f"{where}.lengths", required=False)
     if listed is not None and not same_json(listed, lengths):
-        fields.fail(f"{where}.lengths", f"are not the batch's lengths of the group's samples ({lengths[:5]}{' ...' if len(lengths) > 5 else ''})")
+        fields.fail(
+            f"{where}.lengths",
+            f"are not the batch's lengths of the group's samples ({lengths[:5]}{' ...' if len(lengths) > 5 else ''})",
+        )
     shards = fields.array(group, "shards", f"{where}.shards", required=False)
     if shards is None:
         return
@@ -116,12 +144,17 @@ def _shard_mismatch(key: str, value: Any, want: Mapping[str, Any], i: int, d: in
     length = want["length"]
     if key == "ranges":
         return f"are not the {scheme} split of {length} tokens over {d} ranks"
-    why = {"sample": f"the group's sample {i} is {want['sample']!r}", "length": f"the batch's sample {want['sample']!r} has {length} tokens",
-           "padded_length": f"{length} tokens over {d} ranks pad to {want['padded_length']} ({scheme})"}[key]
+    why = {
+        "sample": f"the group's sample {i} is {want['sample']!r}",
+        "length": f"the batch's sample {want['sample']!r} has {length} tokens",
+        "padded_length": f"{length} tokens over {d} ranks pad to {want['padded_length']} ({scheme})",
+    }[key]
     return f"is {describe(value)}, {why}"
 
 
-def _step_figures(fields: Fields, doc: Mapping[str, Any], step_s: float | None) -> tuple[list[str], float | None, float | None]:
+def _step_figures(
+    fields: Fields, doc: Mapping[str, Any], step_s: float | None
+) -> tuple[list[str], float | None, float | None]:
     """The step time, the lower bound and the gap and ratio derived from them, against the recomputed
     step ``step_s`` (None: not recomputed; the bound is then held to the claimed step). Returns the
     problems, and the step time and the bound where they passed."""
@@ -138,13 +171,18 @@ def _step_figures(fields: Fields, doc: Mapping[str, Any], step_s: float | None) 
     gap = fields.number(doc, "gap", "gap")
     ratio = fields.number(doc, "ratio_to_bound", "ratio_to_bound")
     if step is not None and bound is not None:
-        for name, claimed, want in (("gap", gap, bound_gap(step, bound)), ("ratio_to_bound", ratio, bound_ratio(step, bound))):
+        for name, claimed, want in (
+            ("gap", gap, bound_gap(step, bound)),
+            ("ratio_to_bound", ratio, bound_ratio(step, bound)),
+        ):
             if claimed is not None and not close(claimed, want):
                 out.append(f"{name}: is {claimed:.6g}, the step time and the lower bound give {want:.6g}")
     return out, step, bound
 
 
-def _static_figures(fields: Fields, problem: Problem, doc: Mapping[str, Any], step: float | None, bound: float | None) -> list[str]:
+def _static_figures(
+    fields: Fields, problem: Problem, doc: Mapping[str, Any], step: float | None, bound: float | None
+) -> list[str]:
     """The static baseline, when given: its counts in range, its step time not below the lower bound,
     its speedup the ratio of its step time to the plan's (``step`` and ``bound``: None where they failed)."""
     out: list[str] = []
@@ -152,8 +190,17 @@ def _static_figures(fields: Fields, problem: Problem, doc: Mapping[str, Any], st
     if static is None:
         return out
     n_ranks, n_samples = problem.cluster.domain_size, len(problem.batch.samples)
-    fields.integer(static, "degree", "static_baseline.degree", low=1, high=n_ranks, what=f"the cluster's {n_ranks} ranks")
-    fields.integer(static, "micro_batches", "static_baseline.micro_batches", low=1, high=n_samples, what=f"the batch's {n_samples} samples")
+    fields.integer(
+        static, "degree", "static_baseline.degree", low=1, high=n_ranks, what=f"the cluster's {n_ranks} ranks"
+    )
+    fields.integer(
+        static,
+        "micro_batches",
+        "static_baseline.micro_batches",
+        low=1,
+        high=n_samples,
+        what=f"the batch's {n_samples} samples",
+    )
     static_s = fields.number(static, "predicted_step_time_s", "static_baseline.predicted_step_time_s")
     if static_s is not None and bound is not None and bound > static_s * (1 + REL_TOL):
         out.append(f"static_baseline.predicted_step_time_s: {static_s:.6g} s is below the lower bound {bound:.6g} s")
@@ -163,8 +210,10 @@ def _static_figures(fields: Fields, problem: Problem, doc: Mapping[str, Any], st
         expected = static_speedup(static_s, step)
         agrees = speedup is None if expected is None else speedup is not None and close(speedup, expected)
         if not agrees:
-            out.append(f"static_baseline.speedup: is {describe(static['speedup'])}, the static and the plan's step times give "
-                       + ("null" if expected is None else f"{expected:.6g}"))
+            out.append(
+                f"static_baseline.speedup: is {describe(static['speedup'])}, the static and the plan's step times give "
+                + ("null" if expected is None else f"{expected:.6g}")
+            )
     return out
 
 
@@ -182,4 +231,3 @@ def _solver_figures(fields: Fields, doc: Mapping[str, Any]) -> None:
             continue
         for key in ("elapsed_ms", "objective_s", "bound_s"):
             fields.number(point, key, f"solver.trace[{i}].{key}", required=key != "bound_s", nullable=key == "bound_s")
-

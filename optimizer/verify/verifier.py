@@ -80,7 +80,11 @@ class Report:
         if self.violations:
             shown = "; ".join(self.violations[:5])
             more = f" (and {len(self.violations) - 5} more)" if len(self.violations) > 5 else ""
-            raise VerificationError(f"plan is invalid: {shown}{more}", field="plan", hint="this is a planner bug if the plan came from dhp-planner; report it with the request.")
+            raise VerificationError(
+                f"plan is invalid: {shown}{more}",
+                field="plan",
+                hint="this is a planner bug if the plan came from dhp-planner; report it with the request.",
+            )
 
 
 def _offsets(seqs: Sequence[Sized]) -> np.ndarray:
@@ -111,7 +115,13 @@ class _Flat:
     mb_start: np.ndarray
 
     @classmethod
-    def build(cls, micro_batches: Sequence[Sized], rank_seqs: Sequence[Sequence[int]], samples: np.ndarray, sample_start: np.ndarray) -> _Flat:
+    def build(
+        cls,
+        micro_batches: Sequence[Sized],
+        rank_seqs: Sequence[Sequence[int]],
+        samples: np.ndarray,
+        sample_start: np.ndarray,
+    ) -> _Flat:
         ranks, rank_start = _ints(rank_seqs)
         return cls(ranks, rank_start, samples, sample_start, _offsets(micro_batches))
 
@@ -127,7 +137,7 @@ class _Flat:
     def nested(self, rank_seqs: Sequence[Sequence[int]]) -> list[list[tuple[Sequence[int], tuple[int, ...]]]]:
         """The groups as (ranks, sample indices) per micro-batch, as :func:`check_assignment` reads them."""
         samples, bounds = self.samples.tolist(), self.sample_start.tolist()
-        groups = [(rank_seqs[g], tuple(samples[bounds[g]:bounds[g + 1]])) for g in range(self.n_groups)]
+        groups = [(rank_seqs[g], tuple(samples[bounds[g] : bounds[g + 1]])) for g in range(self.n_groups)]
         return [groups[a:b] for a, b in zip(self.mb_start[:-1].tolist(), self.mb_start[1:].tolist(), strict=True)]
 
 
@@ -158,14 +168,30 @@ class _Facts:
             flat = list(chain.from_iterable(images))
             tokens = np.fromiter(map(attrgetter("tokens"), flat), dtype=np.int64, count=len(flat))
             frames = np.fromiter(map(attrgetter("frames"), flat), dtype=np.int64, count=len(flat))
-            vision_seconds(tokens, frames, _offsets(images), profile.vision_linear, profile.vision_quadratic, self.vision)
+            vision_seconds(
+                tokens, frames, _offsets(images), profile.vision_linear, profile.vision_quadratic, self.vision
+            )
         self.rank_node = np.asarray(cluster.rank_node, dtype=np.int64)
         names = [node.gpu.name for node in cluster.nodes]
         self.rank_speed = np.array([profile.speed_for(nm) for nm in names], dtype=np.float64)[self.rank_node]
         self.rank_capacity = np.array([profile.capacity_for(nm) for nm in names], dtype=np.float64)[self.rank_node]
-        self.coef = np.array([profile.quadratic, profile.linear, profile.sample_constant, profile.group_constant, profile.bytes_per_token,
-                              profile.messages_per_step, profile.latency(False), profile.latency(True), profile.sample_step,
-                              profile.group_messages_per_step, profile.group_messages_fixed, profile.messages_fixed], dtype=np.float64)
+        self.coef = np.array(
+            [
+                profile.quadratic,
+                profile.linear,
+                profile.sample_constant,
+                profile.group_constant,
+                profile.bytes_per_token,
+                profile.messages_per_step,
+                profile.latency(False),
+                profile.latency(True),
+                profile.sample_step,
+                profile.group_messages_per_step,
+                profile.group_messages_fixed,
+                profile.messages_fixed,
+            ],
+            dtype=np.float64,
+        )
         self.pad_unit = (2 if profile.scheme == "ring" else 1) if profile.padded_bytes else 0
         self.per_sample = problem.options.memory == "sample"
 
@@ -178,10 +204,28 @@ class _Facts:
             bandwidth[1, d] = self.profile.bandwidth(d, True)
         n = flat.n_groups
         seconds, per_rank, capacity, intra = np.empty(n), np.empty(n), np.empty(n), np.empty(n, dtype=np.bool_)
-        step, repeats = recompute_groups(flat.ranks, flat.rank_start, flat.samples, flat.sample_start, flat.mb_start,
-                                         self.rank_node, self.rank_speed, self.rank_capacity, self.lengths, self.vision,
-                                         self.coef, self.profile.scheme == "ring", bool(self.profile.overlap_with_attention), bandwidth,
-                                         self.pad_unit, self.per_sample, seconds, per_rank, capacity, intra)
+        step, repeats = recompute_groups(
+            flat.ranks,
+            flat.rank_start,
+            flat.samples,
+            flat.sample_start,
+            flat.mb_start,
+            self.rank_node,
+            self.rank_speed,
+            self.rank_capacity,
+            self.lengths,
+            self.vision,
+            self.coef,
+            self.profile.scheme == "ring",
+            bool(self.profile.overlap_with_attention),
+            bandwidth,
+            self.pad_unit,
+            self.per_sample,
+            seconds,
+            per_rank,
+            capacity,
+            intra,
+        )
         return _Recomputed(float(step), int(repeats), seconds, per_rank, capacity, intra)
 
 
@@ -261,7 +305,9 @@ def _violations(problem: Problem, groups: Groups, rec: _Recomputed, place: Place
             per_rank, capacity = float(rec.per_rank[g]), float(rec.capacity[g])
             if per_rank > capacity * (1 + REL_TOL):
                 whose = "its longest sample's " if problem.options.memory == "sample" else ""
-                out.append(f"{place(m, k, '')}: {whose}{per_rank:.0f} tokens per rank exceed the capacity of {capacity:.0f}")
+                out.append(
+                    f"{place(m, k, '')}: {whose}{per_rank:.0f} tokens per rank exceed the capacity of {capacity:.0f}"
+                )
     ids = problem.batch.samples
     missing = [ids[i].id for i, c in enumerate(seen) if c == 0]
     twice = [ids[i].id for i, c in enumerate(seen) if c > 1]
@@ -272,7 +318,9 @@ def _violations(problem: Problem, groups: Groups, rec: _Recomputed, place: Place
     return out
 
 
-def _check(problem: Problem, facts: _Facts, flat: _Flat, groups: Callable[[], Groups], place: Place = group_place) -> tuple[Report, _Recomputed]:
+def _check(
+    problem: Problem, facts: _Facts, flat: _Flat, groups: Callable[[], Groups], place: Place = group_place
+) -> tuple[Report, _Recomputed]:
     """Invariants 1-5 and the recomputed step; ``groups`` gives the nested groups when violations must be named."""
     rec = facts.recompute(flat)
     # The per-step constant adds to every plan's step (see optimizer.costs.profile).
@@ -294,8 +342,12 @@ class GroupClaims:
 
     @classmethod
     def of(cls, seconds: Sequence[float | None], intra: Sequence[bool | None]) -> GroupClaims:
-        return cls(np.array([np.nan if t is None else t for t in seconds], dtype=np.float64), np.array([bool(v) for v in intra], dtype=np.bool_),
-                   np.array([t is not None for t in seconds], dtype=np.bool_), np.array([v is not None for v in intra], dtype=np.bool_))
+        return cls(
+            np.array([np.nan if t is None else t for t in seconds], dtype=np.float64),
+            np.array([bool(v) for v in intra], dtype=np.bool_),
+            np.array([t is not None for t in seconds], dtype=np.bool_),
+            np.array([v is not None for v in intra], dtype=np.bool_),
+        )
 
 
 def _claim_violations(flat: _Flat, rec: _Recomputed, claims: GroupClaims, place: Place) -> list[str]:
@@ -307,14 +359,24 @@ def _claim_violations(flat: _Flat, rec: _Recomputed, claims: GroupClaims, place:
     for i in np.flatnonzero(off | span).tolist():
         m, k = flat.position(i)
         if off[i]:
-            out.append(f"{place(m, k, 'predicted_time_s')}: predicted {float(claims.seconds[i]):.6g} s, recomputed {float(rec.seconds[i]):.6g} s")
+            out.append(
+                f"{place(m, k, 'predicted_time_s')}: predicted {float(claims.seconds[i]):.6g} s, recomputed {float(rec.seconds[i]):.6g} s"
+            )
         if span[i]:
-            out.append(f"{place(m, k, 'intra_node')}: intra_node says {bool(claims.intra[i])}, ranks say {bool(rec.intra[i])}")
+            out.append(
+                f"{place(m, k, 'intra_node')}: intra_node says {bool(claims.intra[i])}, ranks say {bool(rec.intra[i])}"
+            )
     return out
 
 
-def check_assignment(problem: Problem, assignment: Assignment, facts: _Facts | None = None, times: list[list[float]] | None = None,
-                     claims: GroupClaims | None = None, place: Place = group_place) -> Report:
+def check_assignment(
+    problem: Problem,
+    assignment: Assignment,
+    facts: _Facts | None = None,
+    times: list[list[float]] | None = None,
+    claims: GroupClaims | None = None,
+    place: Place = group_place,
+) -> Report:
     """Check invariants 1-5 and compute the step time of a bare assignment (group times go to ``times``),
     and with ``claims`` each group's claimed time and span; violations name groups by ``place``."""
     mbs = assignment.micro_batches
@@ -372,11 +434,15 @@ def verify(plan: Plan, problem: Problem) -> Report:
     claims = GroupClaims.of([g.predicted_time_s for g in groups], [g.intra_node for g in groups])
     report.violations.extend(_claim_violations(flat, rec, claims, group_place))
     if not close(plan.predicted_step_time_s, base.step_time_s):
-        report.violations.append(f"predicted step time {plan.predicted_step_time_s:.6g} s, recomputed {base.step_time_s:.6g} s")
+        report.violations.append(
+            f"predicted step time {plan.predicted_step_time_s:.6g} s, recomputed {base.step_time_s:.6g} s"
+        )
     ranks = [[g.ranks for g in mb.groups] for mb in plan.micro_batches]
     report.violations.extend(communicator_violations(problem, ranks, plan.new_communicators, plan.group_setup_s))
     if plan.lower_bound_s > plan.predicted_step_time_s * (1 + REL_TOL):
-        report.violations.append(f"lower bound {plan.lower_bound_s:.6g} s exceeds the step time {plan.predicted_step_time_s:.6g} s")
+        report.violations.append(
+            f"lower bound {plan.lower_bound_s:.6g} s exceeds the step time {plan.predicted_step_time_s:.6g} s"
+        )
     return report
 
 
@@ -385,8 +451,13 @@ def close(claimed: float, recomputed: float) -> bool:
     return math.isclose(claimed, recomputed, rel_tol=REL_TOL, abs_tol=1e-12)
 
 
-def communicator_violations(problem: Problem, groups: Sequence[Sequence[Sequence[int]]], new: Sequence[Sequence[int]] | None,
-                            setup_s: float | None, place: Place = group_place) -> list[str]:
+def communicator_violations(
+    problem: Problem,
+    groups: Sequence[Sequence[Sequence[int]]],
+    new: Sequence[Sequence[int]] | None,
+    setup_s: float | None,
+    place: Place = group_place,
+) -> list[str]:
     """Invariant 8 for a plan whose groups have ``groups`` (ranks per group, per micro-batch): the ``only``
     rule, and the new communicators and their cost as reported (None: not reported, not checked)."""
     only = problem.options.group_reuse == "only"
@@ -402,10 +473,14 @@ def communicator_violations(problem: Problem, groups: Sequence[Sequence[Sequence
                 continue
             needed.setdefault(key, None)
             if only:
-                out.append(f"{place(m, k, 'ranks')}: ranks {list(ranks)} are not an existing group (options.group_reuse 'only')")
+                out.append(
+                    f"{place(m, k, 'ranks')}: ranks {list(ranks)} are not an existing group (options.group_reuse 'only')"
+                )
     if new is not None:
         if set(map(tuple, new)) != set(needed):
-            out.append(f"new_communicators: lists {len(new)} groups, the plan needs {len(needed)} not in existing_groups")
+            out.append(
+                f"new_communicators: lists {len(new)} groups, the plan needs {len(needed)} not in existing_groups"
+            )
         cost = problem.options.new_group_cost_s * len(needed)
         if setup_s is not None and not close(setup_s, cost):
             out.append(f"group_setup_s: {setup_s:.6g} s, recomputed {cost:.6g} s")

@@ -22,12 +22,26 @@ import numpy as np
 
 from optimizer.jit import compiled
 
-(QUADRATIC, LINEAR, SAMPLE_CONSTANT, GROUP_CONSTANT, BYTES_PER_TOKEN, MESSAGES_PER_STEP, INTER_LATENCY, INTRA_LATENCY,
- SAMPLE_STEP, GROUP_MESSAGES_PER_STEP, GROUP_MESSAGES_FIXED, MESSAGES_FIXED) = range(12)
+(
+    QUADRATIC,
+    LINEAR,
+    SAMPLE_CONSTANT,
+    GROUP_CONSTANT,
+    BYTES_PER_TOKEN,
+    MESSAGES_PER_STEP,
+    INTER_LATENCY,
+    INTRA_LATENCY,
+    SAMPLE_STEP,
+    GROUP_MESSAGES_PER_STEP,
+    GROUP_MESSAGES_FIXED,
+    MESSAGES_FIXED,
+) = range(12)
 
 
 @compiled
-def vision_seconds(tokens: np.ndarray, frames: np.ndarray, image_start: np.ndarray, linear: float, quadratic: float, out: np.ndarray) -> None:
+def vision_seconds(
+    tokens: np.ndarray, frames: np.ndarray, image_start: np.ndarray, linear: float, quadratic: float, out: np.ndarray
+) -> None:
     """``out[i]``: vision-encoder seconds of sample i on one rank, over its images ``image_start[i]:image_start[i + 1]``."""
     for i in range(out.shape[0]):
         total = 0.0
@@ -38,8 +52,18 @@ def vision_seconds(tokens: np.ndarray, frames: np.ndarray, image_start: np.ndarr
 
 
 @compiled
-def sample_seconds(length: int, vision: float, d: int, intra: bool, speed: float, coef: np.ndarray, ring: bool, overlap: bool, bandwidth: np.ndarray,
-                   pad_unit: int) -> float:
+def sample_seconds(
+    length: int,
+    vision: float,
+    d: int,
+    intra: bool,
+    speed: float,
+    coef: np.ndarray,
+    ring: bool,
+    overlap: bool,
+    bandwidth: np.ndarray,
+    pad_unit: int,
+) -> float:
     """Seconds one sample of ``length`` tokens adds to a group of size ``d`` whose slowest GPU has ``speed``."""
     q = coef[QUADRATIC]
     attention = q * length * length / d / speed
@@ -54,17 +78,37 @@ def sample_seconds(length: int, vision: float, d: int, intra: bool, speed: float
     if pad_unit > 0:
         unit = pad_unit * d
         sent = -(-length // unit) * unit
-    comm = coef[BYTES_PER_TOKEN] * sent * share / bw + (coef[MESSAGES_PER_STEP] * (d - 1) + coef[MESSAGES_FIXED]) * latency
+    comm = (
+        coef[BYTES_PER_TOKEN] * sent * share / bw + (coef[MESSAGES_PER_STEP] * (d - 1) + coef[MESSAGES_FIXED]) * latency
+    )
     if overlap:
         comm = max(0.0, comm - attention)
     return compute + comm
 
 
 @compiled
-def recompute_groups(ranks: np.ndarray, rank_start: np.ndarray, samples: np.ndarray, sample_start: np.ndarray, mb_start: np.ndarray,
-                     rank_node: np.ndarray, rank_speed: np.ndarray, rank_capacity: np.ndarray, lengths: np.ndarray, vision: np.ndarray,
-                     coef: np.ndarray, ring: bool, overlap: bool, bandwidth: np.ndarray, pad_unit: int, per_sample: bool,
-                     seconds: np.ndarray, per_rank: np.ndarray, capacity: np.ndarray, intra: np.ndarray) -> tuple[float, int]:
+def recompute_groups(
+    ranks: np.ndarray,
+    rank_start: np.ndarray,
+    samples: np.ndarray,
+    sample_start: np.ndarray,
+    mb_start: np.ndarray,
+    rank_node: np.ndarray,
+    rank_speed: np.ndarray,
+    rank_capacity: np.ndarray,
+    lengths: np.ndarray,
+    vision: np.ndarray,
+    coef: np.ndarray,
+    ring: bool,
+    overlap: bool,
+    bandwidth: np.ndarray,
+    pad_unit: int,
+    per_sample: bool,
+    seconds: np.ndarray,
+    per_rank: np.ndarray,
+    capacity: np.ndarray,
+    intra: np.ndarray,
+) -> tuple[float, int]:
     """Every group's seconds, tokens per rank, smallest capacity and span, into the output arrays.
 
     A group without ranks or with a rank out of range gets NaN and is left out of the step; sample
@@ -108,13 +152,17 @@ def recompute_groups(ranks: np.ndarray, rank_start: np.ndarray, samples: np.ndar
                 stamp[r] = m
             total = coef[GROUP_CONSTANT]
             if d > 1:
-                total += (coef[GROUP_MESSAGES_PER_STEP] * (d - 1) + coef[GROUP_MESSAGES_FIXED]) * (coef[INTRA_LATENCY] if same_node else coef[INTER_LATENCY])
+                total += (coef[GROUP_MESSAGES_PER_STEP] * (d - 1) + coef[GROUP_MESSAGES_FIXED]) * (
+                    coef[INTRA_LATENCY] if same_node else coef[INTER_LATENCY]
+                )
             tokens = 0
             counted = 0
             for j in range(sample_start[g], sample_start[g + 1]):
                 i = samples[j]
                 if 0 <= i < n_samples:
-                    total += sample_seconds(lengths[i], vision[i], d, same_node, speed, coef, ring, overlap, bandwidth, pad_unit)
+                    total += sample_seconds(
+                        lengths[i], vision[i], d, same_node, speed, coef, ring, overlap, bandwidth, pad_unit
+                    )
                     tokens = max(tokens, lengths[i]) if per_sample else tokens + lengths[i]
                     counted += 1
             if counted == 0:

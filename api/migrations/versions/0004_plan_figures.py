@@ -25,17 +25,30 @@ def upgrade() -> None:
     op.add_column("plans", sa.Column("budget_ms", sa.Float()))
     op.add_column("plans", sa.Column("speedup", sa.Float()))
     op.add_column("plans", sa.Column("profile", sa.String(200)))
-    plans = sa.table("plans", sa.column("id", sa.String), sa.column("request_json", sa.Text), sa.column("plan_json", sa.Text),
-                     sa.column("budget_ms", sa.Float), sa.column("speedup", sa.Float), sa.column("profile", sa.String))
+    plans = sa.table(
+        "plans",
+        sa.column("id", sa.String),
+        sa.column("request_json", sa.Text),
+        sa.column("plan_json", sa.Text),
+        sa.column("budget_ms", sa.Float),
+        sa.column("speedup", sa.Float),
+        sa.column("profile", sa.String),
+    )
     conn = op.get_bind()
     last = ""
     while True:
-        rows = conn.execute(sa.select(plans.c.id, plans.c.request_json, plans.c.plan_json).where(plans.c.id > last)
-                            .order_by(plans.c.id).limit(BATCH)).all()
+        rows = conn.execute(
+            sa.select(plans.c.id, plans.c.request_json, plans.c.plan_json)
+            .where(plans.c.id > last)
+            .order_by(plans.c.id)
+            .limit(BATCH)
+        ).all()
         if not rows:
             break
         for plan_id, request_json, plan_json in rows:
-            conn.execute(plans.update().where(plans.c.id == plan_id).values(**document_columns(request_json, plan_json)))
+            conn.execute(
+                plans.update().where(plans.c.id == plan_id).values(**document_columns(request_json, plan_json))
+            )
         last = rows[-1][0]
 
 
