@@ -16,7 +16,7 @@ RUN pip install -c constraints.txt '.[solver,service]' \
     && mkdir -p /data && chown dhp /data && chown -R dhp /opt/numba-cache
 
 USER dhp
-# Production mode refuses to listen on 0.0.0.0 without DHP_TOKENS (see api/settings.py).
+# Production mode refuses to listen on 0.0.0.0 without DHP_TOKENS (see api/service/settings.py).
 ENV DHP_ENVIRONMENT=production DHP_HOST=0.0.0.0 DHP_PORT=8000 DHP_DATA_DIR=/data DHP_WORKERS=2
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \

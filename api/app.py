@@ -22,14 +22,15 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-from api import errors
-from api.intake import BodyBudget
-from api.metrics import Metrics, multiprocess_dir
-from api.middleware import AdmissionPrecheck, ArrivalAndMetrics, BodyLimit, TokenGate
-from api.openapi_limits import with_deployment_limits
-from api.routes import dashboard, health, jobs, plans, presets
-from api.service import PlanningService
-from api.settings import Settings
+from api.dashboard import endpoints as dashboard
+from api.service import problem_details
+from api.service.intake import BodyBudget
+from api.service.metrics import Metrics, multiprocess_dir
+from api.service.middleware import AdmissionPrecheck, ArrivalAndMetrics, BodyLimit, TokenGate
+from api.service.openapi_limits import with_deployment_limits
+from api.service.planning_service import PlanningService
+from api.service.routes import health, jobs, plans, presets
+from api.service.settings import Settings
 from api.store import Store
 from api.store.migrate import upgrade
 from api.store.repository import utcnow
@@ -87,13 +88,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.store = store
     app.state.service = service
-    errors.install(app)
+    problem_details.install(app)
     app.include_router(plans.router)
     app.include_router(presets.router)
     app.include_router(health.router)
     app.include_router(dashboard.router)
     app.include_router(dashboard.pages)
     app.include_router(jobs.router)
+    app.mount("/static/dashboard", StaticFiles(directory=dashboard.PAGES), name="dashboard-static")
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/docs", include_in_schema=False)

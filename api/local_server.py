@@ -49,7 +49,7 @@ class LocalServer:
             [
                 sys.executable,
                 "-m",
-                "api.commands",
+                "api.cli.main",
                 "serve",
                 "--host",
                 "127.0.0.1",

@@ -279,7 +279,7 @@ def late_solves() -> int:
 
 def run_cli(case: Case, folder: Path) -> Record:
     """Plan ``case`` with ``dhp plan`` in a fresh process and verify the plan it prints."""
-    from optimizer.plan.plan import assignment_from_json
+    from optimizer.plan.records import assignment_from_json
     from optimizer.problem.documents import problem_from_json
     from optimizer.verify.verifier import check_assignment
 
@@ -293,7 +293,7 @@ def run_cli(case: Case, folder: Path) -> Record:
     command = (
         [str(dhp)]
         if dhp.exists()
-        else [sys.executable, "-c", "import sys; from api.commands import main; sys.exit(main(sys.argv[1:]))"]
+        else [sys.executable, "-c", "import sys; from api.cli.main import main; sys.exit(main(sys.argv[1:]))"]
     )
     command += [
         "plan",

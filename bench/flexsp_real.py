@@ -35,7 +35,7 @@ search within the same limit than on a large one.)
 Its answer is a list of groups per micro-batch, each with a size and its sequences. The groups are
 laid out on ranks here, largest first on contiguous ranges (so every power-of-two group is aligned
 to its size and one of size <= the node size stays inside a node), its sequence ids are our sample
-indices, and the resulting :class:`~optimizer.plan.plan.Assignment` is verified and scored by the
+indices, and the resulting :class:`~optimizer.plan.records.Assignment` is verified and scored by the
 benchmark runner like every other planner's. FlexSP places no limit on its group sizes from the
 attention heads; the benchmark's model has as many heads as the domain has ranks, so every size
 FlexSP may choose is a valid Ulysses size for us too.
@@ -59,7 +59,7 @@ from typing import Any
 
 from optimizer.costs.tables import CostTables
 from optimizer.errors import ProblemError
-from optimizer.plan.plan import Assignment
+from optimizer.plan.records import Assignment
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SRC = REPO_ROOT.parent / "shared" / "peers" / "flexsp"

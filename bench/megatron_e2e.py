@@ -164,7 +164,7 @@ def fit_profile(args: argparse.Namespace, out_dir: Path) -> tuple[Path, dict[str
     cmd = [
         sys.executable,
         "-m",
-        "api.commands",
+        "api.cli.main",
         "profile",
         *flags(
             arch="llama",

@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bench.baselines.megatron_real import capacity
-from bench.runner import ANALYTICAL, make_request, resolve_profile
-from bench.workloads import get_workload
+from bench.grid import ANALYTICAL, make_request, resolve_profile
+from bench.workload_catalog import get_workload
 from optimizer.problem.documents import problem_from_json
 
 DEFAULT_POINTS = ((64, 512), (1024, 8192))

@@ -22,11 +22,11 @@ from bench.baselines import bucket_milp, static_deployed
 from bench.baselines.megatron_real import available as megatron_available
 from bench.baselines.megatron_real import capacity, megatron_plan
 from bench.flexsp_real import FlexSPSettings
-from bench.workloads import Workload
+from bench.workload_catalog import Workload
 from optimizer.costs.tables import CostTables
 from optimizer.errors import ProblemError
 from optimizer.heuristic.static_layout import best_static
-from optimizer.plan.plan import Assignment, Plan
+from optimizer.plan.records import Assignment, Plan
 from optimizer.problem.options import PlanOptions
 from optimizer.problem.problem import Problem
 from trainer.megatron import MEGATRON_RULES, DomainGroup
@@ -250,13 +250,13 @@ def under_rules(problem: Problem, rules: str) -> Problem:
 
 def planner_for(name: str, flexsp: FlexSPSettings | None = None, request: Mapping[str, Any] | None = None) -> Planner:
     """The planner called ``name``; ``flexsp`` with the given settings; those of :data:`REQUEST_PLANNERS` from
-    ``request`` (the cell's request document, :func:`bench.runner.make_request`)."""
+    ``request`` (the cell's request document, :func:`bench.grid.make_request`)."""
     if name in REQUEST_PLANNERS:
         if request is None:
             raise ProblemError(
                 f"planner {name!r} is made from the request documents",
                 field="planners",
-                hint=f"call planner_for({name!r}, request=bench.runner.make_request(...)).",
+                hint=f"call planner_for({name!r}, request=bench.grid.make_request(...)).",
             )
         return REQUEST_PLANNERS[name](request)
     if name == "flexsp" and flexsp is not None:

@@ -12,6 +12,8 @@ the job runs with ``--engine ray --address <the simulated cluster>``, and the in
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 
 
@@ -28,8 +30,6 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     from ray.cluster_utils import Cluster
 
-    from api.commands import main as dhp
-
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": args.cpus_per_node, "include_dashboard": False})
     try:
         for _ in range(args.nodes - 1):
@@ -39,9 +39,8 @@ def main(argv: list[str] | None = None) -> int:
             f"simulated Ray cluster at {cluster.address}: {args.nodes} nodes x {args.cpus_per_node} CPU",
             file=sys.stderr,
         )
-        code = dhp(
-            ["plan-epoch", *args_in[split + 1 :], "--engine", "ray", "--address", cluster.address, "--out", args.out]
-        )
+        flags = [*args_in[split + 1 :], "--engine", "ray", "--address", cluster.address, "--out", args.out]
+        code = subprocess.run([sys.executable, "-m", "api.cli.main", "plan-epoch", *flags], env=os.environ).returncode
     finally:
         ray.shutdown()
         cluster.shutdown()

@@ -1,4 +1,4 @@
-"""Summaries, the Markdown report and PNG plots of a benchmark result document (see :mod:`bench.runner`)."""
+"""Summaries, the Markdown report and PNG plots of a benchmark result document (see :mod:`bench.grid`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from bench.grid import percentile
 from bench.planners import DEFAULT_RULES, LABELS, rules_of
 from bench.plots import pyplot, save_figure
-from bench.runner import percentile
 
 PLANNER = "dhp-heuristic"
 

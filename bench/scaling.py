@@ -46,7 +46,7 @@ TARGETS_MS = {(64, 512): 5.0, (1024, 8192): 50.0, (8192, 65536): 500.0}
 
 
 def _problem(ranks: int, samples: int, workload: str, seed: int, cli: bool = False) -> Any:
-    """The point's problem: the bench's (``bench.runner.make_problem``), or with ``cli`` the batch of
+    """The point's problem: the bench's (``bench.grid.make_problem``), or with ``cli`` the batch of
     ``dhp example --workload W --samples N --seed S`` planned as ``dhp plan --nodes ranks/8
     --gpus-per-node 8 --model-preset qwen2-vl-7b`` plans it (default options)."""
     if cli:
@@ -61,8 +61,8 @@ def _problem(ranks: int, samples: int, workload: str, seed: int, cli: bool = Fal
                 "options": {"time_budget_ms": 600_000.0},
             }
         )
-    from bench.runner import make_problem
-    from bench.workloads import get_workload
+    from bench.grid import make_problem
+    from bench.workload_catalog import get_workload
 
     return make_problem(get_workload(workload), ranks, samples, seed, 600_000.0)
 

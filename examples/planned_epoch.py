@@ -86,10 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from jobs.engines import LocalEngine
+    from jobs.epoch_summary import summary_text
     from jobs.runner import run_job
     from jobs.spec import job_from_json
     from jobs.steps import build_epoch
-    from jobs.summary import summary_text
     from trainer.launch import spawn
     from trainer.tiny_model import TinyConfig
 

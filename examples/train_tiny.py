@@ -38,7 +38,7 @@ def get_plan(request: dict[str, Any], service: str | None) -> tuple[dict[str, An
     """The plan document (and the client when a service is used)."""
     if service:
         try:
-            from api.client import PlannerClient
+            from api.client.planner_client import PlannerClient
         except ModuleNotFoundError:
             log("no service client here (pip install 'dhp-planner[client]'); planning in this process")
         else:
@@ -63,14 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3, help="timed steps (after one warm-up step)")
     ap.add_argument("--profile", help="a profile file (dhp profile); default: measure one now")
     ap.add_argument("--profile-out", help="write the measured profile here")
-    ap.add_argument("--service", help="planning service URL (uses api.client when installed)")
+    ap.add_argument("--service", help="planning service URL (uses api.client.planner_client when installed)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
     args = ap.parse_args(argv)
 
     import torch
 
-    from trainer.checks import step_worker
     from trainer.launch import spawn
+    from trainer.step_equivalence import step_worker
     from trainer.tiny_model import TinyConfig
 
     torch.set_num_threads(1)

@@ -6,8 +6,8 @@ sequential, seeded shuffle, length-grouped), cuts it into steps of the global ba
 (:mod:`jobs.steps`), plans every step with the same request template (:mod:`jobs.worker`) on an
 engine (:mod:`jobs.engines`: a local process pool, or Ray tasks), keeps a journal so that a killed
 job resumes where it stopped, and writes the plans as one Parquet file with a JSON index
-(:mod:`jobs.planfile`) and an epoch summary (:mod:`jobs.summary`). :mod:`jobs.runner` ties these
-together; :mod:`jobs.cli` is ``dhp plan-epoch``; :mod:`trainer.epoch_plan` is the trainer side (a sampler
+(:mod:`jobs.planfile`) and an epoch summary (:mod:`jobs.epoch_summary`). :mod:`jobs.runner` ties these
+together; :mod:`api.cli.jobs_commands` is ``dhp plan-epoch``; :mod:`trainer.epoch_plan` is the trainer side (a sampler
 over the plan file; it imports torch only when asked for a torch sampler).
 
 Planning is deterministic per step: a step's plan depends only on its samples and the template,

@@ -19,8 +19,8 @@ from typing import Any
 
 from jobs import planfile
 from jobs.engines import Chunk, Engine
+from jobs.epoch_summary import summarize
 from jobs.steps import Epoch
-from jobs.summary import summarize
 
 Progress = Callable[[int, int, int], None]
 """Called with (steps done, total steps, steps failed) after every finished chunk."""

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from optimizer.errors import InfeasibleError, PlannerError
-from optimizer.plan.plan import Plan
+from optimizer.plan.records import Plan
 
 _SAMPLE_IN_MESSAGE = re.compile(r"sample '([^']+)'")
 _SAMPLE_IN_FIELD = re.compile(r"^batch\.samples\[(\d+)\]")

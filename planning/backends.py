@@ -15,7 +15,7 @@ from optimizer.bounds.lower_bounds import memory_proof
 from optimizer.costs.tables import CostTables
 from optimizer.errors import InfeasibleError, PlannerError
 from optimizer.plan.evaluate import assignment_step_time
-from optimizer.plan.plan import Assignment, SolverStats, TracePoint
+from optimizer.plan.records import Assignment, SolverStats, TracePoint
 from optimizer.verify.verifier import check_assignment
 from planning.fixed_work import SAFETY, phase_ms
 from planning.solve_watch import GRACE_MS, busy, hard_stop_for, solve_watched

@@ -103,7 +103,7 @@ def _time_phases(problem: Problem) -> PhaseTimes:
     from optimizer.heuristic.strategies import heuristic_plan
     from optimizer.plan.aligned import align_blocks
     from optimizer.plan.evaluate import assignment_step_time, build_plan
-    from optimizer.plan.plan import SolverStats
+    from optimizer.plan.records import SolverStats
     from optimizer.verify.verifier import verify
 
     clock = time.perf_counter

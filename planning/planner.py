@@ -15,7 +15,7 @@
    with the best assignment so far as a full hint, until the deadline;
 4. verify the candidates independently and keep the best valid one; a solver failure, time-out
    or invalid answer is recorded as the fallback reason, never raised;
-5. move groups onto the job's existing communicators when asked (:mod:`planning.group_reuse`).
+5. move groups onto the job's existing communicators when asked (:mod:`planning.existing_groups`).
 
 Each optional phase (the tighter bounds, the static layout, the LP, the solver, the heuristic's
 strategies after its first plan) starts only when the time left after the reserve for building and
@@ -46,7 +46,7 @@ from optimizer.heuristic.static_layout import best_static
 from optimizer.heuristic.strategies import heuristic_plan
 from optimizer.plan.aligned import align_blocks
 from optimizer.plan.evaluate import assignment_step_time, build_plan
-from optimizer.plan.plan import Assignment, Plan, SolverStats, TracePoint
+from optimizer.plan.records import Assignment, Plan, SolverStats, TracePoint
 from optimizer.problem.problem import Problem
 from optimizer.verify.verifier import verify
 from planning.backends import (
@@ -60,8 +60,8 @@ from planning.backends import (
     solver_may_follow,
 )
 from planning.deadline import Deadline
+from planning.existing_groups import reuse_groups
 from planning.fixed_work import SAFETY, phase_ms, problem_budget_ms, problem_estimate_ms, suggested_budget_ms
-from planning.group_reuse import reuse_groups
 from planning.size_bound_step import size_bound_within
 from planning.warm import warm_up_with
 

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from optimizer.costs.tables import CostTables
-from optimizer.plan.plan import Assignment
+from optimizer.plan.records import Assignment
 from solver_models.base import Backend, ImprovementCallback, SolveResult
 from solver_models.stop import StopSignal, stopping
 

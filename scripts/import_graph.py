@@ -20,18 +20,37 @@ LAYERS: dict[str, int] = {
     "optimizer": 0,  # the engine: problem model, costs, heuristic, bounds, plan, verification
     "solver_models": 1,  # exact backends: read cost tables, return assignments
     "planning": 2,  # orchestration: the only layer that knows the engine and the solvers
-    "trainer": 5,  # applies plans on the training ranks (gets them through the client, or plans locally)
-    "bench": 6,  # benchmarks and baselines (they drive the service, the trainer and its framework integrations)
     "jobs": 3,  # epoch planning jobs
-    "api": 4,  # HTTP service, client, and the command line
+    "api.store": 4,  # the plan store: tables, migrations, queries
+    "api.client": 4,  # the trainers' client (httpx; the engine only to plan locally)
+    "api.service": 5,  # the HTTP service: routes, admission, intake, the plan cache, settings
+    "api.dashboard": 6,  # the solver tuning dashboard: its routes, views and pages
+    "api": 7,  # the application that joins the service and the dashboard, and a local server of it
+    "trainer": 8,  # applies plans on the training ranks (gets them through the client, or plans locally)
+    "bench": 9,  # benchmarks and baselines (they drive the service, the trainer and its framework integrations)
+    "api.cli": 10,  # the ``dhp`` command line: the top, it may import every other part
 }
-"""A package may import packages of a lower layer, never of its own layer (other than itself) or above."""
+"""A part may import parts of a lower layer, never of its own layer (other than itself) or above.
+
+A part is a top-level package or, where listed, a subpackage; a module belongs to the longest part
+that names a prefix of it (``api.service.intake`` to ``api.service``, ``api.app`` to ``api``).
+"""
+
+
+def part(module: str) -> str:
+    """The part (a key of ``LAYERS``) a module belongs to."""
+    name = module
+    while name not in LAYERS:
+        if "." not in name:
+            raise KeyError(f"{module} belongs to no part of LAYERS")
+        name = name.rpartition(".")[0]
+    return name
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
     """Every module of the project's packages by dotted name."""
     out: dict[str, Path] = {}
-    for package in LAYERS:
+    for package in sorted({p.split(".")[0] for p in LAYERS}):
         base = root / package
         if not base.is_dir():
             continue
@@ -123,9 +142,9 @@ def upward(graph: dict[str, set[str]]) -> list[str]:
     """Imports that break the layer rule, as 'a -> b' lines."""
     bad = []
     for a, deps in sorted(graph.items()):
-        pa = a.split(".")[0]
+        pa = part(a)
         for b in sorted(deps):
-            pb = b.split(".")[0]
+            pb = part(b)
             if pa != pb and LAYERS[pb] >= LAYERS[pa]:
                 bad.append(f"{a} -> {b} ({pa} is layer {LAYERS[pa]}, {pb} is layer {LAYERS[pb]})")
     return bad
@@ -137,16 +156,16 @@ def report(root: Path = ROOT) -> tuple[list[str], list[str]]:
     graph = imports(known)
     lines = ["package          layer  modules  imports"]
     for package, layer in sorted(LAYERS.items(), key=lambda kv: (kv[1], kv[0])):
-        mods = [m for m in known if m.split(".")[0] == package]
+        mods = [m for m in known if part(m) == package]
         if not mods:
             continue
-        uses = sorted({d.split(".")[0] for m in mods for d in graph[m]} - {package})
+        uses = sorted({part(d) for m in mods for d in graph[m]} - {package})
         lines.append(f"{package:<16} {layer:>5}  {len(mods):>7}  {', '.join(uses) or '-'}")
         subs: dict[str, int] = defaultdict(int)
         for m in mods:
             parts = m.split(".")
-            if len(parts) > 2:
-                subs[".".join(parts[:2])] += 1
+            if len(parts) > len(package.split(".")) + 1:
+                subs[".".join(parts[: len(package.split(".")) + 1])] += 1
         for sub, count in sorted(subs.items()):
             lines.append(f"  {sub:<28} {count:>3} modules")
     violations = [f"cycle: {' <-> '.join(c)}" for c in cycles(graph)] + [f"upward: {u}" for u in upward(graph)]

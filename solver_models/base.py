@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from optimizer.costs.tables import CostTables
-from optimizer.plan.plan import Assignment, TracePoint
+from optimizer.plan.records import Assignment, TracePoint
 from optimizer.problem.options import PlanOptions
 
 ImprovementCallback = Callable[[float, float, float | None], None]

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from optimizer.costs.tables import CostTables
-from optimizer.plan.plan import Assignment
+from optimizer.plan.records import Assignment
 
 UNIT = 1e-7
 """Seconds per integer time unit of the models."""

@@ -29,7 +29,7 @@ import numpy as np
 
 from optimizer.costs.tables import CostTables
 from optimizer.plan.evaluate import assignment_step_time
-from optimizer.plan.plan import Assignment, TracePoint
+from optimizer.plan.records import Assignment, TracePoint
 from optimizer.problem.options import PlanOptions
 from solver_models.base import ImprovementCallback, SolveResult
 from solver_models.formulation import UNIT, Group, SlotModel, full_model, neighbourhood_model, rounding_slack

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from optimizer.costs.tables import CostTables
-from optimizer.plan.plan import Assignment
+from optimizer.plan.records import Assignment
 from optimizer.problem.options import PlanOptions
 from solver_models.base import ImprovementCallback, SolveResult, register
 from solver_models.formulation import SlotModel

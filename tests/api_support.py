@@ -7,7 +7,7 @@ from typing import Any
 
 from api.local_server import LocalServer as ServerProcess  # noqa: F401  (the tests' name for it)
 from api.local_server import free_port  # noqa: F401
-from optimizer.plan.plan import assignment_from_json
+from optimizer.plan.records import assignment_from_json
 from optimizer.problem.documents import problem_from_json
 from optimizer.problem.workloads import WORKLOADS
 from optimizer.verify.verifier import check_assignment

@@ -33,7 +33,7 @@ def make_client(tmp_path: Path) -> Iterator[Any]:
     from fastapi.testclient import TestClient
 
     from api.app import create_app
-    from api.settings import Settings
+    from api.service.settings import Settings
 
     clients = []
 

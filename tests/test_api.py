@@ -11,7 +11,7 @@ from api_support import ROOT, assert_verified, small_request
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from api.settings import Settings
+from api.service.settings import Settings
 from optimizer.problem.documents import problem_from_json
 from planning.planner import plan as run_planner
 
@@ -287,7 +287,7 @@ def test_budget_counts_from_arrival(client, monkeypatch):
     """One deadline per request, from its arrival; the request's own options are not rewritten."""
     import time
 
-    import api.service as solving
+    import api.service.planning_service as solving
 
     seen = []
     original = solving.run_planner
@@ -354,7 +354,7 @@ def test_presets_health_metrics_docs(client):
 
 
 def test_dhp_serve_refuses_unsafe_production_settings(monkeypatch, capsys):
-    from api.commands import main
+    from api.cli.main import main
 
     monkeypatch.setenv("DHP_ENVIRONMENT", "production")
     monkeypatch.delenv("DHP_TOKENS", raising=False)
@@ -367,7 +367,7 @@ def test_dhp_serve_refuses_unsafe_production_settings(monkeypatch, capsys):
 
 
 def test_solver_threads_are_capped(tmp_path):
-    from api.translate import to_problem
+    from api.service.translate import to_problem
 
     doc = {k: v for k, v in small_request(n=4, solver_workers=8).items()}
     assert to_problem(doc, Settings(data_dir=tmp_path, solver_threads=2)).options.solver_workers == 2
@@ -409,7 +409,7 @@ def test_a_plan_ahead_lost_in_a_stopped_server_is_reported_failed(make_client):
 
 
 def test_a_repeated_request_skips_validation(client, monkeypatch):
-    import api.translate as translate
+    import api.service.translate as translate
 
     req = small_request(n=6, seed=11)
     first = client.post("/v1/plans", json=req).json()
@@ -444,7 +444,7 @@ def test_solver_libraries_are_loaded_at_start_up(tmp_path):
         "import sys\n"
         "from fastapi.testclient import TestClient\n"
         "from api.app import create_app\n"
-        "from api.settings import Settings\n"
+        "from api.service.settings import Settings\n"
         "app = create_app(Settings(data_dir=sys.argv[1]))\n"
         "before = 'ortools.sat.python.cp_model' in sys.modules\n"
         "with TestClient(app):\n"

@@ -27,7 +27,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from api.app import create_app
-from api.settings import Settings
+from api.service.settings import Settings
 
 PG_URL = os.environ.get("DHP_TEST_DATABASE_URL")
 CHECKS = [

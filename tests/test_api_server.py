@@ -8,7 +8,7 @@ import httpx
 import pytest
 from api_support import ServerProcess, assert_verified, small_request
 
-from api.client import PlannerClient
+from api.client.planner_client import PlannerClient
 
 
 @pytest.fixture(scope="module")

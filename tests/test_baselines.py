@@ -8,12 +8,12 @@ import math
 import numpy as np
 import pytest
 
-from bench.runner import make_problem
-from bench.workloads import WORKLOADS
+from bench.grid import make_problem
+from bench.workload_catalog import WORKLOADS
 from optimizer.costs.tables import CostTables
 from optimizer.heuristic.static_layout import best_static, static_assignment
 from optimizer.plan.evaluate import assignment_step_time
-from optimizer.plan.plan import Assignment, StaticBaseline
+from optimizer.plan.records import Assignment, StaticBaseline
 from optimizer.problem.documents import problem_from_json
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from bench.baselines import bucket_milp, deployed_degree, static_deployed
+from bench.grid import make_problem, make_request
 from bench.planners import NAMES, plan_assignment, planner_for, rules_of, under_rules
-from bench.runner import make_problem, make_request
-from bench.workloads import WORKLOADS
+from bench.workload_catalog import WORKLOADS
 from optimizer.bounds.lower_bounds import lower_bound
 from optimizer.costs.tables import CostTables
 from optimizer.heuristic.static_layout import best_static

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from api.commands import main
+from api.cli.main import main
 from bench.flexsp_real import FlexSPSettings, build_optimizer, import_flexsp, layout, missing, translation
-from bench.runner import make_problem, resolve_profile
-from bench.workloads import WORKLOADS
+from bench.grid import make_problem, resolve_profile
+from bench.workload_catalog import WORKLOADS
 from optimizer.costs.tables import CostTables
 from optimizer.errors import ProblemError
 

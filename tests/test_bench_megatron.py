@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from api.commands import main
+from api.cli.main import main
 from bench.baselines import megatron_real
+from bench.grid import GridSpec, best_bound, make_request, resolve_profile, rules_case, run_grid
 from bench.planners import PLANNERS, default_planners, planner_for, under_rules
-from bench.runner import GridSpec, best_bound, make_request, resolve_profile, rules_case, run_grid
-from bench.workloads import WORKLOADS
+from bench.workload_catalog import WORKLOADS
 from optimizer.costs.tables import CostTables
 from optimizer.problem.documents import problem_from_json
 from optimizer.verify.verifier import check_assignment

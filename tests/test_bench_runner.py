@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from api.commands import main
+from api.cli.main import main
+from bench.grid import GridSpec, make_problem, percentile, resolve_profile, run_grid, total_steps
 from bench.report import summarize
-from bench.runner import GridSpec, make_problem, percentile, resolve_profile, run_grid, total_steps
 from bench.scaling import fit_exponent
-from bench.workloads import WORKLOADS, get_workload, load_replay, save_replay
+from bench.workload_catalog import WORKLOADS, get_workload, load_replay, save_replay
 from optimizer.errors import ProblemError
 from optimizer.problem.documents import batch_from_json
 
@@ -201,7 +201,7 @@ def test_unknown_profile_is_a_clear_error(tmp_path, capsys):
 def test_bench_scores_against_the_best_bound_proven(monkeypatch):
     """The bench's bound is the engine's or, when higher, the group-size LP's; without HiGHS the engine's."""
     pytest.importorskip("highspy")
-    from bench.runner import best_bound
+    from bench.grid import best_bound
     from optimizer.bounds.lower_bounds import lower_bound
     from optimizer.costs.tables import CostTables
     from solver_models import size_bound

@@ -17,8 +17,8 @@ import pytest
 from oracle import brute_force_optimum
 from oracle_instances import instance
 
-from bench.runner import make_problem, resolve_profile
-from bench.workloads import WORKLOADS
+from bench.grid import make_problem, resolve_profile
+from bench.workload_catalog import WORKLOADS
 from optimizer.bounds.long_sample import OtherFill, long_sample_bound
 from optimizer.bounds.lower_bounds import _extremes, bound_parts, fewest_micro_batches
 from optimizer.costs.tables import CostTables

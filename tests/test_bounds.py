@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from oracle import brute_force_optimum
 
-from bench.runner import make_problem
-from bench.workloads import WORKLOADS
+from bench.grid import make_problem
+from bench.workload_catalog import WORKLOADS
 from optimizer.bounds.long_sample import long_sample_bound
 from optimizer.bounds.lower_bounds import (
     _extremes,

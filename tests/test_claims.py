@@ -21,7 +21,7 @@ from oracle_instances import instance
 from optimizer.costs.tables import CostTables
 from optimizer.errors import InfeasibleError, PlannerError
 from optimizer.heuristic.strategies import heuristic_plan
-from optimizer.plan.plan import SolverStats
+from optimizer.plan.records import SolverStats
 from optimizer.problem.documents import problem_from_json
 from planning.planner import OPTIMAL_GAP, honest_status, plan
 from solver_models import available_backends

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from api.commands import main
+from api.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -133,7 +133,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, content, needle):
     if content is not None:
         batch.write_text(content)
     proc = subprocess.run(
-        [sys.executable, "-m", "api.commands", "plan", "--batch", str(batch)], capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-m", "api.cli.main", "plan", "--batch", str(batch)], capture_output=True, text=True, cwd=ROOT
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -155,7 +155,7 @@ def _one_line(proc, code, needle):
 
 
 def _dhp(*argv, **kwargs):
-    return subprocess.run([sys.executable, "-m", "api.commands", *argv], capture_output=True, cwd=ROOT, **kwargs)
+    return subprocess.run([sys.executable, "-m", "api.cli.main", *argv], capture_output=True, cwd=ROOT, **kwargs)
 
 
 OK_BATCH = str(EXAMPLES / "batch_small.json")
@@ -195,7 +195,7 @@ def test_a_full_disk_is_exit_4():
     _one_line(_dhp("plan", "--batch", OK_BATCH, *PRESETS, "--out", "/dev/full"), 4, "No space left")
     with open("/dev/full", "w") as full:
         proc = subprocess.run(
-            [sys.executable, "-m", "api.commands", "plan", "--batch", OK_BATCH, *PRESETS],
+            [sys.executable, "-m", "api.cli.main", "plan", "--batch", OK_BATCH, *PRESETS],
             stdout=full,
             stderr=subprocess.PIPE,
             cwd=ROOT,
@@ -205,7 +205,7 @@ def test_a_full_disk_is_exit_4():
 
 def test_a_closed_standard_output_is_exit_4_not_a_lost_plan():
     proc = subprocess.run(
-        f"{sys.executable} -m api.commands plan --batch {OK_BATCH} {' '.join(PRESETS)} >&-",
+        f"{sys.executable} -m api.cli.main plan --batch {OK_BATCH} {' '.join(PRESETS)} >&-",
         shell=True,
         stderr=subprocess.PIPE,
         cwd=ROOT,
@@ -219,8 +219,8 @@ def test_the_help_documents_the_exit_codes():
 
 
 def test_serving_beyond_loopback_without_tokens_warns():
-    from api.cli import exposure_warning
-    from api.settings import Settings
+    from api.cli.serve import exposure_warning
+    from api.service.settings import Settings
 
     assert "without bearer tokens" in exposure_warning(Settings(host="0.0.0.0"))
     assert exposure_warning(Settings(host="127.0.0.1")) is None

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from api_support import ROOT, ServerProcess, assert_verified, free_port, small_request
 
-from api.client import AsyncPlannerClient, PlannerClient, PlannerServiceError, ServiceUnavailable
+from api.client.planner_client import AsyncPlannerClient, PlannerClient, PlannerServiceError, ServiceUnavailable
 
 CLIENTS = {"sync": PlannerClient, "async": AsyncPlannerClient}
 
@@ -153,7 +153,7 @@ def test_importable_without_the_web_stack():
         "import sys\n"
         "for m in ('fastapi', 'starlette', 'sqlalchemy', 'pydantic', 'pydantic_settings', 'uvicorn', 'alembic', 'prometheus_client'):\n"
         "    sys.modules[m] = None\n"
-        "from api.client import AsyncPlannerClient, PlannerClient\n"
+        "from api.client.planner_client import AsyncPlannerClient, PlannerClient\n"
         "print(PlannerClient.__name__, AsyncPlannerClient.__name__)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)

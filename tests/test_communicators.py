@@ -110,7 +110,7 @@ def test_bad_reuse_options_name_the_field(options, field):
 
 def _hand(existing, cost, groups, lengths):
     from optimizer.costs.tables import CostTables
-    from optimizer.plan.plan import Assignment
+    from optimizer.plan.records import Assignment
 
     doc = {
         "batch": {"samples": [{"id": f"s{i}", "text_tokens": n} for i, n in enumerate(lengths)]},

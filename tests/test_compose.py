@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from api.settings import Settings
+from api.service.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 

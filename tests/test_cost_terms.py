@@ -15,7 +15,7 @@ from optimizer.costs.tables import CostTables, sample_time
 from optimizer.errors import ProblemError
 from optimizer.heuristic.local_search import LocalSearch
 from optimizer.plan.evaluate import assignment_step_time, build_plan
-from optimizer.plan.plan import Assignment, SolverStats
+from optimizer.plan.records import Assignment, SolverStats
 from optimizer.problem.documents import problem_from_json, profile_from_json
 from optimizer.problem.problem import Problem
 from optimizer.verify.verifier import check_assignment, group_time, verify

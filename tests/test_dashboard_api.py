@@ -15,11 +15,11 @@ from api_support import small_request
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from api import translate
 from api.app import create_app
-from api.dashboard_calibration import EDGES, histogram
-from api.dashboard_plan import runs
-from api.settings import Settings
+from api.dashboard.calibration import EDGES, histogram
+from api.dashboard.plan_view import runs
+from api.service import translate
+from api.service.settings import Settings
 from api.store import PlanRecord, Store
 from api.store import queries as q
 from api.store.migrate import upgrade
@@ -291,7 +291,7 @@ def test_pages_open_without_a_token_data_needs_one(tmp_path):
 
 
 def test_pages_reference_only_packaged_assets():
-    from api.routes.dashboard import PAGES
+    from api.dashboard.endpoints import PAGES
 
     for page in PAGES.glob("*.html"):
         html = page.read_text()

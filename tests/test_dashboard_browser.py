@@ -18,7 +18,7 @@ import pytest
 from dashboard_fill import fill, request
 from playwright.sync_api import sync_playwright
 
-from api.dashboard_plan import runs
+from api.dashboard.plan_view import runs
 from api.local_server import LocalServer
 
 CHROMIUM = os.environ.get("DHP_CHROMIUM", "/usr/bin/chromium")

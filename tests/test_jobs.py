@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("pyarrow")
 
-from api.commands import main as dhp  # noqa: E402
+from api.cli.main import main as dhp  # noqa: E402
 from jobs import planfile  # noqa: E402
 from jobs.dataset import write_jsonl, write_parquet  # noqa: E402
 from jobs.engines import LocalEngine  # noqa: E402
@@ -102,7 +102,7 @@ def test_kill_and_resume_plans_no_step_twice(tmp_path):
     argv = [
         sys.executable,
         "-m",
-        "api.commands",
+        "api.cli.main",
         "plan-epoch",
         "--dataset",
         str(data),
@@ -278,7 +278,7 @@ def test_cli_bad_input_exit_2_one_line(tmp_path):
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"dataset": {"path": str(tmp_path / "missing.jsonl")}, "global_batch_size": 4}))
     proc = subprocess.run(
-        [sys.executable, "-m", "api.commands", "plan-epoch", "--job", str(job), "--out", str(tmp_path / "o")],
+        [sys.executable, "-m", "api.cli.main", "plan-epoch", "--job", str(job), "--out", str(tmp_path / "o")],
         capture_output=True,
         text=True,
         cwd=ROOT,

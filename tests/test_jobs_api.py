@@ -12,7 +12,7 @@ pytest.importorskip("pyarrow")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from api.app import create_app  # noqa: E402
-from api.settings import Settings  # noqa: E402
+from api.service.settings import Settings  # noqa: E402
 from jobs.engines import LocalEngine  # noqa: E402
 from jobs.runner import run_job  # noqa: E402
 from jobs.spec import job_from_json  # noqa: E402

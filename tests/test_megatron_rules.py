@@ -15,12 +15,12 @@ import pytest
 from oracle import brute_force_optimum
 from oracle_instances import instance, with_options
 
-from bench.runner import make_problem, resolve_profile
-from bench.workloads import get_workload
+from bench.grid import make_problem, resolve_profile
+from bench.workload_catalog import get_workload
 from optimizer.bounds.lower_bounds import bound_parts
 from optimizer.costs.tables import UNFIT_S, CostTables
 from optimizer.errors import PlannerError
-from optimizer.plan.plan import Assignment
+from optimizer.plan.records import Assignment
 from optimizer.problem.degrees import aligned_sizes, allowed_degrees
 from optimizer.problem.documents import problem_from_json
 from optimizer.verify.verifier import check_assignment, verify

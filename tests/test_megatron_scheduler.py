@@ -14,7 +14,7 @@ import random
 import pytest
 
 from optimizer.errors import ProblemError
-from optimizer.plan.plan import Assignment
+from optimizer.plan.records import Assignment
 from optimizer.problem.documents import problem_from_json
 from optimizer.verify.verifier import check_assignment
 from trainer.megatron import MEGATRON_RULES, PlannedCPScheduler, assignment_of, busy_last, install, schedule_of

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from api.commands import main
+from api.cli.main import main
 from bench.planners import plan_assignment
 from optimizer.costs.analytical import analytical_profile
 from optimizer.costs.zoo import describe_presets, load_profile, profile_names

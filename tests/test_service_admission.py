@@ -16,9 +16,9 @@ import pytest
 from api_support import small_request
 from fastapi.testclient import TestClient
 
-import api.service
+import api.service.planning_service
 from api.app import create_app
-from api.settings import Settings
+from api.service.settings import Settings
 
 SOLVE_S = 1.5
 
@@ -26,7 +26,7 @@ SOLVE_S = 1.5
 @pytest.fixture
 def slow(monkeypatch):
     """Every solve takes SOLVE_S more seconds; ``started`` is set when the first begins."""
-    real = api.service.run_planner
+    real = api.service.planning_service.run_planner
     started = threading.Event()
 
     def solve(problem, deadline=None):
@@ -34,7 +34,7 @@ def slow(monkeypatch):
         time.sleep(SOLVE_S)
         return real(problem, deadline=deadline)
 
-    monkeypatch.setattr(api.service, "run_planner", solve)
+    monkeypatch.setattr(api.service.planning_service, "run_planner", solve)
     return started
 
 
@@ -81,13 +81,13 @@ def test_solve_threads_run_below_the_event_loop_priority(tmp_path, monkeypatch):
     if not sys.platform.startswith("linux"):
         pytest.skip("thread priorities are set on Linux only")
     seen = []
-    real = api.service.run_planner
+    real = api.service.planning_service.run_planner
 
     def solve(problem, deadline=None):
         seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         return real(problem, deadline=deadline)
 
-    monkeypatch.setattr(api.service, "run_planner", solve)
+    monkeypatch.setattr(api.service.planning_service, "run_planner", solve)
     base = os.getpriority(os.PRIO_PROCESS, 0)
     with TestClient(create_app(Settings(data_dir=tmp_path / "data", solve_nice=7))) as client:
         assert client.post("/v1/plans", json=small_request(n=6, seed=23)).status_code == 201
@@ -143,7 +143,7 @@ def test_a_wait_longer_than_any_budget_refuses_before_reading_the_body(client, m
 def test_the_answer_tail_is_reserved_from_the_planners_deadline(client, monkeypatch):
     """The planner is given the budget less the 90th percentile of how late recent answers went out after their
     planner's deadline (at most half the budget): on a machine that gives the service less CPU, answers keep the budget."""
-    from api.admission import AnswerTail
+    from api.service.admission import AnswerTail
 
     tail = AnswerTail()
     assert tail.reserve_s(0.2) == 0.0
@@ -151,13 +151,13 @@ def test_the_answer_tail_is_reserved_from_the_planners_deadline(client, monkeypa
         tail.observe(ms / 1000.0)
     assert tail.reserve_s(0.2) == pytest.approx(0.058) and tail.reserve_s(0.1) == pytest.approx(0.050)
     seen = []
-    real = api.service.run_planner
+    real = api.service.planning_service.run_planner
 
     def solve(problem, deadline=None):
         seen.append(deadline.due - deadline.start)
         return real(problem, deadline=deadline)
 
-    monkeypatch.setattr(api.service, "run_planner", solve)
+    monkeypatch.setattr(api.service.planning_service, "run_planner", solve)
     client.app.state.service.tail = tail
     r = client.post("/v1/plans", json=small_request(n=6, seed=40, time_budget_ms=200))
     assert r.status_code == 201 and seen == [pytest.approx(0.142)]
@@ -166,8 +166,8 @@ def test_the_answer_tail_is_reserved_from_the_planners_deadline(client, monkeypa
 
 def test_an_overloaded_service_refuses_before_it_validates(client, slow, monkeypatch):
     calls = []
-    real = api.service.translate.to_problem
-    monkeypatch.setattr(api.service.translate, "to_problem", lambda *a: calls.append(1) or real(*a))
+    real = api.service.planning_service.translate.to_problem
+    monkeypatch.setattr(api.service.planning_service.translate, "to_problem", lambda *a: calls.append(1) or real(*a))
     client.app.state.service.pool.capacity = 1
     with ThreadPoolExecutor(1) as pool:
         busy = occupy(client, pool, slow, seed=41)
@@ -178,7 +178,7 @@ def test_an_overloaded_service_refuses_before_it_validates(client, slow, monkeyp
 
 
 def test_the_tail_is_kept_per_batch_size():
-    from api.admission import AnswerTail, size_class
+    from api.service.admission import AnswerTail, size_class
 
     assert (
         size_class(16) == size_class(1023) == 0
@@ -200,9 +200,11 @@ def test_a_budget_the_service_own_work_leaves_too_short_is_refused_at_once(clien
     from planning.fixed_work import Rates, fixed_rates
 
     calls = []
-    real = api.service.run_planner
+    real = api.service.planning_service.run_planner
     monkeypatch.setattr(
-        api.service, "run_planner", lambda problem, deadline=None: calls.append(1) or real(problem, deadline=deadline)
+        api.service.planning_service,
+        "run_planner",
+        lambda problem, deadline=None: calls.append(1) or real(problem, deadline=deadline),
     )
     for _ in range(3):
         client.app.state.service.tail.observe(
@@ -221,7 +223,7 @@ def test_a_budget_the_service_own_work_leaves_too_short_is_refused_at_once(clien
 
 
 def test_an_untimed_size_borrows_the_per_sample_rate_of_the_nearest_large_one():
-    from api.admission import AnswerTail
+    from api.service.admission import AnswerTail
 
     tail = AnswerTail()
     for _ in range(5):
@@ -254,7 +256,7 @@ def test_answers_late_at_the_largest_reserve_close_the_waiting_line(client, slow
 
 
 def test_the_reserve_covers_the_service_work_after_the_planner_even_after_early_answers():
-    from api.admission import AnswerTail
+    from api.service.admission import AnswerTail
 
     tail = AnswerTail()
     for _ in range(5):

@@ -16,10 +16,10 @@ from api_support import assert_verified, small_request
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import sessionmaker
 
-import api.service
+import api.service.planning_service
 from api.app import create_app
-from api.client import PlannerClient
-from api.settings import Settings
+from api.client.planner_client import PlannerClient
+from api.service.settings import Settings
 from api.store import PlanRecord, Store
 from api.store.repository import make_engine, utcnow
 
@@ -108,7 +108,7 @@ def test_the_client_retries_503_until_the_store_is_back(app):
 
 
 def test_a_plan_solved_while_the_store_is_down_is_stored_when_it_comes_back(app, monkeypatch):
-    real = api.service.run_planner
+    real = api.service.planning_service.run_planner
     outage = Outage(app.state.store)
 
     def solve_during_an_outage(problem, deadline=None):
@@ -116,7 +116,7 @@ def test_a_plan_solved_while_the_store_is_down_is_stored_when_it_comes_back(app,
         threading.Timer(1.0, outage.end).start()
         return real(problem, deadline=deadline)
 
-    monkeypatch.setattr(api.service, "run_planner", solve_during_an_outage)
+    monkeypatch.setattr(api.service.planning_service, "run_planner", solve_during_an_outage)
     with TestClient(app, raise_server_exceptions=False) as client:
         req = {**small_request(n=6, seed=4), "wait": False}
         accepted = client.post("/v1/plans", json=req)

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from api_support import small_request
 
-from api.commands import main
+from api.cli.main import main
 from api.local_server import ROOT, LocalServer, free_port
 
 TOKEN = "t" * 24
@@ -118,7 +118,7 @@ def test_nul_in_profile_source_is_refused_on_postgresql(tmp_path):
     from fastapi.testclient import TestClient
 
     from api.app import create_app
-    from api.settings import Settings
+    from api.service.settings import Settings
 
     empty_postgres(url).close()
     with TestClient(create_app(Settings(data_dir=tmp_path, database_url=url)), raise_server_exceptions=False) as client:

@@ -11,8 +11,8 @@ from api_support import empty_postgres, small_request
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from api.commands import main
-from api.settings import Settings
+from api.cli.main import main
+from api.service.settings import Settings
 from optimizer.costs.zoo import load_profile
 
 PG_URL = os.environ.get("DHP_TEST_DATABASE_URL")

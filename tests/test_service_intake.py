@@ -15,11 +15,11 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import api.intake as intake
-import api.service
+import api.service.intake as intake
+import api.service.planning_service
 from api.app import create_app
-from api.intake import BodyBudget, Keeper, loads, parse_body
-from api.settings import Settings
+from api.service.intake import BodyBudget, Keeper, loads, parse_body
+from api.service.settings import Settings
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
@@ -89,14 +89,14 @@ def test_a_large_body_is_parsed_on_a_parse_thread_and_answers_as_before(tmp_path
 
 def test_bodies_beyond_the_byte_budget_are_refused_before_they_are_read(tmp_path, monkeypatch):
     started = threading.Event()
-    real = api.service.run_planner
+    real = api.service.planning_service.run_planner
 
     def slow(problem, deadline=None):
         started.set()
         time.sleep(1.0)
         return real(problem, deadline=deadline)
 
-    monkeypatch.setattr(api.service, "run_planner", slow)
+    monkeypatch.setattr(api.service.planning_service, "run_planner", slow)
     with TestClient(
         create_app(Settings(data_dir=tmp_path / "data", max_body_bytes_in_flight=1024)), raise_server_exceptions=False
     ) as client:
@@ -168,7 +168,7 @@ def test_documents_encoded_in_pieces_are_the_bytes_of_one_call(value):
 
     import orjson
 
-    from api import translate
+    from api.service import translate
 
     long = {
         "batch": {"samples": [value] * (translate.PIECE_ITEMS * 2 + 3), "other": [[value]]}

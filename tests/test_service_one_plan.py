@@ -10,10 +10,10 @@ import pytest
 from api_support import small_request
 from fastapi.testclient import TestClient
 
-import api.service
-from api import translate
+import api.service.planning_service
 from api.app import create_app
-from api.settings import Settings
+from api.service import translate
+from api.service.settings import Settings
 from optimizer.problem.documents import problem_from_json
 
 
@@ -21,7 +21,7 @@ from optimizer.problem.documents import problem_from_json
 def counted(monkeypatch):
     """The service's planner, counted and slowed down so that concurrent requests overlap."""
     calls: list[float] = []
-    real = api.service.run_planner
+    real = api.service.planning_service.run_planner
     lock = threading.Lock()
 
     def slow(problem, deadline=None):
@@ -30,7 +30,7 @@ def counted(monkeypatch):
         time.sleep(0.4)
         return real(problem, deadline=deadline)
 
-    monkeypatch.setattr(api.service, "run_planner", slow)
+    monkeypatch.setattr(api.service.planning_service, "run_planner", slow)
     return calls
 
 

@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 import pytest
 from api_support import ROOT, ServerProcess, small_request
 
-from api import translate
-from api.commands import main
+from api.cli.main import main
+from api.service import translate
 from api.store import PlanRecord
 from optimizer.errors import ProblemError
 from optimizer.presets import load_preset
@@ -348,7 +348,7 @@ def _assert_problem_400(status: str, headers: dict[str, str], body: bytes) -> di
 @pytest.mark.parametrize("protocol", ["H11ProblemProtocol", "HttpToolsProblemProtocol"])
 def test_each_protocol_answers_malformed_http_with_a_problem_document(protocol):
     """The protocol classes alone, on a stand-in transport: what they write for a request uvicorn cannot parse."""
-    import api.http_protocol as hp
+    import api.service.http_protocol as hp
 
     cls = getattr(hp, protocol, None)
     if cls is None:
@@ -437,7 +437,7 @@ def _stored(client, status: str, budget_ms: float) -> str:
 
 
 def test_a_replan_without_a_budget_runs_the_dashboard_default(client):
-    from api.dashboard_tuning import REPLAN_BUDGET_MS
+    from api.dashboard.tuning import REPLAN_BUDGET_MS
 
     plan_id = _stored(client, "pending", 20_000)
     r = client.post(f"/v1/dashboard/plans/{plan_id}/replan", json={})

@@ -11,8 +11,8 @@ import math
 
 import pytest
 
-from bench.runner import make_problem, resolve_profile
-from bench.workloads import WORKLOADS
+from bench.grid import make_problem, resolve_profile
+from bench.workload_catalog import WORKLOADS
 from optimizer.bounds.lower_bounds import lower_bound
 from optimizer.costs.tables import CostTables
 from optimizer.verify.verifier import verify

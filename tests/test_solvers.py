@@ -114,7 +114,7 @@ def test_lns_improves_a_weak_start(have):
     tables = CostTables.build(problem)
     assert full_model_pairs(tables) > FULL_MODEL_PAIRS  # the neighbourhood search runs
     from optimizer.plan.evaluate import assignment_step_time
-    from optimizer.plan.plan import Assignment
+    from optimizer.plan.records import Assignment
 
     groups = [[(r,), []] for r in range(8)]
     for i in range(40):

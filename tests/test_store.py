@@ -180,7 +180,7 @@ def test_service_keeps_plans_in_postgres(tmp_path):
     from fastapi.testclient import TestClient
 
     from api.app import create_app
-    from api.settings import Settings
+    from api.service.settings import Settings
 
     empty_postgres(PG_URL).close()
     settings = Settings(database_url=PG_URL, data_dir=tmp_path)
@@ -200,7 +200,7 @@ def test_record_table_and_summary_agree():
     """The stored record is defined once: the table has its fields, the summary shows the non-document ones."""
     from dataclasses import fields
 
-    from api.schemas import PlanSummary
+    from api.service.schemas import PlanSummary
     from api.store.models import PlanRow
     from api.store.repository import SUMMARY_FIELDS, PlanRecord
 

@@ -10,11 +10,11 @@ torch = pytest.importorskip("torch")
 
 from optimizer.costs.tables import CostTables  # noqa: E402
 from optimizer.plan.evaluate import build_plan  # noqa: E402
-from optimizer.plan.plan import Assignment, SolverStats  # noqa: E402
+from optimizer.plan.records import Assignment, SolverStats  # noqa: E402
 from optimizer.problem.documents import problem_from_json  # noqa: E402
 from optimizer.verify.verifier import verify  # noqa: E402
-from trainer.checks import reference, step_worker  # noqa: E402
 from trainer.launch import spawn  # noqa: E402
+from trainer.step_equivalence import reference, step_worker  # noqa: E402
 from trainer.tiny_model import TinyConfig  # noqa: E402
 
 LENGTHS = [37, 20, 9, 5, 11, 16, 29, 13, 3]

@@ -10,11 +10,11 @@ torch = pytest.importorskip("torch")
 
 from optimizer.costs.tables import CostTables  # noqa: E402
 from optimizer.plan.evaluate import build_plan  # noqa: E402
-from optimizer.plan.plan import Assignment, SolverStats  # noqa: E402
+from optimizer.plan.records import Assignment, SolverStats  # noqa: E402
 from optimizer.problem.documents import problem_from_json, profile_from_json  # noqa: E402
-from trainer.checks import reference, step_worker  # noqa: E402
 from trainer.launch import spawn  # noqa: E402
 from trainer.per_sample_costs import per_sample_profile  # noqa: E402
+from trainer.step_equivalence import reference, step_worker  # noqa: E402
 from trainer.tiny_model import TinyConfig  # noqa: E402
 
 LENGTHS = [41, 7, 18, 3, 25, 12, 30, 9]

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from api.commands import main  # noqa: E402
+from api.cli.main import main  # noqa: E402
 from optimizer.problem.documents import problem_from_json, read_json_file  # noqa: E402
 from trainer.profiler import FitRefused, Point, _nnls, check_fit, fit, fit_ring_transfers, profile_document  # noqa: E402
 

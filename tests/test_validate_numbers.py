@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from api.commands import main
+from api.cli.main import main
 from optimizer.problem.workloads import WORKLOADS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,7 +215,7 @@ def test_a_file_that_is_not_a_plan_object_is_bad_input(files, tmp_path, content)
         [
             sys.executable,
             "-m",
-            "api.commands",
+            "api.cli.main",
             "validate",
             "--plan",
             str(plan_file),

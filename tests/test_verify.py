@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from optimizer.costs.tables import sample_time, vision_work
-from optimizer.plan.plan import Assignment
+from optimizer.plan.records import Assignment
 from optimizer.problem.documents import problem_from_json
 from optimizer.problem.workloads import WORKLOADS
 from optimizer.verify import verifier as verify_module

@@ -1,6 +1,6 @@
 """What one rank does in each micro-batch of a plan.
 
-:func:`apply_plan` reads a plan (a :class:`optimizer.plan.plan.Plan` or its JSON form) and returns, for
+:func:`apply_plan` reads a plan (a :class:`optimizer.plan.records.Plan` or its JSON form) and returns, for
 every micro-batch, the rank's group, its position in the group and, for each of the group's samples,
 the token ranges it holds (zig-zag for ring attention, contiguous for Ulysses, with the padded
 length the split assumes; :mod:`optimizer.plan.sharding` is the single definition of the split). A rank
@@ -100,7 +100,7 @@ def _plan_doc(plan: Any) -> Mapping[str, Any]:
         raise ProblemError(
             f"is a {type(plan).__name__}, not a plan",
             field="plan",
-            hint="pass an optimizer.plan.plan.Plan or the JSON printed by 'dhp plan'.",
+            hint="pass an optimizer.plan.records.Plan or the JSON printed by 'dhp plan'.",
         )
     return to_json(shards=True)
 

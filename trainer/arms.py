@@ -55,7 +55,7 @@ def evaluated(
     from optimizer.bounds.lower_bounds import lower_bound
     from optimizer.costs.tables import CostTables
     from optimizer.plan.evaluate import build_plan
-    from optimizer.plan.plan import SolverStats
+    from optimizer.plan.records import SolverStats
     from optimizer.verify.verifier import check_assignment
 
     tables = CostTables.build(problem)

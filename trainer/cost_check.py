@@ -143,7 +143,7 @@ def predicted_plan(profile: dict[str, Any], cfg: Any, lengths: list[int], groups
     """The plan document of hand-made groups with the cost model's times under ``profile``."""
     from optimizer.costs.tables import CostTables
     from optimizer.plan.evaluate import build_plan
-    from optimizer.plan.plan import Assignment, SolverStats
+    from optimizer.plan.records import Assignment, SolverStats
     from optimizer.problem.documents import problem_from_json
 
     batch = {"samples": [{"id": f"s{i}", "text_tokens": n} for i, n in enumerate(lengths)]}

@@ -46,7 +46,7 @@ from typing import Any
 from optimizer.costs.tables import CostTables
 from optimizer.errors import ProblemError
 from optimizer.gc_pause import collector_paused
-from optimizer.plan.plan import Assignment, GroupAssignment
+from optimizer.plan.records import Assignment, GroupAssignment
 from optimizer.problem.batch import MAX_TOKENS, Batch, Sample
 from optimizer.problem.problem import Problem
 
@@ -277,7 +277,7 @@ class PlannedCPScheduler:
         self._profile = self._profile_doc(given)
         self._client: Any = None
         if url is not None:
-            from api.client import PlannerClient
+            from api.client.planner_client import PlannerClient
 
             self._client = PlannerClient(url, token=token, local_fallback=True)
         self._ahead: dict[str, Any] = {}

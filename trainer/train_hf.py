@@ -126,7 +126,7 @@ class Planner:
         self.ahead: dict[int, str] = {}
         self.arm = ArmPlanner(arm, sample_profile)
         if service:
-            from api.client import PlannerClient
+            from api.client.planner_client import PlannerClient
 
             self.client = PlannerClient(service, local_fallback=False)
 

@@ -18,7 +18,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, text
 
-MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
 
 def alembic_config(url: str) -> Config:

@@ -1,4 +1,4 @@
-"""Tables of the plan store. Changes to them go with a migration in ``api/migrations/versions``.
+"""Tables of the plan store. Changes to them go with a migration in ``api/store/migrations/versions``.
 
 Documents (the normalised request, the plan, solver statistics) are kept as JSON text: the plan
 text is exactly the body the service returns, so reading a plan back costs no re-encoding, and the

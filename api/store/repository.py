@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
 from api.store.models import FeedbackRow, PlanRow
-from optimizer.plan.plan import Plan
+from optimizer.plan.records import Plan
 from optimizer.problem.options import PlanOptions
 
 ID_PATTERN = re.compile(r"[0-9A-Za-z_-]{1,32}")

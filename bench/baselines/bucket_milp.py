@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from optimizer.costs.tables import CostTables
-from optimizer.plan.plan import Assignment
+from optimizer.plan.records import Assignment
 
 BUCKETS = 16
 CANDIDATES_PER_SIZE = 64

@@ -8,7 +8,7 @@ mixed cluster, as one setting holds for every rank) and the data x context-paral
 stand-in whose ``size()`` is the domain), then asked for
 ``get_groups_and_subsamples([(sample id, length), ...], config)``; the sample ids are the batch
 indices. Its schedule (per barrier group, the sample ids each rank runs) becomes an
-:class:`~optimizer.plan.plan.Assignment` with :func:`trainer.megatron.assignment_of`, which the
+:class:`~optimizer.plan.records.Assignment` with :func:`trainer.megatron.assignment_of`, which the
 runner verifies and scores under Megatron's rules (:data:`trainer.megatron.MEGATRON_RULES`) like
 every other plan. The scheduler only sees lengths: its estimate of a sample's work is
 ``length^2 / cp_size``, not the profile.
@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from optimizer.plan.plan import Assignment
+from optimizer.plan.records import Assignment
 from optimizer.problem.problem import Problem
 from trainer.megatron import DomainGroup, balanced_scheduler_class
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 from optimizer.costs.tables import CostTables
-from optimizer.plan.plan import Assignment
+from optimizer.plan.records import Assignment
 
 
 def deployed_degree(tables: CostTables, max_length: int) -> int | None:

@@ -20,7 +20,7 @@ from optimizer.errors import InfeasibleError
 from optimizer.heuristic.pace import Pace
 from optimizer.jit import compiled
 from optimizer.plan.evaluate import assignment_step_time
-from optimizer.plan.plan import Assignment
+from optimizer.plan.records import Assignment
 
 SubPlanner = Callable[[CostTables, float | None], Assignment]
 

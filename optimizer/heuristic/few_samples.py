@@ -20,7 +20,7 @@ import numpy as np
 from optimizer.costs.tables import CostTables
 from optimizer.heuristic.placement import place_groups
 from optimizer.jit import compiled
-from optimizer.plan.plan import Assignment
+from optimizer.plan.records import Assignment
 
 MAX_SAMPLES = 12
 """Most samples planned this way (2^(k-1) splits)."""

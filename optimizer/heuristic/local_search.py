@@ -27,7 +27,7 @@ import numpy as np
 from optimizer.costs.group_classes import ClassKey, GroupClasses, class_times, classify
 from optimizer.costs.tables import CostTables
 from optimizer.heuristic.search_kernels import EPS, best_move, micro_batch_tops, refresh_group
-from optimizer.plan.plan import Assignment
+from optimizer.plan.records import Assignment
 
 POLISH_ROUNDS = 200
 """Rounds of the search polishing a whole plan that was built in parts (within the deadline)."""

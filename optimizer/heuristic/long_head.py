@@ -48,7 +48,7 @@ from optimizer.heuristic.heap_kernels import pop, push
 from optimizer.heuristic.local_search import POLISH_ROUNDS, LocalSearch
 from optimizer.heuristic.pace import Pace
 from optimizer.jit import compiled
-from optimizer.plan.plan import Assignment, GroupAssignment
+from optimizer.plan.records import Assignment, GroupAssignment
 
 HEAD_MAX = 12
 """Most samples in the head."""

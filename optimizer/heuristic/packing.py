@@ -36,7 +36,7 @@ from optimizer.heuristic.local_search import LocalSearch, Packing
 from optimizer.heuristic.lpt_kernels import lpt_place
 from optimizer.heuristic.memory_first_kernels import memory_first
 from optimizer.heuristic.placement import place_groups, spread_over_micro_batches
-from optimizer.plan.plan import Assignment
+from optimizer.plan.records import Assignment
 
 EXTRA_MICRO_BATCHES = 2
 """Micro-batch counts always tried beyond the least that memory allows; further counts are tried

@@ -26,7 +26,7 @@ from optimizer.costs.tables import CostTables
 from optimizer.errors import PlannerError
 from optimizer.heuristic.strategies import heuristic_plan
 from optimizer.plan.evaluate import assignment_step_time
-from optimizer.plan.plan import Assignment
+from optimizer.plan.records import Assignment
 from optimizer.problem.batch import Batch
 from optimizer.problem.problem import Problem
 

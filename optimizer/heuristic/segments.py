@@ -30,7 +30,7 @@ from optimizer.errors import InfeasibleError
 from optimizer.heuristic.chunks import SubPlanner, join_parts
 from optimizer.heuristic.pace import Pace
 from optimizer.plan.evaluate import assignment_step_time
-from optimizer.plan.plan import Assignment
+from optimizer.plan.records import Assignment
 
 CUT_SHARES = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 """Cut where the head's tokens reach these multiples of one micro-batch's memory."""

@@ -16,7 +16,7 @@ import numpy as np
 
 from optimizer.costs.tables import CostTables
 from optimizer.heuristic.static_kernels import balance_static, members_by_bin, sort_ties_by_index
-from optimizer.plan.plan import Assignment, StaticBaseline
+from optimizer.plan.records import Assignment, StaticBaseline
 
 
 @dataclass(frozen=True)

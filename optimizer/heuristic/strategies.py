@@ -42,7 +42,7 @@ from optimizer.heuristic.packing import FAST_ROUNDS, GOOD_ENOUGH, HeuristicPlann
 from optimizer.heuristic.segments import segmented
 from optimizer.heuristic.static_layout import best_static
 from optimizer.plan.evaluate import assignment_step_time
-from optimizer.plan.plan import Assignment
+from optimizer.plan.records import Assignment
 
 CHUNK_FLOORS = (8, 1)
 """Floors a chunk is planned with (each chunk keeps its best); floor 1 only for chunks of short

@@ -13,7 +13,7 @@ inside one, so no group's time grows; the plan's times are recomputed from the r
 from __future__ import annotations
 
 from optimizer.costs.tables import CostTables
-from optimizer.plan.plan import Assignment, GroupAssignment
+from optimizer.plan.records import Assignment, GroupAssignment
 
 
 def _is_block(ranks: tuple[int, ...], n_ranks: int) -> bool:

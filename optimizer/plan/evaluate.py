@@ -1,7 +1,7 @@
 """Turn an assignment into a plan, with times from the cost tables.
 
 Group times are computed for all groups at once from the assignment's flat arrays
-(:attr:`optimizer.plan.plan.Assignment.flat`): each group's span (intra-node, slowest GPU) by a
+(:attr:`optimizer.plan.records.Assignment.flat`): each group's span (intra-node, slowest GPU) by a
 reduction over its ranks, then one gather and one sum per time matrix.
 """
 
@@ -12,7 +12,7 @@ import numpy as np
 from optimizer.costs.group_classes import group_spans
 from optimizer.costs.tables import CostTables
 from optimizer.plan.group_sets import new_communicators, reporting
-from optimizer.plan.plan import Assignment, FlatGroups, GroupPlan, MicroBatchPlan, Plan, SolverStats, StaticBaseline
+from optimizer.plan.records import Assignment, FlatGroups, GroupPlan, MicroBatchPlan, Plan, SolverStats, StaticBaseline
 
 
 def flat_group_times(tables: CostTables, flat: FlatGroups) -> tuple[np.ndarray, np.ndarray]:

@@ -11,7 +11,7 @@ creating another costs time and device memory. ``options.group_reuse`` says what
   (a larger one only while the micro-batch has that many ranks to spare);
   when new groups remain and they cost something, the planning layer also plans on the existing
   groups alone (as for ``only``) and keeps the one with the smaller step time plus group cost
-  (:mod:`planning.group_reuse`);
+  (:mod:`planning.existing_groups`);
 - ``only``: every group of two or more ranks must be an existing group. The planners then only
   use the sizes the existing groups have (:func:`optimizer.problem.degrees.allowed_degrees`), and here every
   group is moved onto an existing group of its size; a group that finds none free in its
@@ -31,7 +31,7 @@ from optimizer.costs.tables import CostTables
 from optimizer.errors import InfeasibleError
 from optimizer.plan.evaluate import assignment_step_time
 from optimizer.plan.group_sets import active, existing_set, new_communicators
-from optimizer.plan.plan import Assignment, GroupAssignment
+from optimizer.plan.records import Assignment, GroupAssignment
 
 Ranks = tuple[int, ...]
 
@@ -46,7 +46,7 @@ def objective(tables: CostTables, assignment: Assignment) -> float:
 def adapt(tables: CostTables, assignment: Assignment) -> Assignment:
     """The assignment with its groups moved onto existing ones as ``options.group_reuse`` asks (for
     ``prefer`` only when that does not cost more; the planning layer may still compare a plan on the
-    existing groups alone, :func:`planning.group_reuse.reuse_groups`)."""
+    existing groups alone, :func:`planning.existing_groups.reuse_groups`)."""
     problem = tables.problem
     if not active(problem):
         return assignment

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from optimizer.plan.plan import Plan
+from optimizer.plan.records import Plan
 from optimizer.problem.problem import Problem
 
 

@@ -1,4 +1,4 @@
-"""Verification of a plan document: the JSON of :meth:`optimizer.plan.plan.Plan.to_json`, read back from a file.
+"""Verification of a plan document: the JSON of :meth:`optimizer.plan.records.Plan.to_json`, read back from a file.
 
 A plan file comes from outside, so no number in it is believed. Each is checked for its type (a JSON
 number, not a string or a boolean; an integer where a count is meant; the fields ``Plan.to_json`` always
@@ -30,7 +30,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from optimizer.plan.plan import (
+from optimizer.plan.records import (
     assignment_from_json,
     bound_gap,
     bound_ratio,

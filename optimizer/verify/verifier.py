@@ -38,7 +38,7 @@ from operator import attrgetter
 import numpy as np
 
 from optimizer.errors import VerificationError
-from optimizer.plan.plan import Assignment, Plan
+from optimizer.plan.records import Assignment, Plan
 from optimizer.problem.degrees import rank_set_problem, size_problem
 from optimizer.problem.problem import Problem
 from optimizer.verify.verify_kernels import recompute_groups, vision_seconds

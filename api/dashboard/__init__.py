@@ -1,0 +1,1 @@
+"""The solver tuning dashboard: its routes, views and static pages."""

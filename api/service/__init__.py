@@ -1,0 +1,1 @@
+"""The HTTP service: routes, admission, intake, the plan cache and the settings."""
