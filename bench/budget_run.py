@@ -107,9 +107,11 @@ class Record:
     late_solves: int = 0
     """Exact solves stopped at an earlier deadline still running when this call started (they share the machine)."""
     cpu_ms: float | None = None
-    """CPU time of this process (all its threads) during the call: far below the wall time when the machine was busy elsewhere."""
+    """CPU time of this process (all its threads) during the call: far below the wall time when the
+    machine was busy elsewhere."""
     plan_ms: float | None = None
-    """The plan's own ``solver.wall_ms`` (its deadline's start to its last step); the rest of ``wall_ms`` was spent around it."""
+    """The plan's own ``solver.wall_ms`` (its deadline's start to its last step); the rest of
+    ``wall_ms`` was spent around it."""
     gc_ms: float | None = None
     """The longest pass of Python's cyclic garbage collector during the call, and its generation (``gc_generation``)."""
     gc_generation: int | None = None
@@ -399,7 +401,8 @@ def print_summary(s: dict[str, Any], records: list[Record]) -> None:
         f"over budget + {s['margin_ms']:.0f} ms: {s['over']}"
         + (
             f" (worst +{s['worst_over_ms']} ms, problem {s['worst_over_index']}); "
-            f"{s['over_starved']} of them with under {STARVED_SHARE:.0%} of their wall time in CPU (the process waiting for the machine)"
+            f"{s['over_starved']} of them with under {STARVED_SHARE:.0%} of their wall time in CPU (the process "
+            "waiting for the machine)"
             if s["over"]
             else ""
         )
@@ -409,7 +412,8 @@ def print_summary(s: dict[str, Any], records: list[Record]) -> None:
         return "n/a" if v is None else f"{v:.3f}"
 
     p(
-        f"wall / budget: p50 {fmt(s['wall_over_budget_p50'])}, p99 {fmt(s['wall_over_budget_p99'])}, max {fmt(s['wall_over_budget_max'])}"
+        f"wall / budget: p50 {fmt(s['wall_over_budget_p50'])}, p99 {fmt(s['wall_over_budget_p99'])}, "
+        f"max {fmt(s['wall_over_budget_max'])}"
     )
     for title, key in (("backend", "by_backend"), ("budget band", "by_band")):
         p(
@@ -421,12 +425,16 @@ def print_summary(s: dict[str, Any], records: list[Record]) -> None:
         )
     if s["cli_calls"]:
         p(
-            f"dhp plan in fresh processes: {s['cli_calls']} calls, whole process p50 {s['cli_process_ms_p50']:.0f} ms, max {s['cli_process_ms_max']:.0f} ms"
+            f"dhp plan in fresh processes: {s['cli_calls']} calls, "
+            f"whole process p50 {s['cli_process_ms_p50']:.0f} ms, max {s['cli_process_ms_max']:.0f} ms"
         )
     for r in records:
         if not math.isnan(r.wall_ms) and r.wall_ms > r.budget_ms + s["margin_ms"]:
             p(
-                f"  over: problem {r.index} ({r.via}, {r.backend}, {r.budget_ms} ms, {r.ranks} ranks, {r.samples} samples): {r.wall_ms:.1f} ms"
+                (
+                    f"  over: problem {r.index} ({r.via}, {r.backend}, {r.budget_ms} ms, {r.ranks} ranks, "
+                    f"{r.samples} samples): {r.wall_ms:.1f} ms"
+                )
                 + (f", {r.plan_ms:.1f} ms on the plan's own clock" if r.plan_ms is not None else "")
                 + (
                     f", longest garbage collection {r.gc_ms:.1f} ms (generation {r.gc_generation})"
@@ -470,7 +478,8 @@ def run(
     """Plan the problems of run ``seed`` and summarise (see the module docstring)."""
     from planning.planner import warm_up_service
 
-    warm_up_service()  # code and solver libraries loaded before the first budget, as a program planning repeatedly has them
+    # Code and solver libraries loaded before the first budget, as a program planning repeatedly has them.
+    warm_up_service()
     if _on_collection not in gc.callbacks:
         gc.callbacks.append(_on_collection)
     indices = only if only is not None else list(range(problems))
@@ -525,8 +534,9 @@ def main(argv: list[str] | None = None) -> int:
     only = [int(x) for x in args.only.split(",")] if args.only else None
     count = len(only) if only else args.problems
     print(
-        f"{count} problems, backends {','.join(backends)}, budgets 10 ms-3 s ({SHORT_SHARE:.0%} under 300 ms), seed {args.seed}; "
-        f"expected about {expected_minutes(count, args.cli_share):.0f} min; load average {load_average()}",
+        f"{count} problems, backends {','.join(backends)}, budgets 10 ms-3 s ({SHORT_SHARE:.0%} under 300 ms), "
+        f"seed {args.seed}; expected about {expected_minutes(count, args.cli_share):.0f} min; "
+        f"load average {load_average()}",
         flush=True,
     )
     started = time.perf_counter()

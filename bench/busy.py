@@ -95,7 +95,8 @@ def phases(answers: list[Answer]) -> dict[str, dict[str, float | int | None]]:
 
 
 def run(root: Path, clients: int, kind: str, seconds: float, **settings: str) -> dict[str, Any]:
-    """One closed-loop run against a fresh server with ``settings`` (``DHP_`` names in lower case, e.g. solve_nice="0")."""
+    """One closed-loop run against a fresh server with ``settings`` (``DHP_`` names in lower
+    case, e.g. solve_nice="0")."""
     bodies = {(k, n): json.dumps(request(1000 * k + n)).encode() for k in range(clients) for n in range(BODIES)}
     srv = server(root / f"{kind}-{clients}", **settings)
     try:

@@ -139,7 +139,8 @@ def time_pages(url: str, plan_id: str, chromium: str, repeats: int = 3) -> list[
                 page.wait_for_selector("body[data-ready='1']", timeout=120_000)
                 ready_ms = page.evaluate("() => performance.now()")
                 page.wait_for_load_state("networkidle")
-                size = page.evaluate("""() => performance.getEntriesByType('navigation').concat(performance.getEntriesByType('resource'))
+                size = page.evaluate("""() => performance.getEntriesByType('navigation')
+                                          .concat(performance.getEntriesByType('resource'))
                                           .reduce((a, e) => a + (e.transferSize || 0), 0)""")
                 times.append(ready_ms)
                 sizes.append(size)
@@ -176,7 +177,8 @@ def main() -> int:
     store.close()
     size_mb = (data / "dhp.sqlite3").stat().st_size / 1e6
     print(
-        f"store: {plans} plans (64 ranks x {args.samples} samples), {fb} feedback, {size_mb:.0f} MB; ready in {time.perf_counter() - t0:.0f} s"
+        f"store: {plans} plans (64 ranks x {args.samples} samples), {fb} feedback, {size_mb:.0f} MB; "
+        f"ready in {time.perf_counter() - t0:.0f} s"
     )
     server = LocalServer(data)
     try:

@@ -29,10 +29,12 @@ def main() -> None:
     args = ap.parse_args()
 
     print(
-        f"workload {args.workload}, {args.samples} samples, cluster {args.cluster}, model {args.model}, backend heuristic"
+        f"workload {args.workload}, {args.samples} samples, cluster {args.cluster}, model {args.model}, "
+        "backend heuristic"
     )
     print(
-        f"{'seed':>4} {'median ms':>10} {'p90 ms':>8} {'step s':>8} {'bound s':>8} {'ratio':>7} {'static s':>9} {'CP':>3} {'speedup':>8} {'mbs':>4}"
+        f"{'seed':>4} {'median ms':>10} {'p90 ms':>8} {'step s':>8} {'bound s':>8} {'ratio':>7} {'static s':>9} "
+        f"{'CP':>3} {'speedup':>8} {'mbs':>4}"
     )
     medians, ratios, speedups = [], [], []
     for seed in range(args.seeds):
@@ -58,12 +60,14 @@ def main() -> None:
         ratios.append(result.ratio_to_bound)
         speedups.append(speed)
         print(
-            f"{seed:>4} {med:>10.2f} {p90:>8.2f} {result.predicted_step_time_s:>8.3f} {result.lower_bound_s:>8.3f} {result.ratio_to_bound:>7.4f} "
-            f"{sb.predicted_step_time_s if sb else float('nan'):>9.3f} {sb.degree if sb else 0:>3} {speed:>8.3f} {len(result.micro_batches):>4}"
+            f"{seed:>4} {med:>10.2f} {p90:>8.2f} {result.predicted_step_time_s:>8.3f} {result.lower_bound_s:>8.3f} "
+            f"{result.ratio_to_bound:>7.4f} {sb.predicted_step_time_s if sb else float('nan'):>9.3f} "
+            f"{sb.degree if sb else 0:>3} {speed:>8.3f} {len(result.micro_batches):>4}"
         )
     print(
-        f"median over seeds: planning {statistics.median(medians):.2f} ms, ratio to bound {statistics.median(ratios):.4f} "
-        f"(max {max(ratios):.4f}), speedup over best static {statistics.median(speedups):.3f}x (min {min(speedups):.3f}x)"
+        f"median over seeds: planning {statistics.median(medians):.2f} ms, "
+        f"ratio to bound {statistics.median(ratios):.4f} (max {max(ratios):.4f}), "
+        f"speedup over best static {statistics.median(speedups):.3f}x (min {min(speedups):.3f}x)"
     )
 
 

@@ -118,8 +118,8 @@ def missing(settings: FlexSPSettings) -> str | None:
     src = settings.source
     if not (src / SOLVER_DIR / "solver.py").is_file():
         return (
-            f"FlexSP's source is not at {src} (no {SOLVER_DIR / 'solver.py'}): give --flexsp-src PATH, the folder holding galvatron/flexsp_solver "
-            "(Hetu-Galvatron, branch flexsp)"
+            f"FlexSP's source is not at {src} (no {SOLVER_DIR / 'solver.py'}): give --flexsp-src PATH, "
+            "the folder holding galvatron/flexsp_solver (Hetu-Galvatron, branch flexsp)"
         )
     if importlib.util.find_spec("pyscipopt") is None:
         return "pyscipopt (SCIP) is not installed, FlexSP's solver needs it: pip install 'dhp-planner[flexsp]'"
@@ -152,7 +152,8 @@ def _pow2_sizes(n_ranks: int) -> list[int]:
 
 
 def translation(tables: CostTables) -> tuple[dict[str, Any] | None, str | None]:
-    """(FlexSP's cost-model and optimizer arguments equal to our profile, None) or (None, why it cannot be expressed)."""
+    """(FlexSP's cost-model and optimizer arguments equal to our profile, None) or (None, why
+    it cannot be expressed)."""
     p = tables.profile
     problem = tables.problem
     n = tables.n_ranks
@@ -182,8 +183,8 @@ def translation(tables: CostTables) -> tuple[dict[str, Any] | None, str | None]:
     lacking = [s for s in sizes if s not in allowed]
     if lacking:
         return None, (
-            f"FlexSP may choose group sizes {lacking}, which this problem does not allow (Ulysses heads, max_degree, degree policy); "
-            f"give the model heads divisible by {n} and options.max_degree {n}"
+            f"FlexSP may choose group sizes {lacking}, which this problem does not allow (Ulysses heads, max_degree, "
+            f"degree policy); give the model heads divisible by {n} and options.max_degree {n}"
         )
     cap = float(tables.rank_capacity[0])
     if cap != int(cap):
@@ -329,7 +330,8 @@ def solve(tables: CostTables, settings: FlexSPSettings, seed: int = 0) -> FlexSP
 
 
 def _cache_path(settings: FlexSPSettings, job: dict[str, Any]) -> Path | None:
-    """Where the answer to ``job`` is kept (None without a cache folder): a hash of the job, FlexSP's source folder left out."""
+    """Where the answer to ``job`` is kept (None without a cache folder): a hash of the job, FlexSP's
+    source folder left out."""
     if not settings.cache:
         return None
     import hashlib

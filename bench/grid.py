@@ -14,7 +14,7 @@ and Megatron's pure-Python scheduler takes seconds per call on thousands of rank
 grid's repeats would multiply that.
 
 Profiles (``--profiles``): ``analytical`` is the analytical profile of the bench's model on the
-bench's cluster (the default); any other name is a profile of the zoo (:func:`optimizer.presets.load_profile`)
+bench's cluster (the default); any other name is a profile of the zoo (:func:`optimizer.costs.zoo.load_profile`)
 or a profile file (.json). Every planner plans and is scored under the same profile. Under a Ulysses
 profile the model (Qwen2-VL-7B-like) gets as many attention heads as the domain has ranks, so every
 power-of-two group size divides them (FlexSP places no head limit on its sizes). A profile with

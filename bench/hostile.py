@@ -61,7 +61,8 @@ HINT_ONLY = {401, 404, 405, 413, 503}
 """Statuses whose problem documents need a ``hint`` but may lack ``field`` (they are not about one field)."""
 READ_TIMEOUT_S = 30.0
 FOLLOW_UP_TIMEOUT_S = 5.0
-"""``GET /healthz`` after a case answers in milliseconds; a connection that gives no answer in this long is not usable."""
+"""``GET /healthz`` after a case answers in milliseconds; a connection that gives no answer in
+this long is not usable."""
 IDLE_REOPEN_S = 3.0
 """A connection idle this long is reopened before use: uvicorn closes idle keep-alive connections after 5 s."""
 
@@ -661,9 +662,9 @@ def body_cases(docs: dict[str, dict[str, Any]]) -> Iterator[Case]:
             splice(docs["plan"], ("batch", "samples"), text),
             expect="refuse" if invalid else "any",
         )
-        # An epoch job reads its dataset row by row: an invalid row fails the steps that hold it, with a problem document
-        # naming the row (the job is followed to its end, where an internal failure would be a finding); a repeated id
-        # makes the steps ambiguous and is refused at once.
+        # An epoch job reads its dataset row by row: an invalid row fails the steps that hold it, with a problem
+        # document naming the row (the job is followed to its end, where an internal failure would be a finding); a
+        # repeated id makes the steps ambiguous and is refused at once.
         yield Case(
             f"samples/job/{sname}",
             "POST",
@@ -872,7 +873,9 @@ def token_cases() -> Iterator[Case]:
 def http_cases() -> Iterator[Case]:
     body = b'{"measured_step_time_s": 1.0}'
     fb = f"/v1/plans/{PLAN}/feedback"
-    head = f"POST {fb} HTTP/1.1\r\nHost: h\r\nAuthorization: {AUTH.decode()}\r\nContent-Type: application/json\r\n".encode()
+    head = (
+        f"POST {fb} HTTP/1.1\r\nHost: h\r\nAuthorization: {AUTH.decode()}\r\nContent-Type: application/json\r\n"
+    ).encode()
     raws = [
         ("content-length-abc", head + b"Content-Length: abc\r\n\r\n" + body),
         ("content-length-negative", head + b"Content-Length: -1\r\n\r\n" + body),
@@ -954,8 +957,8 @@ def spread(cases: list[Case], limit: int | None) -> list[Case]:
 
 
 def judge(reply: Reply, method: str) -> tuple[str | None, list[str]]:
-    """What is wrong with an error answer as a problem document: (why it is not one, or None; the members it lacks of field and hint).
-    An answer to HEAD has no body: only its content type is judged."""
+    """What is wrong with an error answer as a problem document: (why it is not one, or None; the members it lacks of
+    field and hint). An answer to HEAD has no body: only its content type is judged."""
     ctype = reply.headers.get("content-type", "")
     doc = reply.json()
     if not ctype.startswith("application/problem+json"):
@@ -1154,7 +1157,8 @@ def run_case(target: Target, case: Case, tally: Tally) -> None:
 
 
 def run_store(store: str, root: Path, limit: int | None = None, progress: bool = True) -> dict[str, Any]:
-    """Every case (or ``limit`` of them) against a fresh service on ``store`` (``sqlite`` or ``postgresql``); its report."""
+    """Every case (or ``limit`` of them) against a fresh service on ``store`` (``sqlite`` or
+    ``postgresql``); its report."""
     cases = spread(all_cases(), limit)
     env = {"DHP_TOKENS": TOKEN}
     pg = None
@@ -1187,8 +1191,8 @@ def failed(report: dict[str, Any]) -> bool:
 def text(report: dict[str, Any]) -> str:
     """The report of one store for a reader."""
     lines = [
-        f"== {report['store']}: {report['cases']} cases in {report['elapsed_s']} s; answers by status {report['by_status']}, "
-        f"no answer {report['no_answer']}"
+        f"== {report['store']}: {report['cases']} cases in {report['elapsed_s']} s; "
+        f"answers by status {report['by_status']}, no answer {report['no_answer']}"
     ]
     sections = [
         ("500 answers", report["http_500"]),

@@ -152,7 +152,7 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def probe_for(url: str, path: str, every_s: float, seconds: float) -> list[tuple[int, float]]:
     """``GET path`` every ``every_s`` seconds for ``seconds``: (status, seconds) of each answer. Meant to run in a
-    process of its own (:func:`start_probe`), so that what it measures is the service, not the load's client."""
+    process of its own (:class:`Probe`), so that what it measures is the service, not the load's client."""
 
     async def run() -> list[Answer]:
         until = asyncio.Event()

@@ -1,4 +1,4 @@
-"""Every backend against the brute-force optimum on seeded tiny instances (<= 6 ranks, <= 8 samples).
+r"""Every backend against the brute-force optimum on seeded tiny instances (<= 6 ranks, <= 8 samples).
 
 The instances (``tests/oracle_instances.py``) cover six cost profiles (the analytical default, the
 FlexSP 7B and 30B fits with a lowered capacity, a large group constant, slow inter-node links,
@@ -9,7 +9,8 @@ the optimum, false "optimal", false "infeasible", plans below the optimum, unver
 honest "unknown" answers, how often the optimum was reached, and the mean and worst ratio of step
 time to optimum. ``default`` is the default call (backend auto, 200 ms).
 
-    .venv/bin/python -m bench.oracle_gap --instances 300 [--budget-ms 1000] [--backends heuristic,cpsat,highs,cbc,default]
+    .venv/bin/python -m bench.oracle_gap --instances 300 [--budget-ms 1000] \
+        [--backends heuristic,cpsat,highs,cbc,default]
 """
 
 from __future__ import annotations
@@ -63,11 +64,13 @@ def main() -> None:
                 bad = [k for k, v in o.flags().items() if v]
                 if bad:
                     print(
-                        f"  seed {seed} {tags} {b}: {bad} optimum {optimum:.6g} step {o.step} bound {o.bound} status {o.status} {o.message or ''}"
+                        f"  seed {seed} {tags} {b}: {bad} optimum {optimum:.6g} step {o.step} bound {o.bound} "
+                        f"status {o.status} {o.message or ''}"
                     )
     print(
-        f"{args.instances} instances (seeds {args.first}..{args.first + args.instances - 1}), {args.instances - n_infeasible} feasible, "
-        f"{n_infeasible} infeasible by the oracle; solver budget {args.budget_ms:.0f} ms; {time.perf_counter() - start:.0f} s"
+        f"{args.instances} instances (seeds {args.first}..{args.first + args.instances - 1}), "
+        f"{args.instances - n_infeasible} feasible, {n_infeasible} infeasible by the oracle; "
+        f"solver budget {args.budget_ms:.0f} ms; {time.perf_counter() - start:.0f} s"
     )
     header = (
         f"{'backend':10} {'reached':>13} {'mean':>7} {'worst':>7} {'optimal':>7} "
@@ -78,7 +81,10 @@ def main() -> None:
     for b in backends:
         s = summarise(outcomes[b])
         print(
-            f"{b:10} {s['reached']:>4}/{s['feasible']:<4}{100 * s['reached_rate']:3.0f}% {s['mean_ratio']:7.4f} {s['worst_ratio']:7.4f} {s['optimal_claims']:>7} "
+            (
+                f"{b:10} {s['reached']:>4}/{s['feasible']:<4}{100 * s['reached_rate']:3.0f}% {s['mean_ratio']:7.4f} "
+                f"{s['worst_ratio']:7.4f} {s['optimal_claims']:>7} "
+            )
             + " ".join(f"{s[c]:>20}" for c in CLAIMS)
             + f" {s['unknown']:>8}"
         )

@@ -43,7 +43,8 @@ def default_bin_dir() -> Path:
 
 
 class PostgresServer:
-    """One PostgreSQL server in ``root`` (data in ``root/data``, log in ``root/postgres.log``), started at construction."""
+    """One PostgreSQL server in ``root`` (data in ``root/data``, log in ``root/postgres.log``),
+    started at construction."""
 
     def __init__(
         self, root: Path, port: int | None = None, bin_dir: Path | None = None, ready_timeout_s: float = 60.0

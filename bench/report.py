@@ -160,11 +160,15 @@ def markdown(doc: dict[str, Any], summary: dict[str, Any], command: str, plots: 
         f"Grid: workloads {', '.join(spec['workloads'])}; ranks {', '.join(map(str, spec['ranks']))}; "
         f"samples per rank {', '.join(map(str, spec['samples_per_rank']))} (at most {spec['max_samples']} samples); "
         f"{spec['seeds']} seeded batches per cell, {spec['repeats']} timed calls each after a warm-up; "
-        f"budget {spec['budget_ms']:.0f} ms for the exact backend and the bucket MILP; exact backends: {', '.join(doc['backends']) or 'none'}. "
-        f"Model {doc.get('model', 'qwen2-vl-7b')} (as many heads as ranks under a Ulysses profile), H100 nodes of 8 GPUs; "
-        f"cost profiles: {', '.join(spec.get('profiles') or ['analytical'])}. Ran {doc['elapsed_s']:.0f} s.",
+        f"budget {spec['budget_ms']:.0f} ms for the exact backend and the bucket MILP; exact backends: "
+        f"{', '.join(doc['backends']) or 'none'}. Model {doc.get('model', 'qwen2-vl-7b')} (as many heads as ranks "
+        "under a Ulysses profile), H100 nodes of 8 GPUs; cost profiles: "
+        f"{', '.join(spec.get('profiles') or ['analytical'])}. Ran {doc['elapsed_s']:.0f} s.",
         "",
-        "All step times are the cost model's predictions; every plan was verified by `optimizer.verify.verifier.check_assignment`.",
+        (
+            "All step times are the cost model's predictions; "
+            "every plan was verified by `optimizer.verify.verifier.check_assignment`."
+        ),
         "",
         *_rules_note(doc),
         "## Median speedup over static at its best (per batch, then median)",
@@ -211,9 +215,9 @@ def markdown(doc: dict[str, Any], summary: dict[str, Any], command: str, plots: 
         "",
         "## Planning wall time, median / p99 in ms (peak traced memory in MiB), by cluster size",
         "",
-        "Times cover the whole call from the problem (cost tables included); the dhp planners' calls include the lower bound, "
-        "the best static layout as a floor and verification. Memory is the peak of Python allocations under tracemalloc "
-        "(the solvers' own C++ memory is not traced).",
+        "Times cover the whole call from the problem (cost tables included); the dhp planners' calls include the "
+        "lower bound, the best static layout as a floor and verification. Memory is the peak of Python allocations "
+        "under tracemalloc (the solvers' own C++ memory is not traced).",
         "",
         "| ranks | " + " | ".join(LABELS[p] for p in planners) + " |",
         "|---|" + "---|" * len(planners),
@@ -231,11 +235,13 @@ def markdown(doc: dict[str, Any], summary: dict[str, Any], command: str, plots: 
     g = summary["goals"]
     if g:
         lines.append(
-            f"- median speedup over static at its best on long-tail video: {_fmt(g.get('video_speedup_over_static_best'), '.2f', 'x')} (goal >= 1.30x); "
+            "- median speedup over static at its best on long-tail video: "
+            f"{_fmt(g.get('video_speedup_over_static_best'), '.2f', 'x')} (goal >= 1.30x); "
             f"over static as deployed: {_fmt(g.get('video_speedup_over_static_deployed'), '.2f', 'x')}"
         )
         lines.append(
-            f"- median ratio to the lower bound across the grid: {_fmt(g.get('median_ratio_to_bound'), '.3f')} (goal <= 1.05)"
+            f"- median ratio to the lower bound across the grid: {_fmt(g.get('median_ratio_to_bound'), '.3f')} "
+            "(goal <= 1.05)"
         )
         for p in ("megatron", "bucket-milp", "flexsp"):
             key = f"at_least_{p}_on_every_workload"
@@ -269,7 +275,8 @@ def markdown(doc: dict[str, Any], summary: dict[str, Any], command: str, plots: 
         for f in summary["failures"][:40]:
             note = (f.get("note") or "").replace("|", "/")[:140]
             lines.append(
-                f"| {f['workload']} | {f['ranks']} | {f['samples']} | {f['seed']} | {f['planner']} | {f['status']} | {note} |"
+                f"| {f['workload']} | {f['ranks']} | {f['samples']} | {f['seed']} | {f['planner']} | "
+                f"{f['status']} | {note} |"
             )
         if len(summary["failures"]) > 40:
             lines.append(f"| ... | | | | | | {len(summary['failures']) - 40} more in results.json |")

@@ -42,7 +42,7 @@ from bench.plots import pyplot, save_figure
 
 DIAGONAL = ((64, 512), (256, 2048), (1024, 8192), (4096, 32768), (8192, 65536))
 TARGETS_MS = {(64, 512): 5.0, (1024, 8192): 50.0, (8192, 65536): 500.0}
-"""Planning-time goals of the issue (median, heuristic)."""
+"""Planning-time goals at three points of the diagonal (median, heuristic)."""
 
 
 def _problem(ranks: int, samples: int, workload: str, seed: int, cli: bool = False) -> Any:
@@ -96,7 +96,8 @@ def _profile_summary(fn: Any, top: int = 15) -> tuple[str, str | None]:
 
 
 def _peak_rss_mb() -> float:
-    """Peak resident memory of this process since it started (VmHWM; ru_maxrss would include the parent's pages before exec)."""
+    """Peak resident memory of this process since it started (VmHWM; ru_maxrss would include the
+    parent's pages before exec)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -187,14 +188,16 @@ def point_table(point: dict[str, Any]) -> str:
     ]
     if point.get("estimate_ms") is not None:
         lines.append(
-            f"fixed work expected here: about {point['estimate_ms']:.0f} ms (refused below {point['minimum_budget_ms']:.0f} ms)"
+            f"fixed work expected here: about {point['estimate_ms']:.0f} ms (refused below "
+            f"{point['minimum_budget_ms']:.0f} ms)"
         )
     if point.get("error"):
         lines.append(point["error"])
     if point.get("wall_ms"):
         lines.append(
             f"plan() wall ms over {len(point['wall_ms'])} calls: median {_median(point['wall_ms']):.1f}, "
-            f"all {', '.join(f'{w:.0f}' for w in point['wall_ms'])}; first call in the process {point.get('first_call_ms', float('nan')):.0f}"
+            f"all {', '.join(f'{w:.0f}' for w in point['wall_ms'])}; "
+            f"first call in the process {point.get('first_call_ms', float('nan')):.0f}"
         )
     for name, ms in point.get("phase_medians", {}).items():
         lines.append(f"  {name:<16} {ms:9.1f}")
@@ -313,23 +316,29 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = [
         "## Heuristic planning cost as the problem grows",
         "",
-        f"Workload {doc['workload']}; each point in its own process (limit {doc['memory_limit_gb']:.0f} GiB, {doc['timeout_s']:.0f} s); "
-        "`plan()` with the heuristic backend, as users call it: tables, bound, heuristic, static floor, verification.",
+        f"Workload {doc['workload']}; each point in its own process (limit {doc['memory_limit_gb']:.0f} GiB, "
+        f"{doc['timeout_s']:.0f} s); `plan()` with the heuristic backend, as users call it: tables, bound, "
+        "heuristic, static floor, verification.",
         "",
-        "Median and p99 over the calls after a first one on another batch of the same size; the first call in the fresh process "
-        "(kernels loaded, the process's memory first touched at that size) is shown apart.",
+        "Median and p99 over the calls after a first one on another batch of the same size; "
+        "the first call in the fresh process (kernels loaded, the process's memory first touched at that size) is "
+        "shown apart.",
         "",
-        "| ranks | samples | median ms | p99 ms | first call ms | heuristic phase ms | goal ms | ratio to bound | peak RSS MiB | status |",
+        (
+            "| ranks | samples | median ms | p99 ms | first call ms | heuristic phase ms | goal ms | ratio to bound | "
+            "peak RSS MiB | status |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in doc["points"]:
         heur = p.get("heuristic_ms") or []
         h = sorted(heur)[len(heur) // 2] if heur else None
         lines.append(
-            f"| {p['ranks']} | {p['samples']} | {p.get('median_ms', float('nan')):.1f} | {p.get('p99_ms', float('nan')):.1f} | "
-            f"{p.get('first_call_ms', float('nan')):.1f} | "
-            f"{h if h is None else round(h, 1)} | {p.get('target_ms', '')} | {p.get('ratio_to_bound', float('nan')):.3f} | "
-            f"{p.get('peak_rss_mb', float('nan')):.0f} | {p['status']}{': ' + p['error'][:160].replace('|', '/') if p.get('error') else ''} |"
+            f"| {p['ranks']} | {p['samples']} | {p.get('median_ms', float('nan')):.1f} | "
+            f"{p.get('p99_ms', float('nan')):.1f} | {p.get('first_call_ms', float('nan')):.1f} | "
+            f"{h if h is None else round(h, 1)} | {p.get('target_ms', '')} | "
+            f"{p.get('ratio_to_bound', float('nan')):.3f} | {p.get('peak_rss_mb', float('nan')):.0f} | "
+            f"{p['status']}{': ' + p['error'][:160].replace('|', '/') if p.get('error') else ''} |"
         )
     k = doc.get("exponent")
     lines += [

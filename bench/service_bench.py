@@ -95,7 +95,8 @@ def latency(data_dir: Path, rounds: int) -> dict[str, Any]:
                 client.post("/v1/plans", content=body).raise_for_status()
                 run_planner(problem)
             for _ in range(rounds):  # interleaved, so that drift in machine load hits both alike
-                gc.collect()  # this process's garbage from the in-process runs must not be collected inside a timed request
+                # This process's garbage from the in-process runs must not be collected inside a timed request.
+                gc.collect()
                 t0 = time.perf_counter()
                 r = client.post("/v1/plans", content=body)
                 _ = r.content
@@ -240,7 +241,8 @@ def main() -> None:
     rounds, n_small, n_over = (15, 60, 16) if args.quick else (200, 600, 80)
     load_before = os.getloadavg()[0]
     print(
-        f"machine: {os.cpu_count()} CPUs, load average {load_before:.2f} at the start (other work on the machine inflates every figure)"
+        f"machine: {os.cpu_count()} CPUs, load average {load_before:.2f} at the start (other work on the machine "
+        "inflates every figure)"
     )
     with tempfile.TemporaryDirectory(prefix="dhp-service-bench-") as tmp:
         data = Path(tmp)
@@ -248,41 +250,48 @@ def main() -> None:
         print(f"latency, POST /v1/plans, 64 ranks x 512 samples, heuristic, {lat['rounds']} requests:")
         print(f"  end-to-end  median {lat['e2e_median_ms']:.2f} ms   p99 {lat['e2e_p99_ms']:.2f} ms")
         print(
-            f"  solve alone median {lat['solve_median_ms']:.2f} ms   p99 {lat['solve_p99_ms']:.2f} ms   (planning.planner.plan in process)"
+            f"  solve alone median {lat['solve_median_ms']:.2f} ms   p99 {lat['solve_p99_ms']:.2f} ms   "
+            "(planning.planner.plan in process)"
         )
         print(
             f"  overhead    median {lat['overhead_median_ms']:.2f} ms   p99 {lat['overhead_p99_ms']:.2f} ms   "
             "(per request: end-to-end minus that request's planner wall time; goal <= 3 ms)"
         )
         print(
-            f"  of which the service alone median {lat['service_only_median_ms']:.2f} ms   p99 {lat['service_only_p99_ms']:.2f} ms   "
-            "(also minus the request's translation by problem_from_json and the plan's encoding, which `dhp plan` pays too)"
+            f"  of which the service alone median {lat['service_only_median_ms']:.2f} ms   p99 "
+            f"{lat['service_only_p99_ms']:.2f} ms   (also minus the request's translation by problem_from_json and "
+            "the plan's encoding, which `dhp plan` pays too)"
         )
         print(
             "  server-side phases, median ms (Server-Timing): "
             + ", ".join(f"{k} {v:.2f}" for k, v in lat["server_phases_median_ms"].items())
         )
         print(
-            f"  identical request again (plan cache hit): median {lat['cache_hit_median_ms']:.2f} ms   p99 {lat['cache_hit_p99_ms']:.2f} ms"
+            f"  identical request again (plan cache hit): median {lat['cache_hit_median_ms']:.2f} ms   p99 "
+            f"{lat['cache_hit_p99_ms']:.2f} ms"
         )
         print(
-            f"  difference of medians {lat['median_difference_ms']:.2f} ms; in process parse + plan + encode (what `dhp plan` does) median "
-            f"{lat['in_process_parse_plan_encode_median_ms']:.2f} ms"
+            f"  difference of medians {lat['median_difference_ms']:.2f} ms; in process parse + plan + encode (what "
+            f"`dhp plan` does) median {lat['in_process_parse_plan_encode_median_ms']:.2f} ms"
         )
         thr = throughput(data, n_small, 8)
         print(
-            f"throughput, small requests (16 samples, 2x8 GPUs), dhp serve --workers 2, {thr['concurrency']} concurrent clients:"
+            "throughput, small requests (16 samples, 2x8 GPUs), dhp serve --workers 2, "
+            f"{thr['concurrency']} concurrent clients:"
         )
         print(
-            f"  {thr['requests']} requests in {thr['seconds']:.2f} s = {thr['requests_per_s']:.0f} requests/s ({thr['non_ok']} not OK)"
+            f"  {thr['requests']} requests in {thr['seconds']:.2f} s = {thr['requests_per_s']:.0f} requests/s "
+            f"({thr['non_ok']} not OK)"
         )
         ov = overload(data, n_over)
         print(
-            f"twice capacity: capacity {ov['capacity']} (2 solving + 2 waiting), {ov['clients']} clients without retries, {ov['requests']} requests:"
+            f"twice capacity: capacity {ov['capacity']} (2 solving + 2 waiting), "
+            f"{ov['clients']} clients without retries, {ov['requests']} requests:"
         )
         print(
-            f"  answered 201: {ov['answered_now_201']}, plan-ahead 202: {ov['accepted_ahead_202']}, 503: {ov['rejected_503']} "
-            f"({ov['rejected_503_with_retry_after']} with Retry-After), other 5xx: {ov['other_5xx']}, other 4xx: {ov['other_4xx']}"
+            f"  answered 201: {ov['answered_now_201']}, plan-ahead 202: {ov['accepted_ahead_202']}, 503: "
+            f"{ov['rejected_503']} ({ov['rejected_503_with_retry_after']} with Retry-After), other 5xx: "
+            f"{ov['other_5xx']}, other 4xx: {ov['other_4xx']}"
         )
         print(
             f"  accepted {ov['accepted']}, read back done {ov['accepted_read_back_done']}, stored {ov['stored_plans']}"

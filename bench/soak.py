@@ -181,7 +181,8 @@ def overload(root: Path, clients: int, seconds: float, workers: int, queue_limit
 
 
 def big_body(valid: bool) -> bytes:
-    """A plan request of about 15.8 MiB: many small samples (more than the default limit of 65,536), or fewer large ones."""
+    """A plan request of about 15.8 MiB: many small samples (more than the default limit of
+    65,536), or fewer large ones."""
     samples: list[dict[str, Any]] = []
     size = 200
     pad = "x" * (0 if not valid else 820)

@@ -90,7 +90,10 @@ def table(rows: list[dict]) -> str:
         {(r["size"], r["workload"], r["backend"], r["budget"]) for r in rows},
         key=lambda k: (k[0], k[1], ["heuristic", "cpsat", "highs", "cbc"].index(k[2]), k[3]),
     )
-    head = f"{'ranks':>5} {'workload':<10} {'planner':<14} {'budget ms':>9} {'ratio med':>9} {'ratio max':>9} {'wall med':>9} {'wall max':>9} {'over max':>9} {'improved':>8}"
+    head = (
+        f"{'ranks':>5} {'workload':<10} {'planner':<14} {'budget ms':>9} {'ratio med':>9} {'ratio max':>9} "
+        f"{'wall med':>9} {'wall max':>9} {'over max':>9} {'improved':>8}"
+    )
     lines = [head, "-" * len(head)]
     for size, workload, backend, budget in keys:
         sel = [
@@ -182,9 +185,9 @@ def excess_check(args: argparse.Namespace) -> None:
         step = assignment_step_time(tables, plan_)
         top = sorted(excess.items(), key=lambda kv: -kv[1])[:5]
         print(
-            f"{size:>4} ranks {workload:<10} seed {seed} policy {args.policy}: step/bound {step / bound:.4f}; N x (step - bound) "
-            f"{tables.n_ranks * (step - bound):.1f} rank-s = idle {idle:.1f} + excess area by group size (* spans nodes) "
-            + ", ".join(f"{k}: {v:.1f}" for k, v in top)
+            f"{size:>4} ranks {workload:<10} seed {seed} policy {args.policy}: step/bound {step / bound:.4f}; "
+            f"N x (step - bound) {tables.n_ranks * (step - bound):.1f} rank-s = idle {idle:.1f} + excess area by "
+            "group size (* spans nodes) " + ", ".join(f"{k}: {v:.1f}" for k, v in top)
         )
 
 
@@ -224,8 +227,9 @@ def main(argv: list[str] | None = None) -> None:
     rows = run(args)
     print(table(rows))
     print(
-        f"\nratio: step time / best bound proved for the instance (max over all its runs); wall: whole plan() call, ms; "
-        f"{args.seeds} seed(s), policy {args.policy}, {args.workers} solver thread(s); {time.perf_counter() - t0:.0f} s"
+        "\nratio: step time / best bound proved for the instance (max over all its runs); wall: whole plan() call, "
+        f"ms; {args.seeds} seed(s), policy {args.policy}, {args.workers} solver thread(s); "
+        f"{time.perf_counter() - t0:.0f} s"
     )
 
 

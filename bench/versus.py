@@ -43,7 +43,7 @@ FULL: dict[str, Any] = {
     "max_micro_batches": 512,
     "max_samples": 512,
 }
-"""The grid of the issue: 5 workloads x 3 seeds x 64 and 256 ranks x 512 samples x 5 profiles."""
+"""The full grid: 5 workloads x 3 seeds x 64 and 256 ranks x 512 samples x 5 profiles."""
 
 QUICK: dict[str, Any] = {
     **FULL,
@@ -54,7 +54,8 @@ QUICK: dict[str, Any] = {
     "profiles": ("flexsp-gpt7b",),
     "max_micro_batches": 32,
 }
-"""A small variant (CI): one video batch of 32 samples on 16 ranks under FlexSP's gpt-7b profile (with a 1 s SCIP limit)."""
+"""A small variant (CI): one video batch of 32 samples on 16 ranks under FlexSP's gpt-7b profile
+(with a 1 s SCIP limit)."""
 QUICK_TIME_LIMIT_S = 1.0
 
 
@@ -213,20 +214,29 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
     w = s["wall_ms"]
     exact = s["exact_path_better_on_every_gap_case"]
     lines = [
-        f"- dhp at 200 ms (default options) at most FlexSP's step time: {s['dhp_default_at_most_flexsp']} of {s['cases_with_flexsp']} cases "
-        f"(dhp/FlexSP median {fmt(s['median_dhp_over_flexsp'])}, worst {fmt(s['worst_dhp_over_flexsp'])})",
-        f"- dhp at 1 s against the lower bound: median {fmt(s['median_dhp1s_over_bound'])}, worst {fmt(s['worst_dhp1s_over_bound'])} ({s['cases']} cases; "
-        f"the bound is the group-size LP's on {s.get('bound_from_group_sizes', 0)} of them, the engine's on the others)",
-        f"- exact path (dhp at 1 s) strictly better than the heuristic alone where the heuristic is > {100 * (GAP_FOR_EXACT - 1):.0f}% above the bound: "
-        f"{s['exact_path_strictly_better']} of {s['heuristic_gap_cases']} cases ({'yes' if exact else 'no' if exact is not None else 'no such case'})",
-        f"- plan() wall time: at 200 ms median {fmt(w.get(DEFAULT, {}).get('median'), '.0f')} ms, max {fmt(w.get(DEFAULT, {}).get('max'), '.0f')} ms; "
-        f"at 1 s median {fmt(w.get(ONE_S, {}).get('median'), '.0f')} ms, max {fmt(w.get(ONE_S, {}).get('max'), '.0f')} ms; "
+        f"- dhp at 200 ms (default options) at most FlexSP's step time: {s['dhp_default_at_most_flexsp']} of "
+        f"{s['cases_with_flexsp']} cases (dhp/FlexSP median {fmt(s['median_dhp_over_flexsp'])}, "
+        f"worst {fmt(s['worst_dhp_over_flexsp'])})",
+        f"- dhp at 1 s against the lower bound: median {fmt(s['median_dhp1s_over_bound'])}, "
+        f"worst {fmt(s['worst_dhp1s_over_bound'])} ({s['cases']} cases; the bound is the group-size LP's on "
+        f"{s.get('bound_from_group_sizes', 0)} of them, the engine's on the others)",
+        "- exact path (dhp at 1 s) strictly better than the heuristic alone where the heuristic is > "
+        f"{100 * (GAP_FOR_EXACT - 1):.0f}% above the bound: {s['exact_path_strictly_better']} of "
+        f"{s['heuristic_gap_cases']} cases ({'yes' if exact else 'no' if exact is not None else 'no such case'})",
+        f"- plan() wall time: at 200 ms median {fmt(w.get(DEFAULT, {}).get('median'), '.0f')} ms, "
+        f"max {fmt(w.get(DEFAULT, {}).get('max'), '.0f')} ms; "
+        f"at 1 s median {fmt(w.get(ONE_S, {}).get('median'), '.0f')} ms, "
+        f"max {fmt(w.get(ONE_S, {}).get('max'), '.0f')} ms; "
         f"heuristic only median {fmt(w.get(HEURISTIC, {}).get('median'), '.0f')} ms",
-        f"- FlexSP solve wall time: median {fmt(s['flexsp_solve_wall_s']['median'], '.1f')} s, max {fmt(s['flexsp_solve_wall_s']['max'], '.1f')} s",
+        (
+            f"- FlexSP solve wall time: median {fmt(s['flexsp_solve_wall_s']['median'], '.1f')} s, "
+            f"max {fmt(s['flexsp_solve_wall_s']['max'], '.1f')} s"
+        ),
     ]
     for prof, p in s["per_profile"].items():
         lines.append(
-            f"- {prof}: {p['cases']} cases, FlexSP on {p['with_flexsp']}; dhp at 200 ms at most FlexSP on {p['dhp_wins_or_ties']}; "
+            f"- {prof}: {p['cases']} cases, FlexSP on {p['with_flexsp']}; "
+            f"dhp at 200 ms at most FlexSP on {p['dhp_wins_or_ties']}; "
             f"dhp/FlexSP median {fmt(p['median_dhp_over_flexsp'])}, worst {fmt(p['worst_dhp_over_flexsp'])}; "
             f"dhp@1s/bound median {fmt(p['median_dhp1s_over_bound'])}"
         )
@@ -315,13 +325,16 @@ def write(doc: dict[str, Any], out: Path, command: str, plots: bool = True) -> t
         "",
         f"Command: `{command}`",
         "",
-        f"Workloads {', '.join(spec['workloads'])}; ranks {', '.join(map(str, spec['ranks']))}; samples {', '.join(map(str, spec['samples']))}; "
-        f"{spec['seeds']} seeds; profiles {', '.join(spec['profiles'])}. FlexSP: SCIP limit {spec['flexsp']['time_limit_s']:g} s per MILP, "
+        f"Workloads {', '.join(spec['workloads'])}; ranks {', '.join(map(str, spec['ranks']))}; "
+        f"samples {', '.join(map(str, spec['samples']))}; {spec['seeds']} seeds; "
+        f"profiles {', '.join(spec['profiles'])}. FlexSP: SCIP limit {spec['flexsp']['time_limit_s']:g} s per MILP, "
         f"at most {spec['flexsp']['workers']} processes, source {spec['flexsp']['src']}. Ran {doc['elapsed_s']:.0f} s.",
         "",
-        "Every step time is the verifier's (`optimizer.verify.verifier.check_assignment`) under the case's profile. dhp plans with the engine's default "
-        "options (micro-batches as the defaults allow, largest group as the default max_degree); the bound and the verification allow groups "
-        "up to the whole domain, as FlexSP's plans use. Wall times: dhp's whole plan() call; FlexSP's solve call (its own process pools).",
+        "Every step time is the verifier's (`optimizer.verify.verifier.check_assignment`) under the case's profile. "
+        "dhp plans with the engine's default options (micro-batches as the defaults allow, "
+        "largest group as the default max_degree); the bound and the verification allow groups "
+        "up to the whole domain, as FlexSP's plans use. Wall times: dhp's whole plan() call; "
+        "FlexSP's solve call (its own process pools).",
         "",
         *text,
         "",

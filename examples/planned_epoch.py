@@ -122,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     for step, loss in enumerate(ranks[0]["losses"]):
         same = all(abs(r["losses"][step] - loss) < 1e-9 for r in ranks)
         log(
-            f"step {step}: loss {loss:.4f} (equal on all {world} ranks: {same}), {max(r['seconds'][step] for r in ranks) * 1000:.0f} ms, "
-            f"predicted under the example profile {predicted[step] * 1000:.1f} ms"
+            f"step {step}: loss {loss:.4f} (equal on all {world} ranks: {same}), "
+            f"{max(r['seconds'][step] for r in ranks) * 1000:.0f} ms, predicted under the example profile "
+            f"{predicted[step] * 1000:.1f} ms"
         )
     return 0
 

@@ -134,10 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     mb_error = (min(mb_part) - predicted) / predicted
     log(f"loss {results[0]['loss']:.4f}; step times {[round(s * 1000, 1) for s in per_step]} ms")
     log(
-        f"predicted {predicted * 1000:.1f} ms, measured {measured * 1000:.1f} ms (fastest of {args.steps}; median {statistics.median(per_step) * 1000:.1f} ms), error {error * 100:+.1f}%"
+        f"predicted {predicted * 1000:.1f} ms, measured {measured * 1000:.1f} ms (fastest of {args.steps}; "
+        f"median {statistics.median(per_step) * 1000:.1f} ms), error {error * 100:+.1f}%"
     )
     log(
-        f"micro-batches alone (without the gradient all-reduce): measured {min(mb_part) * 1000:.1f} ms, error {mb_error * 100:+.1f}%"
+        f"micro-batches alone (without the gradient all-reduce): measured {min(mb_part) * 1000:.1f} ms, "
+        f"error {mb_error * 100:+.1f}%"
     )
     for m, mb in enumerate(plan_doc["micro_batches"]):
         pairs = ", ".join(

@@ -115,18 +115,21 @@ def summary_text(s: dict[str, Any]) -> str:
     if "static_mesh" in s:
         m = s["static_mesh"]
         lines.append(
-            f"best static mesh for the epoch (CP {m['degree']} everywhere): {m['epoch_time_s']:.6g} s -> speedup {m['speedup']:.3f}x"
+            f"best static mesh for the epoch (CP {m['degree']} everywhere): {m['epoch_time_s']:.6g} s -> speedup "
+            f"{m['speedup']:.3f}x"
         )
     g = s.get("gap")
     if g:
         lines.append(
-            f"gap to lower bound: median {g['median'] * 100:.2f}%, p90 {g['p90'] * 100:.2f}%, p99 {g['p99'] * 100:.2f}%, max {g['max'] * 100:.2f}%"
+            f"gap to lower bound: median {g['median'] * 100:.2f}%, p90 {g['p90'] * 100:.2f}%, "
+            f"p99 {g['p99'] * 100:.2f}%, max {g['max'] * 100:.2f}%"
         )
     nc = s.get("new_communicators")
     if nc:
         lines.append(
-            f"communicators: {nc['distinct']} distinct, {nc['first_step']} at the first step; later steps adding new ones: "
-            f"{nc['later_steps_with_new']} (at most {nc['later_max']}, mean {nc['later_mean']:.2f})"
+            f"communicators: {nc['distinct']} distinct, {nc['first_step']} at the first step; "
+            f"later steps adding new ones: {nc['later_steps_with_new']} (at most {nc['later_max']}, "
+            f"mean {nc['later_mean']:.2f})"
         )
     pm = s["planning_ms"]
     lines.append(

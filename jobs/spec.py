@@ -150,7 +150,9 @@ def job_from_json(doc: Any, *, allow_path: bool = True) -> JobSpec:
         raise ProblemError(
             "give either 'dataset' or 'batches'",
             field="dataset",
-            hint='e.g. "dataset": {"samples": [...]} with "global_batch_size", or "batches": [{"samples": [...]}, ...].',
+            hint=(
+                'e.g. "dataset": {"samples": [...]} with "global_batch_size", or "batches": [{"samples": [...]}, ...].'
+            ),
         )
     path = samples = None
     if dataset is not None:

@@ -16,7 +16,8 @@ from optimizer.problem.workloads import WORKLOADS
 
 
 def synthetic_samples(workloads: list[str], n: int, seed: int = 0, chunk: int = 4096) -> list[dict[str, Any]]:
-    """``n`` samples, an equal share of each workload (generated in chunks of ``chunk`` with their own seeds), shuffled."""
+    """``n`` samples, an equal share of each workload (generated in chunks of ``chunk`` with
+    their own seeds), shuffled."""
     out: list[dict[str, Any]] = []
     share = [n // len(workloads) + (1 if k < n % len(workloads) else 0) for k in range(len(workloads))]
     for k, (name, count) in enumerate(zip(workloads, share, strict=True)):

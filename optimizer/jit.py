@@ -1,11 +1,13 @@
 """Compiled loops: numba's ``njit`` when it is installed, plain Python otherwise.
 
 The planner's per-sample loops (the LPT placement of short samples, the static layout's balancing,
-the verifier's recomputation) run in :mod:`optimizer.kernels` under ``njit``. numba is a dependency
-of the package; without it (or with ``NUMBA_DISABLE_JIT=1``) the same functions run as ordinary
-Python, with the same results, only slower. Compiled code is cached on disk (``cache=True``), so
-only the first process after an install pays the compilation (about a second per kernel); set
-``NUMBA_CACHE_DIR`` where the installed package's folder is not writable.
+the verifier's recomputation, ...) run under ``njit`` in the ``*_kernels`` modules
+(:mod:`optimizer.heuristic.lpt_kernels`, :mod:`optimizer.heuristic.static_kernels`,
+:mod:`optimizer.verify.verify_kernels` and their siblings). numba is a dependency of the package;
+without it (or with ``NUMBA_DISABLE_JIT=1``) the same functions run as ordinary Python, with the
+same results, only slower. Compiled code is cached on disk (``cache=True``), so only the first
+process after an install pays the compilation (about a second per kernel); set ``NUMBA_CACHE_DIR``
+where the installed package's folder is not writable.
 """
 
 from __future__ import annotations

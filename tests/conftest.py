@@ -29,7 +29,8 @@ def make_problem():
 
 @pytest.fixture
 def make_client(tmp_path: Path) -> Iterator[Any]:
-    """``make(**settings)``: a started TestClient of the app over a store under ``tmp_path``; all closed after the test."""
+    """``make(**settings)``: a started TestClient of the app over a store under ``tmp_path``; all
+    closed after the test."""
     from fastapi.testclient import TestClient
 
     from api.app import create_app

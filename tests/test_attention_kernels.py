@@ -76,7 +76,8 @@ def test_kernel_choice_is_checked(monkeypatch):
 
 
 def _efficient_attention_stand_in(q, k, v, bias, compute_lse, dropout, causal, scale):
-    """What CUDA's memory-efficient kernel returns, computed on CPU: the output and a log-sum-exp whose rows are padded to 32."""
+    """What CUDA's memory-efficient kernel returns, computed on CPU: the output and a log-sum-exp whose
+    rows are padded to 32."""
     s = torch.matmul(q, k.transpose(-1, -2)) * scale + bias
     lse = torch.logsumexp(s, dim=-1)
     rows = lse.shape[-1]

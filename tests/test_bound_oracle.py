@@ -99,7 +99,7 @@ def test_no_bound_part_exceeds_the_optimum():
         wrong_caught += _wrong_long_sample(tables) > optimum * (1 + 1e-9)
         checked += 1
     assert checked >= 150
-    # The new parts are the largest on some instances, so the check above tests them.
+    # The long-sample and speed parts are the largest on some instances, so the check above tests them.
     assert binding_long >= 4, binding_long
     assert binding_speed >= 3, binding_speed
     # And the oracle tells a wrong variant of the long-sample part.
@@ -152,7 +152,7 @@ def test_raised_bound_stays_below_verified_plans(profile, workload, ranks, seed)
     report = verify(result, problem)
     assert report.ok, report.violations
     assert max(parts.values()) + problem.cost_profile.step_constant <= report.step_time_s * (1 + 1e-9)
-    # Each of these cases is one where the new reasoning raises the bound.
+    # Each of these cases is one where the speed or long-sample part raises the bound above the micro-batch one.
     if "speed" in parts:
         assert parts["speed"] > parts["micro_batches"]
     else:

@@ -151,7 +151,8 @@ def test_against_a_real_server(tmp_path):
 def test_importable_without_the_web_stack():
     code = (
         "import sys\n"
-        "for m in ('fastapi', 'starlette', 'sqlalchemy', 'pydantic', 'pydantic_settings', 'uvicorn', 'alembic', 'prometheus_client'):\n"
+        "for m in ('fastapi', 'starlette', 'sqlalchemy', 'pydantic', 'pydantic_settings', 'uvicorn', 'alembic', "
+        "'prometheus_client'):\n"
         "    sys.modules[m] = None\n"
         "from api.client.planner_client import AsyncPlannerClient, PlannerClient\n"
         "print(PlannerClient.__name__, AsyncPlannerClient.__name__)\n"

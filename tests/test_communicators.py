@@ -145,7 +145,8 @@ def test_prefer_moves_a_new_group_onto_an_existing_group_of_another_size():
         [6000, 300, 200, 100, 100, 100],
     )
     assert (0, 1, 2) in [r for r, _ in adapt(tables, a).micro_batches[0]]
-    # A smaller existing group that holds the sample: taken when the slowdown is below the cost of a new group, not otherwise.
+    # A smaller existing group that holds the sample:
+    # taken when the slowdown is below the cost of a new group, not otherwise.
     tables, a = _hand([[0, 1]], 0.5, [[((0, 1, 2), [0])]], [3000])
     assert [r for r, _ in adapt(tables, a).micro_batches[0]] == [(0, 1)]
     tables, a = _hand([[0, 1]], 1e-6, [[((0, 1, 2), [0])]], [3000])

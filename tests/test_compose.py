@@ -1,4 +1,5 @@
-"""Structure of the deployment files (no Docker engine runs here): compose services, health checks, nginx, Dockerfile."""
+"""Structure of the deployment files (no Docker engine runs here): compose services, health
+checks, nginx, Dockerfile."""
 
 from __future__ import annotations
 
@@ -81,7 +82,8 @@ def test_nginx_balances_over_the_planner(compose):
     assert "http_503" in conf  # at capacity: try another replica
     assert conf.count("{") == conf.count("}")
     size = re.search(r"client_max_body_size (\d+)m;", conf)
-    # Above the service's limit: the service answers a large body with its own 413 document; beyond, nginx's is a problem document too.
+    # Above the service's limit: the service answers a large body with its own 413 document;
+    # beyond, nginx's is a problem document too.
     assert size and int(size.group(1)) * 1024 * 1024 > int(
         compose["services"]["planner"]["environment"]["DHP_MAX_BODY_BYTES"]
     )

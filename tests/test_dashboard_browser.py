@@ -79,7 +79,8 @@ def open_page(pg, path: str) -> None:
 def unlabelled_controls(pg) -> list[str]:
     """Form controls without an accessible name (a <label>, aria-label or aria-labelledby)."""
     return pg.evaluate("""() => [...document.querySelectorAll('input, select, textarea, button')]
-        .filter((c) => c.type !== 'hidden' && !(c.labels && c.labels.length) && !c.getAttribute('aria-label') && !c.getAttribute('aria-labelledby')
+        .filter((c) => c.type !== 'hidden' && !(c.labels && c.labels.length) && !c.getAttribute('aria-label')
+                       && !c.getAttribute('aria-labelledby')
                        && !(c.tagName === 'BUTTON' && c.textContent.trim()))
         .map((c) => c.outerHTML.slice(0, 80))""")
 
@@ -98,7 +99,8 @@ def colour_pixels(pg, selector: str, hex_colour: str) -> int:
         const rgb = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
         let n = 0;
         for (let i = 0; i < d.length; i += 4)
-            if (d[i + 3] > 200 && Math.abs(d[i] - rgb[0]) < 12 && Math.abs(d[i + 1] - rgb[1]) < 12 && Math.abs(d[i + 2] - rgb[2]) < 12) n++;
+            if (d[i + 3] > 200 && Math.abs(d[i] - rgb[0]) < 12 && Math.abs(d[i + 1] - rgb[1]) < 12
+                && Math.abs(d[i + 2] - rgb[2]) < 12) n++;
         return n;
     }""",
         [selector, hex_colour],
@@ -179,7 +181,8 @@ def test_one_plan(page, server, shots):
         label = blocks.nth(k).get_attribute("aria-label")
         assert f"size {g['degree']}" in label and f"{len(g['samples'])} sample(s)" in label
     assert page.locator("#groups tbody tr").count() == len(groups)
-    # Every group has a measured time (the fill sends group times with each plan's first step): one tick per run of ranks.
+    # Every group has a measured time (the fill sends group times with each plan's first step):
+    # one tick per run of ranks.
     assert page.locator(".gantt line.measured").count() == sum(len(runs(g["ranks"])) for g in groups)
     assert all(c.strip() != "\u2013" for c in page.locator("#groups tbody tr td:nth-child(8)").all_inner_texts())
     trace = plan["solver"]["trace"]

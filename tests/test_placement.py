@@ -12,7 +12,8 @@ from optimizer.heuristic.placement import place_groups
 def reference_place(
     sizes: list[int], node_ranges: list[tuple[int, int]]
 ) -> tuple[list[tuple[int, ...]] | None, list[int]]:
-    """Best fit by (fewest free ranks, lowest node); larger-than-node groups on runs of whole nodes; spill from the freest nodes."""
+    """Best fit by (fewest free ranks, lowest node); larger-than-node groups on runs of whole nodes; spill
+    from the freest nodes."""
     free_start = [a for a, _ in node_ranges]
     ends = [b for _, b in node_ranges]
     if sum(sizes) > sum(b - a for a, b in node_ranges):

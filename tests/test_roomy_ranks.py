@@ -50,7 +50,8 @@ def test_group_capacity_is_its_smallest_rank_times_its_size():
 
 @pytest.mark.parametrize("backend", ["heuristic", "auto"])
 def test_a_sample_only_the_roomy_ranks_hold_is_planned_on_them(backend):
-    # 10,932 tokens need 3 ranks at the smallest capacity (the sizes allowed on 3 ranks are 1 and 2); the 2 H100 ranks hold 12,898.
+    # 10,932 tokens need 3 ranks at the smallest capacity (the sizes allowed on 3 ranks are 1 and 2);
+    # the 2 H100 ranks hold 12,898.
     problem = _problem(2, 1, [10932], backend)
     result = plan(problem)
     assert verify(result, problem).ok

@@ -1,5 +1,6 @@
-"""Hostile input never gives 500: NUL bytes and over-long text, ids that cannot exist, token counts that multiply past
-64-bit integers and cost models that give non-finite times are refused naming the field, on SQLite and PostgreSQL alike."""
+"""Hostile input never gives 500: NUL bytes and over-long text, ids that cannot exist, token counts that
+multiply past 64-bit integers and cost models that give non-finite times are refused naming the field, on
+SQLite and PostgreSQL alike."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""One plan per batch: the cache key holds everything that changes the plan, and identical requests in flight share one solve."""
+"""One plan per batch: the cache key holds everything that changes the plan, and identical requests in
+flight share one solve."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The heuristic's strategies (optimizer.heuristic.strategies) and their parts: degrees, chunks, few samples, segments."""
+"""The heuristic's strategies (optimizer.heuristic.strategies) and their parts: degrees, chunks,
+few samples, segments."""
 
 from __future__ import annotations
 
@@ -254,9 +255,10 @@ def test_pace_starts_a_step_only_while_the_last_one_still_fits(monkeypatch):
 
 
 def test_memory_first_in_one_pass_opens_micro_batches_as_needed_and_the_search_stops_at_the_deadline():
-    """A memory-tight batch (many long samples on few ranks): the one-pass packing (micro-batches opened only when
-    needed) holds every sample within memory and uses no more micro-batches than the count search would try; with a
-    deadline already past, the search returns at once with that packing; without a deadline it finds the fewest count."""
+    """A memory-tight batch (many long samples on few ranks): the one-pass packing (micro-batches opened only
+    when needed) holds every sample within memory and uses no more micro-batches than the count search would
+    try; with a deadline already past, the search returns at once with that packing; without a deadline it
+    finds the fewest count."""
     import time
 
     from optimizer.bounds.lower_bounds import fewest_micro_batches

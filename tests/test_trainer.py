@@ -140,7 +140,8 @@ def test_ranks_follow_megatron_order_under_tp_and_pp():
 
 
 def test_apply_plan_maps_planner_ranks_to_global_ranks():
-    # TP 2 x PP 2 over the 4-rank plan: global rank 8 (stage 1, planner rank 0, tensor rank 0) was refused before.
+    # TP 2 x PP 2 over the 4-rank plan: global rank 8 (stage 1, planner rank 0, tensor rank 0) gets planner
+    # rank 0's share, its groups in global ranks.
     work = apply_plan(PLAN, 8, tensor_parallel=2, pipeline_parallel=2)
     assert work.rank == 8
     assert work.micro_batches[0].group == (8, 10, 12) and work.micro_batches[0].position == 0

@@ -54,8 +54,9 @@ def test_bad_head_counts_are_refused():
 
 
 def test_low_precision_error_is_at_sdpa_level_on_three_ranks():
-    # Errors against float64 on the same rounded inputs; the old accumulators in the input dtype
-    # were 13-17x SDPA's in bfloat16. Ring (GQA 6/2) and Ulysses (2 kv heads do not divide 3: repeated).
+    # Errors against float64 on the same rounded inputs, at SDPA's level because the accumulators are float32
+    # (in the input dtype they would be 13-17x SDPA's in bfloat16).
+    # Ring (GQA 6/2) and Ulysses (2 kv heads do not divide 3: repeated).
     rows = error_table(
         [3], ["bfloat16", "float16"], ["ring", "ulysses"], lengths=[41, 16, 3], heads=6, kv_heads=2, dim=8
     )

@@ -1,4 +1,5 @@
-"""A Hugging Face model (tiny random Llama, GQA) under planned context parallelism: adapter, routing, plan digest, torchrun."""
+"""A Hugging Face model (tiny random Llama, GQA) under planned context parallelism: adapter, routing,
+plan digest, torchrun."""
 
 from __future__ import annotations
 

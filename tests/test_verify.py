@@ -149,7 +149,10 @@ def test_every_plan_violation_is_named(problem):
         "micro-batch 0 group 0: unknown samples ['nobody']",
         f"micro-batch 0 group 0: predicted {g0.predicted_time_s * 2:.6g} s, recomputed {t:.6g} s",
         f"micro-batch 0 group 0: intra_node says {not g0.intra_node}, ranks say {intra}",
-        f"lower bound {result.predicted_step_time_s * 3:.6g} s exceeds the step time {result.predicted_step_time_s:.6g} s",
+        (
+            f"lower bound {result.predicted_step_time_s * 3:.6g} s exceeds the step time "
+            f"{result.predicted_step_time_s:.6g} s"
+        ),
     ]
 
 
@@ -215,7 +218,8 @@ CASES = [
 
 
 def _random_assignment(problem, rng: random.Random) -> Assignment:
-    """Three micro-batches of random groups (1 to 16 ranks, within a node or across nodes) sharing the samples at random."""
+    """Three micro-batches of random groups (1 to 16 ranks, within a node or across nodes) sharing
+    the samples at random."""
     n_ranks, n_samples = problem.cluster.domain_size, len(problem.batch.samples)
     mbs: list[list[tuple[list[int], list[int]]]] = []
     for _ in range(3):

@@ -19,7 +19,8 @@ def attention_inputs(
     dtype: torch.dtype,
     seed: int = 1,
 ) -> list[torch.Tensor]:
-    """q, k, v and the output gradient of the whole group's tokens: float64 values rounded to ``dtype`` (then held in float64)."""
+    """q, k, v and the output gradient of the whole group's tokens: float64 values rounded to ``dtype``
+    (then held in float64)."""
     total = sum(int(p.numel()) for p, _ in layout)
     g = torch.Generator().manual_seed(seed)
     shapes = [(total, heads, dim), (total, kv_heads, dim), (total, kv_heads, dim), (total, heads, dim)]
@@ -38,7 +39,8 @@ def attention_worker(
     dtype: str = "float64",
     sdpa: bool = False,
 ) -> dict[str, Any]:
-    """Largest errors (output, dq, dk, dv) of ring/Ulysses attention in ``dtype`` against float64 attention on the same inputs.
+    """Largest errors (output, dq, dk, dv) of ring/Ulysses attention in ``dtype`` against float64
+    attention on the same inputs.
 
     With ``sdpa`` rank 0 also measures torch's ``scaled_dot_product_attention`` at the same dtype on
     the whole sequence (one process), the yardstick of what a kernel at that precision achieves.

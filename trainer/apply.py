@@ -130,7 +130,9 @@ def apply_plan(plan: Any, rank: int, tensor_parallel: int = 1, pipeline_parallel
         raise ProblemError(
             f"rank {rank} is outside the plan's domain of {domain} ranks",
             field="rank",
-            hint=f"use a rank from 0 to {domain - 1}, or pass tensor_parallel / pipeline_parallel when the job has them.",
+            hint=(
+                f"use a rank from 0 to {domain - 1}, or pass tensor_parallel / pipeline_parallel when the job has them."
+            ),
         )
     out = []
     comms: dict[tuple[int, ...], None] = {}

@@ -21,7 +21,8 @@ import sys
 from typing import Any
 
 HEADS, KV_HEADS, DIM = 30, 10, 16
-"""Query heads divisible by 1, 2, 3, 5 and 6 (every Ulysses size checked); 10 key/value heads (GQA, 3 query heads each)."""
+"""Query heads divisible by 1, 2, 3, 5 and 6 (every Ulysses size checked); 10 key/value heads
+(GQA, 3 query heads each)."""
 LENGTHS = [97, 40, 13, 5]
 """Samples of one micro-batch: a long one, shorter ones, one shorter than 2d (whole chunks of padding)."""
 
@@ -119,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         print("one block's forward, float32, one thread, 2 key/value heads x 3 query heads, head dim 64 (fastest of 5)")
         for r in timed:
             print(
-                f"{r['block']:20} {r['tokens']:5} tokens | matmul {r['matmul_ms']:8.1f} ms | fused {r['fused_ms']:8.1f} ms | {r['matmul_ms'] / r['fused_ms']:.1f}x"
+                f"{r['block']:20} {r['tokens']:5} tokens | matmul {r['matmul_ms']:8.1f} ms | fused "
+                f"{r['fused_ms']:8.1f} ms | {r['matmul_ms'] / r['fused_ms']:.1f}x"
             )
         return 0
     rows = error_table([int(x) for x in args.degrees.split(",")], args.dtypes.split(","), args.schemes.split(","))
@@ -131,11 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.attention_tiles import kernel_for
 
     print(
-        f"heads {HEADS}, key/value heads {KV_HEADS}, head dim {DIM}, sample lengths {LENGTHS}, tile kernel {kernel_for(torch.device('cpu'))}; "
-        "largest absolute error against float64"
+        f"heads {HEADS}, key/value heads {KV_HEADS}, head dim {DIM}, sample lengths {LENGTHS}, "
+        f"tile kernel {kernel_for(torch.device('cpu'))}; largest absolute error against float64"
     )
     print(
-        f"{'d':>2} {'scheme':8} {'dtype':9} | {'out':>9} {'dq':>9} {'dk':>9} {'dv':>9} | SDPA {'out':>9} {'dq':>9} {'dk':>9} {'dv':>9} | worst ratio"
+        f"{'d':>2} {'scheme':8} {'dtype':9} | {'out':>9} {'dq':>9} {'dk':>9} {'dv':>9} | SDPA {'out':>9} "
+        f"{'dq':>9} {'dk':>9} {'dv':>9} | worst ratio"
     )
     for r in rows:
         ratio = max(

@@ -57,7 +57,8 @@ _CUDA_CHECKED: dict[str, str | None] = {}
 
 
 def cuda_fused_problem(device: torch.device) -> str | None:
-    """None when the CUDA fused kernel works on ``device`` (checked once on a probe tile), else the reason it is not used."""
+    """None when the CUDA fused kernel works on ``device`` (checked once on a probe tile), else the
+    reason it is not used."""
     key = str(device)
     if key not in _CUDA_CHECKED:
         _CUDA_CHECKED[key] = _probe_cuda(device)
@@ -79,7 +80,10 @@ def _probe_cuda(device: torch.device) -> str | None:
         out = torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.unsqueeze(1))
         err = max(float((got_out - out).abs().max()), float((got_lse - lse).abs().max()))
     except Exception as exc:  # noqa: BLE001 - any failure means: use the plain products
-        return f"the fused kernel failed on a probe tile: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else exc!r}"
+        return (
+            f"the fused kernel failed on a probe tile: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else exc!r}"
+        )
     return None if err < 1e-4 else f"the fused kernel differs from the plain products by {err:.2e} on a probe tile"
 
 

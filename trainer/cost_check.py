@@ -3,20 +3,18 @@
     python -m trainer.cost_check                  # 4 processes, 8 held-out batches, both profile forms
     python -m trainer.cost_check --procs 2 --json       # 2 processes (a 2-core machine)
 
-The job's profile points are measured as ``dhp profile --procs N`` measures them (compute with the
-ring looped back on N processes at once, real rings, the gradient all-reduce), and eight batches
-the fit never sees (:data:`CASES`, :data:`CASES_2`; laid out by hand to cover many short samples on
-wide groups, single long samples, mixes and groups of one) run as planned steps on the same N gloo
-processes, in rounds: each round times every point and every batch once, so that both meet the same
-load from other work on the machine, and each keeps its median round (each round's time being its
-slowest rank's; the median, not the fastest, because under other work a short run more often slips
-between interruptions than a long one). The points are fitted into two profiles (:func:`trainer.profiler.profile_document`):
-``before``, the per-sample form (ring latency and ring-step work charged per sample, the bytes of
-the unpadded sample, no all-reduce), and ``after``, the trainer's form (the group's messages once
-per micro-batch, padded bytes, the all-reduce as the per-step constant). Each batch's predicted
-step time (the cost model over its given groups) is compared with its measured whole step (the
-all-reduce included) and with its micro-batches alone (the slowest rank of each). Prints the
-relative error of each batch and their mean and worst, per profile.
+The job's profile points are measured as ``dhp profile --procs N`` measures them (compute with the ring looped back on N
+processes at once, real rings, the gradient all-reduce), and eight batches the fit never sees (:data:`CASES`,
+:data:`CASES_2`; laid out by hand to cover many short samples on wide groups, single long samples, mixes and groups of
+one) run as planned steps on the same N gloo processes, in rounds: each round times every point and every batch once, so
+that both meet the same load from other work on the machine, and each keeps its median round (each round's time being
+its slowest rank's; the median, not the fastest, because under other work a short run more often slips between
+interruptions than a long one). The points are fitted into two profiles (:func:`trainer.profiler.profile_document`):
+``before``, the per-sample form (ring latency and ring-step work charged per sample, the bytes of the unpadded sample,
+no all-reduce), and ``after``, the trainer's form (the group's messages once per micro-batch, padded bytes, the
+all-reduce as the per-step constant). Each batch's predicted step time (the cost model over its given groups) is
+compared with its measured whole step (the all-reduce included) and with its micro-batches alone (the slowest rank of
+each). Prints the relative error of each batch and their mean and worst, per profile.
 """
 
 from __future__ import annotations
@@ -208,7 +206,8 @@ def run(procs: int = 4, rounds: int = 7, seed: int = 0, progress: Any = None) ->
     from trainer.launch import spawn
 
     say(
-        f"{rounds} rounds on {procs} processes, each timing the profile's points, its rings, the all-reduce and the {len(held_out)} held-out batches ..."
+        f"{rounds} rounds on {procs} processes, each timing the profile's points, its rings, "
+        f"the all-reduce and the {len(held_out)} held-out batches ..."
     )
     runs = spawn(_rounds_worker, procs, cfg, settings, layout, batches, rounds, threads=1)
     # Each point's typical round on every rank (the median: under other work a short run more often
@@ -244,7 +243,8 @@ def run(procs: int = 4, rounds: int = 7, seed: int = 0, progress: Any = None) ->
             "step_constant_s": reduction if group else 0.0,
         }
         say(
-            f"fit {name}: R^2 {f.r2:.4f}, worst point {f.max_rel_error * 100:.1f}%; rings R^2 {ring_report['ring_r2']:.4f}, worst {ring_report['ring_max_rel_error'] * 100:.1f}%; "
+            f"fit {name}: R^2 {f.r2:.4f}, worst point {f.max_rel_error * 100:.1f}%; "
+            f"rings R^2 {ring_report['ring_r2']:.4f}, worst {ring_report['ring_max_rel_error'] * 100:.1f}%; "
             f"{bw / 1e9:.3g} GB/s, {lat * 1e6:.1f} us per message; all-reduce {reduction * 1000:.2f} ms"
         )
     plans = {
@@ -300,17 +300,20 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out))
         return 0
     print(
-        f"{'batch':28} {'step ms':>8} {'mbs ms':>7} | {'before ms':>9} {'step err':>8} {'mbs err':>7} | {'after ms':>8} {'step err':>8} {'mbs err':>7}"
+        f"{'batch':28} {'step ms':>8} {'mbs ms':>7} | {'before ms':>9} {'step err':>8} {'mbs err':>7} | "
+        f"{'after ms':>8} {'step err':>8} {'mbs err':>7}"
     )
     for r in out["rows"]:
         print(
             f"{r['case']:28} {r['measured_step_s'] * 1000:8.1f} {r['measured_micro_batches_s'] * 1000:7.1f} | "
-            f"{r['predicted_before_s'] * 1000:9.1f} {r['step_error_before'] * 100:+7.1f}% {r['error_before'] * 100:+6.1f}% | "
-            f"{r['predicted_after_s'] * 1000:8.1f} {r['step_error_after'] * 100:+7.1f}% {r['error_after'] * 100:+6.1f}%"
+            f"{r['predicted_before_s'] * 1000:9.1f} {r['step_error_before'] * 100:+7.1f}% "
+            f"{r['error_before'] * 100:+6.1f}% | {r['predicted_after_s'] * 1000:8.1f} "
+            f"{r['step_error_after'] * 100:+7.1f}% {r['error_after'] * 100:+6.1f}%"
         )
     for name, s in out["summary"].items():
         print(
-            f"{name}: whole step mean |error| {s['step_mean_abs_error'] * 100:.1f}%, worst {s['step_worst_abs_error'] * 100:.1f}%; "
+            f"{name}: whole step mean |error| {s['step_mean_abs_error'] * 100:.1f}%, "
+            f"worst {s['step_worst_abs_error'] * 100:.1f}%; "
             f"micro-batches alone mean {s['mean_abs_error'] * 100:.1f}%, worst {s['worst_abs_error'] * 100:.1f}%"
         )
     return 0

@@ -82,7 +82,8 @@ class EpochPlan:
         return self._doc(step)
 
     def work(self, step: int, rank: int, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> StepWork:
-        """``rank``: the global rank (with tensor or pipeline parallelism, as :func:`trainer.apply.apply_plan` maps it)."""
+        """``rank``: the global rank (with tensor or pipeline parallelism, as
+        :func:`trainer.apply.apply_plan` maps it)."""
         from trainer.apply import apply_plan
 
         work = apply_plan(self.plan(step), rank, tensor_parallel, pipeline_parallel)

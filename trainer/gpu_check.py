@@ -1,7 +1,8 @@
-"""Device check on one accelerator: attention exactness and cost-model predictions, without a second device.
+r"""Device check on one accelerator: attention exactness and cost-model predictions, without a second device.
 
     python -m trainer.gpu_check                              # CUDA when there is one: bf16, 1k-32k tokens, groups 1-8
-    python -m trainer.gpu_check --device cpu --lengths 64,128,256 --hidden 64 --heads 4 --ffn-hidden 128 --exact-tokens 256
+    python -m trainer.gpu_check --device cpu --lengths 64,128,256 --hidden 64 --heads 4 --ffn-hidden 128 \
+        --exact-tokens 256
 
 1. Exactness: ring attention of one rank (d = 1, no peers) against torch SDPA, both at ``--dtype``
    with grouped-query heads, each against float64 attention of the same inputs (largest absolute
@@ -107,8 +108,9 @@ def cost_model(
     f = fit(points)
     plain = fit(points, sample_step=False)
     progress(
-        f"fit: R^2 {f.r2:.4f}, worst point {f.max_rel_error * 100:.1f}%, per-sample ring-step work {f.sample_step * 1e6:.1f} us "
-        f"(without that term: R^2 {plain.r2:.4f}, worst point {plain.max_rel_error * 100:.1f}%)"
+        f"fit: R^2 {f.r2:.4f}, worst point {f.max_rel_error * 100:.1f}%, "
+        f"per-sample ring-step work {f.sample_step * 1e6:.1f} us (without that term: R^2 {plain.r2:.4f}, "
+        f"worst point {plain.max_rel_error * 100:.1f}%)"
     )
     rows: list[dict[str, Any]] = []
     for k, (sample, d) in enumerate(tests):
@@ -125,8 +127,9 @@ def cost_model(
             }
         )
         progress(
-            f"held out d={d} lengths {list(sample)}: predicted {predicted * 1000:.2f} ms, measured {measured * 1000:.2f} ms, "
-            f"error {rows[-1]['error'] * 100:+.1f}% (without the term {rows[-1]['error_without_term'] * 100:+.1f}%)"
+            f"held out d={d} lengths {list(sample)}: predicted {predicted * 1000:.2f} ms, "
+            f"measured {measured * 1000:.2f} ms, error {rows[-1]['error'] * 100:+.1f}% (without the term "
+            f"{rows[-1]['error_without_term'] * 100:+.1f}%)"
         )
     errors = [abs(r["error"]) for r in rows]
     before_errors = [abs(r["error_without_term"]) for r in rows]
@@ -158,7 +161,8 @@ def _shape(text: str) -> tuple[tuple[int, ...], int]:
 def kernel_times(
     device: Any, dtype_name: str, cfg: Any, shapes: list[tuple[tuple[int, ...], int]], repeats: int, progress: Any
 ) -> list[dict[str, Any]]:
-    """One rank's share of each micro-batch timed with the plain-product tiles and with the fused kernel (where the device has one)."""
+    """One rank's share of each micro-batch timed with the plain-product tiles and with the fused kernel
+    (where the device has one)."""
     import os
 
     import torch
@@ -212,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--kernel-shapes",
         default=None,
-        help="micro-batches timed with each tile kernel, as COUNTxLENGTH@DEGREE (default on CUDA 4x8192@1,1x32768@1,32x512@4, "
-        "elsewhere 2xLONGEST@1,8xSHORTEST@2 of --lengths; empty: none)",
+        help="micro-batches timed with each tile kernel, as COUNTxLENGTH@DEGREE (default on CUDA "
+        "4x8192@1,1x32768@1,32x512@4, elsewhere 2xLONGEST@1,8xSHORTEST@2 of --lengths; empty: none)",
     )
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args(argv)
@@ -254,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         print(message, file=sys.stderr, flush=True)
 
     say(
-        f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), {args.dtype}, tile {attention_tiles.TILE}"
+        f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), "
+        f"{args.dtype}, tile {attention_tiles.TILE}"
     )
     kernel = attention_tiles.kernel_for(device)
     why = attention_tiles.cuda_fused_problem(device) if device.type == "cuda" else None
@@ -267,15 +272,18 @@ def main(argv: list[str] | None = None) -> int:
             device, getattr(torch, name), args.exact_tokens, args.heads, kv, args.hidden // args.heads
         )
         say(
-            f"exactness at {args.exact_tokens} tokens, {args.heads} query / {kv} key-value heads, {name} (largest absolute error against float64):"
+            f"exactness at {args.exact_tokens} tokens, {args.heads} query / {kv} key-value heads, "
+            f"{name} (largest absolute error against float64):"
         )
         for who in ("ring_d1", "sdpa"):
             say(f"  {who:8} " + "  ".join(f"{n} {e:.2e}" for n, e in zip(names, exact[name][who], strict=True)))
     kernels = kernel_times(device, args.dtype, cfg, kernel_shapes, args.repeats, say) if kernel_shapes else []
     costs = cost_model(device, args.dtype, lengths, degrees, mixes, cfg, args.repeats, args.held_out, say)
     say(
-        f"held-out micro-batches: mean |error| {costs['mean_abs_error'] * 100:.1f}%, worst {costs['worst_abs_error'] * 100:.1f}% "
-        f"(without the ring-step term: mean {costs['mean_abs_error_without_term'] * 100:.1f}%, worst {costs['worst_abs_error_without_term'] * 100:.1f}%)"
+        f"held-out micro-batches: mean |error| {costs['mean_abs_error'] * 100:.1f}%, "
+        f"worst {costs['worst_abs_error'] * 100:.1f}% (without the ring-step term: "
+        f"mean {costs['mean_abs_error_without_term'] * 100:.1f}%, "
+        f"worst {costs['worst_abs_error_without_term'] * 100:.1f}%)"
     )
     if args.json:
         with open(args.json, "w") as fh:

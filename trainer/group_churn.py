@@ -107,7 +107,8 @@ def run(
             r["group_cost_s"] = cost
             out["runs"].append(r)
             say(
-                f"cost {cost:g} s, {mode}: {r['mean_new_groups_per_step']:.2f} new groups per step, steps {r['total_step_s']:.3f} s"
+                f"cost {cost:g} s, {mode}: {r['mean_new_groups_per_step']:.2f} new groups per step, "
+                f"steps {r['total_step_s']:.3f} s"
             )
     return out
 
@@ -151,16 +152,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     blind = next((r for r in out["runs"] if r["mode"] == "blind"), None)
     print(
-        f"{out['steps']} {out['workload']} batches of {out['samples']} samples on {out['cluster_preset']} (deterministic plans, {args.budget_ms} ms budget)"
+        f"{out['steps']} {out['workload']} batches of {out['samples']} samples on {out['cluster_preset']} "
+        f"(deterministic plans, {args.budget_ms} ms budget)"
     )
     print(
-        f"{'cost s':>7} {'mode':13} {'new/step':>8} {'created':>7} {'steps s':>9} {'setup s':>8} {'total s':>9} {'vs blind steps':>14}"
+        f"{'cost s':>7} {'mode':13} {'new/step':>8} {'created':>7} {'steps s':>9} {'setup s':>8} {'total s':>9} "
+        f"{'vs blind steps':>14}"
     )
     for r in out["runs"]:
         rel = f"{(r['total_step_s'] / blind['total_step_s'] - 1) * 100:+.2f}%" if blind else "-"
         print(
-            f"{r['group_cost_s']:7g} {r['mode']:13} {r['mean_new_groups_per_step']:8.2f} {r['groups_created']:7d} {r['total_step_s']:9.3f} "
-            f"{r['group_setup_s']:8.3f} {r['total_s']:9.3f} {rel:>14}"
+            f"{r['group_cost_s']:7g} {r['mode']:13} {r['mean_new_groups_per_step']:8.2f} {r['groups_created']:7d} "
+            f"{r['total_step_s']:9.3f} {r['group_setup_s']:8.3f} {r['total_s']:9.3f} {rel:>14}"
         )
     return 0
 

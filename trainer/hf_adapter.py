@@ -90,7 +90,8 @@ class HFCausalLM(nn.Module):
             raise ValueError("HFCausalLM needs a transformers causal LM (a model with a config)")
         if getattr(config, "use_sliding_window", False):
             raise ValueError(
-                "sliding-window attention is not supported by the context-parallel attention; set use_sliding_window to False"
+                "sliding-window attention is not supported by the context-parallel attention; "
+                "set use_sliding_window to False"
             )
         self.model = model
         config._attn_implementation = IMPLEMENTATION
@@ -145,7 +146,8 @@ def model_document(model: nn.Module, name: str = "hf-tiny") -> dict[str, Any]:
 
 
 def reference_loss(model: nn.Module, samples: Mapping[str, torch.Tensor], attn_implementation: str = "sdpa") -> float:
-    """Mean next-token loss of the whole batch, each sample alone through the library's own attention; back-propagates it."""
+    """Mean next-token loss of the whole batch, each sample alone through the library's own
+    attention; back-propagates it."""
     from trainer.step import label_count
 
     config: Any = model.config

@@ -66,7 +66,8 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
             p.join()
         errors = [results[r][1] for r in range(world_size) if r in results and results[r][0] == "error"]
         if errors:
-            # The first line of each failure, then the full report of the first: a rank's failure often makes its peers fail too.
+            # The first line of each failure, then the full report of the first:
+            # a rank's failure often makes its peers fail too.
             heads = "\n".join(
                 f"  rank {r}: {results[r][1].splitlines()[0]}"
                 for r in range(world_size)

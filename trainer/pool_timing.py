@@ -48,10 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     res = spawn(_worker, args.procs, args.lookups, backend=args.backend)[0]
     create = res["create_s"]
     print(
-        f"{args.backend}, {args.procs} processes: {res['groups']} groups created through the pool, {len(create)} with rank 0"
+        f"{args.backend}, {args.procs} processes: {res['groups']} groups created through the pool, "
+        f"{len(create)} with rank 0"
     )
     print(
-        f"create a group: median {statistics.median(create) * 1e3:.2f} ms (min {min(create) * 1e3:.2f}, max {max(create) * 1e3:.2f})"
+        f"create a group: median {statistics.median(create) * 1e3:.2f} ms (min {min(create) * 1e3:.2f}, "
+        f"max {max(create) * 1e3:.2f})"
     )
     print(f"pooled look-up: {res['lookup_s'] * 1e6:.3f} us (mean of {args.lookups})")
     print(f"ratio: {statistics.median(create) / res['lookup_s']:.0f}x")

@@ -254,7 +254,8 @@ def measure_all(
 
         if progress:
             progress(
-                f"timing {len(combos)} points on {settings.procs} processes at once, then real rings of up to {settings.procs} ranks ..."
+                f"timing {len(combos)} points on {settings.procs} processes at once, "
+                f"then real rings of up to {settings.procs} ranks ..."
             )
         runs = spawn(_measure_worker, settings.procs, cfg, settings, str(device), threads=settings.threads or 1)
         together = [max(r[0][k] for r in runs) for k in range(len(combos))]
@@ -280,7 +281,8 @@ def measure_all(
             )
     if progress and settings.procs > 1:
         progress(
-            f"step beyond its micro-batches (gradient all-reduce) over {settings.procs} processes: {reduction * 1000:.2f} ms"
+            f"step beyond its micro-batches (gradient all-reduce) over {settings.procs} processes: "
+            f"{reduction * 1000:.2f} ms"
         )
     return points, rings, reduction
 
@@ -615,7 +617,10 @@ def check_fit(report: dict[str, Any], min_r2: float, max_error: float) -> None:
             raise FitRefused(
                 f"the {what} fit explains too little of the measured times: R^2 {r2:.3f} < {min_r2:g}",
                 "--min-r2",
-                "the timings are noisy (other work on the machine?): rerun with more --repeats and fewer --procs, or lower --min-r2 knowingly.",
+                (
+                    "the timings are noisy (other work on the machine?): rerun with more --repeats and fewer --procs, "
+                    "or lower --min-r2 knowingly."
+                ),
             )
         if not math.isfinite(err) or err > max_error:
             raise FitRefused(
@@ -641,7 +646,8 @@ def check_fit(report: dict[str, Any], min_r2: float, max_error: float) -> None:
 
 
 def default_capacity(model: torch.nn.Module, device: torch.device) -> int:
-    """Tokens per rank: 65536 on CPU; on CUDA, 80% of free memory over the activation bytes per token measured at 512 tokens."""
+    """Tokens per rank: 65536 on CPU; on CUDA, 80% of free memory over the activation bytes per token
+    measured at 512 tokens."""
     if device.type != "cuda":
         return 65536
     torch.cuda.reset_peak_memory_stats(device)

@@ -49,8 +49,8 @@ class RankLayout:
         """(planner rank, tensor-parallel rank, pipeline stage) of a global rank."""
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
             raise ProblemError(
-                f"rank {rank!r} is outside the job's {self.world_size} ranks ({self.domain_size} planned x TP {self.tensor_parallel} x PP "
-                f"{self.pipeline_parallel})",
+                f"rank {rank!r} is outside the job's {self.world_size} ranks ({self.domain_size} planned x TP "
+                f"{self.tensor_parallel} x PP {self.pipeline_parallel})",
                 field="rank",
                 hint=f"use a global rank from 0 to {self.world_size - 1}.",
             )

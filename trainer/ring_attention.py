@@ -172,8 +172,8 @@ def _finish(reqs: list[Any], spec: RingSpec) -> None:
             r.wait(timeout=limit)
         except Exception as exc:
             raise RingError(
-                f"rank {spec.rank}: the ring exchange with ranks {spec.recv_from} (receive) and {spec.send_to} (send) of group "
-                f"{list(spec.ranks)} failed or passed {seconds:g} s; a peer failed or stopped: {exc}"
+                f"rank {spec.rank}: the ring exchange with ranks {spec.recv_from} (receive) and {spec.send_to} "
+                f"(send) of group {list(spec.ranks)} failed or passed {seconds:g} s; a peer failed or stopped: {exc}"
             ) from exc
 
 
@@ -190,8 +190,8 @@ def _fail(exc: BaseException, spec: RingSpec, step: int, phase: str) -> RingErro
     if isinstance(exc, RingError):
         return exc
     return RingError(
-        f"rank {spec.rank} (position {spec.position} of group {list(spec.ranks)}) failed in the {phase} pass at ring step {step}: "
-        f"{type(exc).__name__}: {exc}"
+        f"rank {spec.rank} (position {spec.position} of group {list(spec.ranks)}) failed in the {phase} pass at ring "
+        f"step {step}: {type(exc).__name__}: {exc}"
     )
 
 
@@ -265,7 +265,8 @@ class _RingAttention(torch.autograd.Function):
 def _check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
         raise ValueError(
-            f"attention takes q [T, H, D] and k, v [T, Hkv, D]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+            f"attention takes q [T, H, D] and k, v [T, Hkv, D]; got {tuple(q.shape)}, {tuple(k.shape)}, "
+            f"{tuple(v.shape)}"
         )
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"the {q.shape[1]} query heads must be a multiple of the {k.shape[1]} key/value heads")

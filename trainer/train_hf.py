@@ -415,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
         log(
             f"[{args.arm}] step {step}: loss {result.loss:.6f}"
             + (f" (one process {row['reference_loss']:.6f})" if "reference_loss" in row else "")
-            + f", groups {row['groups']}, predicted {row['predicted_s'] * 1000:.1f} ms, measured {measured * 1000:.1f} ms, new groups {new_groups}, "
+            + f", groups {row['groups']}, predicted {row['predicted_s'] * 1000:.1f} ms, "
+            f"measured {measured * 1000:.1f} ms, new groups {new_groups}, "
             f"samples loaded per rank {row['samples_loaded']} of {row['batch_samples']}, digest {digest[:12]}"
         )
     summary: dict[str, Any] = {}

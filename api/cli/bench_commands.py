@@ -61,7 +61,10 @@ def register(subparsers: Any) -> None:
     b.add_argument(
         "--workloads",
         type=_csv,
-        help="comma-separated workloads (video,image-sft,anyres,dynamic-res,long-text,mixed) or replay files (.json/.csv)",
+        help=(
+            "comma-separated workloads (video,image-sft,anyres,dynamic-res,long-text,mixed) or replay files "
+            "(.json/.csv)"
+        ),
     )
     b.add_argument("--ranks", type=_csv_ints, help="comma-separated cluster sizes (default 8,64,512,4096)")
     b.add_argument("--samples-per-rank", type=_csv_ints, help="batch sizes as samples per rank (default 2,8)")
@@ -89,12 +92,18 @@ def register(subparsers: Any) -> None:
     b.add_argument(
         "--flexsp-time-limit",
         type=float,
-        help="SCIP time limit per FlexSP MILP in seconds (default 10, as its scripts; 1 with --quick in the flexsp suite)",
+        help=(
+            "SCIP time limit per FlexSP MILP in seconds (default 10, as its scripts; "
+            "1 with --quick in the flexsp suite)"
+        ),
     )
     b.add_argument("--flexsp-workers", type=int, help="most processes FlexSP's pools start (default 2)")
     b.add_argument(
         "--flexsp-cache",
-        help="folder keeping FlexSP's answers by their inputs: a re-run reuses them (FlexSP does not depend on dhp's planner)",
+        help=(
+            "folder keeping FlexSP's answers by their inputs: a re-run reuses them (FlexSP does not depend on dhp's "
+            "planner)"
+        ),
     )
     b.add_argument(
         "--planners", type=_csv, help="comma-separated planners (default: all; dhp-auto only with an exact backend)"
@@ -213,7 +222,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if g:
             print(
                 f"dhp heuristic: video speedup over static at its best {g.get('video_speedup_over_static_best')}, "
-                f"over static as deployed {g.get('video_speedup_over_static_deployed')}, median ratio to bound {g.get('median_ratio_to_bound')}"
+                f"over static as deployed {g.get('video_speedup_over_static_deployed')}, "
+                f"median ratio to bound {g.get('median_ratio_to_bound')}"
             )
     if args.scaling or args.scaling_only:
         from bench import scaling

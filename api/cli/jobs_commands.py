@@ -169,14 +169,17 @@ def cmd_plan_epoch(args: argparse.Namespace) -> int:
         print(summary_text(summary))
         run = result.index["run"]
         print(
-            f"wrote {result.directory}/plan.parquet ({result.total} steps; planned now {result.planned_now}, reused {result.reused}; "
-            f"{run['engine']} x{run['workers']} in {result.wall_s:.1f} s)"
+            f"wrote {result.directory}/plan.parquet ({result.total} steps; planned now {result.planned_now}, "
+            f"reused {result.reused}; {run['engine']} x{run['workers']} in {result.wall_s:.1f} s)"
         )
     if summary["failed"]:
         for f in summary["failures"][:5]:
             sample = f" sample {f['sample']!r}" if f.get("sample") else ""
             print(
-                f"error: step {f['step']}{sample}: {f.get('field') or ''}: {f['message']} To fix: {f.get('hint') or ''}",
+                (
+                    f"error: step {f['step']}{sample}: {f.get('field') or ''}: {f['message']} To fix: "
+                    f"{f.get('hint') or ''}"
+                ),
                 file=sys.stderr,
             )
         kinds = {f["kind"] for f in summary["failures"]}

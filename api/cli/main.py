@@ -152,8 +152,14 @@ class CommandParser(argparse.ArgumentParser):
         if required:
             names = required.split(", ")
             if any(isinstance(self._action(n), argparse._SubParsersAction) for n in names):
-                return f"a command is required; use one of {', '.join(self._commands())} ({self.prog} --help says what each does)"
-            return f"{' and '.join(names)} {'is' if len(names) == 1 else 'are'} required; add {self._usage(names)} (see {self.prog} --help)"
+                return (
+                    f"a command is required; use one of {', '.join(self._commands())} ({self.prog} --help says what "
+                    "each does)"
+                )
+            return (
+                f"{' and '.join(names)} {'is' if len(names) == 1 else 'are'} required; "
+                f"add {self._usage(names)} (see {self.prog} --help)"
+            )
         group = re.fullmatch(r"one of the arguments (.*) is required", message)
         if group:
             return f"one of {', '.join(group.group(1).split())} is required; add one of them (see {self.prog} --help)"
@@ -175,7 +181,10 @@ class CommandParser(argparse.ArgumentParser):
             return f"{flag}: {typed.group(1)} is not {_KINDS.get(action.type, 'a valid value')}; {self._hint(action)}"  # type: ignore[call-overload]
         if choice:
             choices = [str(c) for c in action.choices or ()]
-            return f"{flag}: {choice.group(1)} is not one of {', '.join(choices)}; {self._hint(action, choices[0] if choices else None)}"
+            return (
+                f"{flag}: {choice.group(1)} is not one of {', '.join(choices)}; "
+                f"{self._hint(action, choices[0] if choices else None)}"
+            )
         if message.startswith("expected"):
             return f"{flag} needs a value; {self._hint(action)}"
         if message.startswith("not allowed with"):
@@ -184,7 +193,8 @@ class CommandParser(argparse.ArgumentParser):
         return f"{flag}: {message}" if "e.g." in message else f"{flag}: {message}; {self._hint(action)}"
 
     def _hint(self, action: argparse.Action, example: str | None = None) -> str:
-        """How to give the flag: the planner option's own hint, else an example value (its default, or one its help names)."""
+        """How to give the flag: the planner option's own hint, else an example value (its default,
+        or one its help names)."""
         from optimizer.problem.options import OPTION_SPECS
 
         spec = next((o for o in OPTION_SPECS if o.flag in action.option_strings and o.name == action.dest), None)

@@ -55,8 +55,8 @@ def exposure_warning(settings: Any) -> str | None:
     if settings.token_list or is_loopback(settings.host):
         return None
     return (
-        f"warning: listening on {settings.host} without bearer tokens: anyone who can reach this port can plan and read plans; "
-        "set DHP_TOKENS (e.g. `openssl rand -hex 24`) or bind to 127.0.0.1"
+        f"warning: listening on {settings.host} without bearer tokens: anyone who can reach this port can plan and "
+        "read plans; set DHP_TOKENS (e.g. `openssl rand -hex 24`) or bind to 127.0.0.1"
     )
 
 

@@ -170,8 +170,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     profile_from_json(profile)  # the file must be one `dhp plan --profile` accepts
     progress(
-        f"fit: R^2 {report['r2']:.4f}, largest relative error {report['max_rel_error']:.3f} over {len(report['points'])} points "
-        f"(thresholds: R^2 >= {args.min_r2:g}, error <= {args.max_error:g}); per-sample ring-step work {report['sample_step_s'] * 1e6:.1f} us"
+        f"fit: R^2 {report['r2']:.4f}, largest relative error {report['max_rel_error']:.3f} over "
+        f"{len(report['points'])} points (thresholds: R^2 >= {args.min_r2:g}, error <= {args.max_error:g}); "
+        f"per-sample ring-step work {report['sample_step_s'] * 1e6:.1f} us"
     )
     if report["transfers"]:
         progress(
@@ -179,8 +180,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         )
     if "ring_r2" in report:
         progress(
-            f"rings: R^2 {report['ring_r2']:.4f}, largest relative error {report['ring_max_rel_error']:.3f} over {len(report['ring_points'])} points; "
-            f"{report['bandwidth_bytes_per_s'] / 1e9:.3f} GB/s, {report['latency_s'] * 1e6:.1f} us per message; "
+            f"rings: R^2 {report['ring_r2']:.4f}, largest relative error {report['ring_max_rel_error']:.3f} over "
+            f"{len(report['ring_points'])} points; {report['bandwidth_bytes_per_s'] / 1e9:.3f} GB/s, "
+            f"{report['latency_s'] * 1e6:.1f} us per message; "
             f"gradient all-reduce {report['step_constant_s'] * 1000:.2f} ms per step"
         )
     text = json.dumps(profile, indent=2)

@@ -1,10 +1,10 @@
 """What the planning service's clients do, written once for the blocking and the asyncio client (needs only httpx).
 
-Each operation is a generator that yields what it needs done and receives the outcome: :class:`Send` (an HTTP
-request: the response, or the :class:`httpx.TransportError` it raised), :class:`Sleep` (a pause before a retry)
-and :class:`PlanLocally` (the in-process fallback plan). :class:`api.client.planner_client.PlannerClient` runs these steps with
-blocking calls, :class:`api.client.planner_client.AsyncPlannerClient` with awaits; the retries, the ``Retry-After`` rule, the
-idempotency keys, the error mapping, the fallback and the feedback kept for later are the same code.
+Each operation is a generator that yields what it needs done and receives the outcome: :class:`Send` (an HTTP request:
+the response, or the :class:`httpx.TransportError` it raised), :class:`Sleep` (a pause before a retry) and
+:class:`PlanLocally` (the in-process fallback plan). :class:`api.client.planner_client.PlannerClient` runs these steps
+with blocking calls, :class:`api.client.planner_client.AsyncPlannerClient` with awaits; the retries, the ``Retry-After``
+rule, the idempotency keys, the error mapping, the fallback and the feedback kept for later are the same code.
 """
 
 from __future__ import annotations
@@ -141,7 +141,8 @@ class ClientCore:
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Steps:
         """One request with retries on connection failures, timeouts and 502/503/504 (honouring Retry-After);
-        returns the response; raises :class:`PlannerServiceError` on another error, :class:`ServiceUnavailable` after the last try."""
+        returns the response; raises :class:`PlannerServiceError` on another error,
+        :class:`ServiceUnavailable` after the last try."""
         if (
             method == "POST"
         ):  # one key for every try of this call, so that the service can tell a retry from a new request
@@ -165,7 +166,8 @@ class ClientCore:
         raise ServiceUnavailable(f"{method} {path} failed after {self.retries + 1} attempts: {last}")
 
     def _submit(self, request: dict[str, Any] | None, parts: dict[str, Any], wait: bool) -> Steps:
-        """POST /v1/plans; the answer, or the plan made here when the service cannot be reached (with ``local_fallback``)."""
+        """POST /v1/plans; the answer, or the plan made here when the service cannot be reached
+        (with ``local_fallback``)."""
         doc = request_doc(request, parts)
         doc["wait"] = wait
         try:

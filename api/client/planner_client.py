@@ -1,4 +1,5 @@
-"""Clients of the planning service for trainers, blocking and asyncio; need only httpx (``pip install 'dhp-planner[client]'``).
+"""Clients of the planning service for trainers, blocking and asyncio; need only httpx
+(``pip install 'dhp-planner[client]'``).
 
     client = PlannerClient("http://planner:8000", token=..., local_fallback=True)
     plan = client.plan(batch=batch_doc, cluster_preset="h100-8x8", model_preset="qwen2-vl-7b")
@@ -10,14 +11,14 @@
     async with AsyncPlannerClient("http://planner:8000") as client:   # the same, awaited
         plan = await client.plan(batch=batch_doc, ...)
 
-Connection failures, timeouts and 502/503/504 answers are retried with exponential backoff (a 503's
-Retry-After is honoured); every try of one POST carries the same ``Idempotency-Key`` header. With
-``local_fallback=True``, when the service cannot be reached at all, the plan is made in this process
-by the planner's heuristic (deterministic: every rank gets the same plan), so training never stalls; such plans have ``status`` ``local`` and an id
-starting with ``local-``; feedback that cannot be delivered is kept (``unsent_feedback``) and sent
-before the next feedback, or by ``flush_feedback()``. Errors in the request itself
-(4xx), and a plan-ahead request that failed, raise :class:`PlannerServiceError` with the problem
-document. The bearer token defaults to the ``DHP_TOKEN`` environment variable.
+Connection failures, timeouts and 502/503/504 answers are retried with exponential backoff (a 503's Retry-After
+is honoured); every try of one POST carries the same ``Idempotency-Key`` header. With ``local_fallback=True``,
+when the service cannot be reached at all, the plan is made in this process by the planner's heuristic
+(deterministic: every rank gets the same plan), so training never stalls; such plans have ``status`` ``local``
+and an id starting with ``local-``; feedback that cannot be delivered is kept (``unsent_feedback``) and sent
+before the next feedback, or by ``flush_feedback()``. Errors in the request itself (4xx), and a plan-ahead
+request that failed, raise :class:`PlannerServiceError` with the problem document. The bearer token defaults to
+the ``DHP_TOKEN`` environment variable.
 
 Both clients run the same operations (:mod:`api.client.client_core`); only how a request is sent, how a pause is
 taken and where the fallback plan is made differ (the asyncio client makes it on a thread).

@@ -39,7 +39,8 @@ async def arrival(request: Request) -> float:
 
 
 def token_error(tokens: list[str], authorization: str | None) -> ServiceError | None:
-    """The 401 for a request whose ``Authorization`` header carries none of ``tokens`` (None: let it through, or no tokens set)."""
+    """The 401 for a request whose ``Authorization`` header carries none of ``tokens`` (None: let it
+    through, or no tokens set)."""
     if not tokens:
         return None
     scheme, given = get_authorization_scheme_param(authorization)

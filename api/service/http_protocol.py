@@ -34,8 +34,9 @@ def malformed_response(reason: BaseException | None, default_headers: list[tuple
             detail,
             kind="malformed-http",
             field="request",
-            hint="send a well-formed HTTP/1.1 request: a request line 'METHOD /path HTTP/1.1', header names without spaces, and a "
-            "Content-Length of decimal digits equal to the body's bytes (any HTTP client library sends these right).",
+            hint="send a well-formed HTTP/1.1 request: a request line 'METHOD /path HTTP/1.1', "
+            "header names without spaces, and a Content-Length of decimal digits equal to the body's bytes (any "
+            "HTTP client library sends these right).",
         )
     )
     head = [b"HTTP/1.1 400 Bad Request"]

@@ -1,4 +1,5 @@
-"""ASGI middleware: arrival time, request latency metric, the bearer token, the request body limits (size, bytes held, time) and the admission pre-check."""
+"""ASGI middleware: arrival time, request latency metric, the bearer token, the request body limits (size, bytes held,
+time) and the admission pre-check."""
 
 from __future__ import annotations
 
@@ -61,8 +62,9 @@ def _is_v1(path: str) -> bool:
 
 
 class TokenGate:
-    """Checks the bearer token of every /v1 request before anything else reads its body (:func:`api.service.deps.token_error`):
-    a client without a valid token is answered 401 at once and never holds body bytes, a waiting place or a parse.
+    """Checks the bearer token of every /v1 request before anything else reads its body
+    (:func:`api.service.deps.token_error`): a client without a valid token is answered 401 at once and never holds body
+    bytes, a waiting place or a parse.
 
     With ``loopback_only`` (no tokens outside development) a /v1 request that reached the server on an address other
     than loopback is refused with 403, whatever server runs the app and whatever address it was told to bind: the
@@ -93,7 +95,9 @@ class TokenGate:
                     "Forbidden",
                     f"this service has no bearer tokens and was reached on {host}, which other machines can reach",
                     kind="no-tokens",
-                    hint="the operator should set DHP_TOKENS (e.g. `openssl rand -hex 24`), or listen on 127.0.0.1 only.",
+                    hint=(
+                        "the operator should set DHP_TOKENS (e.g. `openssl rand -hex 24`), or listen on 127.0.0.1 only."
+                    ),
                 )
             if exc is not None:
                 await problem_response(
@@ -112,8 +116,8 @@ class TokenGate:
 
 class BodyLimit:
     """Refuses request bodies larger than ``max_bytes`` with 413, whether or not Content-Length is given; holds each
-    body's bytes in ``budget`` (:class:`api.service.intake.BodyBudget`) as they arrive, until the answer is sent (a body that
-    would go over it is refused with 503 and Retry-After); and refuses with 408 a body that has not arrived in full
+    body's bytes in ``budget`` (:class:`api.service.intake.BodyBudget`) as they arrive, until the answer is sent (a body
+    that would go over it is refused with 503 and Retry-After); and refuses with 408 a body that has not arrived in full
     within ``timeout_s`` of the request's start. Bytes are held as they arrive, not as declared, so a client that
     declares a large body and stalls holds only what it sent, and only until its time is up."""
 
@@ -138,7 +142,8 @@ class BodyLimit:
 
     async def _busy(self, scope: Scope, receive: Any, send: Any) -> None:
         exc = self.pool.refused(
-            f"the request bodies being received fill the {self.budget.max_bytes} bytes set aside for them (DHP_MAX_BODY_BYTES_IN_FLIGHT)"
+            f"the request bodies being received fill the {self.budget.max_bytes} bytes set aside for them "
+            "(DHP_MAX_BODY_BYTES_IN_FLIGHT)"
         )
         await problem_response(
             exc.status,
@@ -229,7 +234,8 @@ class AdmissionPrecheck:
                 exc = self.pool.refused()
             elif (wait := self.pool.wait_s()) > self.max_budget_s:
                 exc = self.pool.refused(
-                    f"the solves admitted would keep any request waiting about {wait:.1f} s, longer than any time budget here"
+                    f"the solves admitted would keep any request waiting about {wait:.1f} s, "
+                    "longer than any time budget here"
                 )
             if exc is not None:
                 response = problem_response(

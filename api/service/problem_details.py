@@ -67,7 +67,8 @@ class StoreUnavailable(Exception):
 
 
 STORE_DOWN = (OperationalError, InterfaceError, PoolTimeout, StoreUnavailable)
-"""Errors of a store that does not answer (server down, connection lost, pool exhausted, SQLite locked): 503, not 500."""
+"""Errors of a store that does not answer (server down, connection lost, pool exhausted, SQLite
+locked): 503, not 500."""
 
 
 def problem_document(
@@ -188,7 +189,10 @@ def validation_hint(error: Mapping[str, Any]) -> str:
         hint = f"use one of {ctx['expected']}"
     elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") and ctx:
         bound = next(iter(ctx.values()))
-        hint = f"give a number {dict(greater_than='above', greater_than_equal='of at least', less_than='below', less_than_equal='of at most')[kind]} {bound}"
+        words = dict(
+            greater_than="above", greater_than_equal="of at least", less_than="below", less_than_equal="of at most"
+        )
+        hint = f"give a number {words[kind]} {bound}"
     elif kind in ("string_too_long", "too_long") and ctx.get("max_length") is not None:
         hint = f"give at most {ctx['max_length']} {'characters' if kind == 'string_too_long' else 'items'}"
     elif kind == "string_pattern_mismatch":

@@ -47,7 +47,8 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     """Largest request body; larger ones get 413."""
     max_body_bytes_in_flight: int = Field(32 * 1024 * 1024, ge=1024)
-    """Request bodies held at once in one process (from the first byte read until the answer); beyond it 503 with Retry-After."""
+    """Request bodies held at once in one process (from the first byte read until the answer); beyond
+    it 503 with Retry-After."""
     body_timeout_s: float = Field(10.0, gt=0.0, le=600.0)
     """Time from a request's arrival within which its whole body must arrive; a slower one gets 408."""
     max_samples: int = Field(65_536, ge=1)
@@ -59,8 +60,9 @@ class Settings(BaseSettings):
     queue_limit: int = Field(4, ge=0, le=10_000)
     """Solves that may wait for a free worker; beyond running + waiting the answer is 503."""
     solve_nice: int = Field(0, ge=0, le=19)
-    """How far below the event loop's CPU priority (Linux ``nice``) the solve threads run. 0 (the default) keeps them
-    level with the rest of the machine: lowered, they starve behind every other busy process and overrun their budgets."""
+    """How far below the event loop's CPU priority (Linux ``nice``) the solve threads run. 0 (the default)
+    keeps them level with the rest of the machine: lowered, they starve behind every other busy process and
+    overrun their budgets."""
     solver_threads: int = Field(1, ge=1, le=64)
     """Cap on ``options.solver_workers`` (threads one exact solve may use)."""
     retry_after_s: int = Field(1, ge=1, le=3600)
@@ -69,7 +71,8 @@ class Settings(BaseSettings):
     """Plans per process kept in memory by request hash (the store is the lasting cache)."""
     long_poll_max_ms: int = Field(30_000, ge=0)
     store_retry_s: float = Field(30.0, ge=0.0, le=3600.0)
-    """How long a plan-ahead answer is retried while the store does not answer, before it is left pending for a later start to resume."""
+    """How long a plan-ahead answer is retried while the store does not answer, before it is left pending for a
+    later start to resume."""
 
     @property
     def stale_after_s(self) -> float:
@@ -101,12 +104,14 @@ class Settings(BaseSettings):
         tokens = self.token_list
         if not tokens and not is_loopback(self.host):
             problems.append(
-                f"DHP_TOKENS is empty but DHP_HOST={self.host!r} is reachable from other machines: set DHP_TOKENS or bind to 127.0.0.1"
+                f"DHP_TOKENS is empty but DHP_HOST={self.host!r} is reachable from other machines: "
+                "set DHP_TOKENS or bind to 127.0.0.1"
             )
         short = [t for t in tokens if len(t) < MIN_TOKEN_LENGTH]
         if short:
             problems.append(
-                f"{len(short)} token(s) in DHP_TOKENS are shorter than {MIN_TOKEN_LENGTH} characters: use random tokens (e.g. `openssl rand -hex 24`)"
+                f"{len(short)} token(s) in DHP_TOKENS are shorter than {MIN_TOKEN_LENGTH} characters: "
+                "use random tokens (e.g. `openssl rand -hex 24`)"
             )
         if problems:
             raise ValueError(f"unsafe {self.environment} settings: " + "; ".join(problems))

@@ -5,9 +5,9 @@ It is not FlexSP: the real FlexSP solver runs as its own baseline (:mod:`bench.f
 installed. This one stays because it runs where that cannot: under ring and analytical profiles,
 on mixed clusters, and with OR-Tools only, within the same budget as the planner.
 
-The idea taken from FlexSP's description: choose, per micro-batch, a set of sequence-parallel groups of power-of-two sizes >= 2 and
-assigns length buckets to them so that the slowest group finishes first; sequences are bucketed
-(about 16 buckets) to keep the MILP small, and several micro-batch counts are tried.
+The idea taken from FlexSP's description: choose, per micro-batch, a set of sequence-parallel groups of power-of-two
+sizes >= 2 and assigns length buckets to them so that the slowest group finishes first; sequences are bucketed (about 16
+buckets) to keep the MILP small, and several micro-batch counts are tried.
 
 Here, for each micro-batch count M from the least memory allows upwards, until
 two counts gave a plan or the budget is spent:
@@ -288,7 +288,10 @@ def bucket_milp(tables: CostTables, budget_s: float, workers: int = 1, counts_tr
                     None,
                     m_count,
                     statuses,
-                    f"no solution for {m_count} micro-batch(es) within the budget ({statuses[-1] if statuses else 'not run'})",
+                    (
+                        f"no solution for {m_count} micro-batch(es) within the budget "
+                        f"({statuses[-1] if statuses else 'not run'})"
+                    ),
                 )
             continue
         solved += 1

@@ -105,10 +105,13 @@ def analytical_profile(model: ModelSpec, cluster: Cluster, scheme: str = "ring")
     if ref_capacity < 1:
         states = model_state_bytes_per_rank(model, cluster)
         raise InfeasibleError(
-            f"the model states alone need {states / 1e9:.1f} GB per rank (ZeRO-{model.training.zero_stage} over {cluster.domain_size} ranks) "
-            f"and {ref.name} has {ref.memory_bytes / 1e9:.0f} GB, {cluster.memory_reserve_bytes / 1e9:.0f} GB of it reserved: no activation fits",
+            f"the model states alone need {states / 1e9:.1f} GB per rank (ZeRO-{model.training.zero_stage} over "
+            f"{cluster.domain_size} ranks) and {ref.name} has {ref.memory_bytes / 1e9:.0f} GB, "
+            f"{cluster.memory_reserve_bytes / 1e9:.0f} GB of it reserved: no activation fits",
             field="model.training.zero_stage",
-            hint="shard more (zero_stage 3), add ranks, use tensor or pipeline parallelism, or send a measured profile.",
+            hint=(
+                "shard more (zero_stage 3), add ranks, use tensor or pipeline parallelism, or send a measured profile."
+            ),
         )
 
     return CostProfile(
@@ -129,5 +132,8 @@ def analytical_profile(model: ModelSpec, cluster: Cluster, scheme: str = "ring")
         messages_per_step=messages,
         overlap_with_attention=scheme == "ring",
         speed_by_gpu=speed_by_gpu,
-        source=f"analytical: {model.name} on {cluster.name} ({ref.name}, efficiency {cluster.efficiency:g}, ZeRO-{model.training.zero_stage}, recompute {model.training.recompute})",
+        source=(
+            f"analytical: {model.name} on {cluster.name} ({ref.name}, efficiency {cluster.efficiency:g}, "
+            f"ZeRO-{model.training.zero_stage}, recompute {model.training.recompute})"
+        ),
     )

@@ -70,7 +70,8 @@ class LocalSearch:
         np.cumsum(busy_count, out=busy_start[1:])
         idle_start = np.zeros(n_micro_batches + 1, dtype=np.int64)
         np.cumsum(idle_count, out=idle_start[1:])
-        # The groups of a micro-batch are consecutive in ``flat``: group k is the (k - busy_start[m])-th of its micro-batch m.
+        # The groups of a micro-batch are consecutive in ``flat``:
+        # group k is the (k - busy_start[m])-th of its micro-batch m.
         busy_id = offset[flat.micro_batch] + np.arange(flat.micro_batch.shape[0]) - busy_start[flat.micro_batch]
         s_group = np.empty(tables.n_samples, dtype=np.int64)
         s_group[flat.samples] = np.repeat(busy_id, flat.count)

@@ -18,17 +18,15 @@ for it. This strategy builds such a micro-batch on purpose:
    micro-batches after the head; or a second head is built from them the same way, and then the
    rest after it.
 
-Candidates are heads of 1 to :data:`HEAD_MAX` samples on rank budgets from their memory minimum to
-the whole domain (in :data:`BUDGET_STEPS` steps) with every fill size. They are ranked by T0 plus an
-estimate of the rest: first a quick one (the rest's fewest micro-batches by memory, two when it
-still holds samples that need groups across nodes beside others, times the constant, plus its
-samples' least rank-seconds over all ranks), then, for the :data:`SHORTLIST` best distinct ones, the
-larger of that and the rest's lower bound. The rest is planned for the best-ranked candidates
-(:data:`PLANNED` of them for the first head, fewer for the second) and for the best one of every
-micro-batch count of the rest, in the order of their estimates, while the deadline allows and while
-a candidate's estimate is below the best plan found and the time left exceeds what the previous
-candidate took; each planned candidate is polished by the local search before it is compared. The second head is built after the best-ranked first head
-whose rest could be planned.
+Candidates are heads of 1 to :data:`HEAD_MAX` samples on rank budgets from their memory minimum to the whole domain (in
+:data:`BUDGET_STEPS` steps) with every fill size. They are ranked by T0 plus an estimate of the rest: first a quick one
+(the rest's fewest micro-batches by memory, two when it still holds samples that need groups across nodes beside others,
+times the constant, plus its samples' least rank-seconds over all ranks), then, for the :data:`SHORTLIST` best distinct
+ones, the larger of that and the rest's lower bound. The rest is planned for the best-ranked candidates (:data:`PLANNED`
+of them for the first head, fewer for the second) and for the best one of every micro-batch count of the rest, in the
+order of their estimates, while the deadline allows and while a candidate's estimate is below the best plan found and
+the time left exceeds what the previous candidate took; each planned candidate is polished by the local search before it
+is compared. The second head is built after the best-ranked first head whose rest could be planned.
 """
 
 from __future__ import annotations

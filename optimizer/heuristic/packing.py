@@ -105,7 +105,10 @@ class HeuristicPlanner:
             s = self.t.problem.batch.samples[i]
             need = math.ceil(s.length / self.capacity)
             raise InfeasibleError(
-                f"sample {s.id!r} ({s.length} tokens) needs a group of {need} ranks at {self.capacity:.0f} tokens per rank, above the largest allowed size {self.degrees[-1]}",
+                (
+                    f"sample {s.id!r} ({s.length} tokens) needs a group of {need} ranks at {self.capacity:.0f} tokens "
+                    f"per rank, above the largest allowed size {self.degrees[-1]}"
+                ),
                 field="batch.samples",
                 hint=f"raise options.max_degree to >= {need}, add ranks, or shorten the sample.",
             )
@@ -122,7 +125,10 @@ class HeuristicPlanner:
         proven = max(1, math.ceil(self.total_tokens / held - 1e-12))
         if proven > most:
             raise InfeasibleError(
-                f"the batch holds {self.total_tokens:.0f} tokens but {most} micro-batches of {n_ranks} ranks hold only {most * held:.0f}",
+                (
+                    f"the batch holds {self.total_tokens:.0f} tokens but {most} micro-batches of {n_ranks} ranks hold "
+                    f"only {most * held:.0f}"
+                ),
                 field="options.max_micro_batches",
                 hint=f"allow at least {proven} micro-batches, add ranks, or send a smaller batch.",
             )
@@ -286,7 +292,8 @@ class HeuristicPlanner:
         )
         if n_groups < 0:
             return None
-        # Each group's samples in placement order (longest first), the groups of a micro-batch in the order they were opened.
+        # Each group's samples in placement order (longest first),
+        # the groups of a micro-batch in the order they were opened.
         placed = group_of[self._longest_first]
         by_group = self._longest_first[np.argsort(placed, kind="stable")].tolist()
         ends = np.cumsum(np.bincount(placed, minlength=n_groups)).tolist()

@@ -19,7 +19,8 @@ from optimizer.jit import compiled
 
 @compiled
 def _whole_node_run(free_start: np.ndarray, node_start: np.ndarray, node_end: np.ndarray, d: int) -> int:
-    """First node starting a run of consecutive nodes whose free ranks add up to d, all but the last wholly free; -1 if none."""
+    """First node starting a run of consecutive nodes whose free ranks add up to d, all but the last
+    wholly free; -1 if none."""
     n_nodes = node_start.shape[0]
     for start in range(n_nodes):
         if free_start[start] != node_start[start]:

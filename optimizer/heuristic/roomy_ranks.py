@@ -52,15 +52,18 @@ def roomy_plan(tables: CostTables, deadline: float | None) -> tuple[Assignment, 
             continue
         best, how = (
             whole,
-            f"planned on the {len(ranks)} ranks of {names} nodes (at least {level:.0f} tokens per rank); the others idle",
+            (
+                f"planned on the {len(ranks)} ranks of {names} nodes (at least {level:.0f} tokens per rank); "
+                "the others idle"
+            ),
         )
         split = _split_plan(tables, sub, ranks, deadline)
         if split is not None and assignment_step_time(tables, split) < assignment_step_time(tables, whole):
             best, how = (
                 split,
                 (
-                    f"the samples that need {names} ranks planned on those {len(ranks)} ranks, in micro-batches of their own; "
-                    "the others on the whole cluster"
+                    f"the samples that need {names} ranks planned on those {len(ranks)} ranks, "
+                    "in micro-batches of their own; the others on the whole cluster"
                 ),
             )
         return best, how

@@ -21,7 +21,8 @@ EPS = 1e-12
 def micro_batch_tops(
     g_time: np.ndarray, g_micro_batch: np.ndarray, g_alive: np.ndarray, top: np.ndarray, top_id: np.ndarray
 ) -> None:
-    """Per micro-batch m: ``top[m, 0..2]`` the three largest group times, ``top_id[m, 0..1]`` the groups of the first two (-1: none)."""
+    """Per micro-batch m: ``top[m, 0..2]`` the three largest group times, ``top_id[m, 0..1]`` the groups of
+    the first two (-1: none)."""
     top[:, :] = 0.0
     top_id[:, :] = -1
     for g in range(g_time.shape[0]):
@@ -135,8 +136,8 @@ def best_move(
     n_slack: int,
     n_room: int,
 ) -> tuple[float, int, int, int]:
-    """Best move (one sample of g to another group) or swap (with a sample of another group);
-    ``class_b[c]`` is the group constant of a group of class c (the time of an empty group that gets a sample, before it).
+    """Best move (one sample of g to another group) or swap (with a sample of another group); ``class_b[c]`` is the
+    group constant of a group of class c (the time of an empty group that gets a sample, before it).
 
     Returns (change of the step time, kind, a, x): kind 1 moves sample a to group x, kind 2 swaps
     sample a with sample x, kind 0 found nothing that lowers the step time by more than EPS.

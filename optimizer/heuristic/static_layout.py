@@ -87,7 +87,8 @@ def _balance(tables: CostTables, layout: _Layout, micro_batches: int) -> _Balanc
     ):
         return None
     used = [t for t in mb_time.tolist() if t > 0.0]
-    # The step time as :func:`optimizer.plan.evaluate.assignment_step_time` adds it up: slowest group per micro-batch, summed in order.
+    # The step time as :func:`optimizer.plan.evaluate.assignment_step_time` adds it up:
+    # slowest group per micro-batch, summed in order.
     return _Balanced(micro_batches, sum(used), len(used), sample_bin)
 
 

@@ -199,9 +199,15 @@ def _place_leftovers(
             slot = _best_slot(tables, mbs, targets, (i,), limit, join=True)
             if slot is None:
                 raise InfeasibleError(
-                    f"sample {tables.problem.batch.samples[i].id!r} fits no existing group within {limit} micro-batches",
+                    (
+                        f"sample {tables.problem.batch.samples[i].id!r} fits no existing group within {limit} "
+                        "micro-batches"
+                    ),
                     field="existing_groups",
-                    hint="raise options.max_micro_batches, add larger groups to existing_groups, or use options.group_reuse 'prefer'.",
+                    hint=(
+                        "raise options.max_micro_batches, add larger groups to existing_groups, "
+                        "or use options.group_reuse 'prefer'."
+                    ),
                 )
             _put(mbs, slot, (i,))
 

@@ -21,7 +21,8 @@ def summary_text(plan: Plan, problem: Problem, max_groups: int = 12) -> str:
     n = len(problem.batch)
     tokens = sum(problem.batch.lengths)
     lines.append(
-        f"batch: {n} samples, {tokens:,} tokens (longest {max(problem.batch.lengths):,}) | {problem.cluster.describe()} | {plan.scheme} CP"
+        f"batch: {n} samples, {tokens:,} tokens (longest {max(problem.batch.lengths):,}) | "
+        f"{problem.cluster.describe()} | {plan.scheme} CP"
     )
     lines.append(
         f"predicted step {plan.predicted_step_time_s:.4f} s | lower bound {plan.lower_bound_s:.4f} s{_which(plan)} | "
@@ -30,7 +31,8 @@ def summary_text(plan: Plan, problem: Problem, max_groups: int = 12) -> str:
     if plan.static_baseline is not None:
         sb = plan.static_baseline
         lines.append(
-            f"best static power-of-two layout: CP {sb.degree} x {sb.micro_batches} micro-batches, {sb.predicted_step_time_s:.4f} s -> speedup {plan.speedup_over_static:.3f}x"
+            f"best static power-of-two layout: CP {sb.degree} x {sb.micro_batches} micro-batches, "
+            f"{sb.predicted_step_time_s:.4f} s -> speedup {plan.speedup_over_static:.3f}x"
         )
     skipped = plan.solver.details.get("skipped") or {}
     if plan.static_baseline is None:
@@ -48,7 +50,8 @@ def summary_text(plan: Plan, problem: Problem, max_groups: int = 12) -> str:
         for g in sorted(mb.groups, key=lambda g: -g.predicted_time_s)[:max_groups]:
             span = "" if g.intra_node else " spans nodes"
             lines.append(
-                f"  ranks {_ranks(g.ranks):>9} (size {g.degree}{span}): {len(g.samples)} samples, {sum(g.lengths):,} tokens, {g.predicted_time_s:.4f} s"
+                f"  ranks {_ranks(g.ranks):>9} (size {g.degree}{span}): {len(g.samples)} samples, "
+                f"{sum(g.lengths):,} tokens, {g.predicted_time_s:.4f} s"
             )
         if len(mb.groups) > max_groups:
             lines.append(f"  ... {len(mb.groups) - max_groups} more groups")

@@ -79,7 +79,8 @@ def check_plan_document(problem: Problem, doc: Any) -> Report:
         slowest = max(recomputed, default=0.0)
         if claimed is not None and not any(map(math.isnan, recomputed)) and not close(claimed, slowest):
             found.append(
-                f"micro_batches[{m}].predicted_time_s: {claimed:.6g} s, its slowest group's recomputed time is {slowest:.6g} s"
+                f"micro_batches[{m}].predicted_time_s: {claimed:.6g} s, its slowest group's recomputed time is "
+                f"{slowest:.6g} s"
             )
     # A group with ranks out of range (NaN, named above) has no time: the step cannot be recomputed.
     whole = not any(math.isnan(t) for mb in times for t in mb)

@@ -196,7 +196,8 @@ class _Facts:
         self.per_sample = problem.options.memory == "sample"
 
     def recompute(self, flat: _Flat) -> _Recomputed:
-        """Every group of ``flat`` recomputed from the profile (see :func:`optimizer.verify.verify_kernels.recompute_groups`)."""
+        """Every group of ``flat`` recomputed from the profile (see
+        :func:`optimizer.verify.verify_kernels.recompute_groups`)."""
         sizes = np.diff(flat.rank_start)
         bandwidth = np.ones((2, int(sizes.max(initial=1)) + 1))
         for d in np.unique(sizes[sizes > 1]).tolist():
@@ -351,7 +352,8 @@ class GroupClaims:
 
 
 def _claim_violations(flat: _Flat, rec: _Recomputed, claims: GroupClaims, place: Place) -> list[str]:
-    """Invariant 6 for the groups: each claimed time and span against the recomputed one (groups with invalid ranks are left out)."""
+    """Invariant 6 for the groups: each claimed time and span against the recomputed one (groups with
+    invalid ranks are left out)."""
     out: list[str] = []
     valid = ~np.isnan(rec.seconds)
     off = valid & claims.timed & ~_close(rec.seconds, claims.seconds)
@@ -360,7 +362,8 @@ def _claim_violations(flat: _Flat, rec: _Recomputed, claims: GroupClaims, place:
         m, k = flat.position(i)
         if off[i]:
             out.append(
-                f"{place(m, k, 'predicted_time_s')}: predicted {float(claims.seconds[i]):.6g} s, recomputed {float(rec.seconds[i]):.6g} s"
+                f"{place(m, k, 'predicted_time_s')}: predicted {float(claims.seconds[i]):.6g} s, "
+                f"recomputed {float(rec.seconds[i]):.6g} s"
             )
         if span[i]:
             out.append(
@@ -401,7 +404,8 @@ def _close(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _sample_indices(plan: Plan, problem: Problem, report: Report) -> tuple[np.ndarray, np.ndarray]:
-    """The batch indices of every group's samples, concatenated, and their offsets; unknown ids are reported and left out."""
+    """The batch indices of every group's samples, concatenated, and their offsets; unknown ids are
+    reported and left out."""
     index = problem.batch.index
     ids = [g.samples for mb in plan.micro_batches for g in mb.groups]
     try:
@@ -474,7 +478,8 @@ def communicator_violations(
             needed.setdefault(key, None)
             if only:
                 out.append(
-                    f"{place(m, k, 'ranks')}: ranks {list(ranks)} are not an existing group (options.group_reuse 'only')"
+                    f"{place(m, k, 'ranks')}: ranks {list(ranks)} are not an existing group "
+                    "(options.group_reuse 'only')"
                 )
     if new is not None:
         if set(map(tuple, new)) != set(needed):

@@ -7,13 +7,12 @@ the batch, never from the planners' cost tables. A plan's groups arrive flattene
 groups concatenated, with offsets (``rank_start[g]:rank_start[g + 1]`` are group g's), likewise the
 sample indices, and ``mb_start`` the first group of each micro-batch.
 
-``coef`` holds the profile's numbers: quadratic, linear, sample_constant, group_constant,
-bytes_per_token, messages_per_step, inter-node latency, intra-node latency, sample_step, the
-group messages per ring step and fixed, and the fixed messages per sample (indices below); ``pad_unit`` > 0 sends the bytes of each
-sample padded to a multiple of ``pad_unit`` times the group size; ``per_sample`` makes a group's
-tokens per rank those of its longest sample (memory per sample) instead of all its samples'.
-``bandwidth[1, d]`` is the intra-node bandwidth of a group of size d and ``bandwidth[0, d]`` the
-inter-node one, read from the profile for the sizes in the plan.
+``coef`` holds the profile's numbers: quadratic, linear, sample_constant, group_constant, bytes_per_token,
+messages_per_step, inter-node latency, intra-node latency, sample_step, the group messages per ring step and fixed, and
+the fixed messages per sample (indices below); ``pad_unit`` > 0 sends the bytes of each sample padded to a multiple of
+``pad_unit`` times the group size; ``per_sample`` makes a group's tokens per rank those of its longest sample (memory
+per sample) instead of all its samples'. ``bandwidth[1, d]`` is the intra-node bandwidth of a group of size d and
+``bandwidth[0, d]`` the inter-node one, read from the profile for the sizes in the plan.
 """
 
 from __future__ import annotations
@@ -42,7 +41,8 @@ from optimizer.jit import compiled
 def vision_seconds(
     tokens: np.ndarray, frames: np.ndarray, image_start: np.ndarray, linear: float, quadratic: float, out: np.ndarray
 ) -> None:
-    """``out[i]``: vision-encoder seconds of sample i on one rank, over its images ``image_start[i]:image_start[i + 1]``."""
+    """``out[i]``: vision-encoder seconds of sample i on one rank, over its images
+    ``image_start[i]:image_start[i + 1]``."""
     for i in range(out.shape[0]):
         total = 0.0
         for j in range(image_start[i], image_start[i + 1]):
