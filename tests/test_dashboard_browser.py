@@ -3,7 +3,7 @@
 
 Each test checks what a person sees: the rows of the table, one Gantt block per group, charts drawn (their
 canvas holds the series' colour), re-plans side by side, the calibration scatter; keyboard use and labels;
-and no console errors. Screenshots at 1280 px go to $DHP_SCREENSHOT_DIR (the README's come from
+and no console errors. Screenshots at 1280 px go to $DHP_SCREENSHOT_DIR (docs/dashboard.md's come from
 ``DHP_SCREENSHOT_DIR=docs/dashboard pytest tests/test_dashboard_browser.py``), else to a temporary folder.
 """
 
@@ -287,7 +287,7 @@ def test_token_needed_then_given(browser, tmp_path):
 
 
 def test_screenshots_are_readable_size(shots):
-    """Each page's screenshot exists and is 1280 px wide (the README shows them)."""
+    """Each page's screenshot exists and is 1280 px wide (docs/dashboard.md shows them)."""
     for name in ("plans", "plan", "tuning", "calibration"):
         path = shots / f"{name}.png"
         assert path.exists(), f"{name}.png was not taken"

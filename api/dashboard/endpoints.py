@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import asdict
+from functools import lru_cache
 from pathlib import Path as FsPath
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query
-from fastapi.responses import FileResponse
+from fastapi.responses import HTMLResponse
 
 from api.dashboard.calibration import calibration
 from api.dashboard.plan_view import plan_view
@@ -132,26 +133,44 @@ def calibration_view(
     return Calibration.model_validate(calibration(rows, total, limit))
 
 
-def _page(name: str) -> FileResponse:
-    return FileResponse(PAGES / name, media_type="text/html", headers={"Cache-Control": "no-cache"})
+NAVIGATION = (("Plans", "/dashboard"), ("Calibration", "/dashboard/calibration"), ("API docs", "/docs"))
+"""The links of every page's navigation bar, in order (label, address)."""
+
+NAVIGATION_MARK = "<!-- navigation -->"
+"""Where a page file takes the navigation bar."""
+
+
+@lru_cache(maxsize=16)
+def _html(name: str, current: str | None) -> str:
+    """The page file with the navigation bar in place of its mark, ``current`` marked as this page."""
+    links = "\n".join(
+        f'    <a href="{href}"' + (' aria-current="page"' if href == current else "") + f">{label}</a>"
+        for label, href in NAVIGATION
+    )
+    text = (PAGES / name).read_text(encoding="utf-8")
+    return text.replace(NAVIGATION_MARK, f'<nav aria-label="Dashboard">\n{links}\n  </nav>')
+
+
+def _page(name: str, current: str | None = None) -> HTMLResponse:
+    return HTMLResponse(_html(name, current), headers={"Cache-Control": "no-cache"})
 
 
 @pages.get("")
 @pages.get("/")
-def plans_page() -> FileResponse:
-    return _page("plans.html")
+def plans_page() -> HTMLResponse:
+    return _page("plans.html", current="/dashboard")
 
 
 @pages.get("/plans/{plan_id}")
-def plan_page(plan_id: PlanId) -> FileResponse:
+def plan_page(plan_id: PlanId) -> HTMLResponse:
     return _page("plan.html")
 
 
 @pages.get("/plans/{plan_id}/tuning")
-def tuning_page(plan_id: PlanId) -> FileResponse:
+def tuning_page(plan_id: PlanId) -> HTMLResponse:
     return _page("tuning.html")
 
 
 @pages.get("/calibration")
-def calibration_page() -> FileResponse:
-    return _page("calibration.html")
+def calibration_page() -> HTMLResponse:
+    return _page("calibration.html", current="/dashboard/calibration")

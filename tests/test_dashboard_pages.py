@@ -1,0 +1,37 @@
+"""Every dashboard page gets its navigation bar from one list (``api.dashboard.endpoints.NAVIGATION``)."""
+
+from __future__ import annotations
+
+import re
+
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.dashboard.endpoints import NAVIGATION, NAVIGATION_MARK, PAGES
+from api.service.settings import Settings
+
+PAGE_ADDRESSES = {
+    "/dashboard": "/dashboard",
+    "/dashboard/calibration": "/dashboard/calibration",
+    "/dashboard/plans/abc": None,
+    "/dashboard/plans/abc/tuning": None,
+}
+"""Each page's address and the navigation link it marks as current (None: no link is its own)."""
+
+
+def test_page_files_hold_the_mark_and_no_navigation_of_their_own():
+    for page in PAGES.glob("*.html"):
+        text = page.read_text()
+        assert text.count(NAVIGATION_MARK) == 1, page.name
+        assert 'aria-label="Dashboard"' not in text, page.name
+
+
+def test_every_page_links_every_view_and_marks_its_own(tmp_path):
+    with TestClient(create_app(Settings(data_dir=tmp_path))) as client:
+        for address, current in PAGE_ADDRESSES.items():
+            html = client.get(address).text
+            nav = re.search(r'<nav aria-label="Dashboard">(.*?)</nav>', html, re.S)
+            assert nav is not None, address
+            links = re.findall(r'<a href="([^"]+)"( aria-current="page")?>([^<]+)</a>', nav.group(1))
+            assert [(label, href) for href, _, label in links] == list(NAVIGATION), address
+            assert [href for href, mark, _ in links if mark] == ([current] if current else []), address
