@@ -10,6 +10,7 @@ deadline and no longer (status ``stopped`` then, and the plan found before it st
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from optimizer.bounds.lower_bounds import memory_proof
 from optimizer.costs.tables import CostTables
@@ -17,49 +18,23 @@ from optimizer.errors import InfeasibleError, PlannerError
 from optimizer.plan.evaluate import assignment_step_time
 from optimizer.plan.records import Assignment, SolverStats, TracePoint
 from optimizer.verify.verifier import check_assignment
-from planning.fixed_work import SAFETY, phase_ms
-from planning.solve_watch import GRACE_MS, busy, hard_stop_for, solve_watched
+from planning.budget_policy import GRACE_MS, MIN_SEARCH_MS, MIN_SOLVER_MS, SolveWindow, reserve_ms
+from planning.solve_watch import busy, solve_watched
+from solver_models import whole_model_fits
 from solver_models.base import Backend
-from solver_models.lns import FULL_MODEL_PAIRS, full_model_pairs
 
 Backends = Mapping[str, Backend]
 
-MIN_SOLVER_MS = 20.0
-"""Below this many milliseconds left, no exact backend is started."""
-RESERVE_MS = 3.0
-RESERVE_EVALS = 8.0
-"""Milliseconds kept back from the solver for checking its answer, building and verifying the plan:
-a constant plus RESERVE_EVALS times what one evaluation of the heuristic's plan took (the work after
-the solver is about five such passes: measured 0.6 ms of building and verifying after a 0.15 ms
-evaluation at 512 samples, 105 ms after 15 ms at 65,536; eight leave room for a busy machine), plus
-the GRACE_MS a late answer is awaited (so that a solve stopped at its deadline still leaves this work
-its time before the caller's deadline). The work after the heuristic or the solver is also estimated
-from the rates measured on this machine (:mod:`planning.fixed_work`), SAFETY times over, and the
-larger figure kept: the static layout's comparison, building and verifying before the heuristic has a
-plan to evaluate; building and verifying after it."""
-MIN_SEARCH_MS = 60.0
-"""Least solver milliseconds for which ``auto`` starts a neighbourhood search on a large problem."""
 AUTO_ORDER = ("cpsat", "highs", "cbc")
 """``auto``'s preference among installed backends: CP-SAT is the strongest here on both the
 whole-problem model and the neighbourhoods; CBC's process start makes it the slowest to answer."""
 
 
-def reserve_ms(tables: CostTables, eval_ms: float | None = None) -> float:
-    """Time the planner needs after the heuristic or the solver returns (from one evaluation's time when known)."""
-    n = tables.n_samples
-    if eval_ms is None:
-        return GRACE_MS + RESERVE_MS + SAFETY * (phase_ms("finish", n) + phase_ms("static", n))
-    return GRACE_MS + RESERVE_MS + max(RESERVE_EVALS * eval_ms, SAFETY * phase_ms("finish", n))
-
-
-def finish_reserve_ms(tables: CostTables) -> float:
-    """Time kept back, after the optional phases, for building and verifying the plan (estimated
-    from the rates measured here, SAFETY times over)."""
-    return GRACE_MS + RESERVE_MS + SAFETY * phase_ms("finish", tables.n_samples)
-
-
 def stopped_reason(name: str) -> str:
-    return f"{name} was stopped at the deadline ({GRACE_MS:.0f} ms after it, without an answer): the plan is the best found before it"
+    return (
+        f"{name} was stopped at the deadline ({GRACE_MS:.0f} ms after it, without an answer): "
+        "the plan is the best found before it"
+    )
 
 
 def busy_reason(name: str) -> str:
@@ -88,7 +63,7 @@ def choose_backend(
     solver_ms = remaining_ms - (reserve_ms(tables) if reserve is None else reserve)
     if solver_ms < MIN_SOLVER_MS:
         return "heuristic"
-    if solver_ms < MIN_SEARCH_MS and full_model_pairs(tables) > FULL_MODEL_PAIRS:
+    if solver_ms < MIN_SEARCH_MS and not whole_model_fits(tables):
         return "heuristic"
     for name in AUTO_ORDER:
         backend = backends.get(name)
@@ -100,21 +75,6 @@ def choose_backend(
         ):
             return name
     return "heuristic"
-
-
-def solver_may_follow(
-    tables: CostTables, backend: str, budget_ms: float, heuristic_share: float, heuristic_ms_per_sample: float
-) -> bool:
-    """Whether a budget of ``budget_ms`` leaves an exact backend time after the heuristic (then the
-    heuristic gets ``heuristic_share`` of it, else nearly all)."""
-    expected_ms = heuristic_ms_per_sample * tables.n_samples + reserve_ms(tables) + MIN_SOLVER_MS
-    if backend == "heuristic" or budget_ms < expected_ms:
-        return False
-    if backend != "auto":
-        return True
-    # auto starts no neighbourhood search with under MIN_SEARCH_MS left: then the heuristic may use that time.
-    after_ms = budget_ms * (1 - heuristic_share) - reserve_ms(tables)
-    return after_ms >= MIN_SEARCH_MS or full_model_pairs(tables) <= FULL_MODEL_PAIRS
 
 
 def no_time_for(name: str, solver_ms: float, backends: Backends) -> str | None:
@@ -138,12 +98,13 @@ def run_backend(
     hint: Assignment,
     h_time: float,
     bound: float,
-    deadline: float,
+    window: SolveWindow,
     stats: SolverStats,
     start: float,
     clock: Callable[[], float],
 ) -> tuple[Assignment, SolverStats]:
-    """Backend ``name`` started from ``hint`` until ``deadline``; its answer only when checked valid and better."""
+    """Backend ``name`` started from ``hint`` until ``window.due`` (awaited until ``window.hard_stop``);
+    its answer only when checked valid and better."""
     trace = list(stats.trace)
 
     def on_improvement(elapsed_ms: float, objective: float, solver_bound: float | None) -> None:
@@ -151,88 +112,55 @@ def run_backend(
 
     backend = backends.get(name)
     if backend is None or not backend.available():
-        return hint, SolverStats(
-            **{
-                **stats.__dict__,
-                "backend": name,
-                "status": "fallback",
-                "fallback_reason": f"backend {name!r} is not installed (pip install 'dhp-planner[solver]')",
-            }
-        )
+        why = f"backend {name!r} is not installed (pip install 'dhp-planner[solver]')"
+        return hint, replace(stats, backend=name, status="fallback", fallback_reason=why)
     if busy(name):
-        return hint, SolverStats(
-            **{**stats.__dict__, "backend": name, "status": "fallback", "fallback_reason": busy_reason(name)}
-        )
-    options = tables.problem.options
-    watched = solve_watched(
-        name,
-        backend,
-        tables,
-        hint,
-        deadline,
-        hard_stop_for(deadline, options.deterministic, options.time_budget_ms),
-        on_improvement,
-        clock,
-    )
+        return hint, replace(stats, backend=name, status="fallback", fallback_reason=busy_reason(name))
+    watched = solve_watched(name, backend, tables, hint, window.due, window.hard_stop, on_improvement, clock)
     if watched.stopped:
-        return hint, SolverStats(
-            **{
-                **stats.__dict__,
-                "backend": name,
-                "status": "stopped",
-                "details": {**stats.details, "stopped_after_ms": round(watched.waited_ms, 3)},
-                "fallback_reason": stopped_reason(name),
-            }
+        return hint, replace(
+            stats,
+            backend=name,
+            status="stopped",
+            details={**stats.details, "stopped_after_ms": round(watched.waited_ms, 3)},
+            fallback_reason=stopped_reason(name),
         )
     result = watched.result
     if result is None:  # a solver crash must never lose the heuristic plan
         exc = watched.error
         why = f"{type(exc).__name__}: {exc}" if exc is not None else f"{name} returned nothing"
-        return hint, SolverStats(**{**stats.__dict__, "backend": name, "status": "fallback", "fallback_reason": why})
-    best_bound = max(bound, result.bound_s or 0.0)
-    base = dict(
+        return hint, replace(stats, backend=name, status="fallback", fallback_reason=why)
+    answered = replace(
+        stats,
         backend=name,
         status=result.status,
         objective_s=h_time,
-        bound_s=best_bound,
+        bound_s=max(bound, result.bound_s or 0.0),
         trace=tuple(trace),
         details=dict(result.details),
     )
     if result.assignment is None:
-        return hint, SolverStats(
-            **{
-                **stats.__dict__,
-                **base,
-                "status": "fallback",
-                "fallback_reason": result.message or f"{name} returned no solution ({result.status})",
-            }
-        )
+        why = result.message or f"{name} returned no solution ({result.status})"
+        return hint, replace(answered, status="fallback", fallback_reason=why)
     check = check_assignment(tables.problem, result.assignment)
     if not check.ok:
-        return hint, SolverStats(
-            **{
-                **stats.__dict__,
-                **base,
-                "status": "fallback",
-                "fallback_reason": f"{name} answer invalid: {check.violations[0]}",
-            }
+        return hint, replace(
+            answered, status="fallback", fallback_reason=f"{name} answer invalid: {check.violations[0]}"
         )
     if check.micro_batches_s >= h_time * (1 - 1e-9):
-        return hint, SolverStats(
-            **{**stats.__dict__, **base, "fallback_reason": f"{name} found nothing better than its starting plan"}
-        )
-    return result.assignment, SolverStats(**{**stats.__dict__, **base, "objective_s": check.micro_batches_s})
+        return hint, replace(answered, fallback_reason=f"{name} found nothing better than its starting plan")
+    return result.assignment, replace(answered, objective_s=check.micro_batches_s)
 
 
 def rescue(
     tables: CostTables,
     error: InfeasibleError,
     backends: Backends,
-    deadline: float,
+    window: SolveWindow,
     start: float,
     clock: Callable[[], float],
 ) -> tuple[Assignment, SolverStats]:
-    """A plan from the whole exact model when the heuristic found none.
+    """A plan from the whole exact model, solved until ``window.due``, when the heuristic found none.
 
     The heuristic's InfeasibleError stands only when infeasibility is proven: by counting memory
     (:func:`optimizer.bounds.lower_bounds.memory_proof`) or by the whole exact model answering
@@ -243,11 +171,11 @@ def rescue(
     if memory_proof(tables):
         raise error
     options = tables.problem.options
-    left_ms = (deadline - clock()) * 1000.0
+    left_ms = (window.due - clock()) * 1000.0
     name = choose_backend(tables, "auto" if options.backend == "heuristic" else options.backend, left_ms, backends, 0.0)
     backend = backends.get(name) if name != "heuristic" else None
     why: str | None = None
-    if full_model_pairs(tables) > FULL_MODEL_PAIRS:
+    if not whole_model_fits(tables):
         why = "the batch is too large for the whole exact model"
     elif backend is None or not backend.available():
         why = (
@@ -261,16 +189,7 @@ def rescue(
         why = no_time_for(name, left_ms, backends)
     result = None
     if why is None and backend is not None:
-        watched = solve_watched(
-            name,
-            backend,
-            tables,
-            None,
-            deadline,
-            hard_stop_for(deadline, options.deterministic, options.time_budget_ms),
-            None,
-            clock,
-        )
+        watched = solve_watched(name, backend, tables, None, window.due, window.hard_stop, None, clock)
         result = watched.result
         if watched.stopped:
             why = f"the whole exact model ({name}) had not answered at the deadline (stopped there)"
@@ -297,8 +216,10 @@ def rescue(
     if why is None and result is not None:
         why = f"the whole exact model ({name}) found no plan in time ({result.status})"
     raise PlannerError(
-        f"no plan found within the budget: the heuristic found none ({error.message}) and {why}; infeasibility is not proven",
+        f"no plan found within the budget: the heuristic found none ({error.message}) and {why}; "
+        "infeasibility is not proven",
         field="options.time_budget_ms",
-        hint="give a larger budget (options.time_budget_ms) with an exact backend installed (pip install 'dhp-planner[solver]'), "
+        hint="give a larger budget (options.time_budget_ms) with an exact backend installed "
+        "(pip install 'dhp-planner[solver]'), "
         "or allow more micro-batches (options.max_micro_batches).",
     )

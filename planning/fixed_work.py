@@ -20,7 +20,8 @@ read them from disk (:mod:`planning.rates_cache`).
 :func:`estimate_ms` is the fixed work expected for a batch of n samples on r ranks, and
 :func:`minimum_budget_ms` the least budget that can hold it (LOW_SHARE of the estimate): the planner
 refuses a budget below that at once (:func:`planning.planner.plan`), and the service adds it to the
-time it reserves for its own work. :func:`phase_ms` estimates the phases the planner decides on.
+time it reserves for its own work. :func:`phase_ms` estimates the phases the planner decides on
+(:mod:`planning.budget_policy` turns the estimates into the phases' instants).
 """
 
 from __future__ import annotations
@@ -54,11 +55,8 @@ mixed batches of 2,048 to 65,536 samples on 64 to 1,024 ranks the fixed work mea
 times the estimate on the shared 2-core development machine (more above it at 65,536 samples, where
 the tables outgrow the caches), and estimates in separate processes differed by up to 20%."""
 HEADROOM = 1.5
-"""The budget a refusal suggests: this many times the estimate (timings on a shared machine vary)."""
-SAFETY = 2.0
-"""Rates are those of the fastest calibration run, and the machine may be busier when a plan runs: the
-time kept back for building and verifying, and the room an optional phase needs to start, are this
-many times their estimates."""
+"""The budget a refusal suggests: this many times the estimate (timings on a shared machine vary: the
+fixed work measured up to 1.5 times the estimate, see LOW_SHARE)."""
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,27 @@
 """Orchestration: the heuristic first, then an exact backend for the rest of the budget.
 
-``plan(problem)`` always returns a verified plan or raises a domain error:
+``plan(problem)`` always returns a verified plan or raises a domain error. :func:`_plan` runs the steps
+in this order, one function each:
 
 0. refuse at once a budget below the batch's fixed work on this machine (:mod:`planning.fixed_work`:
-   the tables, a first plan, building and verifying it), naming the budget to ask for;
+   the tables, a first plan, building and verifying it), naming the budget to ask for (:func:`_tables`);
 1. build the cost tables and the lower bound: every bound of :mod:`optimizer.bounds.lower_bounds`
    when the time left covers them after the fixed work still to come, else the cheapest valid one
-   (the tighter ones follow step 2 when time is left then);
-2. run the heuristic (it answers in milliseconds and is the fallback); attach the best static
-   power-of-two layout for comparison (it is a plan too: the answer is never slower); when the plan
+   (the tighter ones follow step 2 when time is left then) (:func:`_tables`, :func:`_first_bound`);
+2. run the heuristic (it answers in milliseconds and is the fallback) (:func:`_heuristic`); attach
+   the best static power-of-two layout for comparison (it is a plan too: the answer is never slower)
+   (:func:`_static_layout`); the tighter bounds when deferred (:func:`_tighter_bounds`); when the plan
    is more than 1% above the bound, raise the bound with the group-size LP if time allows
-   (:mod:`planning.size_bound_step`);
+   (:mod:`planning.size_bound_step`, :func:`_group_size_bound`);
 3. if the options ask for it and time is left, run an exact backend (:mod:`planning.backends`)
-   with the best assignment so far as a full hint, until the deadline;
-4. verify the candidates independently and keep the best valid one; a solver failure, time-out
-   or invalid answer is recorded as the fallback reason, never raised;
-5. move groups onto the job's existing communicators when asked (:mod:`planning.existing_groups`).
+   with the best assignment so far as a full hint, until the solver's deadline (:func:`_backend`,
+   chosen once, and :func:`_exact_solve`); a solver failure, time-out or invalid answer is recorded as
+   the fallback reason, never raised;
+4. keep the fastest candidate: the solver's or the heuristic's plan, or the static layout (:func:`_fastest`);
+5. move groups onto the job's existing communicators when asked (:mod:`planning.existing_groups`,
+   :func:`_existing_groups`);
+6. build the plan and verify it independently; a solver's plan that fails gives way to the heuristic's
+   (:func:`_build_and_verify`); the statistics get the call's wall time and phases (:func:`_with_details`).
 
 Each optional phase (the tighter bounds, the static layout, the LP, the solver, the heuristic's
 strategies after its first plan) starts only when the time left after the reserve for building and
@@ -23,10 +29,11 @@ verifying covers it, estimated from the rates measured here; what steps aside is
 reason, in ``solver.details["skipped"]`` (the summary prints it).
 
 One :class:`planning.deadline.Deadline` covers the whole call: the caller's (the service creates it
-when the request arrives) or one started here from ``options.time_budget_ms``. Every phase gets an
-instant from it. With ``options.deterministic`` the answer depends on the input alone: no budget is
-refused and nothing optional is skipped, the heuristic runs all its strategies whatever the clock
-says, and the backends run a fixed amount of work.
+when the request arrives) or one started here from ``options.time_budget_ms``. Every phase gets its
+instant from it once, through the budget policy (:mod:`planning.budget_policy`). With
+``options.deterministic`` the answer depends on the input alone: no budget is refused and nothing
+optional is skipped, the heuristic runs all its strategies whatever the clock says, and the backends
+run a fixed amount of work.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from optimizer.bounds.lower_bounds import bound_parts, memory_proof, quick_bound_parts
@@ -46,34 +53,23 @@ from optimizer.heuristic.static_layout import best_static
 from optimizer.heuristic.strategies import heuristic_plan
 from optimizer.plan.aligned import align_blocks
 from optimizer.plan.evaluate import assignment_step_time, build_plan
-from optimizer.plan.records import Assignment, Plan, SolverStats, TracePoint
+from optimizer.plan.records import Assignment, Plan, SolverStats, StaticBaseline, TracePoint
 from optimizer.problem.problem import Problem
 from optimizer.verify.verifier import verify
-from planning.backends import (
-    Backends,
-    choose_backend,
-    finish_reserve_ms,
-    no_time_for,
-    rescue,
-    reserve_ms,
-    run_backend,
-    solver_may_follow,
-)
+from planning.backends import Backends, choose_backend, no_time_for, rescue, run_backend
+from planning.budget_policy import PhaseBudget, SolveWindow, phase_budget
 from planning.deadline import Deadline
 from planning.existing_groups import reuse_groups
-from planning.fixed_work import SAFETY, phase_ms, problem_budget_ms, problem_estimate_ms, suggested_budget_ms
+from planning.fixed_work import problem_budget_ms, problem_estimate_ms, suggested_budget_ms
 from planning.size_bound_step import size_bound_within
 from planning.warm import warm_up_with
 
-HEURISTIC_SHARE = 0.75
-"""Share of the budget the heuristic may use when an exact backend follows (else HEURISTIC_ALONE)."""
-HEURISTIC_ALONE = 0.9
-HEURISTIC_MS_PER_SAMPLE = 0.01
-"""Expected heuristic milliseconds per sample (measured 0.0015 to 0.003 from 512 to 65,536 samples);
-a budget below heuristic + reserve + a solver's least time gives the heuristic HEURISTIC_ALONE."""
 OPTIMAL_GAP = 1e-4
 """Status "optimal" promises a step time within this share of a proven lower bound (the exact models
 round times up to 0.1 us units, so a proof is never closer than that rounding)."""
+
+Static = tuple[StaticBaseline, Assignment]
+"""The best static power-of-two layout: its summary and its assignment."""
 
 
 def plan(
@@ -112,207 +108,285 @@ def _plan_unwarmed(problem: Problem) -> Plan:
 
 
 def _plan(problem: Problem, compare_static: bool, deadline: Deadline, backends: Backends) -> Plan:
-    clock = deadline.clock
-    start = deadline.start
-    options = problem.options
-    deterministic = options.deterministic
-    phases: dict[str, float] = {}
-    mark = clock()
-    if mark > start:
-        phases["queue_ms"] = round((mark - start) * 1000.0, 3)
+    """The steps of the module docstring, in order; each step records its own lap (:class:`Laps`)."""
+    laps = Laps(deadline)
+    tables = _tables(problem, deadline, laps)
+    run = _Run(problem, tables, phase_budget(deadline, tables), backends, laps)
+    bound = _first_bound(run)
+    first = _heuristic(run, bound)
+    static = _static_layout(run, compare_static)
+    bound = _tighter_bounds(run, bound)
+    window = run.budget.solver_window(tables, first.eval_ms)
+    backend = _backend(run, first, window)
+    bound = _group_size_bound(run, bound, first, static, window, backend)
+    chosen, stats = _exact_solve(run, backend, first, static, bound, window)
+    chosen, stats = _fastest(run, chosen, stats, static)
+    chosen, hint = _existing_groups(run, chosen, first.hint)
+    result = _build_and_verify(run, chosen, hint, stats, bound, static)
+    return _with_details(run, result, bound, first.strategies)
 
-    def lap(name: str) -> None:
-        nonlocal mark
-        now = clock()
-        phases[name] = round((now - mark) * 1000.0, 3)
-        mark = now
 
-    if not deterministic:
+class Laps:
+    """Milliseconds of each phase of one plan (``solver.details["phases"]``), from the deadline's start.
+
+    ``queue_ms`` is the wait before planning began (when the caller's deadline started earlier). A step
+    records its lap when it has done its work: the time since the previous lap. A step that did
+    nothing records none, and its moment counts in the next lap."""
+
+    def __init__(self, deadline: Deadline) -> None:
+        self.clock = deadline.clock
+        self.mark = self.clock()
+        self.phases: dict[str, float] = {}
+        if self.mark > deadline.start:
+            self.phases["queue_ms"] = round((self.mark - deadline.start) * 1000.0, 3)
+
+    def lap(self, name: str) -> None:
+        now = self.clock()
+        self.phases[name] = round((now - self.mark) * 1000.0, 3)
+        self.mark = now
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every step of one plan reads, and where the steps note what steps aside (``skipped``)."""
+
+    problem: Problem
+    tables: CostTables
+    budget: PhaseBudget
+    backends: Backends
+    laps: Laps
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def start(self) -> float:
+        return self.budget.deadline.start
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.budget.deadline.clock
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """The best lower bound in hand (the engine's, without the per-step constant) and which one binds;
+    ``tight`` once every bound of :mod:`optimizer.bounds.lower_bounds` is in, ``raised`` once a step
+    after the first raised it."""
+
+    value: float
+    binding: str
+    tight: bool
+    raised: bool = False
+
+    def raised_to(self, value: float, binding: str) -> _Bound:
+        """This bound, or ``value`` bound by ``binding`` when that is higher."""
+        return replace(self, value=value, binding=binding, raised=True) if value > self.value else self
+
+
+@dataclass(frozen=True)
+class _First:
+    """The heuristic's plan (or the roomiest nodes', or the whole exact model's when it found none),
+    aligned and evaluated, with the statistics it is reported with."""
+
+    hint: Assignment
+    step_s: float
+    eval_ms: float
+    stats: SolverStats
+    strategies: dict[str, Any]
+    rescued: bool
+
+
+def _tables(problem: Problem, deadline: Deadline, laps: Laps) -> CostTables:
+    """Steps 0 and 1: refuse a budget below the fixed work, then the cost tables and their time matrices."""
+    if not problem.options.deterministic:
         refuse_short_budget(problem, deadline)
     tables = CostTables.build(problem)
     tables.prepare()
-    lap("tables_ms")
-    n = tables.n_samples
-    skipped: dict[str, str] = {}
-    # The cheapest valid bound always; the tighter ones now when the time left covers them after the
-    # fixed work still to come, else after the heuristic and the static layout if time is left then.
-    tight_ms = phase_ms("tight_bound", n)
-    tight_now = deterministic or deadline.left_ms() - reserve_ms(tables) - phase_ms("plan", n) >= SAFETY * tight_ms
-    parts = bound_parts(tables) if tight_now else quick_bound_parts(tables)
+    laps.lap("tables_ms")
+    return tables
+
+
+def _first_bound(run: _Run) -> _Bound:
+    """Step 1: every lower bound when there is time for them before the heuristic, else the cheapest valid one."""
+    tight = run.budget.tight_bounds_first()
+    parts = bound_parts(run.tables) if tight else quick_bound_parts(run.tables)
     binding = max(parts, key=parts.__getitem__)
-    bound = parts[binding]
-    lap("bound_ms")
-    solver_follows = solver_may_follow(
-        tables, options.backend, deadline.budget_ms, HEURISTIC_SHARE, HEURISTIC_MS_PER_SAMPLE
-    )
-    # The heuristic's strategies after its first plan stop in time for the work after them (the static
-    # comparison, building and verifying the plan: the reserve estimated from the batch's size).
-    h_deadline = (
-        None
-        if deterministic
-        else min(
-            deadline.at(HEURISTIC_SHARE if solver_follows else HEURISTIC_ALONE),
-            deadline.due - reserve_ms(tables) / 1000.0,
-        )
-    )
-    rescued: SolverStats | None = None
+    run.laps.lap("bound_ms")
+    return _Bound(parts[binding], binding, tight)
+
+
+def _heuristic(run: _Run, bound: _Bound) -> _First:
+    """Step 2: the heuristic's plan until the budget's heuristic instant, evaluated.
+
+    When it finds no packing at the smallest rank capacity: on a mixed cluster the roomiest nodes alone
+    may hold the batch; else, on a small problem, the whole exact model may find a plan (rescue)."""
+    tables, due = run.tables, run.budget.heuristic_due
     strategies: dict[str, Any] = {}
+    rescued: SolverStats | None = None
     try:
-        hint = heuristic_plan(tables, deadline=h_deadline, bound=bound, report=strategies)
+        hint = heuristic_plan(tables, deadline=due, bound=bound.value, report=strategies)
     except InfeasibleError as exc:
-        # The heuristic found no packing at the smallest rank capacity: on a mixed cluster the roomiest
-        # nodes alone may hold the batch; else, on a small problem, the whole exact model may find a plan.
-        roomy = None if memory_proof(tables) else roomy_plan(tables, h_deadline)
+        roomy = None if memory_proof(tables) else roomy_plan(tables, due)
         if roomy is not None:
             hint = roomy[0]
             strategies.update(strategy="roomiest nodes", roomiest_nodes=roomy[1])
         else:
-            hint, rescued = rescue(tables, exc, backends, deadline.due - reserve_ms(tables) / 1000.0, start, clock)
+            hint, rescued = rescue(tables, exc, run.backends, run.budget.rescue, run.start, run.clock)
     hint = align_blocks(tables, hint)
-    lap("heuristic_ms")
+    run.laps.lap("heuristic_ms")
+    clock = run.clock
     eval_start = clock()
-    h_time = assignment_step_time(tables, hint)
-    if not math.isfinite(h_time):
+    step_s = assignment_step_time(tables, hint)
+    if not math.isfinite(step_s):
         raise ProblemError(
-            f"gives a step time of {h_time} s, not a finite number of seconds",
-            field="profile" if problem.profile is not None else "cluster",
+            f"gives a step time of {step_s} s, not a finite number of seconds",
+            field="profile" if run.problem.profile is not None else "cluster",
             hint="check the cost coefficients (seconds, bytes, FLOP/s in SI units) for values too large or too small.",
         )
     eval_ms = (clock() - eval_start) * 1000.0
-    h_ms = (clock() - start) * 1000.0
-    chosen: Assignment = hint
+    if rescued is not None:
+        return _First(hint, step_s, eval_ms, rescued, strategies, True)
+    h_ms = (clock() - run.start) * 1000.0
     stats = SolverStats(
         backend="heuristic",
         status="heuristic",
         wall_ms=h_ms,
-        objective_s=h_time,
-        bound_s=bound,
-        trace=(TracePoint(h_ms, h_time, bound),),
+        objective_s=step_s,
+        bound_s=bound.value,
+        trace=(TracePoint(h_ms, step_s, bound.value),),
     )
-    if rescued is not None:
-        stats = rescued
+    return _First(hint, step_s, eval_ms, stats, strategies, False)
 
-    def room_for(estimate_ms: float) -> str | None:
-        """Why an optional phase expected to take ``estimate_ms`` does not start now, or None when it does."""
-        left = deadline.left_ms() - finish_reserve_ms(tables)
-        if deterministic or left >= SAFETY * estimate_ms:
-            return None
-        return f"the deadline leaves {max(left, 0.0):.0f} ms after the time kept for building and verifying the plan; it needs about {estimate_ms:.0f} ms here"
 
-    static = None
+def _static_layout(run: _Run, compare_static: bool) -> Static | None:
+    """Step 2: the best static power-of-two layout, for comparison and as a candidate, when asked and time allows."""
     if not compare_static:
-        skipped["static_baseline"] = "not asked for"
-    elif (why := room_for(phase_ms("static", n))) is not None:
-        skipped["static_baseline"] = f"not computed: {why}"
-    else:
-        static = best_static(tables)
-        if static is None:
-            skipped["static_baseline"] = "no static power-of-two layout fits the batch in memory"
-        lap("static_ms")
-    if not tight_now:
-        if (why := room_for(tight_ms)) is None:
-            parts = bound_parts(tables)
-            if max(parts.values()) > bound:
-                binding = max(parts, key=parts.__getitem__)
-                bound = parts[binding]
-                stats = replace(stats, bound_s=max(bound, stats.bound_s or 0.0))
-            lap("tight_bound_ms")
-        else:
-            skipped["tighter_bounds"] = f"only the single-sample bound: {why}"
-    reserve = reserve_ms(tables, eval_ms)
-    upper = min(h_time, static[0].predicted_step_time_s) if static is not None else h_time
-    solver_next = (
-        rescued is None
-        and choose_backend(tables, options.backend, deadline.left_ms(), backends, reserve) != "heuristic"
-    )
-    sized = size_bound_within(tables, upper, bound, deadline, reserve, deterministic, solver_next)
-    if sized is not None:
-        if sized > bound:
-            bound, binding = sized, "group_sizes"
-            stats = replace(stats, bound_s=max(bound, stats.bound_s or 0.0))
-        lap("size_bound_ms")
-    remaining_ms = deadline.left_ms()
-    backend_name = (
-        "heuristic" if rescued is not None else choose_backend(tables, options.backend, remaining_ms, backends, reserve)
-    )
-    skip = no_time_for(backend_name, remaining_ms - reserve, backends) if backend_name != "heuristic" else None
+        run.skipped["static_baseline"] = "not asked for"
+        return None
+    if (why := run.budget.room_for("static")) is not None:
+        run.skipped["static_baseline"] = f"not computed: {why}"
+        return None
+    static = best_static(run.tables)
+    if static is None:
+        run.skipped["static_baseline"] = "no static power-of-two layout fits the batch in memory"
+    run.laps.lap("static_ms")
+    return static
+
+
+def _tighter_bounds(run: _Run, bound: _Bound) -> _Bound:
+    """Step 2: the tighter bounds, after the heuristic, when step 1 had no time for them and time is left now."""
+    if bound.tight:
+        return bound
+    if (why := run.budget.room_for("tight_bound")) is not None:
+        run.skipped["tighter_bounds"] = f"only the single-sample bound: {why}"
+        return bound
+    parts = bound_parts(run.tables)
+    tight = replace(bound.raised_to(max(parts.values()), max(parts, key=parts.__getitem__)), tight=True)
+    run.laps.lap("tight_bound_ms")
+    return tight
+
+
+def _backend(run: _Run, first: _First, window: SolveWindow) -> str:
+    """The exact backend for step 3 (``heuristic``: none), chosen once; none after a rescue (the whole model ran)."""
+    if first.rescued:
+        return "heuristic"
+    left_ms = run.budget.deadline.left_ms()
+    return choose_backend(run.tables, run.problem.options.backend, left_ms, run.backends, window.reserve_ms)
+
+
+def _group_size_bound(
+    run: _Run, bound: _Bound, first: _First, static: Static | None, window: SolveWindow, backend: str
+) -> _Bound:
+    """Step 2: the group-size LP bound when the best plan so far is far above the bound and time allows."""
+    upper = min(first.step_s, static[0].predicted_step_time_s) if static is not None else first.step_s
+    due = run.budget.size_bound_due(window, solver_follows=backend != "heuristic")
+    sized = size_bound_within(run.tables, upper, bound.value, due, run.clock)
+    if sized is None:
+        return bound
+    run.laps.lap("size_bound_ms")
+    return bound.raised_to(sized, "group_sizes")
+
+
+def _exact_solve(
+    run: _Run, backend: str, first: _First, static: Static | None, bound: _Bound, window: SolveWindow
+) -> tuple[Assignment, SolverStats]:
+    """Step 3: ``backend`` from the best plan known (the heuristic's, or the static layout when faster)
+    until the solver's deadline; the heuristic's plan and statistics when no backend runs."""
+    stats = first.stats
+    if bound.raised:
+        stats = replace(stats, bound_s=max(bound.value, stats.bound_s or 0.0))
+    if backend == "heuristic":
+        return first.hint, stats
+    skip = no_time_for(backend, run.budget.deadline.left_ms() - window.reserve_ms, run.backends)
     if skip:
-        stats = SolverStats(
-            **{**stats.__dict__, "backend": backend_name, "status": "fallback", "fallback_reason": skip}
-        )
-    elif backend_name != "heuristic":
-        # The solver starts from the best plan known: the heuristic's, or the static layout when faster.
-        first, first_time = hint, h_time
-        if static is not None and static[0].predicted_step_time_s < h_time * (1 - 1e-9):
-            first, first_time = static[1], static[0].predicted_step_time_s
-        chosen, stats = run_backend(
-            tables,
-            backend_name,
-            backends,
-            first,
-            first_time,
-            bound,
-            deadline.due - reserve / 1000.0,
-            stats,
-            start,
-            clock,
-        )
-        if first is not hint:
-            stats = SolverStats(
-                **{
-                    **stats.__dict__,
-                    "details": {**stats.details, "solver_start": f"static layout CP {static[0].degree}"},
-                }
-            )  # type: ignore[index]
-        lap("solver_ms")
-    chosen_time = stats.objective_s if stats.objective_s is not None else assignment_step_time(tables, chosen)
-    if static is not None and static[0].predicted_step_time_s < chosen_time * (1 - 1e-9):
-        # The static layout is a plan like any other: never return something slower.
-        chosen = static[1]
-        stats = SolverStats(
-            **{**stats.__dict__, "details": {**stats.details, "chosen": f"static layout CP {static[0].degree}"}}
-        )
-    chosen = align_blocks(tables, chosen)
-    reuse_deadline = None if deterministic else deadline.due
-    reused, hint_reused = reuse_groups(tables, chosen, reuse_deadline), reuse_groups(tables, hint, reuse_deadline)
-    if reused is not chosen or hint_reused is not hint:
-        chosen, hint = reused, hint_reused
-        lap("group_reuse_ms")
-    result = build_plan(tables, chosen, stats, max(bound, stats.bound_s or 0.0), static[0] if static else None)
-    result = replace(result, solver=honest_status(result.solver, result.predicted_step_time_s, result.lower_bound_s))
-    lap("build_ms")
-    report = verify(result, problem)
-    lap("verify_ms")
-    if not report.ok and chosen is not hint:
-        stats = SolverStats(
-            **{
-                **stats.__dict__,
-                "status": "fallback",
-                "fallback_reason": "solver plan failed verification: " + report.violations[0],
-            }
-        )
-        result = build_plan(tables, hint, stats, bound, static[0] if static else None)
-        report = verify(result, problem)
-    report.raise_if_failed()
-    wall_ms = (clock() - start) * 1000.0
-    if result.lower_bound_s > (bound + problem.cost_profile.step_constant) * (
-        1 + 1e-12
-    ):  # build_plan adds the per-step constant
-        binding = f"{result.solver.backend} (proven by the solver)"
-    final = SolverStats(
-        **{
-            **result.solver.__dict__,
-            "wall_ms": wall_ms,
-            "details": {
-                **result.solver.details,
-                "phases": phases,
-                "bound": binding,
-                "heuristic": strategies,
-                **({"skipped": skipped} if skipped else {}),
-            },
-        }
+        return first.hint, replace(stats, backend=backend, status="fallback", fallback_reason=skip)
+    hint, hint_s = first.hint, first.step_s
+    faster = static if static is not None and static[0].predicted_step_time_s < hint_s * (1 - 1e-9) else None
+    if faster is not None:
+        hint, hint_s = faster[1], faster[0].predicted_step_time_s
+    chosen, stats = run_backend(
+        run.tables, backend, run.backends, hint, hint_s, bound.value, window, stats, run.start, run.clock
     )
-    return replace(result, solver=final)
+    if faster is not None:
+        stats = replace(stats, details={**stats.details, "solver_start": f"static layout CP {faster[0].degree}"})
+    run.laps.lap("solver_ms")
+    return chosen, stats
+
+
+def _fastest(
+    run: _Run, chosen: Assignment, stats: SolverStats, static: Static | None
+) -> tuple[Assignment, SolverStats]:
+    """Step 4: the static layout is a plan like any other: never return something slower."""
+    chosen_s = stats.objective_s if stats.objective_s is not None else assignment_step_time(run.tables, chosen)
+    if static is not None and static[0].predicted_step_time_s < chosen_s * (1 - 1e-9):
+        chosen = static[1]
+        stats = replace(stats, details={**stats.details, "chosen": f"static layout CP {static[0].degree}"})
+    return align_blocks(run.tables, chosen), stats
+
+
+def _existing_groups(run: _Run, chosen: Assignment, hint: Assignment) -> tuple[Assignment, Assignment]:
+    """Step 5: the chosen plan and the heuristic's (its fallback) on the job's existing communicators when asked."""
+    due = run.budget.reuse_due
+    reused, hint_reused = reuse_groups(run.tables, chosen, due), reuse_groups(run.tables, hint, due)
+    if reused is chosen and hint_reused is hint:
+        return chosen, hint
+    run.laps.lap("group_reuse_ms")
+    return reused, hint_reused
+
+
+def _build_and_verify(
+    run: _Run, chosen: Assignment, hint: Assignment, stats: SolverStats, bound: _Bound, static: Static | None
+) -> Plan:
+    """Step 6: build the plan and verify it independently; a solver's plan that fails gives way to the heuristic's."""
+    tables, baseline = run.tables, static[0] if static else None
+    result = build_plan(tables, chosen, stats, max(bound.value, stats.bound_s or 0.0), baseline)
+    result = replace(result, solver=honest_status(result.solver, result.predicted_step_time_s, result.lower_bound_s))
+    run.laps.lap("build_ms")
+    report = verify(result, run.problem)
+    run.laps.lap("verify_ms")
+    if not report.ok and chosen is not hint:
+        why = "solver plan failed verification: " + report.violations[0]
+        result = build_plan(tables, hint, replace(stats, status="fallback", fallback_reason=why), bound.value, baseline)
+        report = verify(result, run.problem)
+    report.raise_if_failed()
+    return result
+
+
+def _with_details(run: _Run, result: Plan, bound: _Bound, strategies: dict[str, Any]) -> Plan:
+    """The plan with the whole call's wall time, its phases, the binding bound, the heuristic's report
+    and what was skipped."""
+    wall_ms = (run.clock() - run.start) * 1000.0
+    binding = bound.binding
+    # build_plan adds the per-step constant to the engine's bound; a higher bound is the solver's proof.
+    if result.lower_bound_s > (bound.value + run.problem.cost_profile.step_constant) * (1 + 1e-12):
+        binding = f"{result.solver.backend} (proven by the solver)"
+    details = {
+        **result.solver.details,
+        "phases": run.laps.phases,
+        "bound": binding,
+        "heuristic": strategies,
+        **({"skipped": run.skipped} if run.skipped else {}),
+    }
+    return replace(result, solver=replace(result.solver, wall_ms=wall_ms, details=details))
 
 
 def refuse_short_budget(problem: Problem, deadline: Deadline) -> None:
@@ -331,7 +405,8 @@ def refuse_short_budget(problem: Problem, deadline: Deadline) -> None:
     expected = problem_estimate_ms(problem)
     raise ProblemError(
         f"is {asked_ms:.0f} ms, but the batch of {len(problem.batch)} samples on {problem.cluster.domain_size} ranks "
-        f"needs about {expected:.0f} ms here (the cost tables, a first plan, building and verifying it), whatever else is skipped",
+        f"needs about {expected:.0f} ms here (the cost tables, a first plan, building and verifying it), "
+        "whatever else is skipped",
         field="options.time_budget_ms",
         hint=f"ask for options.time_budget_ms of at least {suggested_budget_ms(expected)}, or send a smaller batch.",
     )
@@ -347,7 +422,10 @@ def honest_status(stats: SolverStats, step_s: float, bound_s: float) -> SolverSt
     """
     if stats.status != "optimal" or step_s <= bound_s * (1 + OPTIMAL_GAP):
         return stats
-    note = f"{stats.backend} reported optimal, but the plan's {step_s:.9g} s is {100 * (step_s / bound_s - 1):.4f}% above the proven bound {bound_s:.9g} s"
+    note = (
+        f"{stats.backend} reported optimal, but the plan's {step_s:.9g} s is "
+        f"{100 * (step_s / bound_s - 1):.4f}% above the proven bound {bound_s:.9g} s"
+    )
     return replace(stats, status="feasible", details={**stats.details, "solver_claim": note})
 
 

@@ -23,6 +23,7 @@ from typing import TypeVar
 
 log = logging.getLogger("planning.rates_cache")
 MAX_AGE_S = 24 * 3600.0
+"""Seconds a file of rates is trusted (a day, chosen by hand: see the module docstring)."""
 _CODE = ("optimizer", "planning")
 """The packages whose code the rates time: any change to a file of theirs is another key."""
 R = TypeVar("R")

@@ -1,14 +1,14 @@
 """Exact backends run so that the plan never waits for them past its deadline.
 
 :func:`solve_watched` runs a backend's ``solve`` in a thread of its own and waits for the answer
-until the solver's deadline plus GRACE_MS. An answer in time is used as before. A backend that has
-not answered by then is *stopped*: the planner stops waiting and goes on with the plan it has (the
-heuristic's, the best so far), and the solve's :class:`solver_models.stop.StopSignal` is set, so
-that a built-in backend ends its work (CP-SAT stops its search, HiGHS cancels its run, CBC's
-process is killed, the neighbourhood search starts no further round). A backend that does not look
-at the signal, or is stuck, runs on in its thread; while MAX_LATE such solves of one backend run,
-that backend is not started again in this process (:func:`busy`): a stuck backend costs a thread or
-two, not one per plan.
+until its hard stop (:mod:`planning.budget_policy`: the solver's deadline plus a grace). An answer in
+time is used. A backend that has not answered by then is *stopped*: the planner stops waiting and goes
+on with the plan it has (the heuristic's, the best so far), and the solve's
+:class:`solver_models.stop.StopSignal` is set, so that a built-in backend ends its work (CP-SAT stops
+its search, HiGHS cancels its run, CBC's process is killed, the neighbourhood search starts no further
+round). A backend that does not look at the signal, or is stuck, runs on in its thread; while MAX_LATE
+such solves of one backend run, that backend is not started again in this process (:func:`busy`): a
+stuck backend costs a thread or two, not one per plan.
 
 While the solver runs, the cyclic garbage collector stays paused as for the rest of the plan, and
 the waiting thread collects the youngest generation itself (every POLL_S, when it has grown past
@@ -17,8 +17,8 @@ pile up for the whole budget, while a full collection (60 to 75 ms on the heap o
 loaded OR-Tools, HiGHS and PuLP, measured on the 2-core development machine) would hold every thread,
 the waiting one included, past the deadline.
 
-With ``options.deterministic`` the plan must not depend on the clock: the wait then ends only at a
-safety net, DETERMINISTIC_SAFETY budgets after the deadline.
+With ``options.deterministic`` the plan must not depend on the clock: the hard stop is then only a
+safety net, budgets after the deadline.
 """
 
 from __future__ import annotations
@@ -36,11 +36,8 @@ from optimizer.plan.records import Assignment
 from solver_models.base import Backend, ImprovementCallback, SolveResult
 from solver_models.stop import StopSignal, stopping
 
-GRACE_MS = 5.0
-"""How long after its deadline a backend's answer is still awaited (the backends aim to answer by
-the deadline itself; this covers the last round's usual lateness)."""
 POLL_S = 0.01
-"""How often the waiting thread wakes to collect young garbage while the solver runs."""
+"""How often the waiting thread wakes to collect young garbage while the solver runs (chosen by hand)."""
 MIDDLE_EARLY = 3
 """The middle generation is collected while this many young collections are still short of its threshold
 (the young collections of the last YOUNG_MARGIN_S, skipped, cannot then reach it)."""
@@ -49,9 +46,8 @@ YOUNG_MARGIN_S = 0.025
 left many objects behind (measured on the 2-core development machine), and the plan's last steps
 must not wait for it."""
 EXIT_WAIT_S = 5.0
-"""How long the process waits at exit for solves that were stopped but still run (see :func:`_settle_at_exit`)."""
-DETERMINISTIC_SAFETY = 4.0
-"""Deterministic mode: the wait ends this many budgets after the deadline (a safety net only)."""
+"""How long the process waits at exit for solves that were stopped but still run (see :func:`_settle_at_exit`;
+chosen by hand)."""
 
 MAX_LATE = 2
 """Solves of one backend that may run on after their stop before the backend is no longer started."""
@@ -139,7 +135,8 @@ def solve_watched(
     def run() -> None:
         try:
             with stopping(signal):
-                result = backend.solve(tables, tables.problem.options, hint, deadline, on_improvement)  # type: ignore[arg-type]
+                options = tables.problem.options
+                result = backend.solve(tables, options, hint, deadline, on_improvement)  # type: ignore[arg-type]
             with lock:
                 box.result = result
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, which decides
@@ -174,10 +171,3 @@ def solve_watched(
         _collect_young()
     box.waited_ms = (clock() - start) * 1000.0
     return box
-
-
-def hard_stop_for(deadline: float, deterministic: bool, budget_ms: float) -> float:
-    """The instant the wait for a backend answering by ``deadline`` ends."""
-    if deterministic:
-        return deadline + DETERMINISTIC_SAFETY * budget_ms / 1000.0
-    return deadline + GRACE_MS / 1000.0

@@ -4,8 +4,9 @@ The kernels (:mod:`optimizer.jit`) are compiled once per installation and loaded
 on-disk cache once per process; that load takes some 100 to 300 ms the first time each kernel runs.
 :func:`warm_up` plans a few small built-in requests (:func:`warm_up_requests`: ring and Ulysses,
 one GPU type and mixed, memory to spare and memory-bound, so that every kernel runs) and is called
-by :func:`planning.planner.plan` (through :func:`planning.planner.warm_up`, which hands it the planning function) before its first timed call, so the caller's time budget is spent
-on planning, not on loading code. The service calls it at start-up. The fixed work's rates on this
+by :func:`planning.planner.plan` (through :func:`planning.planner.warm_up`, which hands it the
+planning function) before its first timed call, so the caller's time budget is spent on planning,
+not on loading code. The service calls it at start-up. The fixed work's rates on this
 machine (:mod:`planning.fixed_work`), which the planner's budget decisions read, are measured within
 it.
 """

@@ -6,5 +6,14 @@ work without any solver installed.
 """
 
 from solver_models.base import Backend, SolveResult, available_backends, builtin_backends, get_backend, register
+from solver_models.lns import whole_model_fits
 
-__all__ = ["Backend", "SolveResult", "available_backends", "builtin_backends", "get_backend", "register"]
+__all__ = [
+    "Backend",
+    "SolveResult",
+    "available_backends",
+    "builtin_backends",
+    "get_backend",
+    "register",
+    "whole_model_fits",
+]

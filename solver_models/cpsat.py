@@ -23,10 +23,16 @@ from solver_models.formulation import SlotModel
 from solver_models.lns import ModelResult, improve
 from solver_models.stop import Stopped, StopSignal, check_stop, current_stop, stop_requested
 
-DETERMINISTIC_SHARE = 0.1
-"""Deterministic time limit as a share of the time limit (deterministic mode)."""
-DETERMINISTIC_SAFETY = 5.0
-"""Deterministic mode: the wall-clock limit as a multiple of the time limit (a safety net only)."""
+DETERMINISTIC_TIME_SHARE = 0.1
+"""Deterministic mode: CP-SAT's deterministic time limit as a share of the solve's time limit. Chosen by
+hand with DETERMINISTIC_WALL_LIMITS: the wall-clock cap lies fifty times further (5 / 0.1), so the
+deterministic limit, never the clock, ends the search on a machine up to fifty times slower than
+CP-SAT's estimate of its deterministic time."""
+DETERMINISTIC_WALL_LIMITS = 5.0
+"""Deterministic mode: CP-SAT's wall-clock limit in time limits of the solve, a safety net only (see
+DETERMINISTIC_TIME_SHARE). Another quantity than the planner's wait for a deterministic answer
+(``planning.budget_policy.DETERMINISTIC_WAIT_BUDGETS``), which counts budgets after the solver's
+deadline and lies above the longest these caps allow a whole deterministic solve."""
 
 
 @functools.cache
@@ -120,11 +126,9 @@ def solve_model(
         params.linearization_level = 0
     if options.deterministic:
         params.interleave_search = True
-        # A tenth of the limit in deterministic units ends the search; the wall-clock limit is only a
-        # safety net, DETERMINISTIC_SAFETY times further, that a machine fifty times slower than
-        # CP-SAT's estimate would reach.
-        params.max_deterministic_time = max(0.001, DETERMINISTIC_SHARE * time_limit_s)
-        params.max_time_in_seconds = max(0.001, DETERMINISTIC_SAFETY * time_limit_s)
+        # The deterministic limit ends the search; the wall-clock limit is only a safety net.
+        params.max_deterministic_time = max(0.001, DETERMINISTIC_TIME_SHARE * time_limit_s)
+        params.max_time_in_seconds = max(0.001, DETERMINISTIC_WALL_LIMITS * time_limit_s)
 
     unregister = signal.on_stop(solver.stop_search) if signal is not None else None
     try:
@@ -148,7 +152,7 @@ def solve_model(
     return ModelResult(name, yv, xv, int(round(solver.objective_value)), int(round(solver.best_objective_bound)))
 
 
-IMPORT_MS = 400.0
+CPSAT_IMPORT_MS = 400.0
 """Milliseconds loading OR-Tools' CP-SAT costs in a fresh process with numpy loaded: measured 184 to
 216 ms on an idle 2-core machine, 357 to 661 ms on a busy one; this leaves room for a busy machine."""
 
@@ -171,7 +175,7 @@ class CpSatBackend:
     def load_ms(self) -> float:
         import sys
 
-        return 0.0 if "ortools.sat.python.cp_model" in sys.modules else IMPORT_MS
+        return 0.0 if "ortools.sat.python.cp_model" in sys.modules else CPSAT_IMPORT_MS
 
     def solve(
         self,

@@ -1,10 +1,11 @@
 """The slot model: data shared by every exact backend (CP-SAT and the PuLP MILPs).
 
 A *slot* is a group that may be opened: a size d, a micro-batch m and a place (one node, or
-"spanning": ranks of several nodes, charged with the inter-node bandwidth and the slowest speed). Identical slots form a *class*; samples with the same
-cost row form an *item* (a bucket) with a count. The model emits its variables, objective and rows
-once (:meth:`SlotModel.variables`, :meth:`SlotModel.objective`, :meth:`SlotModel.rows`); each backend
-translates them into its library; :meth:`SlotModel.decode` turns the values back into an :class:`Assignment`.
+"spanning": ranks of several nodes, charged with the inter-node bandwidth and the slowest speed).
+Identical slots form a *class*; samples with the same cost row form an *item* (a bucket) with a count.
+The model emits its variables, objective and rows once (:meth:`SlotModel.variables`,
+:meth:`SlotModel.objective`, :meth:`SlotModel.rows`); each backend translates them into its library;
+:meth:`SlotModel.decode` turns the values back into an :class:`Assignment`.
 
 Notation (all times are integers of ``UNIT`` seconds, rounded up, so a model time is never below
 the true time):
@@ -37,7 +38,8 @@ incumbent (b_s + t_qs <= the hint's step time): a better plan never uses the oth
 
 Two builders share this data: :func:`full_model` frees every rank of every micro-batch, with every
 allowed size inside each node and across nodes (exact on homogeneous clusters, up to the rounding
-of times to units, see :func:`rounding_slack`; buckets hold identical samples only), and :func:`neighbourhood_model` frees a few groups of an incumbent plan and keeps the rest
+of times to units, see :func:`rounding_slack`; buckets hold identical samples only), and
+:func:`neighbourhood_model` frees a few groups of an incumbent plan and keeps the rest
 (the large-neighbourhood search of :mod:`solver_models.lns`; buckets join samples within 1%).
 """
 
@@ -232,7 +234,8 @@ class SlotModel:
         }
 
     def decode(self, x: dict[tuple[int, int], int]) -> list[list[Group]]:
-        """The groups of every micro-batch of the model for the values ``x`` (open slots are those with members), fixed groups included.
+        """The groups of every micro-batch of the model for the values ``x`` (open slots are those with
+        members), fixed groups included.
 
         A spanning slot was charged the inter-node time: it gets ranks of at least two nodes whenever the
         free ranks left allow it (the plan then costs what the model said; a group that still lands inside

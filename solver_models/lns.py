@@ -38,17 +38,25 @@ from solver_models.stop import stop_requested
 FULL_MODEL_PAIRS = 6000
 """Largest estimated (item, slot) pair count solved as one model."""
 MARGIN_S = 0.003
-"""Seconds kept back from the deadline for decoding and evaluating the last answer."""
+"""Seconds kept back from the deadline for decoding and evaluating the last answer (chosen by hand; the
+planner keeps its own, measured reserve after the backend's deadline)."""
 MIN_ROUND_S = 0.008
-"""No new neighbourhood is started with less time than this left."""
+"""No new neighbourhood is started with less time than this left (chosen by hand: about half a ROUND_S)."""
 ROUND_S = 0.015
-"""Most seconds one neighbourhood may take."""
+"""Most seconds one neighbourhood may take: several rounds fit a budget of 100 ms (chosen by hand;
+``python -m bench.solver_bench`` compares the backends at each budget)."""
+LATENESS_S = 0.002
+"""Seconds a solver is expected to return after its time limit when its backend names no figure of its
+own (CP-SAT names none; HiGHS and CBC pass theirs). Chosen by hand; the neighbourhood search raises it
+to the lateness it sees."""
 DETERMINISTIC_ROUND_S = 0.06
-"""Wall-clock cap of a round in deterministic mode (CP-SAT stops at a tenth of it in deterministic time)."""
+"""Wall-clock cap of a round in deterministic mode (CP-SAT stops at a tenth of it in deterministic time,
+:data:`solver_models.cpsat.DETERMINISTIC_TIME_SHARE`)."""
 DETERMINISTIC_ROUND_SHARE = 1.5
-"""Deterministic mode runs one round per this many round caps of the budget (options.time_budget_ms)."""
+"""Deterministic mode runs one round per this many round caps of the budget (``options.time_budget_ms``):
+rounds that each reach their wall-clock cap, with building half as long again, fit the budget."""
 DETERMINISTIC_WHOLE_SHARE = 0.5
-"""Deterministic mode: the whole-problem model's time limit as a share of the budget option."""
+"""Deterministic mode: the whole-problem model's time limit as a share of the budget option (chosen by hand)."""
 TRADE_EVERY = 3
 """Every this many rounds, the neighbourhood also frees the slowest groups of the slowest other micro-batch."""
 SAMPLES_PER_EXTRA = 8
@@ -66,6 +74,11 @@ class ModelResult:
 
 
 ModelSolver = Callable[[SlotModel, float, PlanOptions, Callable[[int, int | None], None] | None], ModelResult]
+
+
+def whole_model_fits(tables: CostTables) -> bool:
+    """Whether the problem is solved as one whole model (else by the neighbourhood search)."""
+    return full_model_pairs(tables) <= FULL_MODEL_PAIRS
 
 
 def full_model_pairs(tables: CostTables) -> int:
@@ -89,7 +102,7 @@ def improve(
     clock: Callable[[], float] = time.perf_counter,
     round_s: float = ROUND_S,
     min_round_s: float = MIN_ROUND_S,
-    lateness_s: float = 0.002,
+    lateness_s: float = LATENESS_S,
 ) -> SolveResult:
     """Improve ``hint`` with ``solve_model`` until ``deadline`` (see the module docstring).
 
@@ -98,7 +111,7 @@ def improve(
     ``lateness_s`` is how late the solver is expected to return after its time limit; it is kept
     back from every limit and raised to the worst lateness seen.
     """
-    if full_model_pairs(tables) <= FULL_MODEL_PAIRS:
+    if whole_model_fits(tables):
         return _whole(tables, options, hint, deadline - lateness_s, solve_model, on_improvement, clock)
     if hint is None:
         return SolveResult(None, "error", message="no starting plan, and the problem is too large for one whole model")

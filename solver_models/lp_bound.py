@@ -7,7 +7,8 @@ own micro-batch, and the micro-batch times add up to S. This LP keeps that coupl
 Notation: N ranks, C the largest per-rank capacity, b the group constant, b_d >= b the least
 constant of a group of size d (b plus its messages' latency when the profile has
 ``comm.group_messages``); e_i(T) the least rank-seconds sample i occupies when it must finish
-within T (min of d t_i(d) over sizes d that hold it in memory with b_d + t_i(d) <= T; +inf if none); levels 0 < th_0 < th_1 < ... < th_K = U (U the
+within T (min of d t_i(d) over sizes d that hold it in memory with b_d + t_i(d) <= T; +inf if none);
+levels 0 < th_0 < th_1 < ... < th_K = U (U the
 incumbent's step time; an optimal plan has no micro-batch longer), th_-1 = 0. A micro-batch with
 time T is in level k when th_k-1 < T <= th_k.
 

@@ -31,11 +31,18 @@ from solver_models.lns import ModelResult, improve
 from solver_models.stop import Stopped, check_stop, current_stop, stop_requested
 
 CBC_OVERHEAD_S = 0.06
-"""Seconds CBC needs beyond its time limit (process start, model file, solution file)."""
+"""Seconds CBC needs beyond its time limit (process start, model file, solution file); chosen by hand."""
 CBC_MIN_LIMIT_S = 0.05
-"""Shortest time limit CBC is started with (below it, it seldom gets past its root node)."""
+"""Shortest time limit CBC is started with (below it, it seldom gets past its root node); chosen by hand."""
+CBC_ROUND_S = 0.3
+"""Most seconds of solving in one neighbourhood round of CBC (CBC_OVERHEAD_S comes on top): its process
+start makes short rounds pay mostly overhead. Chosen by hand."""
+CBC_LATENESS_S = 0.02
+"""Seconds CBC may answer after its time limit, beyond CBC_OVERHEAD_S (the neighbourhood search raises
+it to the lateness it sees). Chosen by hand."""
 HIGHS_LATENESS_S = 0.015
-"""Seconds HiGHS may answer after its time limit (it checks the clock between phases)."""
+"""Seconds HiGHS may answer after its time limit (it checks the clock between phases). Chosen by hand;
+the neighbourhood search raises it to the lateness it sees."""
 
 
 SCALE_TARGET = 1e4
@@ -292,7 +299,8 @@ def _solve_with(solver_name: str, model: SlotModel, time_limit_s: float, options
     bound = None
     if not model.tiebreak:
         # The solver's own bound: HiGHS's MIP dual bound; CBC's from its log when it stopped early. CBC states
-        # no bound when it proves optimality ("Optimal solution found"), and then (only then) its objective is its bound.
+        # no bound when it proves optimality ("Optimal solution found"), and then (only then) its objective
+        # is its bound.
         raw = _highs_bound(prob, solver_name) if solver_name == "highs" else cbc_bound
         if status == "optimal" and solver_name == "cbc":
             raw = sum(v.value() or 0.0 for v in t_mb)
@@ -376,7 +384,7 @@ def _installed(solver_name: str) -> bool:
     return any(os.path.isdir(p) for p in bundled) or shutil.which("cbc") is not None
 
 
-IMPORT_MS = 100.0
+PULP_IMPORT_MS = 100.0
 """Milliseconds loading PuLP with highspy costs in a fresh process: measured 26 to 62 ms on the 2-core
 development machine; this leaves room for a busy machine."""
 
@@ -401,7 +409,7 @@ class PulpBackend:
             return False
 
     def load_ms(self) -> float:
-        return 0.0 if "pulp" in sys.modules else IMPORT_MS
+        return 0.0 if "pulp" in sys.modules else PULP_IMPORT_MS
 
     def solve(
         self,
@@ -419,9 +427,9 @@ class PulpBackend:
                 deadline,
                 _model_solver(self.name),
                 on_improvement,
-                round_s=0.3 + CBC_OVERHEAD_S,
+                round_s=CBC_ROUND_S + CBC_OVERHEAD_S,
                 min_round_s=2 * CBC_OVERHEAD_S,
-                lateness_s=0.02,
+                lateness_s=CBC_LATENESS_S,
             )
         return improve(
             tables, options, hint, deadline, _model_solver(self.name), on_improvement, lateness_s=HIGHS_LATENESS_S

@@ -17,6 +17,7 @@ from optimizer.bounds.lower_bounds import lower_bound
 from optimizer.costs.tables import CostTables
 from optimizer.verify.verifier import verify
 from planning import size_bound_step
+from planning.budget_policy import SolveWindow, phase_budget
 from planning.deadline import Deadline
 from planning.planner import plan
 
@@ -68,15 +69,23 @@ def test_the_planner_reports_it_as_the_binding_bound():
     assert result.lower_bound_s <= result.predicted_step_time_s
 
 
+def _lp_within(tables, upper_s, deadline, solver_follows):
+    """The LP step by the instant the budget policy gives it, 5 ms kept back after the solver's deadline."""
+    window = SolveWindow(deadline.due - 0.005, deadline.due, 5.0)
+    due = phase_budget(deadline, tables).size_bound_due(window, solver_follows)
+    return size_bound_step.size_bound_within(tables, upper_s, 10.0, due, deadline.clock)
+
+
 def test_skipped_when_the_gap_is_small_deterministic_or_out_of_time(monkeypatch):
     tables = CostTables.build(_case())
     roomy = Deadline.after_ms(10_000.0)
-    assert size_bound_step.size_bound_within(tables, 10.05, 10.0, roomy, 5.0, False, True) is None  # 0.5% gap
-    assert size_bound_step.size_bound_within(tables, 20.0, 10.0, roomy, 5.0, True, True) is None  # deterministic
+    assert _lp_within(tables, 10.05, roomy, True) is None  # 0.5% gap
+    deterministic = CostTables.build(_case(deterministic=True))
+    assert _lp_within(deterministic, 20.0, roomy, True) is None  # deterministic
     spent = Deadline.after_ms(0.0)
-    assert size_bound_step.size_bound_within(tables, 20.0, 10.0, spent, 5.0, False, False) is None
-    got = size_bound_step.size_bound_within(tables, 20.0, 10.0, roomy, 5.0, False, True)
+    assert _lp_within(tables, 20.0, spent, False) is None
+    got = _lp_within(tables, 20.0, roomy, True)
     assert got is not None and math.isfinite(got)
     # An LP larger than the time allows to build is not started.
     monkeypatch.setattr(size_bound_step, "COLUMNS_PER_MS", 1e-3)
-    assert size_bound_step.size_bound_within(tables, 20.0, 10.0, roomy, 5.0, False, True) is None
+    assert _lp_within(tables, 20.0, roomy, True) is None

@@ -46,8 +46,10 @@ from optimizer.plan.records import Assignment
 
 CHUNK_FLOORS = (8, 1)
 """Floors a chunk is planned with (each chunk keeps its best); floor 1 only for chunks of short
-samples (longest at most SHORT_SHARE of one rank's memory), where narrow groups pay no communication."""
-SHORT_SHARE = 0.5
+samples (longest at most SHORT_SAMPLE_MEMORY_SHARE of one rank's memory), where narrow groups pay no
+communication."""
+SHORT_SAMPLE_MEMORY_SHARE = 0.5
+"""A sample at most this share of one rank's memory counts as short (a memory share, not a time; chosen by hand)."""
 
 
 def floors(tables: CostTables) -> tuple[int, ...]:
@@ -70,7 +72,7 @@ def plan_piece(tables: CostTables, deadline: float | None, tried: tuple[int, ...
         best, best_time = static[1], static[0].predicted_step_time_s
     error: InfeasibleError | None = None
     allowed = set(floors(tables))
-    short = float(tables.lengths.max()) <= SHORT_SHARE * float(tables.rank_capacity.min())
+    short = float(tables.lengths.max()) <= SHORT_SAMPLE_MEMORY_SHARE * float(tables.rank_capacity.min())
     for floor in tried:
         if floor not in allowed:
             continue
