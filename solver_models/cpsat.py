@@ -1,6 +1,7 @@
 """CP-SAT (OR-Tools) on the slot model of :mod:`solver_models.formulation`.
 
-The numbered comments match the constraints of that module's docstring. Times are integers of
+The variables, rows and objective come from :class:`~solver_models.formulation.SlotModel` (its
+docstring numbers the constraints); this module only translates them, row by row. Times are integers of
 ``formulation.UNIT`` seconds; the incumbent is given as a full hint; the time limit is what the
 caller's deadline leaves after the build; ``solver_workers`` caps the threads; with
 ``deterministic`` the search is interleaved under a deterministic time limit (still capped by wall

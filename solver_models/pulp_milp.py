@@ -1,6 +1,7 @@
 """The slot model of :mod:`solver_models.formulation` as a PuLP MILP, solved by HiGHS or CBC.
 
-The numbered comments match the constraints of that module's docstring; times are the model's
+The variables, rows and objective come from :class:`~solver_models.formulation.SlotModel` (its
+docstring numbers the constraints), translated row by row; times are the model's
 integers of ``formulation.UNIT`` seconds divided by :func:`time_scale` (the incumbent's step time
 becomes about 1e4) so that the solvers' tolerances stay meaningful. HiGHS runs in process
 (``highspy``), starts from the incumbent (``setSolution``) and reports its MIP dual bound; CBC runs as
