@@ -108,7 +108,8 @@ from solver_models.pulp_milp import PulpBackend
 p = tiny_problem(1, 2, 3, 5, 3)
 t = CostTables.build(p)
 h = heuristic_plan(t)
-print([PulpBackend("highs").solve(t, replace(p.options, solver_workers=w), h, time.perf_counter() + 5).status for w in (1, 2, 1)])
+solve = PulpBackend("highs").solve
+print([solve(t, replace(p.options, solver_workers=w), h, time.perf_counter() + 5).status for w in (1, 2, 1)])
 """
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, check=True
@@ -153,7 +154,9 @@ from dataclasses import replace
 p = replace(p, options=replace(p.options, backend="auto", time_budget_ms=200.0))
 t = time.perf_counter()
 r = plan(p)
-print(json.dumps({"wall_ms": (time.perf_counter() - t) * 1000.0, "ortools": "ortools.sat.python.cp_model" in sys.modules, "backend": r.solver.backend}))
+wall_ms = (time.perf_counter() - t) * 1000.0
+loaded = "ortools.sat.python.cp_model" in sys.modules
+print(json.dumps({"wall_ms": wall_ms, "ortools": loaded, "backend": r.solver.backend}))
 """
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, check=True

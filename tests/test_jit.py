@@ -24,7 +24,8 @@ docs = [
 out = []
 for doc in docs:
     p = plan(problem_from_json(dict(doc, options={"backend": "heuristic", "time_budget_ms": 600000})))
-    out.append({"step": p.predicted_step_time_s, "bound": p.lower_bound_s, "static": p.static_baseline.predicted_step_time_s,
+    out.append({"step": p.predicted_step_time_s, "bound": p.lower_bound_s,
+                "static": p.static_baseline.predicted_step_time_s,
                 "groups": [[list(g.ranks), list(g.samples)] for mb in p.micro_batches for g in mb.groups]})
 print(json.dumps(out))
 """
@@ -55,7 +56,8 @@ def test_compiled_and_plain_python_plans_agree() -> None:
 
 def test_warm_up_runs_once_and_plans_cleanly() -> None:
     script = (
-        "import json; import planning.warm as warm; from planning.planner import warm_up; first = warm_up(); second = warm_up(); "
+        "import json; import planning.warm as warm; from planning.planner import warm_up; "
+        "first = warm_up(); second = warm_up(); "
         "print(json.dumps([first, second, warm.last_error]))"
     )
     proc = subprocess.run(

@@ -1,7 +1,8 @@
-"""Deadline-aware admission: a request that cannot be served within its budget is refused at once with 503 and a Retry-After
-computed from the queue (the solves ahead are expected to hold their workers until their deadlines, or less once solve times
-are known); one admitted is never refused later; plan-ahead answers 202 at once without waiting for a free worker; a full queue
-refuses a plan request before its body is read; solve threads run below the event loop's CPU priority."""
+"""Deadline-aware admission: a request that cannot be served within its budget is refused at once with 503
+and a Retry-After computed from the queue (the solves ahead are expected to hold their workers until their
+deadlines, or less once solve times are known); one admitted is never refused later; plan-ahead answers 202
+at once without waiting for a free worker; a full queue refuses a plan request before its body is read;
+solve threads run below the event loop's CPU priority."""
 
 from __future__ import annotations
 
@@ -141,8 +142,9 @@ def test_a_wait_longer_than_any_budget_refuses_before_reading_the_body(client, m
 
 
 def test_the_answer_tail_is_reserved_from_the_planners_deadline(client, monkeypatch):
-    """The planner is given the budget less the 90th percentile of how late recent answers went out after their
-    planner's deadline (at most half the budget): on a machine that gives the service less CPU, answers keep the budget."""
+    """The planner is given the budget less the 90th percentile of how late recent answers went out after
+    their planner's deadline (at most half the budget): on a machine that gives the service less CPU,
+    answers keep the budget."""
     from api.service.admission import AnswerTail
 
     tail = AnswerTail()

@@ -24,11 +24,13 @@ from optimizer.problem.workloads import long_tail_video
 from oracle_instances import instance, with_options
 
 mods = [importlib.import_module(m.name) for m in pkgutil.walk_packages(optimizer.__path__, "optimizer.")]
-kernels = {f"{m.__name__}.{k}": v for m in mods for k, v in vars(m).items() if isinstance(v, CPUDispatcher) and v.py_func.__module__ == m.__name__}
+kernels = {f"{m.__name__}.{k}": v for m in mods for k, v in vars(m).items()
+           if isinstance(v, CPUDispatcher) and v.py_func.__module__ == m.__name__}
 warm_up()
 before = {k: len(v.signatures) for k, v in kernels.items()}
 docs = [with_options(instance(seed)[0], backend="heuristic") for seed in range(40)]
-docs.append({"cluster_preset": "h100-8x8", "model_preset": "qwen2-vl-7b", "batch": long_tail_video(300, seed=1), "options": {"backend": "heuristic"}})
+docs.append({"cluster_preset": "h100-8x8", "model_preset": "qwen2-vl-7b", "batch": long_tail_video(300, seed=1),
+             "options": {"backend": "heuristic"}})
 docs.append({"cluster_preset": "mixed-h100-a100", "model_preset": "qwen2-vl-7b", "batch": long_tail_video(200, seed=2),
              "options": {"backend": "heuristic", "cp_scheme": "ulysses"}})
 for doc in docs:

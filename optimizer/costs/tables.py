@@ -132,17 +132,22 @@ class CostTables:
             else:
                 d = int(degrees[int(holds.argmax())])
                 message = (
-                    f"sample {worst.id!r} has {worst.length} tokens, but no allowed group holds it: a sample is split evenly over its "
-                    f"group, so a group of d ranks holds at most d times its smallest rank's capacity; the most any group holds is "
+                    f"sample {worst.id!r} has {worst.length} tokens, but no allowed group holds it: "
+                    "a sample is split evenly over its group, so a group of d ranks holds at most d times its "
+                    "smallest rank's capacity; the most any group holds is "
                     f"{float(holds.max()):.0f} tokens ({d} ranks; the largest allowed size is {max(degrees)}, "
                     f"{int((rank_capacity == best_capacity).sum())} ranks hold {best_capacity:.0f} tokens each)"
                 )
             raise InfeasibleError(
                 message,
                 field="batch.samples",
-                hint=f"raise options.max_degree to >= {need}, use more ranks, enable recomputation, or shorten the sample."
-                if uniform
-                else "add ranks of the roomiest GPU type, raise options.max_degree, enable recomputation, or shorten the sample.",
+                hint=(
+                    f"raise options.max_degree to >= {need}, use more ranks, enable recomputation, "
+                    "or shorten the sample."
+                    if uniform
+                    else "add ranks of the roomiest GPU type, raise options.max_degree, enable recomputation, "
+                    "or shorten the sample."
+                ),
             )
         sample_capacity = rank_capacity
         if problem.options.memory == "sample":
