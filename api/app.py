@@ -37,6 +37,8 @@ from api.store.repository import utcnow
 from planning.planner import warm_up_service as warm_up
 
 log = logging.getLogger("api")
+ROUTERS = (plans.router, presets.router, health.router, dashboard.router, dashboard.pages, jobs.router)
+"""Every router of the application, in the order they are mounted (the hostile-input bench reads them too)."""
 STATIC = Path(__file__).resolve().parent / "static"
 DESCRIPTION = """Plans of dynamic hybrid (data x context) parallelism for training batches.
 
@@ -89,12 +91,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.store = store
     app.state.service = service
     problem_details.install(app)
-    app.include_router(plans.router)
-    app.include_router(presets.router)
-    app.include_router(health.router)
-    app.include_router(dashboard.router)
-    app.include_router(dashboard.pages)
-    app.include_router(jobs.router)
+    for router in ROUTERS:
+        app.include_router(router)
     app.mount("/static/dashboard", StaticFiles(directory=dashboard.PAGES), name="dashboard-static")
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 

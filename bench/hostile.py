@@ -727,23 +727,29 @@ def feedback_cases(docs: dict[str, dict[str, Any]]) -> Iterator[Case]:
     yield Case("idempotency/no-key-no-such-plan", "POST", "/v1/plans/" + "f" * 32 + "/feedback", body)
 
 
-ID_ROUTES = [
-    ("GET", "/v1/plans/{}"),
-    ("GET", "/v1/plans/{}/feedback"),
-    ("POST", "/v1/plans/{}/feedback"),
-    ("GET", "/v1/dashboard/plans/{}"),
-    ("POST", "/v1/dashboard/plans/{}/replan"),
-    ("GET", "/v1/jobs/{}"),
-    ("POST", "/v1/jobs/{}/cancel"),
-    ("POST", "/v1/jobs/{}/resume"),
-    ("GET", "/v1/jobs/{}/plan-file"),
-    ("GET", "/dashboard/plans/{}"),
-]
+ID_PARAMETERS = ("{plan_id}", "{job_id}")
+
+
+def id_routes() -> list[tuple[str, str]]:
+    """(method, address with ``{}`` for the id) of every route of the application that takes one plan or job
+    id, read from its routers, so that a new route is covered without being listed here."""
+    from api.app import ROUTERS
+
+    found = set()
+    for router in ROUTERS:
+        for route in router.routes:
+            path, methods = getattr(route, "path", ""), getattr(route, "methods", None) or set()
+            for name in ID_PARAMETERS:
+                if path.count("{") == 1 and name in path:
+                    found.update((method, path.replace(name, "{}")) for method in methods - {"HEAD"})
+    return sorted(found, key=lambda mr: (mr[1], mr[0]))
+
+
 BODIES = {"/v1/plans/{}/feedback": b'{"measured_step_time_s": 1.0}', "/v1/dashboard/plans/{}/replan": b"{}"}
 
 
 def path_cases() -> Iterator[Case]:
-    for method, route in ID_ROUTES:
+    for method, route in id_routes():
         for k, bad in enumerate(BAD_IDS):
             body = BODIES.get(route, b"" if method == "POST" else None)
             yield Case(f"path/{method} {route}/{k}:{bad[:24]}", method, route.format(bad), body)

@@ -65,3 +65,12 @@ def test_a_small_run_on_sqlite_adds_up(tmp_path):
     assert set(report["http_500"]) <= named
     assert sum(report["accepted_then_polled"].values()) <= sum(1 for s in report["answers"].values() if s == 202)
     assert report["elapsed_s"] > 0
+
+
+def test_the_id_routes_come_from_the_application_and_cover_every_kind():
+    from bench.hostile import id_routes
+
+    routes = id_routes()
+    assert ("POST", "/v1/plans/{}/feedback") in routes and ("GET", "/v1/jobs/{}/plan-file") in routes
+    assert ("GET", "/dashboard/plans/{}/tuning") in routes and ("POST", "/v1/dashboard/plans/{}/replan") in routes
+    assert all("{}" in route and "{" not in route.replace("{}", "") for _, route in routes)
