@@ -1,14 +1,14 @@
 """Admission control: a fixed set of solve threads with a bounded waiting line, aware of deadlines.
 
-At most ``solve_workers`` solves run and ``queue_limit`` wait in one process; a request beyond that is
-refused at once with 503 and Retry-After (:class:`api.service.problem_details.Overloaded`) instead of piling up. A
-request with a deadline that has to wait for a worker is also refused at once when the solves ahead of it
-would leave it less than its share of the budget (one that finds a free worker is always run). Each solve ahead is expected to hold its worker until the earlier of its own
-deadline (plus the recent overrun past deadlines) and its start plus a high estimate of a solve's time
-(the 90th percentile of the latest 64; before the first solve of the process ends, none is expected to wait),
-so the estimate errs on the long side: a request admitted is not refused later; one a worker takes late (a solve overran every
-estimate) is solved with what is left of its budget, and counted (``dhp_late_starts_total``).
-Retry-After is the time the solves admitted now are expected to take to drain.
+At most ``solve_workers`` solves run and ``queue_limit`` wait in one process; a request beyond that is refused at once
+with 503 and Retry-After (:class:`api.service.problem_details.Overloaded`) instead of piling up. A request with a
+deadline that has to wait for a worker is also refused at once when the solves ahead of it would leave it less than its
+share of the budget (one that finds a free worker is always run). Each solve ahead is expected to hold its worker until
+the earlier of its own deadline (plus the recent overrun past deadlines) and its start plus a high estimate of a solve's
+time (the 90th percentile of the latest 64; before the first solve of the process ends, none is expected to wait), so
+the estimate errs on the long side: a request admitted is not refused later; one a worker takes late (a solve overran
+every estimate) is solved with what is left of its budget, and counted (``dhp_late_starts_total``). Retry-After is the
+time the solves admitted now are expected to take to drain.
 
 Solve threads run at a lower CPU priority (``nice``, Linux) than the event loop, so that on a machine
 whose cores the solves fill, answers (refusals included) are not kept waiting for a core.
@@ -176,7 +176,8 @@ class SolvePool:
         return max(start, min(deadline + self._overrun_s, start + long_s))
 
     def _free_times(self, now: float) -> list[float]:
-        """When each worker is expected to be free for a job admitted now (a heap), after the jobs admitted before it."""
+        """When each worker is expected to be free for a job admitted now (a heap), after the
+        jobs admitted before it."""
         free = [max(now, self._end(job.start, job.deadline)) for job in self._jobs.values() if job.start is not None]
         free += [now] * max(0, self.workers - len(free))
         heapq.heapify(free)
@@ -192,7 +193,8 @@ class SolvePool:
             return self._free_times(now)[0] - now
 
     def retry_after(self) -> int:
-        """Seconds after which the solves admitted now should have drained (the configured value until a solve has been timed)."""
+        """Seconds after which the solves admitted now should have drained (the configured value until a
+        solve has been timed)."""
         if self._mean_s is None:
             return self.retry_after_s
         now = time.perf_counter()
@@ -220,7 +222,8 @@ class SolvePool:
                 wait = self._free_times(now)[0] - now
                 if now + wait + min_left_s > deadline:
                     return self.refused(
-                        f"the solves ahead would use up this request's time budget (about {wait * 1000:.0f} ms of waiting)"
+                        f"the solves ahead would use up this request's time budget (about {wait * 1000:.0f} ms "
+                        "of waiting)"
                     )
         return None
 

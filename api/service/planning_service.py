@@ -47,7 +47,8 @@ LOST = {
     "hint": "submit the request again.",
 }
 MIN_BUDGET_SHARE = 0.1
-"""A request that the waiting line would leave with less than this share of its time budget is refused (503) rather than solved in a hurry."""
+"""A request that the waiting line would leave with less than this share of its time budget is refused (503) rather
+than solved in a hurry."""
 INTERNAL = {
     "type": "https://dhp-planner.dev/problems/internal",
     "title": "Internal error",
@@ -115,8 +116,9 @@ class PlanningService:
         return problem, key, hit, raw if caching else None
 
     def _solve(self, problem: Any, arrival: float, reserve_s: float = 0.0) -> tuple[Any, str, float]:
-        """The plan, its text, and the planner's own time in this call (ms). The planner's deadline is ``reserve_s``
-        before the end of the budget, which counts from the request's arrival (queueing and validation are part of it)."""
+        """The plan, its text, and the planner's own time in this call (ms). The planner's deadline is
+        ``reserve_s`` before the end of the budget, which counts from the request's arrival (queueing and
+        validation are part of it)."""
         budget_s = problem.options.time_budget_ms / 1000.0
         deadline = Deadline(arrival, arrival + budget_s - reserve_s)
         began = time.perf_counter()
@@ -202,7 +204,8 @@ class PlanningService:
         return record, timings
 
     def _fail_joined(self, flight: Flight, exc: BaseException) -> None:
-        """Settle as failed the pending record that plan-ahead requests joined to a solve that failed (none: nothing)."""
+        """Settle as failed the pending record that plan-ahead requests joined to a solve that
+        failed (none: nothing)."""
         if flight.pending is not None:
             self._write(
                 self.store.fail,
@@ -220,7 +223,8 @@ class PlanningService:
         arrival: float,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
-        """Solve an accepted plan-ahead request on a solve worker and store the answer; long-polls in this process are woken."""
+        """Solve an accepted plan-ahead request on a solve worker and store the answer; long-polls in
+        this process are woken."""
         record: PlanRecord | None = None
         error: BaseException | None = None
         try:
@@ -240,7 +244,8 @@ class PlanningService:
     def _solve_pending(
         self, plan_id: str, problem: Any, arrival: float
     ) -> tuple[PlanRecord | None, BaseException | None]:
-        """Solve a pending plan and store the answer (retried while the store is down); the stored record or the error."""
+        """Solve a pending plan and store the answer (retried while the store is down); the
+        stored record or the error."""
         try:
             result, text, _ = self._solve(problem, arrival)
         except PlannerError as exc:
@@ -325,7 +330,8 @@ class PlanningService:
     async def _prepared(
         self, doc: dict[str, Any], use_cache: bool, raw: str | None
     ) -> tuple[Any, str, PlanRecord | None, str | None, float]:
-        """:meth:`_prepare` off the event loop, and its time (ms); identical requests (same raw hash) asked at once share it."""
+        """:meth:`_prepare` off the event loop, and its time (ms); identical requests (same raw hash)
+        asked at once share it."""
 
         def prepare() -> tuple[Any, str, PlanRecord | None, str | None, float]:
             began = time.perf_counter()
@@ -374,7 +380,8 @@ class PlanningService:
         now = time.perf_counter()
         after_ms = timings["encode"] + timings["store"] + (now - timings["done_at"]) * 1000.0
         self.tail.observe(now - (arrival + budget_s - reserve_s), n, after_ms / 1000.0)
-        # Answers late although the planner is kept back all it may be: admit no request to wait until they keep time again.
+        # Answers late although the planner is kept back all it may be:
+        # admit no request to wait until they keep time again.
         self.pool.queue_open = self.tail.reserve_s(budget_s, n) < MAX_RESERVE_SHARE * budget_s
         timings = {"translate": translate_ms, **timings, "reserve": reserve_s * 1000.0}
         timings["handoff"] = (now - timings.pop("done_at")) * 1000.0
@@ -429,16 +436,20 @@ class PlanningService:
         expected_ms = problem_estimate_ms(problem)
         needed_ms = spent_ms + expected_ms + after_ms
         raise ProblemError(
-            f"is {asked_ms:g} ms, but a batch of {len(problem.batch)} samples on {problem.cluster.domain_size} ranks needs about "
-            f"{needed_ms:.0f} ms here: {spent_ms:.0f} ms reading and validating it, {expected_ms:.0f} ms of "
-            f"planning that every answer pays, {after_ms:.0f} ms encoding and storing the plan",
+            f"is {asked_ms:g} ms, but a batch of {len(problem.batch)} samples on {problem.cluster.domain_size} ranks "
+            f"needs about {needed_ms:.0f} ms here: {spent_ms:.0f} ms reading and validating it, "
+            f"{expected_ms:.0f} ms of planning that every answer pays, {after_ms:.0f} ms encoding and storing the "
+            "plan",
             field="options.time_budget_ms",
-            hint=f"ask for options.time_budget_ms of at least {suggested_budget_ms(needed_ms)}, or send a smaller batch.",
+            hint=(
+                f"ask for options.time_budget_ms of at least {suggested_budget_ms(needed_ms)}, or send a smaller batch."
+            ),
         )
 
     async def _join_ahead(self, doc: dict[str, Any], problem: Any, key: str, flight: Flight) -> tuple[PlanRecord, bool]:
-        """A plan-ahead request identical to one being solved: answered with that solve's id, under which a pending
-        record is stored first (once), so that an acknowledged id is never lost; when the solve has ended, its record."""
+        """A plan-ahead request identical to one being solved: answered with that solve's id, under which
+        a pending record is stored first (once), so that an acknowledged id is never lost; when the solve
+        has ended, its record."""
         if flight.done.done():
             return flight.done.result(), True  # its error, if it failed
         if flight.pending is not None:
