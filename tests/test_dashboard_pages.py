@@ -35,3 +35,13 @@ def test_every_page_links_every_view_and_marks_its_own(tmp_path):
             links = re.findall(r'<a href="([^"]+)"( aria-current="page")?>([^<]+)</a>', nav.group(1))
             assert [(label, href) for href, _, label in links] == list(NAVIGATION), address
             assert [href for href, mark, _ in links if mark] == ([current] if current else []), address
+
+
+def test_every_sortable_column_of_the_plans_table_is_a_sort_the_api_takes(tmp_path):
+    script = (PAGES / "plans.js").read_text()
+    keys = re.findall(r'sort: "(\w+)"', script)
+    assert len(keys) >= 10 and "predicted_step_time_s" in keys
+    with TestClient(create_app(Settings(data_dir=tmp_path))) as client:
+        for key in keys:
+            assert client.get("/v1/dashboard/plans", params={"sort": key}).status_code == 200, key
+        assert client.get("/v1/dashboard/plans", params={"sort": "no_such_column"}).status_code == 422

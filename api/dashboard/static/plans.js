@@ -62,20 +62,50 @@
     }
   }
 
+  const DASH = "\u2013";
+  const or = (v) => v || DASH;
+  function planLink(p) {
+    return el("a", { href: "/dashboard/plans/" + encodeURIComponent(p.id), text: p.id.slice(0, 8), title: p.id,
+                     "aria-label": "Plan " + p.id.slice(0, 8) + " of " + p.n_samples + " samples on " + p.n_ranks + " ranks" });
+  }
+  function measured(p) {
+    if (p.measured_step_time_s === null) return DASH;
+    return secs(p.measured_step_time_s) + (p.feedback_count > 1 ? " (" + p.feedback_count + ")" : "");
+  }
+  // The table's columns, once: the header, the sort key (a column of GET /v1/dashboard/plans; "first"
+  // is the order of a first click), numbers aligned right, and the cell of a plan row.
+  const COLUMNS = [
+    { label: "Time", sort: "created_at", first: "desc", text: (p) => shortWhen(p.created_at), title: (p) => when(p.created_at) },
+    { label: "Plan", child: planLink },
+    { label: "Samples", sort: "n_samples", first: "desc", num: true, text: (p) => p.n_samples },
+    { label: "Ranks", sort: "n_ranks", num: true, text: (p) => p.n_ranks },
+    { label: "Cluster", sort: "cluster", text: (p) => or(p.cluster) },
+    { label: "Model", sort: "model", text: (p) => or(p.model) },
+    { label: "Backend", sort: "backend", text: (p) => or(p.backend) },
+    { label: "Budget ms", sort: "budget_ms", num: true, text: (p) => ms(p.budget_ms) },
+    { label: "Wall ms", sort: "solve_ms", num: true, text: (p) => ms(p.solve_ms) },
+    { label: "Predicted s", sort: "predicted_step_time_s", num: true, text: (p) => secs(p.predicted_step_time_s) },
+    { label: "Bound s", sort: "lower_bound_s", num: true, text: (p) => secs(p.lower_bound_s) },
+    { label: "Gap", sort: "gap", num: true, text: (p) => pct(p.gap) },
+    { label: "vs static", sort: "speedup", first: "desc", num: true,
+      text: (p) => (p.speedup === null ? DASH : num(p.speedup, 2) + "\u00d7") },
+    { label: "Measured s", sort: "measured_step_time_s", num: true, text: measured },
+    { label: "Status", sort: "status", text: (p) => p.status, cls: (p) => "status-" + p.status },
+  ];
+
+  function header(c) {
+    const attrs = { scope: "col", class: c.num ? "num" : null, "data-sort": c.sort || null };
+    return el("th", attrs, c.sort ? el("button", { type: "button", text: c.label }) : c.label);
+  }
+
+  function cell(c, p) {
+    const cls = [c.num ? "num" : null, c.cls ? c.cls(p) : null].filter(Boolean).join(" ") || null;
+    const attrs = { class: cls, text: c.text ? c.text(p) : null, title: c.title ? c.title(p) : null };
+    return el("td", attrs, c.child ? c.child(p) : null);
+  }
+
   function row(p, fresh) {
-    const link = el("a", { href: "/dashboard/plans/" + encodeURIComponent(p.id), text: p.id.slice(0, 8), title: p.id,
-                           "aria-label": "Plan " + p.id.slice(0, 8) + " of " + p.n_samples + " samples on " + p.n_ranks + " ranks" });
-    const measured = p.measured_step_time_s === null ? "\u2013" : secs(p.measured_step_time_s) + (p.feedback_count > 1 ? " (" + p.feedback_count + ")" : "");
-    const cells = [
-      el("td", { text: shortWhen(p.created_at), title: when(p.created_at) }), el("td", {}, link),
-      el("td", { class: "num", text: p.n_samples }), el("td", { class: "num", text: p.n_ranks }),
-      el("td", { text: p.cluster || "\u2013" }), el("td", { text: p.model || "\u2013" }), el("td", { text: p.backend || "\u2013" }),
-      el("td", { class: "num", text: ms(p.budget_ms) }), el("td", { class: "num", text: ms(p.solve_ms) }),
-      el("td", { class: "num", text: secs(p.predicted_step_time_s) }), el("td", { class: "num", text: secs(p.lower_bound_s) }),
-      el("td", { class: "num", text: pct(p.gap) }), el("td", { class: "num", text: p.speedup === null ? "\u2013" : num(p.speedup, 2) + "\u00d7" }),
-      el("td", { class: "num", text: measured }), el("td", { class: "status-" + p.status, text: p.status }),
-    ];
-    return el("tr", { "data-id": p.id, class: fresh ? "fresh" : null }, ...cells);
+    return el("tr", { "data-id": p.id, class: fresh ? "fresh" : null }, ...COLUMNS.map((c) => cell(c, p)));
   }
 
   async function loadTable(live = false) {
@@ -83,7 +113,7 @@
     const previous = shownIds;
     shownIds = new Set(page.items.map((p) => p.id));
     tbody.replaceChildren(...page.items.map((p) => row(p, live && !previous.has(p.id))));
-    if (!page.items.length) tbody.append(el("tr", {}, el("td", { colspan: 15, text: "No plans match these filters." })));
+    if (!page.items.length) tbody.append(el("tr", {}, el("td", { colspan: COLUMNS.length, text: "No plans match these filters." })));
     const first = page.total ? page.offset + 1 : 0;
     const last = page.offset + page.items.length;
     document.getElementById("page-info").textContent = `Plans ${first}\u2013${last} of ${page.total}`;
@@ -113,7 +143,7 @@
     if (!th || !ev.target.closest("button")) return;
     const key = th.dataset.sort;
     if (state.sort === key) state.order = state.order === "asc" ? "desc" : "asc";
-    else { state.sort = key; state.order = key === "created_at" || key === "speedup" || key === "n_samples" ? "desc" : "asc"; }
+    else { state.sort = key; state.order = COLUMNS.find((c) => c.sort === key).first || "asc"; }
     state.offset = 0;
     loadTable().catch(showError);
   });
@@ -131,6 +161,8 @@
 
   document.getElementById("prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - state.limit); loadTable().catch(showError); });
   document.getElementById("next").addEventListener("click", () => { state.offset += state.limit; loadTable().catch(showError); });
+
+  document.querySelector("#plans thead").replaceChildren(el("tr", {}, ...COLUMNS.map(header)));
 
   document.addEventListener("DOMContentLoaded", async () => {
     readUrl();
