@@ -35,7 +35,7 @@ from dashboard_fill import request  # noqa: E402
 
 from api.local_server import LocalServer  # noqa: E402
 from api.store import Store  # noqa: E402
-from api.store.models import FeedbackRow, PlanRow  # noqa: E402
+from api.store.models import PLANS, FeedbackRow  # noqa: E402
 
 WORKLOADS = ["video", "long-text", "mixed", "image-sft", "anyres", "dynamic-res"]
 
@@ -52,7 +52,7 @@ def seed_real(url: str, n: int, samples: int) -> None:
 def replicate(store: Store, total: int, seed: int = 0) -> None:
     """Copy the stored plans under new ids until there are ``total``; feedback on 30% of them."""
     rng = random.Random(seed)
-    table = PlanRow.__table__
+    table = PLANS
     with store.engine.connect() as conn:
         real = [dict(r._mapping) for r in conn.execute(select(table))]
     now = datetime.now(UTC)
@@ -171,8 +171,8 @@ def main() -> int:
     if not args.reuse:
         replicate(store, args.plans)
     with store.engine.connect() as conn:
-        plan_id = conn.execute(select(PlanRow.id).order_by(PlanRow.created_at.desc()).limit(1)).scalar_one()
-        plans = conn.scalar(select(func.count()).select_from(PlanRow))
+        plan_id = conn.execute(select(PLANS.c.id).order_by(PLANS.c.created_at.desc()).limit(1)).scalar_one()
+        plans = conn.scalar(select(func.count()).select_from(PLANS))
         fb = conn.scalar(select(func.count()).select_from(FeedbackRow))
     store.close()
     size_mb = (data / "dhp.sqlite3").stat().st_size / 1e6

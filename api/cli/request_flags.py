@@ -1,6 +1,8 @@
 """Command-line flags that describe a planning request (cluster, model, profile, options), shared by
-``dhp plan`` and ``dhp plan-epoch``. The option flags come from the options' one definition
-(:data:`optimizer.problem.options.OPTION_SPECS`)."""
+``dhp plan`` and ``dhp plan-epoch``. Flags that set a field of a document come from that field's one
+definition (its ``flag``, help, range, default and choices): the planner options
+(:data:`optimizer.problem.options.OPTION_SPECS`) and the cluster shorthand
+(:data:`optimizer.problem.definitions.CLUSTER`)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,11 @@ import argparse
 from typing import Any
 
 from optimizer.errors import ProblemError
+from optimizer.problem.definitions import CLUSTER
 from optimizer.problem.options import OPTION_SPECS
+
+SHORTHAND = tuple(spec for spec in CLUSTER.fields if spec.flag is not None)
+"""The cluster fields the shorthand flags set: ``--nodes`` (a count), ``--gpus-per-node`` and ``--gpu``."""
 
 
 def add_request_flags(
@@ -17,9 +23,24 @@ def add_request_flags(
     cl = p.add_mutually_exclusive_group()
     cl.add_argument("--cluster", help="cluster file (see examples/cluster.json)")
     cl.add_argument("--cluster-preset", help="a preset cluster name (dhp presets)")
-    cl.add_argument("--nodes", type=int, help="shorthand: K nodes (with --gpus-per-node)")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node for --nodes (default 8)")
-    p.add_argument("--gpu", default="H100-SXM", help="GPU type for --nodes (default H100-SXM)")
+    nodes, *rest = SHORTHAND
+    assert nodes.flag is not None and nodes.range is not None
+    cl.add_argument(
+        nodes.flag,
+        dest=nodes.name,
+        type=int,
+        help=f"shorthand: K nodes ({nodes.range.span}) of --gpus-per-node GPUs of type --gpu",
+    )
+    for spec in rest:
+        assert spec.flag is not None
+        span = f"{spec.range.span}; " if spec.range is not None else ""
+        p.add_argument(
+            spec.flag,
+            dest=spec.name,
+            type=int if spec.kind == "int" else str,
+            default=spec.default,
+            help=f"{spec.help} ({span}default {spec.default})",
+        )
     md = p.add_mutually_exclusive_group()
     md.add_argument("--model", help="model file (see examples/model.json)")
     md.add_argument("--model-preset", help="a preset model name (dhp presets)")
@@ -33,10 +54,10 @@ def add_request_flags(
         if spec.flag is None:
             continue
         if spec.kind == "bool":
-            p.add_argument(spec.flag, dest=spec.name, action="store_const", const=True, help=spec.help)
+            p.add_argument(spec.flag, dest=spec.name, action="store_const", const=True, help=spec.description)
         else:
             kind = {"int": int, "number": float}.get(spec.kind, str)
-            p.add_argument(spec.flag, dest=spec.name, type=kind, choices=spec.choices, help=spec.help)
+            p.add_argument(spec.flag, dest=spec.name, type=kind, choices=spec.choices, help=spec.description)
 
 
 def request_parts(args: argparse.Namespace, options: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -48,7 +69,7 @@ def request_parts(args: argparse.Namespace, options: dict[str, Any] | None = Non
     if args.cluster:
         doc["cluster"] = read_json_file(args.cluster, "--cluster")
     elif args.nodes is not None:
-        doc["cluster"] = {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "gpu": args.gpu}
+        doc["cluster"] = {spec.name: getattr(args, spec.name) for spec in SHORTHAND}
     elif args.cluster_preset:
         doc["cluster_preset"] = args.cluster_preset
     if args.model:

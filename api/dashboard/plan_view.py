@@ -10,15 +10,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from api.store.queries import DEFAULT_BUDGET_MS
-from api.store.repository import FeedbackRecord, PlanRecord
+from api.store.repository import DEFAULT_BUDGET_MS, FeedbackRecord, PlanRecord
 from optimizer.errors import PlannerError
 from optimizer.presets import load_preset
 from optimizer.problem.documents import cluster_from_json
 
 
 def profile_name(request: dict[str, Any]) -> str:
-    """``analytical`` without a profile, else its ``source`` (``given`` when it has none); as in :mod:`api.store.queries`."""
+    """``analytical`` without a profile, else its ``source`` (``given`` when it has none); as in
+    :mod:`api.store.queries`."""
     profile = request.get("profile")
     if profile is None:
         return "analytical"
@@ -53,7 +53,8 @@ def _node_of(ranges: list[list[int]]) -> dict[int, int]:
 
 
 def gantt(plan: dict[str, Any], ranges: list[list[int]], measured: list[list[float]] | None) -> dict[str, Any]:
-    """Blocks of the Gantt chart: micro-batches one after the other on the time axis, each group a block over its ranks."""
+    """Blocks of the Gantt chart: micro-batches one after the other on the time axis, each group a block over its
+    ranks."""
     domain = int(plan.get("domain_size") or 0)
     node_of = _node_of(ranges)
     start = 0.0

@@ -17,10 +17,10 @@ from typing import Any
 from api.service import translate
 from api.service.problem_details import ServiceError
 from api.service.settings import Settings
-from api.store.repository import PlanRecord
+from api.store.repository import DEFAULT_BUDGET_MS, PlanRecord
 from planning.planner import plan as run_planner
 
-REPLAN_BUDGET_MS = translate.DEFAULT_BUDGET_MS
+REPLAN_BUDGET_MS = DEFAULT_BUDGET_MS
 """The budget of a re-plan that asks for none: the planner's default, short enough for a dashboard to wait on."""
 
 
@@ -42,7 +42,8 @@ def merged_request(record: PlanRecord, options: dict[str, Any], settings: Settin
 
 
 def replan(record: PlanRecord, options: dict[str, Any], settings: Settings) -> dict[str, Any]:
-    """Plan the stored request with ``options`` (in a solve thread); raises the planner's errors (422 with the field)."""
+    """Plan the stored request with ``options`` (in a solve thread); raises the planner's errors (422 with the
+    field)."""
     doc = merged_request(record, options, settings)
     problem = translate.to_problem(doc, settings)
     start = time.perf_counter()

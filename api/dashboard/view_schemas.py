@@ -7,37 +7,23 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.service.schemas import OptionsIn
+from api.service.schemas import OptionsIn, record_model
+from api.store.queries import TABLE_FIELDS
 
-
-class PlanTableRow(BaseModel):
-    """One row of the plans table."""
-
-    id: str
-    created_at: datetime
-    status: str
-    n_samples: int
-    n_ranks: int
-    cluster: str | None = None
-    model: str | None = None
-    backend: str | None = Field(None, description="the backend that produced the plan")
-    solver_status: str | None = None
-    budget_ms: float | None = Field(
-        None, description="the time budget the request asked for (the default when it gave none)"
-    )
-    solve_ms: float | None = Field(None, description="the planner's wall time")
-    predicted_step_time_s: float | None = None
-    lower_bound_s: float | None = None
-    gap: float | None = None
-    speedup: float | None = Field(None, description="speedup over the best static layout")
-    measured_step_time_s: float | None = Field(
-        None, description="mean of the measured step times in the plan's feedback"
-    )
-    feedback_count: int = 0
+PlanTableRow = record_model(
+    "PlanTableRow",
+    TABLE_FIELDS,
+    "One row of the plans table.",
+    measured_step_time_s=(
+        float | None,
+        Field(None, description="mean of the measured step times in the plan's feedback"),
+    ),
+    feedback_count=(int, 0),
+)
 
 
 class PlanTable(BaseModel):
-    items: list[PlanTableRow]
+    items: list[PlanTableRow]  # type: ignore[valid-type]  # a model derived from PlanRecord
     total: int
     limit: int
     offset: int

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from json.decoder import JSONDecodeError, scanstring  # type: ignore[attr-defined]  # the C string scanner json.loads uses
+from json.decoder import JSONDecodeError, scanstring  # type: ignore[attr-defined]  # json.loads's C scanner
 from typing import Any, TypeVar
 
 from fastapi.exceptions import RequestValidationError
@@ -42,7 +42,8 @@ INLINE_BYTES = 64 * 1024
 """Bodies up to this size are parsed on the event loop (a few hundred microseconds)."""
 PARSE_THREADS = 2
 OBJECT_STEPS = 3
-"""Objects are walked element by element down to this depth (the request, the batch, a sample); deeper ones are parsed whole."""
+"""Objects are walked element by element down to this depth (the request, the batch, a sample); deeper ones are
+parsed whole."""
 ARRAY_STEPS = 6
 """Arrays are walked element by element down to this depth (the samples, a sample's images or videos, rank groups)."""
 
@@ -53,7 +54,8 @@ _executor_lock = threading.Lock()
 
 
 class BodyBudget:
-    """At most ``max_bytes`` of request bodies held at once; a body larger than that is taken only when no other is held."""
+    """At most ``max_bytes`` of request bodies held at once; a body larger than that is taken only when no other is
+    held."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -127,7 +129,8 @@ def _array(s: str, i: int, depth: int) -> tuple[list[Any], int]:
 
 
 def _next_item(s: str, i: int, close: str) -> tuple[bool, int]:
-    """After a container's element: (False, the index of ``close``) when it ends there, else (True, the next element's index)."""
+    """After a container's element: (False, the index of ``close``) when it ends there, else (True, the next
+    element's index)."""
     i = _skip(s, i)
     c = s[i : i + 1]
     if c == close:
@@ -186,7 +189,8 @@ class Keeper:
         self.every_s = every_s
         self.max_age_s = max_age_s
         self._items: list[list[Any]] = []
-        """[since, document, then] (lists, so that a document can be taken out of its entry without another reference)."""
+        """[since, document, then] (lists, so that a document can be taken out of its entry without another
+        reference)."""
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 

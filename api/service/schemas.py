@@ -1,91 +1,79 @@
 """Request and response models of the HTTP API, kept apart from the domain types.
 
-The parts of a plan request (``batch``, ``cluster``, ``model``, ``profile``, ``existing_groups``) are
-the documents of ``dhp plan`` input files, passed through unchanged to :mod:`api.service.translate`, which
-validates them with the same code as the command line (and names the field at fault). These models
-describe the envelope and carry the limits that do not depend on the deployment. Every model is strict:
-a value of another JSON type than the schema states (``"false"`` for a boolean, ``"4"`` for an integer)
-is refused with 422 naming the field, never converted; a JSON integer is still a number.
+The parts of a plan request (``batch``, ``cluster``, ``model``, ``profile``, ``existing_groups``) are the
+documents of ``dhp plan`` input files: they reach :mod:`api.service.translate` as sent and are read there by
+the same code as the command line's files (which names the field at fault and says how to fix it). Their
+JSON Schemas in the OpenAPI document come from the models :mod:`api.service.document_models` builds from the
+documents'
+definitions (:mod:`optimizer.problem.definitions`), which refuse what the reader refuses. The ``options`` are
+checked here, by :data:`OptionsIn` (built from the options' definitions the same way), once: the request
+document carries what they were read into (:class:`~optimizer.problem.options.CheckedOptions`). Every model is
+strict: a value of another JSON type than the schema states (``"false"`` for a boolean, ``"4"`` for an
+integer) is refused with 422 naming the field, never converted; a JSON integer is still a number.
 """
 
 from __future__ import annotations
 
+from dataclasses import MISSING, fields
 from datetime import datetime
 from typing import Annotated, Any, Literal, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, create_model
-
-from api.store.repository import SUMMARY_FIELDS, PlanRecord
-from optimizer.problem.options import OPTION_SPECS, OptionSpec
-
-
-def _option_field(spec: OptionSpec) -> tuple[Any, Any]:
-    """The pydantic type and field of one planner option, from its one definition."""
-    kinds: dict[str, Any] = {"int": int, "number": float, "bool": bool}
-    kind: Any = Literal[spec.choices] if spec.choices else kinds.get(spec.kind, str)  # type: ignore[valid-type]
-    # NaN and Infinity are named as not finite, not as out of range.
-    allow_inf_nan = False if spec.kind == "number" else None
-    return kind | None, Field(None, description=spec.help, ge=spec.low, le=spec.high, allow_inf_nan=allow_inf_nan)
-
-
-OptionsIn = create_model(  # type: ignore[call-overload]
-    "OptionsIn",
-    __config__=ConfigDict(extra="forbid", strict=True),
-    __doc__="Planner options (the ``options`` document of ``dhp plan --options``); leave any out for its default.",
-    **{spec.name: _option_field(spec) for spec in OPTION_SPECS},
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidatorFunctionWrapHandler,
+    WithJsonSchema,
+    WrapValidator,
+    create_model,
 )
+from pydantic_core import PydanticCustomError
+
+from api.service.document_models import document_model, member_schema
+from api.store.repository import SUMMARY_FIELDS, PlanRecord
+from optimizer.problem.definitions import REQUEST
+from optimizer.problem.options import OPTIONS, CheckedOptions, PlanOptions
 
 
-_IMAGE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "tokens": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000},
-        "frames": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000},
-        "tokens_per_frame": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000},
-        "width": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000},
-        "height": {"type": "integer", "minimum": 1, "maximum": 1_000_000_000},
-    },
-}
-_BATCH_SCHEMA: dict[str, Any] = {
-    "required": ["samples"],
-    "properties": {
-        "samples": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "id": {
-                        "anyOf": [{"type": "string", "minLength": 1}, {"type": "integer"}],
-                        "description": "an integer is read as its decimal text",
-                    },
-                    "text_tokens": {"type": "integer", "minimum": 0, "maximum": 1_000_000_000},
-                    "images": {"type": "array", "items": _IMAGE_SCHEMA},
-                    "videos": {"type": "array", "items": _IMAGE_SCHEMA},
-                },
-                "additionalProperties": False,
-            },
-        }
-    },
-}
+def _object(value: Any) -> Any:
+    if value is not None and not isinstance(value, dict):
+        raise PydanticCustomError("dict_type", "Input should be a valid dictionary")
+    return value
 
 
-def as_sent(schema: dict[str, Any]) -> WithJsonSchema:
-    """For ``Annotated[Any, as_sent(schema)]``: a request member that the document reader checks (the code
-    that reads the command line's files), so that it reaches that reader as sent instead of converted here
-    first; any JSON value, described in the OpenAPI by ``schema`` (or null)."""
-    return WithJsonSchema({"anyOf": [schema, {"type": "null"}]})
+def as_sent(schema: dict[str, Any], required: bool = False) -> Any:
+    """For ``Annotated[Any, as_sent(schema)]``: a request member that the document reader checks (the code that reads
+    the command line's files), so that it reaches that reader as sent instead of converted here first; described in
+    the OpenAPI by ``schema`` (or null, unless ``required``)."""
+    return WithJsonSchema(schema if required else {"anyOf": [schema, {"type": "null"}]})
 
 
-RankGroups = Annotated[
-    Any,
-    as_sent({"type": "array", "items": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}}),
-]
+BatchMember = Annotated[Any, PlainValidator(_object), as_sent(member_schema("batch"), required=True)]
+"""``batch``: a JSON object passed on as sent (read by :func:`optimizer.problem.documents.batch_from_json`)."""
+ClusterMember = Annotated[Any, PlainValidator(_object), as_sent(member_schema("cluster"))]
+ModelMember = Annotated[Any, PlainValidator(_object), as_sent(member_schema("model"))]
+ProfileMember = Annotated[Any, PlainValidator(_object), as_sent(member_schema("profile"))]
+RankGroups = Annotated[Any, as_sent(member_schema("existing_groups"))]
 """``existing_groups``: a set of rank groups, checked and normalised by
 :func:`optimizer.problem.documents.existing_groups_from_json`."""
+OptionsIn = document_model(OPTIONS, "OptionsIn")
+"""The planner options (the ``options`` document of ``dhp plan --options``), from their definitions."""
+
+
+def _checked_options(value: Any, handler: ValidatorFunctionWrapHandler) -> CheckedOptions | None:
+    """A body's options checked by :data:`OptionsIn` and kept as sent, with the options they read into."""
+    model = handler(value)
+    if model is None:
+        return None
+    sent = value if isinstance(value, dict) else model.model_dump(exclude_none=True)
+    values = {name: getattr(model, name) for name in model.model_fields_set if getattr(model, name) is not None}
+    return CheckedOptions({k: v for k, v in sent.items() if v is not None}, PlanOptions.checked(**values))
 
 
 class PlanRequest(BaseModel):
-    """POST /v1/plans. Give ``cluster`` or ``cluster_preset`` and ``model`` or ``model_preset`` (presets default to h100-8x8 and llama3-8b)."""
+    """POST /v1/plans. Give ``cluster`` or ``cluster_preset`` and ``model`` or ``model_preset`` (presets default to
+    h100-8x8 and llama3-8b)."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -107,29 +95,32 @@ class PlanRequest(BaseModel):
         },
     )
 
-    batch: dict[str, Any] = Field(
-        json_schema_extra=_BATCH_SCHEMA,
-        description='the batch document: {"samples": [{"id", "text_tokens", "images": [{"tokens"}], "videos": [...]}]}',
+    batch: BatchMember = Field(description=REQUEST["batch"].help)
+    cluster: ClusterMember = Field(None, description=REQUEST["cluster"].help)
+    cluster_preset: str | None = Field(None, max_length=128, description=REQUEST["cluster_preset"].help)
+    model: ModelMember = Field(None, description=REQUEST["model"].help)
+    model_preset: str | None = Field(None, max_length=128, description=REQUEST["model_preset"].help)
+    profile: ProfileMember = Field(None, description=REQUEST["profile"].help)
+    options: Annotated[OptionsIn | None, WrapValidator(_checked_options)] = Field(  # type: ignore[valid-type]
+        None, description=REQUEST["options"].help
     )
-    cluster: dict[str, Any] | None = Field(
-        None, description='a cluster document, or the shorthand {"nodes": K, "gpus_per_node": G}'
-    )
-    cluster_preset: str | None = Field(None, max_length=128, description="a preset cluster name (GET /v1/presets)")
-    model: dict[str, Any] | None = Field(None, description="a model document")
-    model_preset: str | None = Field(None, max_length=128, description="a preset model name (GET /v1/presets)")
-    profile: dict[str, Any] | None = Field(
-        None, description="a measured cost profile; replaces the analytical cost model"
-    )
-    options: OptionsIn | None = None  # type: ignore[valid-type]  # a model derived from PlanOptions
-    existing_groups: RankGroups = Field(
-        None,
-        description="rank groups (communicators) the training job already has: a set, so their order and "
-        "the order of each group's ranks do not matter",
-    )
-    wait: bool = Field(
-        True, description="false: plan ahead; answer 202 with the id at once and solve in the background"
-    )
-    cache: bool = Field(True, description="false: solve again even if an identical request was planned before")
+    existing_groups: RankGroups = Field(None, description=REQUEST["existing_groups"].help)
+    wait: bool = Field(True, description=REQUEST["wait"].help)
+    cache: bool = Field(True, description=REQUEST["cache"].help)
+
+
+def record_model(name: str, names: tuple[str, ...], doc: str, **extra: Any) -> type[BaseModel]:
+    """A model of the stored record's fields ``names`` (types, defaults and descriptions from
+    :class:`~api.store.models.PlanRecord`), and ``extra`` members."""
+    hints = get_type_hints(PlanRecord)
+    by_name = {f.name: f for f in fields(PlanRecord)}
+
+    def member(n: str) -> tuple[Any, Any]:
+        f = by_name[n]
+        return hints[n], Field(... if f.default is MISSING else f.default, description=f.metadata.get("doc"))
+
+    members = {n: member(n) for n in names}
+    return create_model(name, __doc__=doc, **members, **extra)  # type: ignore[call-overload, no-any-return]
 
 
 class _PlanFigures(BaseModel):
@@ -162,15 +153,14 @@ class PlanOut(_PlanFigures):
     error: dict[str, Any] | None = None
 
 
-PlanSummary = create_model(  # type: ignore[call-overload]
-    "PlanSummary",
-    __doc__="One stored plan in the plan list: the record's fields without its documents.",
-    **{
-        name: (hint, ... if name in ("id", "status", "created_at", "n_samples", "n_ranks") else None)
-        for name, hint in get_type_hints(PlanRecord).items()
-        if name in SUMMARY_FIELDS
-    },
+PlanSummary = record_model(
+    "PlanSummary", SUMMARY_FIELDS, "One stored plan in the plan list: the record's fields without its documents."
 )
+
+
+def plan_summary(record: PlanRecord) -> Any:
+    """The plan list's entry of a stored record."""
+    return PlanSummary(**{name: getattr(record, name) for name in SUMMARY_FIELDS})
 
 
 class PlanList(BaseModel):
@@ -185,7 +175,8 @@ Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 
 class FeedbackIn(BaseModel):
-    """What the trainer measured for a step run with this plan. Numbers must be JSON numbers (not strings), and finite."""
+    """What the trainer measured for a step run with this plan. Numbers must be JSON numbers (not strings), and
+    finite."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 

@@ -1,9 +1,9 @@
 """The one place where API documents become domain objects and plans become API documents.
 
-A request body is turned into the ``dhp plan`` request document and validated by
-:func:`optimizer.problem.documents.problem_from_json`, the same code the command line uses, so an input
-file that works with ``dhp plan`` works over HTTP unchanged. The deployment's limits (samples,
-ranks, budget, solver threads) are applied here too.
+A request body is the ``dhp plan`` request document as sent (its options already checked by the request
+model, which carries what they read into), read once by :func:`optimizer.problem.documents.problem_from_json`,
+the same code the command line uses, so an input file that works with ``dhp plan`` works over HTTP
+unchanged. The deployment's limits (samples, ranks, budget, solver threads) are applied here too.
 """
 
 from __future__ import annotations
@@ -18,24 +18,30 @@ from typing import Any
 
 import orjson
 
-from api.service.schemas import PlanRequest, PlanSummary
+from api.service.schemas import PlanRequest
 from api.service.settings import Settings
-from api.store.repository import SUMMARY_FIELDS, PlanRecord
+from api.store.repository import DEFAULT_BUDGET_MS, PlanRecord
 from optimizer.errors import ProblemError
 from optimizer.plan.records import Plan
-from optimizer.problem.documents import problem_from_json
-from optimizer.problem.options import PlanOptions
+from optimizer.problem.definitions import REQUEST
+from optimizer.problem.documents import ENVELOPE, problem_from_json
 from optimizer.problem.problem import Problem
 
-_PARTS = ("batch", "cluster", "cluster_preset", "model", "model_preset", "profile", "existing_groups")
+_PARTS = tuple(spec.name for spec in REQUEST.fields if spec.name not in ENVELOPE)
+"""The members of a request document, in the order it is stored in."""
 
 
 def request_document(body: PlanRequest) -> dict[str, Any]:
-    """The ``dhp plan`` request document a body describes (envelope fields dropped)."""
-    doc: dict[str, Any] = {k: getattr(body, k) for k in _PARTS if getattr(body, k) is not None}
-    if body.options is not None:
-        doc["options"] = body.options.model_dump(exclude_none=True)
+    """The ``dhp plan`` request document a body describes: its members as sent (envelope fields and nulls dropped),
+    the options with what the request model read them into."""
+    doc: dict[str, Any] = {k: value for k in _PARTS if (value := getattr(body, k)) is not None}
     return doc
+
+
+def read_request(body: PlanRequest) -> tuple[dict[str, Any], str | None]:
+    """The request document of a body and, when the body may be answered from the plan cache, its raw hash."""
+    doc = request_document(body)
+    return doc, raw_hash(doc) if body.cache else None
 
 
 NAME_LENGTH = 128
@@ -90,10 +96,8 @@ def to_problem(doc: dict[str, Any], settings: Settings) -> Problem:
 
 
 _HASH_VERSION = b"dhp-request-2"
-"""Changes whenever what the request hash covers changes, so that no stored plan of an older hash is taken for a newer request."""
-
-
-DEFAULT_BUDGET_MS = PlanOptions().time_budget_ms
+"""Changes whenever what the request hash covers changes, so that no stored plan of an older hash is taken for a
+newer request."""
 
 
 def sample_count(doc: dict[str, Any]) -> int:
@@ -104,7 +108,8 @@ def sample_count(doc: dict[str, Any]) -> int:
 
 
 def budget_ms(doc: dict[str, Any]) -> float:
-    """The time budget a request document asks for, before validation (the default when it gives none or an unusable value)."""
+    """The time budget a request document asks for, before validation (the default when it gives none or an
+    unusable value)."""
     options = doc.get("options")
     value = options.get("time_budget_ms") if isinstance(options, dict) else None
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
@@ -184,7 +189,8 @@ STEPWISE_SAMPLES = 2048
 
 
 def plan_text(plan: Plan, samples: int = 0) -> str:
-    """The plan document as stored and returned (the JSON ``dhp plan`` prints, compact); ``samples``: the batch's size."""
+    """The plan document as stored and returned (the JSON ``dhp plan`` prints, compact); ``samples``: the batch's
+    size."""
     return _dumps(plan.to_json(shards=True), samples)
 
 
@@ -221,35 +227,3 @@ def plan_body(record: PlanRecord) -> bytes:
     if record.status == "failed":
         head["error"] = record.error
     return orjson.dumps(head)
-
-
-def summary(record: PlanRecord) -> PlanSummary:
-    return PlanSummary(**{name: getattr(record, name) for name in SUMMARY_FIELDS})
-
-
-def check_group_times(group_times: list[list[float]] | None, plan_json: str | None) -> None:
-    """Per-group times must follow the plan's shape: one list per micro-batch, one number per group."""
-    if group_times is None or not plan_json:
-        return
-    plan = json.loads(plan_json)
-    mbs = plan.get("micro_batches", [])
-    if len(group_times) != len(mbs):
-        raise ProblemError(
-            f"has {len(group_times)} micro-batches, the plan has {len(mbs)}",
-            field="group_times_s",
-            hint="give one list per micro-batch, in plan order.",
-        )
-    for m, (times, mb) in enumerate(zip(group_times, mbs, strict=True)):
-        if len(times) != len(mb.get("groups", [])):
-            raise ProblemError(
-                f"has {len(times)} groups, the plan's micro-batch has {len(mb.get('groups', []))}",
-                field=f"group_times_s[{m}]",
-                hint="give one time per group, in plan order.",
-            )
-        for g, t in enumerate(times):
-            if not (t >= 0 and t < 1e7):
-                raise ProblemError(
-                    f"must be a time in seconds >= 0, got {t!r}",
-                    field=f"group_times_s[{m}][{g}]",
-                    hint="give measured seconds.",
-                )

@@ -16,26 +16,23 @@ from typing import Any, cast
 
 from sqlalchemy import ColumnElement, Float, Select, String, func, literal, select
 
-from api.store.models import FeedbackRow, PlanRow
-from api.store.repository import Store, _aware
-from optimizer.problem.options import PlanOptions
-
-DEFAULT_BUDGET_MS = PlanOptions().time_budget_ms
+from api.store.models import PLANS, FeedbackRow
+from api.store.repository import DEFAULT_BUDGET_MS, Store, _aware
 
 
 def budget_ms(store: Store) -> ColumnElement[Any]:
     """The time budget the request asked for (the planner's default when it gave none)."""
-    return func.coalesce(PlanRow.budget_ms, literal(DEFAULT_BUDGET_MS, Float))
+    return func.coalesce(PLANS.c.budget_ms, literal(DEFAULT_BUDGET_MS, Float))
 
 
 def speedup(store: Store) -> ColumnElement[Any]:
     """Speedup of the plan over the best static layout (NULL while pending or failed)."""
-    return cast(ColumnElement[Any], PlanRow.speedup)
+    return cast(ColumnElement[Any], PLANS.c.speedup)
 
 
 def profile_label(store: Store) -> ColumnElement[Any]:
     """``analytical`` when the request gave no profile, else the profile's ``source`` (``given`` when it has none)."""
-    return func.coalesce(PlanRow.profile, literal("analytical", String))
+    return func.coalesce(PLANS.c.profile, literal("analytical", String))
 
 
 def _feedback_summary() -> Any:
@@ -83,14 +80,14 @@ def plan_facts(store: Store, ids: list[str]) -> dict[str, PlanFacts]:
         for k in range(0, len(missing), 500):
             rows = conn.execute(
                 select(
-                    PlanRow.id,
-                    PlanRow.status,
-                    PlanRow.cluster,
-                    PlanRow.model,
+                    PLANS.c.id,
+                    PLANS.c.status,
+                    PLANS.c.cluster,
+                    PLANS.c.model,
                     profile_label(store),
                     budget_ms(store),
                     speedup(store),
-                ).where(PlanRow.id.in_(missing[k : k + 500]))
+                ).where(PLANS.c.id.in_(missing[k : k + 500]))
             )
             for pid, status, cluster, model, label, budget, gain in rows:
                 facts = PlanFacts(cluster, model, label, float(budget), gain)
@@ -120,15 +117,36 @@ class PlanFilters:
         for name in ("status", "backend", "cluster", "model"):
             value = getattr(self, name)
             if value:
-                conds.append(getattr(PlanRow, name) == value)
+                conds.append(PLANS.c[name] == value)
         if self.created_after:
-            conds.append(PlanRow.created_at >= self.created_after)
+            conds.append(PLANS.c.created_at >= self.created_after)
         if self.created_before:
-            conds.append(PlanRow.created_at < self.created_before)
+            conds.append(PLANS.c.created_at < self.created_before)
         if self.id_prefix:
-            conds.append(PlanRow.id.startswith(self.id_prefix.lower(), autoescape=True))
+            conds.append(PLANS.c.id.startswith(self.id_prefix.lower(), autoescape=True))
         return conds
 
+
+TABLE_FIELDS = (
+    "id",
+    "created_at",
+    "status",
+    "n_samples",
+    "n_ranks",
+    "cluster",
+    "model",
+    "backend",
+    "solver_status",
+    "budget_ms",
+    "solve_ms",
+    "predicted_step_time_s",
+    "lower_bound_s",
+    "gap",
+    "speedup",
+)
+"""The fields of a stored record that a row of the plans table shows (with its feedback's count and mean)."""
+FACT_FIELDS = ("budget_ms", "speedup")
+"""Fields of a table row read through :func:`plan_facts` (kept in memory once a plan is finished)."""
 
 SORT_KEYS = (
     "created_at",
@@ -153,7 +171,7 @@ def _sort_column(store: Store, key: str, fb: Any) -> ColumnElement[Any]:
         return fb.c.mean_s
     if key == "budget_ms":
         return budget_ms(store)
-    return getattr(PlanRow, key)
+    return PLANS.c[key]
 
 
 def plan_table(
@@ -169,28 +187,14 @@ def plan_table(
         raise ValueError(f"unknown sort key {sort!r}")
     fb = _feedback_summary()
     conds = filters.conditions()
-    columns = [
-        PlanRow.id,
-        PlanRow.created_at,
-        PlanRow.status,
-        PlanRow.n_samples,
-        PlanRow.n_ranks,
-        PlanRow.cluster,
-        PlanRow.model,
-        PlanRow.backend,
-        PlanRow.solver_status,
-        PlanRow.solve_ms,
-        PlanRow.predicted_step_time_s,
-        PlanRow.lower_bound_s,
-        PlanRow.gap,
-    ]
+    columns = [PLANS.c[name] for name in TABLE_FIELDS if name not in FACT_FIELDS]
     with store.engine.connect() as conn:
-        total = conn.scalar(select(func.count()).select_from(PlanRow).where(*conds)) or 0
+        total = conn.scalar(select(func.count()).select_from(PLANS).where(*conds)) or 0
         key = _sort_column(store, sort, fb)
-        order = [key.is_(None), key.desc() if descending else key.asc(), PlanRow.created_at.desc(), PlanRow.id]
+        order = [key.is_(None), key.desc() if descending else key.asc(), PLANS.c.created_at.desc(), PLANS.c.id]
         page: Select[Any] = (
-            select(PlanRow.id)
-            .outerjoin(fb, fb.c.plan_id == PlanRow.id)
+            select(PLANS.c.id)
+            .outerjoin(fb, fb.c.plan_id == PLANS.c.id)
             .where(*conds)
             .order_by(*order)
             .limit(limit)
@@ -202,8 +206,8 @@ def plan_table(
         rows = (
             conn.execute(
                 select(*columns, fb.c.n, fb.c.mean_s)
-                .outerjoin(fb, fb.c.plan_id == PlanRow.id)
-                .where(PlanRow.id.in_(ids))
+                .outerjoin(fb, fb.c.plan_id == PLANS.c.id)
+                .where(PLANS.c.id.in_(ids))
             )
             .mappings()
             .all()
@@ -229,10 +233,10 @@ def facets(store: Store) -> dict[str, list[str]]:
     """The distinct values the table's filters can take; read again only when plans were added or finished."""
     with store.engine.connect() as conn:
         stamp = (
-            conn.execute(select(func.count(), func.max(PlanRow.created_at)).select_from(PlanRow)).one(),
+            conn.execute(select(func.count(), func.max(PLANS.c.created_at)).select_from(PLANS)).one(),
             tuple(
                 conn.execute(
-                    select(PlanRow.status, func.count()).group_by(PlanRow.status).order_by(PlanRow.status)
+                    select(PLANS.c.status, func.count()).group_by(PLANS.c.status).order_by(PLANS.c.status)
                 ).all()
             ),
         )
@@ -244,10 +248,10 @@ def facets(store: Store) -> dict[str, list[str]]:
             return [v for (v,) in conn.execute(select(col).where(col.is_not(None)).distinct().order_by(col))]
 
         out = {
-            "status": distinct(PlanRow.status),
-            "backend": distinct(PlanRow.backend),
-            "cluster": distinct(PlanRow.cluster),
-            "model": distinct(PlanRow.model),
+            "status": distinct(PLANS.c.status),
+            "backend": distinct(PLANS.c.backend),
+            "cluster": distinct(PLANS.c.cluster),
+            "model": distinct(PLANS.c.model),
         }
     _FACETS[store] = (stamp, out)
     return out
@@ -256,8 +260,10 @@ def facets(store: Store) -> dict[str, list[str]]:
 def change_stamp(store: Store) -> dict[str, Any]:
     """Counts and newest times of plans (by status) and feedback: the page re-reads its table when these change."""
     with store.engine.connect() as conn:
-        by_status = dict(conn.execute(select(PlanRow.status, func.count()).group_by(PlanRow.status)).all())
-        latest_plan = conn.scalar(select(func.max(func.coalesce(PlanRow.finished_at, PlanRow.created_at))))
+        by_status: dict[str, int] = dict(
+            conn.execute(select(PLANS.c.status, func.count()).group_by(PLANS.c.status)).all()
+        )
+        latest_plan = conn.scalar(select(func.max(func.coalesce(PLANS.c.finished_at, PLANS.c.created_at))))
         n_fb, latest_fb = conn.execute(select(func.count(FeedbackRow.id), func.max(FeedbackRow.id))).one()
     return {
         "plans": int(sum(by_status.values())),
@@ -280,7 +286,8 @@ def calibration_points(
     profile: str | None = None,
     limit: int = 100_000,
 ) -> tuple[list[dict[str, Any]], int]:
-    """Feedback with a prediction, newest first (at most ``limit``), with the plan's cluster, model and profile; and how many there are."""
+    """Feedback with a prediction, newest first (at most ``limit``), with the plan's cluster, model and profile; and
+    how many there are."""
     with store.engine.connect() as conn:
         facts = plan_facts(store, _measured_plans(conn))
         labels = {

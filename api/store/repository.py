@@ -12,13 +12,13 @@ import math
 import re
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any, overload
 
-from sqlalchemy import Engine, Table, create_engine, event, func, insert, select, text, update
+from sqlalchemy import Engine, create_engine, event, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
-from api.store.models import FeedbackRow, PlanRow
+from api.store.models import PLANS, FeedbackRow, PlanRecord
 from optimizer.plan.records import Plan
 from optimizer.problem.options import PlanOptions
 
@@ -35,43 +35,15 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+@overload
+def _aware(value: datetime) -> datetime: ...
+@overload
+def _aware(value: datetime | None) -> datetime | None: ...
 def _aware(value: datetime | None) -> datetime | None:
     # SQLite hands back naive datetimes; every stored time is UTC.
     if value is not None and value.tzinfo is None:
         return value.replace(tzinfo=UTC)
     return value
-
-
-@dataclass(frozen=True)
-class PlanRecord:
-    """One stored plan request and, once solved, its plan."""
-
-    id: str
-    created_at: datetime
-    status: str
-    request_hash: str
-    n_samples: int
-    n_ranks: int
-    cluster: str | None = None
-    model: str | None = None
-    finished_at: datetime | None = None
-    plan_json: str | None = None
-    error_json: str | None = None
-    backend: str | None = None
-    solver_status: str | None = None
-    predicted_step_time_s: float | None = None
-    lower_bound_s: float | None = None
-    gap: float | None = None
-    solve_ms: float | None = None
-    request_json: str | None = None
-    claimed_at: datetime | None = None
-    budget_ms: float | None = None
-    speedup: float | None = None
-    profile: str | None = None
-
-    @property
-    def error(self) -> dict[str, Any] | None:
-        return json.loads(self.error_json) if self.error_json else None
 
 
 SUMMARY_FIELDS = tuple(
@@ -128,7 +100,8 @@ SOLVED_FIELDS = ("backend", "solver_status", "predicted_step_time_s", "lower_bou
 
 
 def solved_columns(plan: Plan) -> dict[str, Any]:
-    """The columns a solved plan fills (SOLVED_FIELDS), from the plan itself: the one place that maps a plan to its record."""
+    """The columns a solved plan fills (SOLVED_FIELDS), from the plan itself: the one place that maps a plan to its
+    record."""
     values = (
         plan.solver.backend,
         plan.solver.status,
@@ -164,8 +137,7 @@ def _feedback_record(row: FeedbackRow, replayed: bool = False) -> FeedbackRecord
     )
 
 
-_PLANS = cast(Table, PlanRow.__table__)
-_SUMMARY_COLUMNS = [c for c in _PLANS.columns if c.name not in ("plan_json", "request_json")]
+_SUMMARY_COLUMNS = [c for c in PLANS.columns if c.name not in ("plan_json", "request_json")]
 
 
 def _record(row: Any, with_documents: bool) -> PlanRecord:
@@ -221,7 +193,7 @@ class Store:
         """Store a record; its figure columns are read from its documents unless it carries them (``budget_ms`` set)."""
         columns = {} if record.budget_ms is not None else document_columns(record.request_json, record.plan_json)
         with self.engine.begin() as conn:
-            conn.execute(insert(_PLANS), [{**record.__dict__, **columns}])
+            conn.execute(insert(PLANS), [{**record.__dict__, **columns}])
 
     def add_if_absent(self, record: PlanRecord) -> bool:
         """Store a record unless one of its id is stored already (False then: that one is kept)."""
@@ -256,8 +228,8 @@ class Store:
     def _settle(self, plan_id: str, **values: Any) -> bool:
         with self._session.begin() as s:
             done = s.execute(
-                update(PlanRow)
-                .where(PlanRow.id == plan_id, PlanRow.status == "pending")
+                update(PLANS)
+                .where(PLANS.c.id == plan_id, PLANS.c.status == "pending")
                 .values(finished_at=utcnow(), **values)
             )
             return bool(done.rowcount)  # type: ignore[attr-defined]
@@ -265,15 +237,15 @@ class Store:
     def claim_pending(self, started_before: datetime, limit: int = 1000) -> list[PlanRecord]:
         """Pending plans that no process took up since ``started_before`` (the start of the calling process), each
         claimed for the caller in one conditional update, so that processes starting together resume each plan once."""
-        stale = (PlanRow.status == "pending") & ((PlanRow.claimed_at.is_(None)) | (PlanRow.claimed_at < started_before))
+        stale = (PLANS.c.status == "pending") & ((PLANS.c.claimed_at.is_(None)) | (PLANS.c.claimed_at < started_before))
         with self.engine.connect() as conn:
             ids = [
-                r[0] for r in conn.execute(select(PlanRow.id).where(stale).order_by(PlanRow.created_at).limit(limit))
+                r[0] for r in conn.execute(select(PLANS.c.id).where(stale).order_by(PLANS.c.created_at).limit(limit))
             ]
         claimed = []
         for plan_id in ids:
             with self._session.begin() as s:
-                took = s.execute(update(PlanRow).where(PlanRow.id == plan_id, stale).values(claimed_at=utcnow()))
+                took = s.execute(update(PLANS).where(PLANS.c.id == plan_id, stale).values(claimed_at=utcnow()))
             if took.rowcount:  # type: ignore[attr-defined]
                 record = self.get(plan_id)
                 if record is not None:
@@ -283,18 +255,18 @@ class Store:
     def get(self, plan_id: str, *, with_documents: bool = True) -> PlanRecord | None:
         if not is_id(plan_id):
             return None
-        columns = _PLANS.c if with_documents else _SUMMARY_COLUMNS
+        columns = PLANS.c if with_documents else _SUMMARY_COLUMNS
         with self.engine.connect() as conn:
-            row = conn.execute(select(*columns).where(_PLANS.c.id == plan_id)).first()
+            row = conn.execute(select(*columns).where(PLANS.c.id == plan_id)).first()
             return _record(row, with_documents) if row is not None else None
 
     def find_done(self, request_hash: str) -> PlanRecord | None:
         """The newest finished plan for this request hash (the lasting plan cache)."""
         with self.engine.connect() as conn:
             row = conn.execute(
-                select(*_PLANS.c)
-                .where(_PLANS.c.request_hash == request_hash, _PLANS.c.status == "done")
-                .order_by(_PLANS.c.created_at.desc())
+                select(*PLANS.c)
+                .where(PLANS.c.request_hash == request_hash, PLANS.c.status == "done")
+                .order_by(PLANS.c.created_at.desc())
                 .limit(1)
             ).first()
             return _record(row, True) if row is not None else None
@@ -314,23 +286,23 @@ class Store:
         """Plans, newest first, without their documents; and the total matching the filters."""
         conds = []
         if status:
-            conds.append(PlanRow.status == status)
+            conds.append(PLANS.c.status == status)
         if backend:
-            conds.append(PlanRow.backend == backend)
+            conds.append(PLANS.c.backend == backend)
         if cluster:
-            conds.append(PlanRow.cluster == cluster)
+            conds.append(PLANS.c.cluster == cluster)
         if model:
-            conds.append(PlanRow.model == model)
+            conds.append(PLANS.c.model == model)
         if created_after:
-            conds.append(PlanRow.created_at >= created_after)
+            conds.append(PLANS.c.created_at >= created_after)
         if created_before:
-            conds.append(PlanRow.created_at < created_before)
+            conds.append(PLANS.c.created_at < created_before)
         with self._session() as s:
-            total = s.scalar(select(func.count()).select_from(PlanRow).where(*conds)) or 0
+            total = s.scalar(select(func.count()).select_from(PLANS).where(*conds)) or 0
             rows = s.execute(
                 select(*_SUMMARY_COLUMNS)
                 .where(*conds)
-                .order_by(PlanRow.created_at.desc(), PlanRow.id)
+                .order_by(PLANS.c.created_at.desc(), PLANS.c.id)
                 .limit(limit)
                 .offset(offset)
             ).all()
@@ -352,7 +324,7 @@ class Store:
                 return kept
         try:
             with self._session.begin() as s:
-                plan = s.get(PlanRow, plan_id)
+                plan = s.execute(select(PLANS.c.predicted_step_time_s).where(PLANS.c.id == plan_id)).first()
                 if plan is None:
                     return None
                 row = FeedbackRow(

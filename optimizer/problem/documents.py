@@ -3,13 +3,18 @@
 The same documents are the ``dhp plan`` input files and the parts of a ``POST /v1/plans`` body:
 ``batch``, ``cluster`` (or ``cluster_preset``), ``model`` (or ``model_preset``), ``profile`` and
 ``options``. Every function here raises :class:`~optimizer.errors.ProblemError` naming the field
-path (``batch.samples[3].images[0].tokens``) and saying how to fix it.
+path (``batch.samples[3].images[0].tokens``) and saying how to fix it. The fields an object allows,
+what each must be and what it is when left out are the documents' definitions
+(:mod:`optimizer.problem.definitions`, :data:`optimizer.problem.options.OPTIONS`); what one field
+cannot say (a field that goes with another, a size named as a whole, a preset that exists) is
+checked here, and what the domain types check (a divisor, a sample's length) by them.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,52 +24,44 @@ from optimizer.presets import gpu_catalog, load_preset
 from optimizer.problem.batch import MAX_SAMPLE_TOKENS, Batch, Image, Sample
 from optimizer.problem.checks import Range, shown
 from optimizer.problem.cluster import Cluster, GPUType, Node
+from optimizer.problem.definitions import (
+    BANDWIDTHS,
+    BATCH,
+    CLUSTER,
+    COMM,
+    GPU,
+    GROUP_MESSAGES,
+    IMAGE,
+    LANGUAGE_MODEL,
+    LATENCIES,
+    MAX_NODES,
+    MODEL,
+    NODE,
+    PROFILE,
+    REQUEST,
+    SAMPLE,
+    TIME,
+    TRAINING,
+    VISION_ENCODER,
+)
+from optimizer.problem.fields import REQUIRED, Document, FieldSpec
 from optimizer.problem.model import LanguageModel, ModelSpec, TrainingSetup, VisionEncoder
-from optimizer.problem.options import OPTION_SPECS, PlanOptions
+from optimizer.problem.options import OPTION_SPECS, OPTIONS, CheckedOptions, PlanOptions
 from optimizer.problem.problem import Problem
 from optimizer.problem.text import HINT as TEXT_HINT
 from optimizer.problem.text import first_bad_text
 
-_MISSING = object()
-MAX_COUNT = 10**9
-"""Largest integer any count field accepts (tokens, frames, sizes): far above real batches and
-clusters, far below what would overflow the cost arithmetic."""
-MAX_NODES = 100_000
-MAX_GPUS_PER_NODE = 1024
+_DEFAULT = object()
 
-QUANTITIES: dict[str, tuple[Range, str]] = {
-    "memory": (Range(1e6, 1e15, "bytes"), "give the device memory in bytes, e.g. 80e9."),
-    "reserve": (Range(0, 1e15, "bytes"), "give the bytes per GPU kept back for the framework, e.g. 4e9."),
-    "flops": (Range(1e6, 1e19, "FLOP/s"), "give the peak dense bf16 FLOP/s, e.g. 989e12."),
-    "link": (
-        Range(1e6, 1e15, "bytes/s"),
-        "give bytes per second per GPU, e.g. 4.5e11 inside a node or 5e10 between nodes.",
-    ),
-    "bandwidth": (
-        Range(1, 1e15, "bytes/s"),
-        "give the measured bytes per second (with comm.bytes_per_token in the same bytes), e.g. 4.5e11.",
-    ),
-    "latency": (
-        Range(0, 10, "seconds"),
-        "give the latency of one message in seconds, e.g. 5e-6 inside a node or 2e-5 between nodes.",
-    ),
-    "efficiency": (
-        Range(0.01, 1),
-        "give the fraction of peak throughput dense kernels reach; a typical model FLOPs utilisation is 0.4 to 0.6.",
-    ),
-    "parameters": (Range(1, 1e15, "parameters"), "give the parameter count, e.g. 8.03e9."),
-    "capacity": (Range(1, MAX_SAMPLE_TOKENS, "tokens"), "give the tokens one rank holds in a micro-batch, e.g. 16384."),
-    "speed": (Range(1e-3, 1e3), "give the GPU type's speed relative to the profile's own GPU (1.0), e.g. 0.32."),
-    "per_token2": (Range(0, 1, "seconds per token squared"), "give the measured coefficient in SI units, e.g. 1.2e-9."),
-    "per_token": (Range(0, 10, "seconds per token"), "give the measured coefficient in SI units, e.g. 8.6e-5."),
-    "seconds": (Range(0, 86_400, "seconds"), "give the measured time in seconds, e.g. 3.4e-3."),
-    "bytes_per_token": (Range(0, 1e9, "bytes per token"), "give the bytes a token sends, e.g. 172032."),
-    "messages": (Range(0, 1e6, "messages"), "give the message count, e.g. 2."),
-}
-"""Every number of the cluster, model and profile documents is one of these quantities and is checked
-against its range (the same rule as the planner options' bounds): wide enough for any real machine or
-measurement, narrow enough that no value turns a plan or an error message absurd (a step of 1e300 s,
-a rank count of 300 digits)."""
+
+def _unbounded(spec: FieldSpec) -> FieldSpec:
+    """``spec`` read as a count within the counts' bound only: the caller checks its range, naming more than the
+    field (an image's size, a node group)."""
+    return replace(spec, range=Range(unit=spec.unit))
+
+
+_WIDTH, _HEIGHT = _unbounded(IMAGE["width"]), _unbounded(IMAGE["height"])
+_NODE_COUNT, _NODE_GPUS = _unbounded(NODE["count"]), _unbounded(NODE["gpus"])
 
 
 def _obj(doc: Any, where: str) -> Mapping[str, Any]:
@@ -77,51 +74,42 @@ def _obj(doc: Any, where: str) -> Mapping[str, Any]:
     return doc
 
 
-def _unknown(doc: Mapping[str, Any], allowed: set[str], where: str) -> None:
+def _open(doc: Any, document: Document, where: str) -> Mapping[str, Any]:
+    """``doc`` once it is a JSON object of no other fields than ``document``'s."""
+    doc = _obj(doc, where)
+    _unknown(doc, document.names, where)
+    return doc
+
+
+def _unknown(doc: Mapping[str, Any], allowed: frozenset[str] | set[str], where: str) -> None:
     extra = sorted(set(doc) - allowed)
     if extra:
         raise ProblemError(f"unknown field(s) {extra}", field=where, hint=f"allowed fields are {sorted(allowed)}.")
 
 
-def _get(doc: Mapping[str, Any], key: str, where: str, kind: str, default: Any = _MISSING) -> Any:
-    path = f"{where}.{key}" if where else key
-    if key not in doc or doc[key] is None:
-        if default is _MISSING:
-            raise ProblemError("is required", field=path, hint=f"add '{key}' ({kind}).")
-        return default
-    value = doc[key]
-    if kind == "int":
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ProblemError(f"must be an integer, got {shown(value)}", field=path, hint="use a whole number.")
-        if abs(value) > MAX_COUNT:
-            raise ProblemError(
-                f"{shown(value)} is too large", field=path, hint=f"use a value of at most {MAX_COUNT:,}."
-            )
-    elif kind == "number":  # bounded by the caller (the planner options check their own ranges)
-        Range().check(value, path, "use a JSON number.")
-        value = float(value)
-    elif kind in QUANTITIES:
-        value = float(_within(value, kind, path))
-    elif kind == "str":
-        if not isinstance(value, str):
-            raise ProblemError(f"must be a string, got {shown(value)}", field=path, hint="use a JSON string.")
-    elif kind == "bool":
-        if not isinstance(value, bool):
-            raise ProblemError(f"must be true or false, got {shown(value)}", field=path, hint="use a JSON boolean.")
-    elif kind == "list":
-        if not isinstance(value, list):
-            raise ProblemError(f"must be a list, got {type(value).__name__}", field=path, hint="use a JSON array.")
-    elif kind == "object":
-        _obj(value, path)
-    return value
+def _get(doc: Mapping[str, Any], spec: FieldSpec, where: str, default: Any = _DEFAULT) -> Any:
+    """The value of field ``spec`` of ``doc`` (at path ``where``), read by its definition; when left out or null,
+    its default, or ``default`` for a field whose default the caller works out."""
+    path = f"{where}.{spec.name}" if where else spec.name
+    value = doc.get(spec.name)
+    if value is None:
+        value = spec.default if default is _DEFAULT else default
+        if value is REQUIRED:
+            raise ProblemError("is required", field=path, hint=f"add '{spec.name}' ({spec.what}).")
+        return value
+    return spec.read(value, path)
 
 
-def _within(value: Any, kind: str, path: str) -> Any:
-    """``value`` as given, once it is a number within the range of its quantity (see :data:`QUANTITIES`)."""
-    span, hint = QUANTITIES[kind]
-    span.check(value, path, hint)
+def _fields(doc: Mapping[str, Any], document: Document, where: str, **defaults: Any) -> dict[str, Any]:
+    """Every field of ``document`` read from ``doc`` (``defaults``: the values of those left out whose default the
+    caller works out)."""
+    return {spec.name: _get(doc, spec, where, defaults.get(spec.name, _DEFAULT)) for spec in document.fields}
+
+
+def _within(spec: FieldSpec, value: Any, path: str) -> Any:
+    """``value`` as given, once it is a number of ``spec``'s range."""
+    assert spec.range is not None
+    spec.range.check(value, path, spec.hint)
     return value
 
 
@@ -138,9 +126,8 @@ def _rewhere(exc: ProblemError, prefix: str) -> ProblemError:
 
 
 def batch_from_json(doc: Any, model: ModelSpec | None = None, where: str = "batch") -> Batch:
-    doc = _obj(doc, where)
-    _unknown(doc, {"samples"}, where)
-    samples_doc = _get(doc, "samples", where, "list")
+    doc = _open(doc, BATCH, where)
+    samples_doc = _get(doc, BATCH["samples"], where)
     generated = _generated_ids(samples_doc)
     samples = []
     for k, s in enumerate(samples_doc):
@@ -150,24 +137,15 @@ def batch_from_json(doc: Any, model: ModelSpec | None = None, where: str = "batc
             continue
         # The general path: slower, and its errors name the exact field.
         w = f"{where}.samples[{k}]"
-        s = _obj(s, w)
-        _unknown(s, {"id", "text_tokens", "images", "videos"}, w)
+        s = _open(s, SAMPLE, w)
         sid = s["id"] if "id" in s else generated[k]
         if isinstance(sid, int) and not isinstance(sid, bool):
             sid = str(sid)
         if not isinstance(sid, str) or not sid:
-            raise ProblemError(
-                f"must be a non-empty string, got {shown(sid)}", field=f"{w}.id", hint="give every sample a unique id."
-            )
-        text = _get(s, "text_tokens", w, "int", 0)
-        if text < 0:
-            raise ProblemError(
-                f"must be >= 0, got {text}", field=f"{w}.text_tokens", hint="give the number of text tokens."
-            )
-        images = [_image(im, f"{w}.images[{i}]", model) for i, im in enumerate(_get(s, "images", w, "list", []))]
-        images += [
-            _image(v, f"{w}.videos[{i}]", model, video=True) for i, v in enumerate(_get(s, "videos", w, "list", []))
-        ]
+            raise ProblemError(f"must be a non-empty string, got {shown(sid)}", field=f"{w}.id", hint=_ID.hint)
+        text = _get(s, _TEXT, w)
+        images = [_image(im, f"{w}.images[{i}]", model) for i, im in enumerate(_get(s, SAMPLE["images"], w))]
+        images += [_image(v, f"{w}.videos[{i}]", model, video=True) for i, v in enumerate(_get(s, SAMPLE["videos"], w))]
         try:
             samples.append(Sample(id=sid, text_tokens=text, images=tuple(images)))
         except ProblemError as exc:
@@ -196,8 +174,17 @@ def _generated_ids(samples: list[Any]) -> dict[int, str]:
     return out
 
 
-_SAMPLE_KEYS = frozenset({"id", "text_tokens", "images", "videos"})
+_ID, _TEXT = SAMPLE["id"], SAMPLE["text_tokens"]
+_FRAMES, _TOKENS, _PER_FRAME = IMAGE["frames"], IMAGE["tokens"], IMAGE["tokens_per_frame"]
+# The fast path below checks what the definitions say with few operations; these are their bounds.
+_SAMPLE_KEYS = SAMPLE.names
 _IMAGE_KEYS = frozenset({"tokens", "frames", "tokens_per_frame"})
+"""The image fields of the fast path: visual tokens given as counts (pixel sizes take the general path)."""
+_TEXT_LOW, _TEXT_HIGH = _TEXT.count_bounds
+_FRAMES_LOW, _FRAMES_HIGH = _FRAMES.count_bounds
+_TOKENS_LOW, _TOKENS_HIGH = _TOKENS.count_bounds
+if _PER_FRAME.bounds != _TOKENS.bounds:
+    raise AssertionError("the fast path reads tokens and tokens_per_frame by one range")
 
 
 def _fast_images(items: Any, video: bool) -> list[Image] | None:
@@ -214,8 +201,8 @@ def _fast_images(items: Any, video: bool) -> list[Image] | None:
         if (
             type(frames) is not int
             or type(tokens) is not int
-            or not 1 <= frames <= MAX_COUNT
-            or not 1 <= tokens <= MAX_COUNT
+            or not _FRAMES_LOW <= frames <= _FRAMES_HIGH
+            or not _TOKENS_LOW <= tokens <= _TOKENS_HIGH
             or (per_frame is not None and "tokens" in im)
         ):
             return None
@@ -231,7 +218,7 @@ def _sample_fast(s: Any) -> Sample | None:
         return None
     sid = s.get("id")
     text = s.get("text_tokens", 0)
-    if type(sid) is not str or not sid or type(text) is not int or not 0 <= text <= MAX_COUNT:
+    if type(sid) is not str or not sid or type(text) is not int or not _TEXT_LOW <= text <= _TEXT_HIGH:
         return None
     images: list[Image] = []
     if "images" in s:
@@ -251,20 +238,13 @@ def _sample_fast(s: Any) -> Sample | None:
 
 
 def _image(doc: Any, where: str, model: ModelSpec | None, video: bool = False) -> Image:
-    doc = _obj(doc, where)
-    _unknown(doc, {"tokens", "width", "height", "frames", "tokens_per_frame"}, where)
-    frames = _get(doc, "frames", where, "int", 1)
-    if frames < 1:
-        raise ProblemError(f"must be >= 1, got {frames}", field=f"{where}.frames", hint="give the number of frames.")
+    doc = _open(doc, IMAGE, where)
+    frames = _get(doc, _FRAMES, where)
     tokens = doc.get("tokens_per_frame", doc.get("tokens"))
     if tokens is not None:
-        key = "tokens_per_frame" if "tokens_per_frame" in doc else "tokens"
-        tokens = _get(doc, key, where, "int")
-        if tokens < 1:
-            raise ProblemError(
-                f"must be >= 1, got {tokens}", field=f"{where}.{key}", hint="give the visual tokens per image or frame."
-            )
-        if video and key == "tokens" and "frames" in doc:
+        spec = _PER_FRAME if "tokens_per_frame" in doc else _TOKENS
+        tokens = _get(doc, spec, where, REQUIRED)
+        if video and spec is _TOKENS and "frames" in doc:
             # For videos, 'tokens' is the clip's total unless tokens_per_frame is given.
             tokens = max(1, -(-tokens // frames))
     else:
@@ -274,10 +254,10 @@ def _image(doc: Any, where: str, model: ModelSpec | None, video: bool = False) -
                 field=where,
                 hint='e.g. {"tokens": 576} or {"width": 448, "height": 448}.',
             )
-        width = _get(doc, "width", where, "int")
-        height = _get(doc, "height", where, "int")
-        if width < 1 or height < 1:
-            raise ProblemError(f"{width}x{height} is not a valid size", field=where, hint="give positive pixel sizes.")
+        width = _get(doc, _WIDTH, where, REQUIRED)
+        height = _get(doc, _HEIGHT, where, REQUIRED)
+        if width < 1 or height < 1:  # one refusal for the size, naming the image
+            raise ProblemError(f"{width}x{height} is not a valid size", field=where, hint=_WIDTH.hint)
         if model is None or model.vision is None:
             raise ProblemError(
                 "gives pixels but the model has no vision encoder to turn them into tokens",
@@ -302,18 +282,12 @@ def _gpu(doc: Any, where: str) -> tuple[GPUType, dict[str, float]]:
             )
         entry = catalog[doc]
         return GPUType(doc, entry["memory_bytes"], entry["peak_flops"]), entry
-    doc = _obj(doc, where)
-    _unknown(doc, {"name", "memory_bytes", "peak_flops", "intra_bandwidth", "inter_bandwidth"}, where)
-    name = _get(doc, "name", where, "str")
+    doc = _open(doc, GPU, where)
+    name = _get(doc, GPU["name"], where)
     base = dict(catalog.get(name, {}))
-    for key, quantity in (
-        ("memory_bytes", "memory"),
-        ("peak_flops", "flops"),
-        ("intra_bandwidth", "link"),
-        ("inter_bandwidth", "link"),
-    ):
+    for key in ("memory_bytes", "peak_flops", "intra_bandwidth", "inter_bandwidth"):
         if key in doc:
-            base[key] = _get(doc, key, where, quantity)
+            base[key] = _get(doc, GPU[key], where, REQUIRED)
     for key in ("memory_bytes", "peak_flops"):
         if key not in base:
             raise ProblemError(
@@ -328,29 +302,15 @@ def _gpu(doc: Any, where: str) -> tuple[GPUType, dict[str, float]]:
 
 
 def cluster_from_json(doc: Any, where: str = "cluster") -> Cluster:
-    doc = _obj(doc, where)
-    allowed = {
-        "name",
-        "nodes",
-        "gpus_per_node",
-        "gpu",
-        "intra_bandwidth",
-        "inter_bandwidth",
-        "intra_latency",
-        "inter_latency",
-        "tensor_parallel",
-        "pipeline_parallel",
-        "memory_reserve_bytes",
-        "efficiency",
-    }
-    _unknown(doc, allowed, where)
+    doc = _open(doc, CLUSTER, where)
     nodes_doc = doc.get("nodes")
     nodes: list[Node] = []
     defaults: dict[str, float] = {}
+    gpu_default = CLUSTER["gpu"].default
     if isinstance(nodes_doc, int) and not isinstance(nodes_doc, bool):
         if nodes_doc < 1:
             raise ProblemError(
-                f"must be >= 1, got {shown(nodes_doc)}", field=f"{where}.nodes", hint="give the number of nodes."
+                f"must be >= 1, got {shown(nodes_doc)}", field=f"{where}.nodes", hint=CLUSTER["nodes"].hint
             )
         if nodes_doc > MAX_NODES:
             raise ProblemError(
@@ -358,14 +318,8 @@ def cluster_from_json(doc: Any, where: str = "cluster") -> Cluster:
                 field=f"{where}.nodes",
                 hint="describe at most that many nodes.",
             )
-        per = _get(doc, "gpus_per_node", where, "int", 8)
-        if not 1 <= per <= MAX_GPUS_PER_NODE:
-            raise ProblemError(
-                f"must be from 1 to {MAX_GPUS_PER_NODE}, got {per}",
-                field=f"{where}.gpus_per_node",
-                hint="give the GPUs per node, e.g. 8.",
-            )
-        gpu, defaults = _gpu(doc.get("gpu", "H100-SXM"), f"{where}.gpu")
+        per = _get(doc, CLUSTER["gpus_per_node"], where)
+        gpu, defaults = _gpu(doc.get("gpu", gpu_default), f"{where}.gpu")
         nodes = [Node(gpu, per)] * nodes_doc
     elif isinstance(nodes_doc, list) and nodes_doc:
         if "gpus_per_node" in doc:
@@ -374,21 +328,21 @@ def cluster_from_json(doc: Any, where: str = "cluster") -> Cluster:
                 field=f"{where}.gpus_per_node",
                 hint="give 'gpus' inside each node entry instead.",
             )
+        max_gpus = NODE["gpus"].count_bounds[1]
         for k, nd in enumerate(nodes_doc):
             w = f"{where}.nodes[{k}]"
-            nd = _obj(nd, w)
-            _unknown(nd, {"count", "gpus", "gpu"}, w)
-            count = _get(nd, "count", w, "int", 1)
-            gpus = _get(nd, "gpus", w, "int", 8)
+            nd = _open(nd, NODE, w)
+            count = _get(nd, _NODE_COUNT, w)
+            gpus = _get(nd, _NODE_GPUS, w)
             if count < 1 or gpus < 1:
-                raise ProblemError(f"count {count} and gpus {gpus} must be >= 1", field=w, hint="give positive counts.")
-            if gpus > MAX_GPUS_PER_NODE or len(nodes) + count > MAX_NODES:
+                raise ProblemError(f"count {count} and gpus {gpus} must be >= 1", field=w, hint=_NODE_COUNT.hint)
+            if gpus > max_gpus or len(nodes) + count > MAX_NODES:
                 raise ProblemError(
-                    f"at most {MAX_NODES:,} nodes of at most {MAX_GPUS_PER_NODE} GPUs are accepted",
+                    f"at most {MAX_NODES:,} nodes of at most {max_gpus} GPUs are accepted",
                     field=w,
                     hint="describe a smaller cluster.",
                 )
-            gpu, entry = _gpu(nd.get("gpu", doc.get("gpu", "H100-SXM")), f"{w}.gpu")
+            gpu, entry = _gpu(nd.get("gpu", doc.get("gpu", gpu_default)), f"{w}.gpu")
             if not defaults:
                 defaults = entry
             nodes.extend([Node(gpu, gpus)] * count)
@@ -399,24 +353,27 @@ def cluster_from_json(doc: Any, where: str = "cluster") -> Cluster:
             hint='e.g. {"nodes": 8, "gpus_per_node": 8} or {"nodes": [{"count": 8, "gpus": 8, "gpu": "H100-SXM"}]}.',
         )
 
-    def number(key: str, quantity: str, fallback: float | None) -> float:
-        value = _get(doc, key, where, quantity, fallback)
+    def catalog(key: str) -> float:
+        value = _get(doc, CLUSTER[key], where, defaults.get(key))
         if value is None:
             raise ProblemError("is required for this GPU type", field=f"{where}.{key}", hint="give it in SI units.")
         return value
 
+    def given(key: str) -> Any:
+        return _get(doc, CLUSTER[key], where)
+
     try:
         return Cluster(
             nodes=tuple(nodes),
-            intra_bandwidth=number("intra_bandwidth", "link", defaults.get("intra_bandwidth")),
-            inter_bandwidth=number("inter_bandwidth", "link", defaults.get("inter_bandwidth")),
-            intra_latency=number("intra_latency", "latency", 5e-6),
-            inter_latency=number("inter_latency", "latency", 2e-5),
-            tensor_parallel=_get(doc, "tensor_parallel", where, "int", 1),
-            pipeline_parallel=_get(doc, "pipeline_parallel", where, "int", 1),
-            name=_get(doc, "name", where, "str", "custom"),
-            memory_reserve_bytes=number("memory_reserve_bytes", "reserve", 4e9),
-            efficiency=number("efficiency", "efficiency", 0.5),
+            intra_bandwidth=catalog("intra_bandwidth"),
+            inter_bandwidth=catalog("inter_bandwidth"),
+            intra_latency=given("intra_latency"),
+            inter_latency=given("inter_latency"),
+            tensor_parallel=given("tensor_parallel"),
+            pipeline_parallel=given("pipeline_parallel"),
+            name=given("name"),
+            memory_reserve_bytes=given("memory_reserve_bytes"),
+            efficiency=given("efficiency"),
         )
     except ProblemError as exc:
         raise _rewhere(exc, where) from None
@@ -426,61 +383,22 @@ def cluster_from_json(doc: Any, where: str = "cluster") -> Cluster:
 
 
 def model_from_json(doc: Any, where: str = "model") -> ModelSpec:
-    doc = _obj(doc, where)
-    _unknown(doc, {"name", "llm", "vision", "training"}, where)
-    llm_doc = _get(doc, "llm", where, "object")
+    doc = _open(doc, MODEL, where)
     w = f"{where}.llm"
-    _unknown(llm_doc, {"layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "parameters", "gated_mlp"}, w)
+    llm_doc = _open(_get(doc, MODEL["llm"], where), LANGUAGE_MODEL, w)
     try:
-        llm = LanguageModel(
-            layers=_get(llm_doc, "layers", w, "int"),
-            hidden=_get(llm_doc, "hidden", w, "int"),
-            heads=_get(llm_doc, "heads", w, "int"),
-            kv_heads=_get(llm_doc, "kv_heads", w, "int", llm_doc.get("heads")),
-            ffn_hidden=_get(llm_doc, "ffn_hidden", w, "int"),
-            vocab=_get(llm_doc, "vocab", w, "int"),
-            parameters=_get(llm_doc, "parameters", w, "parameters"),
-            gated_mlp=_get(llm_doc, "gated_mlp", w, "bool", True),
-        )
+        llm = LanguageModel(**_fields(llm_doc, LANGUAGE_MODEL, w, kv_heads=llm_doc.get("heads")))
         vision = None
         if doc.get("vision") is not None:
-            v = _get(doc, "vision", where, "object")
             wv = f"{where}.vision"
-            _unknown(
-                v,
-                {
-                    "layers",
-                    "hidden",
-                    "ffn_hidden",
-                    "parameters",
-                    "patch_size",
-                    "merge_size",
-                    "tokens_per_image",
-                    "min_tokens",
-                    "max_tokens",
-                },
-                wv,
-            )
-            vision = VisionEncoder(
-                layers=_get(v, "layers", wv, "int"),
-                hidden=_get(v, "hidden", wv, "int"),
-                ffn_hidden=_get(v, "ffn_hidden", wv, "int"),
-                parameters=_get(v, "parameters", wv, "parameters"),
-                patch_size=_get(v, "patch_size", wv, "int", 14),
-                merge_size=_get(v, "merge_size", wv, "int", 1),
-                tokens_per_image=_get(v, "tokens_per_image", wv, "int", None),
-                min_tokens=_get(v, "min_tokens", wv, "int", 4),
-                max_tokens=_get(v, "max_tokens", wv, "int", 16384),
-            )
+            v = _open(_get(doc, MODEL["vision"], where), VISION_ENCODER, wv)
+            vision = VisionEncoder(**_fields(v, VISION_ENCODER, wv))
         training = TrainingSetup()
         if doc.get("training") is not None:
-            t = _get(doc, "training", where, "object")
             wt = f"{where}.training"
-            _unknown(t, {"zero_stage", "recompute"}, wt)
-            training = TrainingSetup(
-                zero_stage=_get(t, "zero_stage", wt, "int", 1), recompute=_get(t, "recompute", wt, "str", "selective")
-            )
-        return ModelSpec(name=_get(doc, "name", where, "str", "custom"), llm=llm, vision=vision, training=training)
+            t = _open(_get(doc, MODEL["training"], where), TRAINING, wt)
+            training = TrainingSetup(**_fields(t, TRAINING, wt))
+        return ModelSpec(name=_get(doc, MODEL["name"], where), llm=llm, vision=vision, training=training)
     except ProblemError as exc:
         raise _rewhere(exc, where) from None
 
@@ -489,52 +407,20 @@ def model_from_json(doc: Any, where: str = "model") -> ModelSpec:
 
 
 def profile_from_json(doc: Any, where: str = "profile") -> CostProfile:
-    doc = _obj(doc, where)
-    _unknown(doc, {"time", "comm", "capacity_tokens_per_rank", "speed_by_gpu", "source"}, where)
-    t = _get(doc, "time", where, "object")
-    wt = f"{where}.time"
-    _unknown(
-        t,
-        {
-            "quadratic",
-            "linear",
-            "sample_constant",
-            "group_constant",
-            "vision_linear",
-            "vision_quadratic",
-            "sample_step",
-            "step_constant",
-        },
-        wt,
-    )
-    c = _get(doc, "comm", where, "object")
-    wc = f"{where}.comm"
-    _unknown(
-        c,
-        {
-            "scheme",
-            "bytes_per_token",
-            "bandwidth_bytes_per_s",
-            "latency_s",
-            "messages_per_step",
-            "messages_fixed",
-            "overlap_with_attention",
-            "group_messages",
-            "padded_bytes",
-        },
-        wc,
-    )
-    bw = _get(c, "bandwidth_bytes_per_s", wc, "object")
+    doc = _open(doc, PROFILE, where)
+    wt, wc = f"{where}.time", f"{where}.comm"
+    t = _open(_get(doc, PROFILE["time"], where), TIME, wt)
+    c = _open(_get(doc, PROFILE["comm"], where), COMM, wc)
     wb = f"{wc}.bandwidth_bytes_per_s"
-    _unknown(bw, {"intra", "inter"}, wb)
+    bw = _open(_get(c, COMM["bandwidth_bytes_per_s"], wc), BANDWIDTHS, wb)
     if "intra" not in bw or "inter" not in bw:
         raise ProblemError(
             "needs both 'intra' and 'inter'", field=wb, hint="give a number or a table by group size for each."
         )
-    lat = _get(c, "latency_s", wc, "object", {})
-    _unknown(lat, {"intra", "inter"}, f"{wc}.latency_s")
-    group_messages = _get(c, "group_messages", wc, "object", {})
-    _unknown(group_messages, {"per_step", "fixed"}, f"{wc}.group_messages")
+    wl, wg = f"{wc}.latency_s", f"{wc}.group_messages"
+    lat = _open(_get(c, COMM["latency_s"], wc, {}), LATENCIES, wl)
+    group_messages = _open(_get(c, COMM["group_messages"], wc, {}), GROUP_MESSAGES, wg)
+    capacity = PROFILE["capacity_tokens_per_rank"]
     wcap = f"{where}.capacity_tokens_per_rank"
     cap = doc.get("capacity_tokens_per_rank")
     cap_by_gpu: dict[str, float] = {}
@@ -543,41 +429,37 @@ def profile_from_json(doc: Any, where: str = "profile") -> CostProfile:
             raise ProblemError(
                 "a table needs a 'default' entry", field=wcap, hint='e.g. {"default": 16384, "A100-40GB": 8192}.'
             )
-        cap_by_gpu = {str(k): _within(v, "capacity", f"{wcap}.{k}") for k, v in cap.items() if k != "default"}
+        cap_by_gpu = {str(k): _within(capacity, v, f"{wcap}.{k}") for k, v in cap.items() if k != "default"}
         cap, wcap = cap["default"], f"{wcap}.default"
     if cap is None:
         raise ProblemError("is required", field=wcap, hint="give the tokens one rank holds in a micro-batch.")
+    speed_spec = PROFILE["speed_by_gpu"]
+    assert speed_spec.item is not None
     speed = {
-        str(k): _within(v, "speed", f"{where}.speed_by_gpu.{k}")
-        for k, v in _get(doc, "speed_by_gpu", where, "object", {}).items()
+        str(k): _within(speed_spec.item, v, f"{where}.speed_by_gpu.{k}")
+        for k, v in _get(doc, speed_spec, where, {}).items()
     }
-
+    time, comm = _fields(t, TIME, wt), _fields(c, COMM, wc, latency_s=None, group_messages=None)
+    latency, messages = _fields(lat, LATENCIES, wl), _fields(group_messages, GROUP_MESSAGES, wg)
     try:
         return CostProfile(
-            quadratic=_get(t, "quadratic", wt, "per_token2"),
-            linear=_get(t, "linear", wt, "per_token"),
-            sample_constant=_get(t, "sample_constant", wt, "seconds"),
-            group_constant=_get(t, "group_constant", wt, "seconds"),
-            vision_linear=_get(t, "vision_linear", wt, "per_token", 0.0),
-            vision_quadratic=_get(t, "vision_quadratic", wt, "per_token2", 0.0),
-            scheme=_get(c, "scheme", wc, "str"),
-            bytes_per_token=_get(c, "bytes_per_token", wc, "bytes_per_token"),
+            **time,
+            scheme=comm["scheme"],
+            bytes_per_token=comm["bytes_per_token"],
             intra_bandwidth=_bandwidth(bw["intra"], f"{wb}.intra"),
             inter_bandwidth=_bandwidth(bw["inter"], f"{wb}.inter"),
-            intra_latency=_get(lat, "intra", f"{wc}.latency_s", "latency", 0.0),
-            inter_latency=_get(lat, "inter", f"{wc}.latency_s", "latency", 0.0),
-            messages_per_step=_get(c, "messages_per_step", wc, "messages", 0.0),
-            messages_fixed=_get(c, "messages_fixed", wc, "messages", 0.0),
-            overlap_with_attention=_get(c, "overlap_with_attention", wc, "bool", False),
-            sample_step=_get(t, "sample_step", wt, "seconds", 0.0),
-            step_constant=_get(t, "step_constant", wt, "seconds", 0.0),
-            group_messages_per_step=_get(group_messages, "per_step", f"{wc}.group_messages", "messages", 0.0),
-            group_messages_fixed=_get(group_messages, "fixed", f"{wc}.group_messages", "messages", 0.0),
-            padded_bytes=_get(c, "padded_bytes", wc, "bool", False),
-            capacity_tokens_per_rank=_within(cap, "capacity", wcap),
+            intra_latency=latency["intra"],
+            inter_latency=latency["inter"],
+            messages_per_step=comm["messages_per_step"],
+            messages_fixed=comm["messages_fixed"],
+            overlap_with_attention=comm["overlap_with_attention"],
+            group_messages_per_step=messages["per_step"],
+            group_messages_fixed=messages["fixed"],
+            padded_bytes=comm["padded_bytes"],
+            capacity_tokens_per_rank=_within(capacity, cap, wcap),
             capacity_by_gpu=cap_by_gpu,
             speed_by_gpu=speed,
-            source=_get(doc, "source", where, "str", "given"),
+            source=_get(doc, PROFILE["source"], where),
         )
     except ProblemError as exc:
         raise _rewhere(exc, where) from None
@@ -585,11 +467,12 @@ def profile_from_json(doc: Any, where: str = "profile") -> CostProfile:
 
 def _bandwidth(doc: Any, where: str) -> Bandwidth:
     """A bandwidth, one number or a table by group size, with every number within its range."""
+    spec = BANDWIDTHS["intra"]
     if isinstance(doc, Mapping):
         for key, value in doc.items():
-            _within(value, "bandwidth", f"{where}.{key}")
+            _within(spec, value, f"{where}.{key}")
     elif isinstance(doc, (int, float)) and not isinstance(doc, bool):
-        _within(doc, "bandwidth", where)
+        _within(spec, doc, where)
     return Bandwidth.from_json(doc, where)
 
 
@@ -597,16 +480,16 @@ def _bandwidth(doc: Any, where: str) -> Bandwidth:
 
 
 def options_from_json(doc: Any, where: str = "options") -> PlanOptions:
+    """The planner options of an options document; one its sender already checked (:class:`CheckedOptions`)
+    as they were read then."""
     if doc is None:
         return PlanOptions()
-    doc = _obj(doc, where)
-    fields = {spec.name: spec.kind for spec in OPTION_SPECS}
-    _unknown(doc, set(fields), where)
-    kwargs = {k: _get(doc, k, where, kind) for k, kind in fields.items() if doc.get(k) is not None}
-    try:
-        return PlanOptions(**kwargs)
-    except ProblemError as exc:
-        raise _rewhere(exc, where) from None
+    if isinstance(doc, CheckedOptions):
+        return doc.options
+    doc = _open(doc, OPTIONS, where)
+    return PlanOptions.checked(
+        **{spec.name: _get(doc, spec, where) for spec in OPTION_SPECS if doc.get(spec.name) is not None}
+    )
 
 
 # -- a whole request --------------------------------------------------------------------------
@@ -618,26 +501,11 @@ so that a body saved to a file reads as one."""
 
 def problem_from_json(doc: Any, overrides: Mapping[str, Any] | None = None) -> Problem:
     """Build a problem from a request document (see the module docstring)."""
-    doc = _obj(doc, "request")
-    _unknown(
-        doc,
-        {
-            "batch",
-            "cluster",
-            "cluster_preset",
-            "model",
-            "model_preset",
-            "profile",
-            "options",
-            "existing_groups",
-            *ENVELOPE,
-        },
-        "request",
-    )
+    doc = _open(doc, REQUEST, "request")
     for (
         key
     ) in ENVELOPE:  # how the service answers; checked as strictly as the rest, though the plan does not depend on them
-        _get(doc, key, "", "bool", True)
+        _get(doc, REQUEST[key], "")
     if "cluster" in doc and "cluster_preset" in doc:
         raise ProblemError(
             "give either 'cluster' or 'cluster_preset', not both", field="cluster_preset", hint="drop one of them."
@@ -649,14 +517,14 @@ def problem_from_json(doc: Any, overrides: Mapping[str, Any] | None = None) -> P
     if doc.get("cluster") is not None:
         cluster = cluster_from_json(doc["cluster"])
     else:
-        name = _get(doc, "cluster_preset", "", "str", "h100-8x8")
+        name = _get(doc, REQUEST["cluster_preset"], "")
         cluster = cluster_from_json(load_preset("clusters", name, "cluster_preset"))
     if doc.get("model") is not None:
         model = model_from_json(doc["model"])
     else:
-        name = _get(doc, "model_preset", "", "str", "llama3-8b")
+        name = _get(doc, REQUEST["model_preset"], "")
         model = model_from_json(load_preset("models", name, "model_preset"))
-    batch = batch_from_json(_get(doc, "batch", "", "object"), model)
+    batch = batch_from_json(_get(doc, REQUEST["batch"], ""), model)
     profile = profile_from_json(doc["profile"]) if doc.get("profile") is not None else None
     options = options_from_json(doc.get("options"))
     if overrides:

@@ -1,12 +1,19 @@
-"""Planner options: what the caller may choose about the plan and the planning."""
+"""Planner options: what the caller may choose about the plan and the planning.
+
+Each option is defined once, as the metadata of its :class:`PlanOptions` field: :data:`OPTION_SPECS` (the
+options document, :data:`OPTIONS`) is read by the validation below, the document reader, the request schema
+of the service and the command-line flags.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from optimizer.errors import ProblemError
 from optimizer.problem.checks import Range
+from optimizer.problem.fields import Document, FieldSpec
 
 DEGREE_POLICIES = ("any", "pow2", "aligned")
 MEMORY_RULES = ("micro_batch", "sample")
@@ -17,44 +24,17 @@ MICRO_BATCH_CEILING = 1 << 20
 """Largest cap a caller may set on the micro-batch count (a plan never needs more than one micro-batch per sample)."""
 
 
-@dataclass(frozen=True)
-class OptionSpec:
-    """What the caller may give for one option; read by the validation below, the request schema of
-    the service and the command-line flags, so an option is described in this module only."""
-
-    name: str
-    kind: str  # str, int, number or bool
-    help: str
-    hint: str
-    choices: tuple[str, ...] | None = None
-    low: float | None = None
-    high: float | None = None
-    unit: str | None = None
-    flag: str | None = None  # the ``dhp plan`` flag that sets it, if any
-
-    def check(self, value: Any) -> None:
-        """Raise a ProblemError naming ``options.<name>`` when ``value`` is not allowed (None always is)."""
-        if value is None:
-            return
-        where = f"options.{self.name}"
-        if self.kind == "bool":
-            if not isinstance(value, bool):
-                raise ProblemError(f"must be true or false, got {value!r}", field=where, hint=self.hint)
-            return
-        if self.kind == "str":
-            if value not in (self.choices or ()):
-                raise ProblemError(f"must be one of {self.choices}, got {value!r}", field=where, hint=self.hint)
-            return
-        Range(self.low, self.high, self.unit, integer=self.kind == "int").check(value, where, self.hint)
-
-
-def _option(default: Any, **spec: Any) -> Any:
-    return field(default=default, metadata={"spec": spec})
+def _option(
+    default: Any, *, low: float | None = None, high: float | None = None, unit: str | None = None, **spec: Any
+) -> Any:
+    """A field of :class:`PlanOptions` with its definition (a :class:`FieldSpec` less the name and default)."""
+    span = Range(low, high, unit) if (low, high, unit) != (None, None, None) else None
+    return field(default=default, metadata={"spec": {**spec, "range": span}})
 
 
 @dataclass(frozen=True)
 class PlanOptions:
-    """Validated planner options; each field's metadata is its :class:`OptionSpec`."""
+    """Validated planner options; each field's metadata is its definition (see :data:`OPTION_SPECS`)."""
 
     degree_policy: str = _option(
         "any",
@@ -70,7 +50,8 @@ class PlanOptions:
         kind="str",
         choices=MEMORY_RULES,
         flag="--memory",
-        help="what a rank's memory holds at once: the tokens of all its group's samples in a micro-batch (they run packed, "
+        help="what a rank's memory holds at once: the tokens of all its group's samples in a micro-batch (they run "
+        "packed, "
         "in one forward and backward), or one sample (each sample runs its own forward and backward, one after "
         "another, as Megatron-Core's hybrid context parallel runs sub-samples)",
         hint="use 'micro_batch' for packed micro-batches or 'sample' when samples run one at a time.",
@@ -97,7 +78,8 @@ class PlanOptions:
         kind="str",
         choices=CP_SCHEMES,
         flag="--cp-scheme",
-        help="context-parallel scheme: ring (point-to-point, zig-zag split) or ulysses (all-to-all); default the profile's, else ring",
+        help="context-parallel scheme: ring (point-to-point, zig-zag split) or ulysses (all-to-all); default the "
+        "profile's, else ring",
         hint="use 'ring' or 'ulysses'.",
     )
     time_budget_ms: float = _option(
@@ -107,7 +89,8 @@ class PlanOptions:
         high=600_000,
         unit="milliseconds",
         flag="--budget-ms",
-        help="wall-clock budget of the whole planning call in milliseconds (the service counts it from the request's arrival)",
+        help="wall-clock budget of the whole planning call in milliseconds (the service counts it from the request's "
+        "arrival)",
         hint="give the planning budget in milliseconds, e.g. 200.",
     )
     backend: str = _option(
@@ -154,7 +137,7 @@ class PlanOptions:
 
     def __post_init__(self) -> None:
         for spec in OPTION_SPECS:
-            spec.check(getattr(self, spec.name))
+            spec.check(getattr(self, spec.name), f"options.{spec.name}")
         for spec in OPTION_SPECS:  # None is allowed only where it is the default
             if getattr(self, spec.name) is None and _DEFAULTS[spec.name] is not None:
                 raise ProblemError("must be given", field=f"options.{spec.name}", hint=spec.hint)
@@ -164,7 +147,29 @@ class PlanOptions:
         """The cap on micro-batches as a number: the caller's, else :data:`MICRO_BATCH_CEILING` (no cap in practice)."""
         return MICRO_BATCH_CEILING if self.max_micro_batches is None else self.max_micro_batches
 
+    @classmethod
+    def checked(cls, **values: Any) -> PlanOptions:
+        """Options of values already checked against :data:`OPTION_SPECS` (by the document reader, or by the
+        service's request model, which is built from them), made without checking them again; the options left
+        out take their defaults."""
+        options = object.__new__(cls)
+        options.__dict__.update(_DEFAULTS, **values)
+        return options
 
-OPTION_SPECS: tuple[OptionSpec, ...] = tuple(OptionSpec(name=f.name, **f.metadata["spec"]) for f in fields(PlanOptions))
+
+OPTION_SPECS: tuple[FieldSpec, ...] = tuple(
+    FieldSpec(name=f.name, default=f.default, **f.metadata["spec"]) for f in fields(PlanOptions)
+)
 """Every option, in field order (the one definition the schema, the documents and the flags read)."""
+OPTIONS = Document("Options", "Planner options (the options document); leave any out for its default.", OPTION_SPECS)
 _DEFAULTS = {f.name: f.default for f in fields(PlanOptions)}
+
+
+class CheckedOptions(dict[str, Any]):
+    """An options document as it was sent, with the :class:`PlanOptions` its sender already read it into against
+    :data:`OPTION_SPECS` (the service's request model): the document reader takes ``options`` instead of reading
+    the document again. Stored, hashed or copied into a plain dict, it is the document alone."""
+
+    def __init__(self, doc: Mapping[str, Any], options: PlanOptions) -> None:
+        super().__init__(doc)
+        self.options = options

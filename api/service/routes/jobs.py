@@ -25,7 +25,7 @@ from api.service.deps import SettingsDep, require_token
 from api.service.intake import ParsedOffLoop
 from api.service.problem_details import ServiceError
 from api.service.routes.plans import _ERRORS, NOT_FOUND, problem_responses
-from api.service.schemas import RankGroups, as_sent
+from api.service.schemas import ClusterMember, ModelMember, ProfileMember, RankGroups, as_sent
 from api.service.settings import Settings
 from api.store.repository import is_id
 from optimizer.errors import ProblemError
@@ -85,11 +85,11 @@ class JobRequest(BaseModel):
     max_steps: Annotated[Any, as_sent({"type": "integer", "minimum": 1})] = Field(
         None, description="plan only the first N steps"
     )
-    cluster: dict[str, Any] | None = None
+    cluster: ClusterMember = None
     cluster_preset: str | None = None
-    model: dict[str, Any] | None = None
+    model: ModelMember = None
     model_preset: str | None = None
-    profile: dict[str, Any] | None = None
+    profile: ProfileMember = None
     options: dict[str, Any] | None = Field(
         None, description="as in a plan request; jobs default to the heuristic (deterministic plans)"
     )

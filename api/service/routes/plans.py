@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -14,8 +15,17 @@ from api.service import translate
 from api.service.deps import ArrivalDep, ServiceDep, SettingsDep, StoreDep, require_token
 from api.service.intake import ParsedOffLoop, for_body
 from api.service.problem_details import ServiceError
-from api.service.schemas import FeedbackIn, FeedbackOut, PlanList, PlanOut, PlanRequest, ProblemDetail
+from api.service.schemas import (
+    FeedbackIn,
+    FeedbackOut,
+    PlanList,
+    PlanOut,
+    PlanRequest,
+    ProblemDetail,
+    plan_summary,
+)
 from api.store.repository import is_id
+from optimizer.errors import ProblemError
 
 TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*$"
 """Text that may reach the database: no NUL or other control characters."""
@@ -93,10 +103,7 @@ async def create_plan(body: PlanRequest, service: ServiceDep, arrived: ArrivalDe
     """Return the verified plan (201), the cached plan of an identical request (200), or with
     ``"wait": false`` the pending plan's id at once (202). The time budget counts from arrival.
     The ``Server-Timing`` header says where the time went: queue, translate, solve, encode, store, handoff, app (ms)."""
-    doc = translate.request_document(body)
-    raw = (
-        await for_body(len(await request.body()), translate.raw_hash, doc) if body.cache else None
-    )  # the request as sent
+    doc, raw = await for_body(len(await request.body()), translate.read_request, body)  # raw: the request as sent
     if body.wait:
         record, cached, timings = await service.plan(doc, arrived, body.cache, raw)
         return _plan_response(record, 200 if cached else 201, cached, timings)
@@ -190,9 +197,35 @@ def list_plans(
 ) -> PlanList:
     items, total = store.search(**asdict(filters), limit=limit, offset=offset)
     nxt = offset + len(items) if offset + len(items) < total else None
-    return PlanList(
-        items=[translate.summary(r) for r in items], total=total, limit=limit, offset=offset, next_offset=nxt
-    )
+    return PlanList(items=[plan_summary(r) for r in items], total=total, limit=limit, offset=offset, next_offset=nxt)
+
+
+def _check_group_times(group_times: list[list[float]] | None, plan_json: str | None) -> None:
+    """Per-group times must follow the plan's shape: one list per micro-batch, one number per group."""
+    if group_times is None or not plan_json:
+        return
+    plan = json.loads(plan_json)
+    mbs = plan.get("micro_batches", [])
+    if len(group_times) != len(mbs):
+        raise ProblemError(
+            f"has {len(group_times)} micro-batches, the plan has {len(mbs)}",
+            field="group_times_s",
+            hint="give one list per micro-batch, in plan order.",
+        )
+    for m, (times, mb) in enumerate(zip(group_times, mbs, strict=True)):
+        if len(times) != len(mb.get("groups", [])):
+            raise ProblemError(
+                f"has {len(times)} groups, the plan's micro-batch has {len(mb.get('groups', []))}",
+                field=f"group_times_s[{m}]",
+                hint="give one time per group, in plan order.",
+            )
+        for g, t in enumerate(times):
+            if not (t >= 0 and t < 1e7):
+                raise ProblemError(
+                    f"must be a time in seconds >= 0, got {t!r}",
+                    field=f"group_times_s[{m}][{g}]",
+                    hint="give measured seconds.",
+                )
 
 
 def _feedback_out(fb: Any) -> FeedbackOut:
@@ -252,7 +285,7 @@ def add_feedback(
             field="plan_id",
             hint="send feedback for a finished plan (GET /v1/plans/{id}?wait_ms=... waits for it).",
         )
-    translate.check_group_times(body.group_times_s, record.plan_json)
+    _check_group_times(body.group_times_s, record.plan_json)
     document = body.model_dump(exclude_none=True)
     fb = store.add_feedback(plan_id, body.measured_step_time_s, document, idempotency_key)
     if fb is None:
