@@ -735,7 +735,7 @@ def id_routes() -> list[tuple[str, str]]:
     id, read from its routers, so that a new route is covered without being listed here."""
     from api.app import ROUTERS
 
-    found = set()
+    found: set[tuple[str, str]] = set()
     for router in ROUTERS:
         for route in router.routes:
             path, methods = getattr(route, "path", ""), getattr(route, "methods", None) or set()

@@ -1,7 +1,7 @@
-"""Property-based run of schemathesis over the OpenAPI spec, on SQLite and (when DHP_TEST_DATABASE_URL is set) PostgreSQL:
-no input, valid or not and NUL bytes included, makes the service fail with 5xx (503 only with Retry-After), every status
-it answers is documented, answers match their documented schemas, content types and headers, and input that violates
-the schema is refused.
+"""Property-based run of schemathesis over the OpenAPI spec, on SQLite and (when DHP_TEST_DATABASE_URL is
+set) PostgreSQL: no input, valid or not and NUL bytes included, makes the service fail with 5xx (503 only
+with Retry-After), every status it answers is documented, answers match their documented schemas, content
+types and headers, and input that violates the schema is refused.
 
 A small number of examples per operation keeps the run short; every generated request goes
 through the ASGI app, including the plan endpoint's full validation and solving path.
@@ -38,9 +38,9 @@ CHECKS = [
     response_schema_conformance,
     negative_data_rejection,
 ]
-"""Every check of ``schemathesis run --checks all`` that looks at one answer, but positive_data_acceptance: this API validates
-more than its schema can say (a preset that exists, a sample that fits a group, feedback shaped like the stored plan) and answers
-such requests 422, as documented."""
+"""Every check of ``schemathesis run --checks all`` that looks at one answer, but positive_data_acceptance:
+this API validates more than its schema can say (a preset that exists, a sample that fits a group, feedback
+shaped like the stored plan) and answers such requests 422, as documented."""
 TOKEN = "schemathesis-token-0123456789"
 LIMITS = {"max_samples": 64, "max_ranks": 256, "max_budget_ms": 200, "queue_limit": 64, "tokens": TOKEN}
 

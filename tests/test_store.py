@@ -209,7 +209,8 @@ def test_record_table_and_summary_agree():
 
 
 def test_processes_starting_together_migrate_once(store):
-    """Replicas starting on a fresh database run the migrations at the same time: one migrates, the others wait and find nothing to do."""
+    """Replicas starting on a fresh database run the migrations at the same time: one migrates, the others
+    wait and find nothing to do."""
     downgrade(store.engine, "base")
     stores = [Store(store.url) for _ in range(6)]
     errors: list[BaseException] = []

@@ -124,17 +124,17 @@ class CommandParser(argparse.ArgumentParser):
         kwargs.setdefault("exit_on_error", False)  # argparse's errors reach parse_known_args with their flag
         super().__init__(*args, **kwargs)
 
-    def parse_known_args(
+    def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
-    ) -> tuple[argparse.Namespace, list[str]]:  # type: ignore[override]
+    ) -> tuple[argparse.Namespace, list[str]]:
         try:
             return super().parse_known_args(args, namespace)
         except argparse.ArgumentError as err:
             self.fail(self._explain(err.argument_name, err.message))
 
-    def parse_args(
+    def parse_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
-    ) -> argparse.Namespace:  # type: ignore[override]
+    ) -> argparse.Namespace:
         parsed, extra = self.parse_known_args(args, namespace)
         if extra:
             self._chosen(parsed)._unknown(extra)

@@ -133,7 +133,7 @@ class JobStore:
             done=row.done,
             failed=row.failed,
             created_at=_aware(row.created_at),  # type: ignore[arg-type]
-            updated_at=_aware(row.updated_at),
+            updated_at=_aware(row.updated_at),  # type: ignore[arg-type]
             finished_at=_aware(row.finished_at),
             run_started_at=_aware(row.run_started_at),  # type: ignore[arg-type]
             run_done_at_start=row.run_done_at_start,

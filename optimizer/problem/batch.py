@@ -18,7 +18,8 @@ MAX_BATCH_TOKENS = 10**15
 
 @dataclass(frozen=True)
 class Image:
-    """An image, or ``frames`` video frames of the same size: visual tokens per frame as the language model sees them."""
+    """An image, or ``frames`` video frames of the same size: visual tokens per frame as the
+    language model sees them."""
 
     tokens: int
     frames: int = 1
@@ -118,7 +119,9 @@ class Batch:
                 raise ProblemError(
                     f"sample id {s.id!r} is also the id of samples[{first}]",
                     field=f"batch.samples[{k}].id",
-                    hint="make every sample id unique (or leave an id out: the sample is then named after its position).",
+                    hint=(
+                        "make every sample id unique (or leave an id out: the sample is then named after its position)."
+                    ),
                 )
         total = sum(s.length for s in self.samples)
         if total > MAX_BATCH_TOKENS:

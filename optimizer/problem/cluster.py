@@ -102,11 +102,17 @@ class Cluster:
                 raise ProblemError(
                     f"node {i} has {node.gpus} GPUs, which tensor parallel size {tp} does not divide",
                     field=f"cluster.nodes[{i}].gpus",
-                    hint="keep tensor-parallel groups inside a node: choose a tensor_parallel that divides every node's GPU count.",
+                    hint=(
+                        "keep tensor-parallel groups inside a node: choose a tensor_parallel that divides every "
+                        "node's GPU count."
+                    ),
                 )
         if self.total_gpus % (tp * pp):
             raise ProblemError(
-                f"{self.total_gpus} GPUs cannot be split into tensor_parallel {tp} x pipeline_parallel {pp} x a data/context domain",
+                (
+                    f"{self.total_gpus} GPUs cannot be split into tensor_parallel {tp} x pipeline_parallel {pp} x a "
+                    "data/context domain"
+                ),
                 field="cluster.pipeline_parallel",
                 hint=f"choose tensor_parallel x pipeline_parallel dividing {self.total_gpus}.",
             )
@@ -158,4 +164,7 @@ class Cluster:
         for n in self.nodes:
             kinds[n.gpu.name] = kinds.get(n.gpu.name, 0) + n.gpus
         gpus = ", ".join(f"{c}x {k}" for k, c in kinds.items())
-        return f"{len(self.nodes)} nodes ({gpus}), TP={self.tensor_parallel} PP={self.pipeline_parallel}, domain of {self.domain_size} ranks"
+        return (
+            f"{len(self.nodes)} nodes ({gpus}), TP={self.tensor_parallel} PP={self.pipeline_parallel}, "
+            f"domain of {self.domain_size} ranks"
+        )

@@ -99,13 +99,19 @@ def size_problem(problem: Problem, d: int) -> str | None:
     if opts.degree_policy == "pow2" and d & (d - 1):
         return f"size {d} is not a power of two"
     if opts.degree_policy == "aligned" and d not in aligned_sizes(n):
-        return f"size {d} is not an aligned block size of the {n}-rank domain (1, powers of two up to {aligned_sizes(n)[-2]}, or {n})"
+        return (
+            f"size {d} is not an aligned block size of the {n}-rank domain "
+            f"(1, powers of two up to {aligned_sizes(n)[-2]}, or {n})"
+        )
     if problem.scheme == "ulysses":
         heads = problem.model.llm.heads // problem.cluster.tensor_parallel
         if heads % d:
             return f"size {d} does not divide the {heads} attention heads per rank (Ulysses)"
     if opts.degree_policy == "any" and d > DENSE_SIZES and d not in _ladder(largest_size(problem), _node_size(problem)):
-        return f"size {d} is not one of the sizes planned above {DENSE_SIZES} ranks (multiples of the node size, see optimizer.problem.degrees)"
+        return (
+            f"size {d} is not one of the sizes planned above {DENSE_SIZES} ranks (multiples of the node size, "
+            "see optimizer.problem.degrees)"
+        )
     return None
 
 
@@ -117,5 +123,8 @@ def rank_set_problem(problem: Problem, ranks: Sequence[int]) -> str | None:
         return None
     low = min(ranks)
     if low % d or max(ranks) - low != d - 1:
-        return f"ranks {low}..{max(ranks)} are not an aligned block of {d} (a group of {d} ranks starts at a multiple of {d} and is contiguous)"
+        return (
+            f"ranks {low}..{max(ranks)} are not an aligned block of {d} (a group of {d} ranks starts at a multiple of "
+            f"{d} and is contiguous)"
+        )
     return None

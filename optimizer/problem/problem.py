@@ -36,7 +36,10 @@ class Problem:
             raise ProblemError(
                 f"options ask for {self.options.cp_scheme!r} but the profile was measured with {self.profile.scheme!r}",
                 field="options.cp_scheme",
-                hint="leave options.cp_scheme out to use the profile's scheme, or send a profile measured with the same scheme.",
+                hint=(
+                    "leave options.cp_scheme out to use the profile's scheme, or send a profile measured with the "
+                    "same scheme."
+                ),
             )
 
     @property

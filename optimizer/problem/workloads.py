@@ -25,7 +25,8 @@ def _text(rng: np.random.Generator, median: float, sigma: float, cap: int) -> in
 
 
 def long_tail_video(n: int, seed: int = 0, max_frames: int = 1200) -> dict[str, Any]:
-    """Video SFT: log-normal frame counts (median 24 frames, sigma 1.2), capped at ``max_frames`` (ten minutes at 2 fps), 196 tokens per frame."""
+    """Video SFT: log-normal frame counts (median 24 frames, sigma 1.2), capped at ``max_frames``
+    (ten minutes at 2 fps), 196 tokens per frame."""
     rng = np.random.default_rng(seed)
     samples = []
     for k in range(n):
