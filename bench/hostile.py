@@ -50,6 +50,7 @@ from tqdm import tqdm
 
 from api.local_server import LocalServer
 from optimizer.costs.zoo import describe_presets, load_profile
+from optimizer.problem.options import OPTION_SPECS
 
 TOKEN = "hostile-bench-token-5f0c2a9e77d1"
 AUTH = b"Bearer " + TOKEN.encode()
@@ -374,36 +375,31 @@ def _target(base: str) -> str:
     return TARGETS[base.split("-")[0]]
 
 
-STRING_FIELDS: list[
-    tuple[str, str, tuple[Any, ...], bool]
-] = [  # (field, base document, path, free text: emoji must pass)
-    ("cluster.name", "plan-full-cluster", ("cluster", "name"), True),
-    ("model.name", "plan-full-model", ("model", "name"), True),
-    ("profile.source", "plan-profile", ("profile", "source"), True),
-    ("cluster_preset", "plan-preset", ("cluster_preset",), False),
-    ("model_preset", "plan", ("model_preset",), False),
-    ("batch.samples[0].id", "plan", ("batch", "samples", 0, "id"), True),
-    ("options.backend", "plan", ("options", "backend"), False),
-    ("feedback.notes", "feedback", ("notes",), True),
-    ("feedback.metrics.<key>", "feedback", ("metrics", ...), True),
-    ("job.dataset.samples[0].id", "job", ("dataset", "samples", 0, "id"), True),
-    ("job.batches[0].samples[0].id", "job-batches", ("batches", 0, "samples", 0, "id"), True),
-    ("job.cluster.name", "job-full-cluster", ("cluster", "name"), True),
-    ("job.model.name", "job-full-model", ("model", "name"), True),
-    ("job.profile.source", "job-profile", ("profile", "source"), True),
-    ("job.cluster_preset", "job-preset", ("cluster_preset",), False),
-    ("job.model_preset", "job", ("model_preset",), False),
-    ("job.sampler.kind", "job-sampler", ("sampler", "kind"), False),
-    ("job.sampler", "job", ("sampler",), False),
-    ("job.options.backend", "job", ("options",), False),
-]
+STRING_FIELDS: list[tuple[str, str, tuple[Any, ...], bool]] = (
+    [  # (field, base document, path, free text: emoji must pass)
+        ("cluster.name", "plan-full-cluster", ("cluster", "name"), True),
+        ("model.name", "plan-full-model", ("model", "name"), True),
+        ("profile.source", "plan-profile", ("profile", "source"), True),
+        ("cluster_preset", "plan-preset", ("cluster_preset",), False),
+        ("model_preset", "plan", ("model_preset",), False),
+        ("batch.samples[0].id", "plan", ("batch", "samples", 0, "id"), True),
+        ("feedback.notes", "feedback", ("notes",), True),
+        ("feedback.metrics.<key>", "feedback", ("metrics", ...), True),
+        ("job.dataset.samples[0].id", "job", ("dataset", "samples", 0, "id"), True),
+        ("job.batches[0].samples[0].id", "job-batches", ("batches", 0, "samples", 0, "id"), True),
+        ("job.cluster.name", "job-full-cluster", ("cluster", "name"), True),
+        ("job.model.name", "job-full-model", ("model", "name"), True),
+        ("job.profile.source", "job-profile", ("profile", "source"), True),
+        ("job.cluster_preset", "job-preset", ("cluster_preset",), False),
+        ("job.model_preset", "job", ("model_preset",), False),
+        ("job.sampler.kind", "job-sampler", ("sampler", "kind"), False),
+        ("job.sampler", "job", ("sampler",), False),
+        ("job.options.backend", "job", ("options",), False),
+    ]
+    + [(f"options.{spec.name}", "plan", ("options", spec.name), False) for spec in OPTION_SPECS if spec.kind == "str"]
+)
 
 NUMBER_FIELDS: list[tuple[str, str, tuple[Any, ...]]] = [
-    ("options.time_budget_ms", "plan", ("options", "time_budget_ms")),
-    ("options.solver_workers", "plan", ("options", "solver_workers")),
-    ("options.max_degree", "plan", ("options", "max_degree")),
-    ("options.max_micro_batches", "plan", ("options", "max_micro_batches")),
-    ("options.new_group_cost_s", "plan", ("options", "new_group_cost_s")),
     ("batch.samples[0].text_tokens", "plan", ("batch", "samples", 0, "text_tokens")),
     ("batch.samples[0].images[0].tokens", "plan", ("batch", "samples", 0, "images", 0, "tokens")),
     ("batch.samples[0].videos[0].frames", "plan", ("batch", "samples", 0, "videos", 0, "frames")),
@@ -429,6 +425,8 @@ NUMBER_FIELDS: list[tuple[str, str, tuple[Any, ...]]] = [
     ("feedback.group_times_s[0][0]", "feedback", ("group_times_s",)),
     ("feedback.metrics.peak_gib", "feedback", ("metrics", "peak_gib")),
     ("replan.options.time_budget_ms", "replan", ("options", "time_budget_ms")),
+] + [
+    (f"options.{spec.name}", "plan", ("options", spec.name)) for spec in OPTION_SPECS if spec.kind in ("int", "number")
 ]
 
 WRAP = {
