@@ -148,22 +148,10 @@ TABLE_FIELDS = (
 FACT_FIELDS = ("budget_ms", "speedup")
 """Fields of a table row read through :func:`plan_facts` (kept in memory once a plan is finished)."""
 
-SORT_KEYS = (
-    "created_at",
-    "n_samples",
-    "n_ranks",
-    "cluster",
-    "model",
-    "backend",
-    "budget_ms",
-    "solve_ms",
-    "predicted_step_time_s",
-    "lower_bound_s",
-    "gap",
-    "speedup",
-    "measured_step_time_s",
-    "status",
-)
+UNSORTED_FIELDS = ("id", "solver_status")
+"""Table fields the plans table is not sorted on."""
+SORT_KEYS = tuple(name for name in TABLE_FIELDS if name not in UNSORTED_FIELDS) + ("measured_step_time_s",)
+"""What the plans table sorts on: its fields but the unsorted ones, and the mean measured step time."""
 
 
 def _sort_column(store: Store, key: str, fb: Any) -> ColumnElement[Any]:
