@@ -34,11 +34,9 @@ that (LP_M infeasible: no better plan with M micro-batches). The bound is the le
 over the micro-batch counts memory and the options allow, and U; counts are tried upwards until
 M b plus the least area (over N) reaches the best found (LP_M never rises with M, M b does).
 
-Measured on the plan-quality grid of the README (``docs/results-bound``: 180 batches of 512 samples,
-six profiles), against the engine's bound of the same batches in that grid's previous run (commit
-8294977): it is the higher bound on 87 batches, by more than 0.05% on 31 and more than 0.5% on 10, by
-up to 1.8% (FlexSP 7B long text on 64 ranks: 18.08 s to 18.40 s). It is the largest bound on 30 of
-the 199 tiny instances of ``tests/test_bound_oracle.py`` and never above their brute-force optimum.
+On the plan-quality grid (``docs/results-bound/report.md``: 180 batches of 512 samples, six
+profiles) it is the binding bound on 87 batches; on the tiny instances of
+``tests/test_bound_oracle.py`` it is never above their brute-force optimum (the test checks it).
 """
 
 from __future__ import annotations
