@@ -125,3 +125,23 @@ def test_commit_subjects_fit_72_characters():
     )
     long = [line for line in log.stdout.splitlines() if len(line.split(" ", 1)[1]) > 72]
     assert long == [], "commit subjects over 72 characters:\n" + "\n".join(long)
+
+
+def test_the_command_line_without_the_engine_names_the_extra_to_install():
+    script = textwrap.dedent(
+        """
+        import importlib.abc, sys
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ("numpy", "numba"):
+                    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        sys.meta_path.insert(0, Block())
+        from api.cli.main import main
+        sys.exit(main(["plan", "--batch", "examples/batch_small.json"]))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "error: this command needs numpy, which is not installed. To fix: pip install 'dhp-planner[engine]'."
+    ]

@@ -331,10 +331,45 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+EXTRA_OF = {
+    "numpy": "engine",
+    "numba": "engine",
+    "ortools": "solver",
+    "pulp": "solver",
+    "highspy": "solver",
+    "fastapi": "service",
+    "uvicorn": "service",
+    "sqlalchemy": "service",
+    "alembic": "service",
+    "pydantic": "service",
+    "pydantic_settings": "service",
+    "torch": "trainer",
+    "transformers": "trainer",
+    "pyarrow": "jobs",
+    "ray": "ray",
+    "matplotlib": "bench",
+}
+"""The extra that installs each library a command may need (the ``[client]`` extra alone has none of them)."""
+
+
+def _missing(exc: ModuleNotFoundError) -> int:
+    """One line naming the extra to install, for a library the command needs and this install lacks."""
+    top = (exc.name or "").split(".")[0]
+    if top not in EXTRA_OF:
+        raise exc
+    extra = EXTRA_OF[top]
+    return _fail(f"this command needs {top}, which is not installed. To fix: pip install 'dhp-planner[{extra}]'.", 2)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    try:
+        args = parser().parse_args(argv)
+    except ModuleNotFoundError as exc:
+        return _missing(exc)
     try:
         return int(args.func(args) or 0)
+    except ModuleNotFoundError as exc:
+        return _missing(exc)
     except InfeasibleError as exc:
         return _fail(str(exc), 3)
     except PlannerError as exc:
