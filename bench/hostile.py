@@ -815,22 +815,26 @@ def path_cases() -> Iterator[Case]:
         yield Case(f"query/wait_ms={wait[:24]}", "GET", f"/v1/plans/{PLAN}?wait_ms={wait}")
 
 
-TOKEN_ROUTES = [
-    ("GET", "/v1/plans"),
-    ("GET", f"/v1/plans/{PLAN}"),
-    ("GET", f"/v1/plans/{PLAN}/feedback"),
-    ("GET", "/v1/presets"),
-    ("GET", f"/v1/jobs/{JOB}"),
-    ("GET", f"/v1/jobs/{JOB}/plan-file"),
-    ("GET", "/v1/dashboard/plans"),
-    ("GET", "/v1/dashboard/facets"),
-    ("GET", "/v1/dashboard/changes"),
-    ("GET", f"/v1/dashboard/plans/{PLAN}"),
-    ("GET", "/v1/dashboard/calibration"),
-    ("POST", f"/v1/jobs/{JOB}/cancel"),
-    ("POST", f"/v1/jobs/{JOB}/resume"),
-    ("HEAD", "/v1/plans"),
-]
+def token_routes() -> list[tuple[str, str, bool]]:
+    """(method, target, whether it takes no body) of every route behind the token, read from the
+    application's routers with the ids filled in, and ``HEAD /v1/plans``."""
+    from api.app import ROUTERS
+    from api.service.deps import require_token
+
+    found: set[tuple[str, str, bool]] = set()
+    for router in ROUTERS:
+        guarded = any(getattr(d, "dependency", None) is require_token for d in router.dependencies)
+        for route in router.routes:
+            mine = getattr(route, "dependencies", None) or []
+            if not (guarded or any(getattr(d, "dependency", None) is require_token for d in mine)):
+                continue
+            target = getattr(route, "path", "").replace("{plan_id}", PLAN).replace("{job_id}", JOB)
+            if "{" not in target:
+                bodiless = getattr(route, "body_field", None) is None
+                found.update((m, target, bodiless) for m in getattr(route, "methods", set()) - {"HEAD"})
+    return sorted(found, key=lambda r: (r[1], r[0])) + [("HEAD", "/v1/plans", True)]
+
+
 BAD_AUTH: list[tuple[str, bytes | None]] = [
     ("missing", None),
     ("wrong", b"Bearer wrong-token-0000000000000000"),
@@ -850,7 +854,7 @@ BAD_AUTH: list[tuple[str, bytes | None]] = [
 
 
 def token_cases() -> Iterator[Case]:
-    for method, target in TOKEN_ROUTES:
+    for method, target, bodiless in token_routes():
         body = b"" if method == "POST" else None
         for aname, auth in BAD_AUTH:
             yield Case(f"token/{aname}/{method} {target}", method, target, body, auth=auth, expect="refuse")
@@ -860,7 +864,7 @@ def token_cases() -> Iterator[Case]:
             target,
             body,
             auth=b"bearer " + TOKEN.encode(),
-            expect="any" if method == "HEAD" else "accept",
+            expect="accept" if method != "HEAD" and bodiless else "any",
         )
     wrong = b"Bearer wrong-token-0000000000000000"
     yield Case(

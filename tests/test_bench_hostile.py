@@ -74,3 +74,12 @@ def test_the_id_routes_come_from_the_application_and_cover_every_kind():
     assert ("POST", "/v1/plans/{}/feedback") in routes and ("GET", "/v1/jobs/{}/plan-file") in routes
     assert ("GET", "/dashboard/plans/{}/tuning") in routes and ("POST", "/v1/dashboard/plans/{}/replan") in routes
     assert all("{}" in route and "{" not in route.replace("{}", "") for _, route in routes)
+
+
+def test_the_token_routes_come_from_the_application_and_cover_every_guarded_route():
+    from bench.hostile import JOB, PLAN, token_routes
+
+    routes = {(method, target): bodiless for method, target, bodiless in token_routes()}
+    assert routes[("POST", "/v1/plans")] is False and routes[("POST", f"/v1/jobs/{JOB}/cancel")] is True
+    assert ("GET", f"/v1/plans/{PLAN}/feedback") in routes and ("HEAD", "/v1/plans") in routes
+    assert not any(target.startswith(("/dashboard", "/healthz", "/readyz")) for _, target in routes)
