@@ -1,4 +1,5 @@
-"""Every dashboard page gets its navigation bar from one list (``api.dashboard.endpoints.NAVIGATION``)."""
+"""Every dashboard page is its content in one frame (``page.html``), with the navigation bar from one list
+(``api.dashboard.endpoints.NAVIGATION``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import re
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from api.dashboard.endpoints import NAVIGATION, NAVIGATION_MARK, PAGES, pages
+from api.dashboard.endpoints import FRAME, NAVIGATION, PAGES, pages
 from api.service.settings import Settings
 
 
@@ -22,11 +23,18 @@ def page_addresses() -> dict[str, str | None]:
     return out
 
 
-def test_page_files_hold_the_mark_and_no_navigation_of_their_own():
+def test_the_frame_holds_each_mark_once_and_the_pages_only_their_content():
+    frame = (PAGES / FRAME).read_text()
+    for mark in ("title", "script", "navigation", "content"):
+        assert frame.count(f"<!-- page: {mark} -->") == 1, mark
     for page in PAGES.glob("*.html"):
+        if page.name == FRAME:
+            continue
         text = page.read_text()
-        assert text.count(NAVIGATION_MARK) == 1, page.name
-        assert 'aria-label="Dashboard"' not in text, page.name
+        assert re.fullmatch(r"<!-- title: [^<>]+ -->", text.partition("\n")[0]), page.name
+        assert (PAGES / page.with_suffix(".js").name).exists(), page.name
+        for frame_part in ("<html", "<head", "<main", 'aria-label="Dashboard"', 'id="token-form"'):
+            assert frame_part not in text, (page.name, frame_part)
 
 
 def test_every_page_links_every_view_and_marks_its_own(tmp_path):

@@ -120,19 +120,31 @@ def calibration_view(
 NAVIGATION = (("Plans", "/dashboard"), ("Calibration", "/dashboard/calibration"), ("API docs", "/docs"))
 """The links of every page's navigation bar, in order (label, address)."""
 
-NAVIGATION_MARK = "<!-- navigation -->"
-"""Where a page file takes the navigation bar."""
+FRAME = "page.html"
+"""The frame every page shares (head, header with the navigation bar and the token form, the error line);
+a page file holds a first line ``<!-- title: TITLE -->`` and the content of its ``<main>``, and its script
+is the ``.js`` file of the same name."""
 
 
 @lru_cache(maxsize=16)
 def _html(name: str, current: str | None) -> str:
-    """The page file with the navigation bar in place of its mark, ``current`` marked as this page."""
+    """Page ``name`` in the frame, its navigation link ``current`` marked as this page."""
     links = "\n".join(
         f'    <a href="{href}"' + (' aria-current="page"' if href == current else "") + f">{label}</a>"
         for label, href in NAVIGATION
     )
-    text = (PAGES / name).read_text(encoding="utf-8")
-    return text.replace(NAVIGATION_MARK, f'<nav aria-label="Dashboard">\n{links}\n  </nav>')
+    first, _, content = (PAGES / name).read_text(encoding="utf-8").partition("\n")
+    title = first.removeprefix("<!-- title: ").removesuffix(" -->")
+    marks = {
+        "<!-- page: title -->": title,
+        "<!-- page: script -->": FsPath(name).with_suffix(".js").name,
+        "<!-- page: navigation -->": f'<nav aria-label="Dashboard">\n{links}\n  </nav>',
+        "<!-- page: content -->\n": content,
+    }
+    text = (PAGES / FRAME).read_text(encoding="utf-8")
+    for mark, value in marks.items():
+        text = text.replace(mark, value)
+    return text
 
 
 def _page(name: str, current: str | None = None) -> HTMLResponse:
