@@ -55,6 +55,18 @@ def test_metrics_add_up_over_worker_processes(server):
     assert counts and sum(counts) >= 4
 
 
+def test_the_start_up_lines_name_addresses_that_open(server):
+    """``dhp serve`` prints where the dashboard, the API docs, health and metrics are; each answers 200."""
+    import re
+
+    banner = server.log.read_text()
+    addresses = re.findall(r"(http://127\.0\.0\.1:\d+/[a-z]+)(?=\s)", banner)
+    paths = {address.rsplit("/", 1)[1] for address in addresses}
+    assert {"dashboard", "docs", "healthz", "metrics"} <= paths, banner
+    for address in addresses:
+        assert httpx.get(address, follow_redirects=True).status_code == 200, address
+
+
 def test_a_restarted_server_keeps_every_plan(server, data_dir):
     listing = httpx.get(server.url + "/v1/plans", params={"limit": 500}).json()
     before = {item["id"]: httpx.get(f"{server.url}/v1/plans/{item['id']}").json() for item in listing["items"]}

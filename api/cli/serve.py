@@ -114,8 +114,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         else f"SQLite at {settings.sqlalchemy_url.removeprefix('sqlite:///')}"
     )
     print(f"dhp-planner service on {base} ({settings.workers} worker(s), store: {where})", file=sys.stderr)
-    print(f"  API docs: {base}/docs   health: {base}/healthz   metrics: {base}/metrics", file=sys.stderr)
-    print(f"  try:      {example_curl(base, bool(settings.token_list))}", file=sys.stderr)
+    print(f"  dashboard: {base}/dashboard   API docs: {base}/docs", file=sys.stderr)
+    print(f"  health:    {base}/healthz   metrics: {base}/metrics", file=sys.stderr)
+    print(f"  try:       {example_curl(base, bool(settings.token_list))}", file=sys.stderr)
     # Malformed HTTP, refused by the parser before the app, is answered with a problem document too.
     uvicorn.run(
         "api.app:create_app",
