@@ -28,6 +28,8 @@ JOB_BUDGET_MS = 60_000.0
 """Default planning budget of one step in a job (a cap, not a target: the heuristic's loops are
 bounded and end long before it, so the clock never decides a plan)."""
 MAX_BATCH = 10**7
+MAX_WORKERS = 256
+"""Most worker processes one job may ask for (``workers`` of a job document)."""
 
 
 @dataclass(frozen=True)

@@ -453,3 +453,23 @@ def test_the_replan_default_is_capped_by_the_server(make_client):
     r = client.post(f"/v1/dashboard/plans/{plan_id}/replan", json={"options": {"backend": "heuristic"}})
     assert r.status_code == 200, r.text
     assert r.json()["options"]["time_budget_ms"] == 80
+
+
+def test_job_files_take_the_workers_field_post_v1_jobs_takes(tmp_path, capsys):
+    job = {
+        "dataset": {"samples": [{"id": f"a{i}", "text_tokens": 100} for i in range(4)]},
+        "global_batch_size": 2,
+        "cluster": {"nodes": 1, "gpus_per_node": 8},
+        "workers": 1,
+    }
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(job))
+    assert main(["plan-epoch", "--job", str(path), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
+    index = json.loads((tmp_path / "out" / "index.json").read_text())
+    assert index["run"]["workers"] == 1
+    capsys.readouterr()
+    for bad in (0, 257, "2", True, 1.5):
+        path.write_text(json.dumps({**job, "workers": bad}))
+        code = main(["plan-epoch", "--job", str(path), "--out", str(tmp_path / f"bad-{bad}"), "--no-progress"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and err[0].startswith("error: workers:"), (bad, err)

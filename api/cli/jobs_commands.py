@@ -97,6 +97,21 @@ def job_document(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
+def _workers(value: Any) -> int | None:
+    """A job document's ``workers`` (what POST /v1/jobs takes), checked; None when it is left out."""
+    from jobs.spec import MAX_WORKERS
+
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WORKERS:
+        raise ProblemError(
+            f"must be an integer from 1 to {MAX_WORKERS}, got {value!r}",
+            field="workers",
+            hint="give the number of worker processes, e.g. 2, or leave it out (the CPU count).",
+        )
+    return value
+
+
 class _Bar:
     def __init__(self, enabled: bool) -> None:
         self.bar: Any = None
@@ -144,8 +159,10 @@ def cmd_plan_epoch(args: argparse.Namespace) -> int:
         raise ProblemError(
             "applies to --engine ray only", field="--address", hint="add --engine ray, or drop --address."
         )
-    epoch = build_epoch(job_from_json(job_document(args)))
-    engine = make_engine(args.engine, args.workers, args.address)
+    doc = job_document(args)
+    workers = _workers(doc.pop("workers", None)) if args.workers is None else args.workers
+    epoch = build_epoch(job_from_json(doc))
+    engine = make_engine(args.engine, workers, args.address)
     bar = _Bar(not args.no_progress)
     try:
         result = run_job(epoch, args.out, engine, progress=bar, fresh=args.fresh, keep_journal=args.keep_journal)

@@ -28,6 +28,7 @@ from api.service.routes.plans import _ERRORS, NOT_FOUND, problem_responses
 from api.service.schemas import ClusterMember, ModelMember, ProfileMember, RankGroups, as_sent
 from api.service.settings import Settings
 from api.store.repository import is_id
+from jobs.spec import MAX_WORKERS
 from optimizer.errors import ProblemError
 
 MAX_RUNNING_JOBS = 2
@@ -94,7 +95,9 @@ class JobRequest(BaseModel):
         None, description="as in a plan request; jobs default to the heuristic (deterministic plans)"
     )
     existing_groups: RankGroups = None
-    workers: int = Field(1, ge=1, le=256, description="processes planning the job (1: a thread of the server process)")
+    workers: int = Field(
+        1, ge=1, le=MAX_WORKERS, description="processes planning the job (1: a thread of the server process)"
+    )
 
 
 class JobOut(BaseModel):
