@@ -10,7 +10,7 @@ from typing import Any
 from api.service.deps import token_error
 from api.service.intake import BodyBudget
 from api.service.metrics import Metrics
-from api.service.problem_details import ServiceError, problem_response
+from api.service.problem_details import ServiceError, error_response, problem_response
 from api.service.settings import is_loopback
 
 Scope = dict[str, Any]
@@ -100,16 +100,7 @@ class TokenGate:
                     ),
                 )
             if exc is not None:
-                await problem_response(
-                    exc.status,
-                    exc.title,
-                    exc.detail,
-                    kind=exc.kind,
-                    field=exc.field,
-                    hint=exc.hint,
-                    headers=exc.headers,
-                    instance=scope.get("path"),
-                )(scope, receive, send)
+                await error_response(exc, scope.get("path"))(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -145,15 +136,7 @@ class BodyLimit:
             f"the request bodies being received fill the {self.budget.max_bytes} bytes set aside for them "
             "(DHP_MAX_BODY_BYTES_IN_FLIGHT)"
         )
-        await problem_response(
-            exc.status,
-            exc.title,
-            exc.detail,
-            kind=exc.kind,
-            hint=exc.hint,
-            headers=exc.headers,
-            instance=scope.get("path"),
-        )(scope, receive, send)
+        await error_response(exc, scope.get("path"))(scope, receive, send)
 
     async def _late(self, scope: Scope, receive: Any, send: Any, got: int) -> None:
         await problem_response(
@@ -238,15 +221,7 @@ class AdmissionPrecheck:
                     "longer than any time budget here"
                 )
             if exc is not None:
-                response = problem_response(
-                    exc.status,
-                    exc.title,
-                    exc.detail,
-                    kind=exc.kind,
-                    hint=exc.hint,
-                    headers=exc.headers,
-                    instance=scope.get("path"),
-                )
+                response = error_response(exc, scope.get("path"))
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

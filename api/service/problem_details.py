@@ -106,6 +106,20 @@ def problem_response(
     return JSONResponse(body, status_code=status, headers=dict(headers or {}), media_type=PROBLEM_JSON)
 
 
+def error_response(exc: ServiceError, instance: str | None = None) -> JSONResponse:
+    """The problem+json answer of a :class:`ServiceError`."""
+    return problem_response(
+        exc.status,
+        exc.title,
+        exc.detail,
+        kind=exc.kind,
+        field=exc.field,
+        hint=exc.hint,
+        headers=exc.headers,
+        instance=instance,
+    )
+
+
 def planner_error_document(exc: PlannerError, instance: str | None = None) -> dict[str, Any]:
     """The problem document of a planning failure, the same whether the plan was asked for now or
     ahead of time: bad input and an unsatisfiable or unplannable request are the caller's to fix
@@ -207,16 +221,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def _service(request: Request, exc: ServiceError) -> JSONResponse:
-        return problem_response(
-            exc.status,
-            exc.title,
-            exc.detail,
-            kind=exc.kind,
-            field=exc.field,
-            hint=exc.hint,
-            headers=exc.headers,
-            instance=request.url.path,
-        )
+        return error_response(exc, request.url.path)
 
     @app.exception_handler(PlannerError)
     async def _planner(request: Request, exc: PlannerError) -> JSONResponse:
