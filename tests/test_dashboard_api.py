@@ -17,13 +17,14 @@ from sqlalchemy import text
 
 from api.app import create_app
 from api.dashboard.calibration import EDGES, histogram
-from api.dashboard.plan_view import runs
+from api.dashboard.plan_view import cluster_nodes, runs
+from api.dashboard.profiles import SHORT_NAME, profile_name
 from api.service import translate
 from api.service.settings import Settings
 from api.store import PlanRecord, Store
 from api.store import queries as q
 from api.store.migrate import upgrade
-from optimizer.costs.zoo import load_profile
+from optimizer.costs.zoo import load_profile, profile_names
 
 PG_URL = os.environ.get("DHP_TEST_DATABASE_URL")
 
@@ -116,6 +117,22 @@ def test_filters_and_pages(filled):
     facets = client.get("/v1/dashboard/facets").json()
     assert facets["backend"] == ["heuristic", "highs"] and facets["status"] == ["done"]
     assert "analytical" in facets["profile"] and len(facets["profile"]) == 2
+    assert sorted(facets["profile_names"].values()) == ["analytical", "flexsp-gpt7b"]
+    assert set(facets["profile_names"]) == set(facets["profile"])
+
+
+def test_rows_and_the_plan_view_name_the_profile_and_the_backend_asked(filled):
+    client, plans, _ = filled
+    rows = {r["id"]: r for r in client.get("/v1/dashboard/plans").json()["items"]}
+    asked = ["heuristic", "heuristic", "highs", "heuristic", "heuristic"]  # the fixture's requests, in order
+    for p, backend in zip(plans, asked, strict=True):
+        row = rows[p["id"]]
+        name = "flexsp-gpt7b" if p is plans[4] else "analytical"
+        assert row["profile_name"] == name and row["backend_asked"] == backend, row
+        assert row["profile"] == ("analytical" if name == "analytical" else load_profile(name)["source"][:200])
+        view = client.get(f"/v1/dashboard/plans/{p['id']}").json()
+        assert view["profile_name"] == name and view["backend_asked"] == backend
+        assert view["solver"]["backend"] == row["backend"]
 
 
 def test_bad_queries_name_the_field(filled):
@@ -160,6 +177,25 @@ def test_one_plan_has_one_block_per_group_laid_out_in_time(filled):
         assert v["solver"]["trace"] and v["solver"]["phases"]
         assert v["communicators"] == p["communicators"]
     assert client.get(f"/v1/dashboard/plans/{plans[4]['id']}").json()["profile"].startswith("FlexSP")
+    assert g["node_gpus"] == ["H100-SXM", "H100-SXM"]  # the cluster shorthand's default GPU on both nodes
+
+
+def test_nodes_of_a_mixed_cluster_carry_their_gpu_type():
+    ranges, gpus = cluster_nodes({"cluster_preset": "mixed-h100-a100"})
+    assert ranges == [[0, 8], [8, 16], [16, 24], [24, 32]]
+    assert gpus == ["H100-SXM", "H100-SXM", "A100-80GB", "A100-80GB"]
+    assert cluster_nodes({"cluster_preset": "no-such-cluster"}) == ([], [])
+
+
+def test_profile_names_are_zoo_presets_else_a_short_source():
+    for name in profile_names():  # every zoo profile, also the analytical model x cluster pairs
+        assert profile_name(load_profile(name)["source"][:200]) == name
+    assert profile_name(None) == profile_name("analytical") == "analytical"
+    assert profile_name("given") == "given"
+    assert profile_name("measured on site (8 nodes; May)") == "measured on site"
+    assert profile_name("fit; from 2026-01") == "fit"
+    long = profile_name("a fitted profile of a long name that goes on and on")
+    assert len(long) == SHORT_NAME and long.endswith("\u2026") and long.startswith("a fitted profile")
 
 
 def test_group_times_from_feedback_reach_the_blocks(filled):
@@ -230,6 +266,8 @@ def test_calibration_figures(filled):
         assert (pid, round(f, 9)) in ratios
     by = {g["profile"]: g for g in c["groups"]}
     flex = next(v for k, v in by.items() if k.startswith("FlexSP"))
+    assert flex["profile_name"] == "flexsp-gpt7b" and by["analytical"]["profile_name"] == "analytical"
+    assert c["overall"]["profile_name"] == "all"
     assert flex["n"] == 3 and flex["median_ratio"] == pytest.approx(1.30) and flex["verdict"] == "re-profile"
     assert flex["mean_abs_error"] == pytest.approx(0.30) and flex["cluster"] == "custom"
     assert sum(c["histogram"]["counts"]) == c["total"]
@@ -322,14 +360,19 @@ def store(request, tmp_path):
         admin.close()
 
 
-def _record(k: int, *, budget: float | None, speedup: float | None, profile: dict | None) -> PlanRecord:
-    # A sample id holding the profile key's text must not pass for a profile.
+def _record(
+    k: int, *, budget: float | None, speedup: float | None, profile: dict | None, asked: str | None = None
+) -> PlanRecord:
+    # A sample id holding the profile key's text must not pass for a profile, nor one with the backend's for it.
     request = {
-        "batch": {"samples": [{"id": '"profile": {"source": "x"}', "text_tokens": 5}]},
+        "batch": {"samples": [{"id": '"profile": {"source": "x"}, "backend": "cbc"', "text_tokens": 5}]},
         "cluster_preset": "h100-8x8",
     }
-    if budget is not None:
-        request["options"] = {"time_budget_ms": budget}
+    options = {"time_budget_ms": budget} if budget is not None else {}
+    if asked is not None:
+        options["backend"] = asked
+    if options:
+        request["options"] = options
     if profile is not None:
         request["profile"] = profile
     plan = {"predicted_step_time_s": 1.0 + k, "micro_batches": []}
@@ -378,6 +421,19 @@ def test_queries_read_figures_inside_the_documents(store):
     stamp = q.change_stamp(store)
     assert stamp["plans"] == 3 and stamp["feedback"] == 4 and stamp["by_status"] == {"done": 3}
     assert q.facets(store)["status"] == ["done"]
+
+
+def test_rows_carry_the_backend_the_request_asked_for(store):
+    store.add(_record(1, budget=500, speedup=None, profile=None, asked="cpsat"))
+    store.add(_record(2, budget=None, speedup=None, profile=None))
+    store.add(_record(3, budget=50, speedup=None, profile={"source": "fit"}))
+    rows, _ = q.plan_table(store, q.PlanFilters(), sort="n_samples", descending=False)
+    assert [(r["backend_asked"], r["backend"], r["profile"]) for r in rows] == [
+        ("cpsat", "heuristic", "analytical"),
+        ("auto", "heuristic", "analytical"),
+        ("auto", "heuristic", "fit"),
+    ]
+    assert q.plan_facts(store, [rows[0]["id"]])[rows[0]["id"]].backend_asked == "cpsat"
 
 
 def test_facts_of_a_pending_plan_are_read_again_once_it_is_finished(store):

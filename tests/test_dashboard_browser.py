@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from dashboard_fill import fill, request
+from dashboard_fill import JOB_STEPS, fill, request
 from playwright.sync_api import sync_playwright
 
 from api.dashboard.plan_view import runs
@@ -116,22 +116,43 @@ def no_horizontal_scroll(pg) -> bool:
     return pg.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
 
 
+def column(pg, label: str) -> int:
+    """Index of the plans table's column headed ``label``."""
+    return pg.locator("#plans thead th").all_inner_texts().index(label)
+
+
 def test_plans_table(page, server, shots):
     srv, filled = server
     open_page(page, "/dashboard")
     listing = httpx.get(srv.url + "/v1/plans", params={"limit": 500}).json()
     rows = page.locator("#plans tbody tr")
-    assert rows.count() == listing["total"] == len(filled.plans)
+    assert rows.count() == listing["total"] == len(filled.plans) + len(filled.job_steps)
     assert [rows.nth(k).get_attribute("data-id") for k in range(rows.count())] == [p["id"] for p in listing["items"]]
     assert f"of {listing['total']}" in page.inner_text("#page-info")
     assert unlabelled_controls(page) == [] and no_horizontal_scroll(page)
     page.screenshot(path=str(shots / "plans.png"), full_page=True)
 
+    # Each step of the epoch job has an id of its own on screen: the job's first digits and the step.
+    steps = [
+        page.locator(f"#plans tbody tr[data-id='{pid}'] td:nth-child(2) a").inner_text() for pid in filled.job_steps
+    ]
+    assert len(set(steps)) == len(steps) == JOB_STEPS
+    assert steps == [f"{filled.job_steps[0][:8]}\u2026 step {k}" for k in range(JOB_STEPS)]
+
+    # The profile's name, and the backend asked for beside the one that ran.
+    profile, backend = column(page, "Profile"), column(page, "Backend")
+    for p in filled.plans:
+        cells = page.locator(f"#plans tbody tr[data-id='{p['id']}'] td")
+        assert cells.nth(profile).inner_text() == filled.profile_of[p["id"]]
+        asked, ran = filled.asked_of[p["id"]], p["solver"]["backend"]
+        assert cells.nth(backend).inner_text() == (ran if asked == ran else f"{asked} \u2192 {ran}")
+    assert any(filled.asked_of[p["id"]] != p["solver"]["backend"] for p in filled.plans)  # an "auto" plan shows both
+
     # Sort by predicted step time with the keyboard: the heading's button, then Enter.
     page.focus("th[data-sort=predicted_step_time_s] button")
     page.keyboard.press("Enter")
     page.wait_for_selector("th[data-sort=predicted_step_time_s][aria-sort=ascending]")
-    predicted = {p["id"]: p["predicted_step_time_s"] for p in filled.plans}
+    predicted = {p["id"]: p["predicted_step_time_s"] for p in listing["items"]}
     shown = [predicted[rows.nth(k).get_attribute("data-id")] for k in range(rows.count())]
     assert shown == sorted(shown) and "sort=predicted_step_time_s" in page.url
     page.keyboard.press("Enter")
@@ -140,7 +161,8 @@ def test_plans_table(page, server, shots):
     # Filter by backend.
     page.select_option("#filters select[name=backend]", "highs")
     page.wait_for_function(
-        "() => [...document.querySelectorAll('#plans tbody tr')].every((r) => r.children[6].textContent === 'highs')"
+        "(k) => [...document.querySelectorAll('#plans tbody tr')].every((r) => r.children[k].textContent === 'highs')",
+        arg=backend,
     )
     assert rows.count() == sum(1 for p in filled.plans if p["solver"]["backend"] == "highs") > 0
 
@@ -180,6 +202,22 @@ def test_one_plan(page, server, shots):
     for k, g in enumerate(groups):
         label = blocks.nth(k).get_attribute("aria-label")
         assert f"size {g['degree']}" in label and f"{len(g['samples'])} sample(s)" in label
+    # Micro-batches and groups are numbered from 0, as in the plan document and group_times_s.
+    numbers = [(m, k) for m, mb in enumerate(plan["micro_batches"]) for k in range(len(mb["groups"]))]
+    assert [blocks.nth(k).get_attribute("aria-label").split(":")[0] for k in range(len(groups))] == [
+        f"Micro-batch {m}, group {k}" for m, k in numbers
+    ]
+    assert [
+        tuple(int(t) for t in row[:2])
+        for row in page.locator("#groups tbody tr").evaluate_all(
+            "(rows) => rows.map((r) => [...r.children].map((c) => c.textContent))"
+        )
+    ] == numbers
+    heads = page.locator(".gantt text.mb-label").evaluate_all(
+        "(ts) => ts.map((t) => [Number(t.dataset.mb), t.textContent.match(/^(?:micro-batch |mb )?(\\d+)/)[1]])"
+    )
+    assert heads and [n for n, _ in heads] == list(range(len(heads)))
+    assert all(str(n) == shown for n, shown in heads), heads
     assert page.locator("#groups tbody tr").count() == len(groups)
     # Every group has a measured time (the fill sends group times with each plan's first step):
     # one tick per run of ranks.
@@ -189,6 +227,16 @@ def test_one_plan(page, server, shots):
     assert int(page.get_attribute("#trace-chart", "data-points")) == len(trace) > 0
     assert colour_pixels(page, "#trace-chart", BLUE) > 20
     assert page.locator("#static-bars .bar").count() == (3 if plan.get("static_baseline") else 2)
+    # The planner's phases: a segment shows its whole name or none; the legend names every phase.
+    phases = page.locator("#phases div").evaluate_all(
+        "(ds) => ds.map((d) => [d.textContent, d.scrollWidth <= d.clientWidth, d.title.split(':')[0]])"
+    )
+    assert phases and all(fits and text in ("", name) for text, fits, name in phases), phases
+    assert any(text for text, _, _ in phases)
+    legend = page.locator("#phases-legend .phase").all_inner_texts()
+    assert [t.split(" ")[0] for t in legend] == [name for _, _, name in phases]
+    planner = page.locator("#cards .card", has_text="Planner").inner_text()
+    assert f"asked for {filled.asked_of[plan['id']]}" in planner
     assert page.locator("#comms tbody tr").count() == len(plan["communicators"])
     assert unlabelled_controls(page) == [] and no_horizontal_scroll(page)
     page.screenshot(path=str(shots / "plan.png"), full_page=True)
@@ -199,7 +247,7 @@ def test_one_plan(page, server, shots):
     focused = page.evaluate("() => [document.activeElement.dataset.mb, document.activeElement.dataset.group]")
     second = (0, 1) if len(plan["micro_batches"][0]["groups"]) > 1 else (1, 0)
     assert tuple(int(x) for x in focused) == second
-    assert f"group {second[1] + 1}" in page.inner_text("#block-detail")
+    assert page.inner_text("#block-detail").startswith(f"Micro-batch {second[0]}, group {second[1]}:")
     assert page.locator(".gantt g.block[tabindex='0']").count() == 1
     page.keyboard.press("End")
     assert page.evaluate("() => document.activeElement.getAttribute('aria-label')") == blocks.nth(
@@ -207,11 +255,45 @@ def test_one_plan(page, server, shots):
     ).get_attribute("aria-label")
 
 
+def test_mixed_cluster_shows_which_nodes_hold_which_gpu(page, server, shots):
+    _, filled = server
+    plan = filled.mixed
+    open_page(page, f"/dashboard/plans/{plan['id']}")
+    assert page.is_visible("#gpu-legend")
+    assert page.locator("#gpu-legend .gpu-type").all_inner_texts() == [
+        "H100-SXM: nodes 0\u20131 (ranks 0\u201315)",
+        "A100-80GB: nodes 2\u20133 (ranks 16\u201331)",
+    ]
+    assert page.locator(".gantt text.node-label").all_text_contents() == [
+        "node 0 \u00b7 H100-SXM",
+        "node 1 \u00b7 H100-SXM",
+        "node 2 \u00b7 A100-80GB",
+        "node 3 \u00b7 A100-80GB",
+    ]
+    strips = page.locator(".gantt rect.gpu-strip").evaluate_all("(rs) => rs.map((r) => r.getAttribute('fill'))")
+    assert len(strips) == 4 and strips[0] == strips[1] != strips[2] == strips[3]
+    assert unlabelled_controls(page) == [] and no_horizontal_scroll(page)
+    page.screenshot(path=str(shots / "plan-mixed.png"), full_page=True)
+
+
+def test_a_cluster_of_one_gpu_type_names_it_once(page, server):
+    _, filled = server
+    open_page(page, f"/dashboard/plans/{filled.plans[0]['id']}")
+    assert page.inner_text("#gpu-legend") == "GPUs: H100-SXM on every node"
+    assert page.locator(".gantt rect.gpu-strip").count() == 0
+    assert page.locator(".gantt text.node-label").first.text_content() == "node 0"
+
+
 def test_tuning_side_by_side_and_budget_sweep(page, server, shots):
     srv, filled = server
     plan = _showcase(filled)
     page.context.grant_permissions(["clipboard-read", "clipboard-write"])
     open_page(page, f"/dashboard/plans/{plan['id']}/tuning")
+    # Before a sweep: a prompt, no empty chart or progress bar; backend auto is among the settings swept.
+    assert page.is_visible("#sweep-prompt")
+    assert page.is_hidden("#sweep-chart") and page.is_hidden("#sweep-progress") and page.is_hidden("#sweep-results")
+    assert page.is_checked("#sweep input[value=auto]")
+    page.screenshot(path=str(shots / "tuning-before-sweep.png"), full_page=True)
     page.select_option("#variant select[name=backend]", "highs")
     page.fill("#variant input[name=time_budget_ms]", "300")
     page.click("#variant button[type=submit]")
@@ -228,9 +310,10 @@ def test_tuning_side_by_side_and_budget_sweep(page, server, shots):
     page.fill("#sweep input[name=budgets]", "50, 150, 400")
     page.click("#sweep button[type=submit]")
     page.wait_for_selector("#sweep-status:has-text('Sweep done')", timeout=30_000)
-    assert int(page.get_attribute("#sweep-chart", "data-points")) == 6
+    assert page.is_hidden("#sweep-prompt") and page.is_visible("#sweep-chart") and page.is_visible("#sweep-progress")
+    assert int(page.get_attribute("#sweep-chart", "data-points")) == 9
     assert colour_pixels(page, "#sweep-chart", BLUE) > 20 and colour_pixels(page, "#sweep-chart", VERMILION) > 20
-    assert page.locator("#sweep-table tbody tr").count() == 2
+    assert page.locator("#sweep-table tbody th").all_inner_texts() == ["auto", "heuristic", "highs"]
     best = json.loads(page.inner_text("#best-options"))
     assert set(best) >= {"backend", "time_budget_ms"}
     page.click("#copy-best")
@@ -238,6 +321,31 @@ def test_tuning_side_by_side_and_budget_sweep(page, server, shots):
     assert json.loads(page.evaluate("() => navigator.clipboard.readText()")) == best
     assert unlabelled_controls(page) == [] and no_horizontal_scroll(page)
     page.screenshot(path=str(shots / "tuning.png"), full_page=True)
+
+
+def test_a_tie_on_the_predicted_step_goes_to_the_cheaper_plan(page, server):
+    """Every re-plan answers the stored plan's step time, 1e-12 relative faster per ms of budget: ties all
+    (within 1e-9), so the best is the lowest budget swept, not the stored plan nor the costliest."""
+    _, filled = server
+    plan = _showcase(filled)
+    stored = plan["predicted_step_time_s"]
+
+    def near_tie(route):
+        answer = route.fetch()
+        body = answer.json()
+        budget = body["options"]["time_budget_ms"]
+        body["predicted_step_time_s"] = stored * (1 - 1e-12 * budget)
+        route.fulfill(response=answer, json=body)
+
+    page.route("**/replan", near_tie)
+    open_page(page, f"/dashboard/plans/{plan['id']}/tuning")
+    page.uncheck("#sweep input[value=highs]")
+    page.uncheck("#sweep input[value=cpsat]")
+    page.fill("#sweep input[name=budgets]", "400, 50, 150")
+    page.click("#sweep button[type=submit]")
+    page.wait_for_selector("#sweep-status:has-text('Sweep done')", timeout=30_000)
+    best = json.loads(page.inner_text("#best-options"))
+    assert best["time_budget_ms"] == 50 and best["backend"] in ("auto", "heuristic")
 
 
 def test_calibration(page, server, shots):
@@ -248,12 +356,20 @@ def test_calibration(page, server, shots):
     assert colour_pixels(page, "#scatter", BLUE) > 20 and colour_pixels(page, "#scatter", VERMILION) > 20
     assert colour_pixels(page, "#hist", BLUE) > 20
     rows = page.locator("#groups tbody tr")
-    assert rows.count() == len(api["groups"]) == 2
+    assert rows.count() == len(api["groups"]) == 3
     verdicts = {
-        rows.nth(k).locator("td").nth(0).inner_text()[:8]: rows.nth(k).locator("td").nth(6).inner_text()
-        for k in range(2)
+        rows.nth(k).locator("td").nth(0).inner_text(): rows.nth(k).locator("td").nth(6).inner_text() for k in range(3)
     }
-    assert verdicts == {"FlexSP's": "re-profile", "analytic": "ok"}
+    assert verdicts == {"flexsp-gpt7b": "re-profile", "analytical": "ok", "stress-mixed-gpu": "watch"}
+    assert rows.nth(0).locator("td").nth(0).get_attribute("title").startswith("FlexSP's fitted cost model")
+    legend = page.locator("#scatter .u-legend .u-series th").all_inner_texts()
+    assert {
+        "flexsp-gpt7b \u00b7 h100-8x8",
+        "analytical \u00b7 h100-8x8",
+        "stress-mixed-gpu \u00b7 mixed-h100-a100",
+    } <= {t.strip() for t in legend}
+    options = page.locator("#filters select[name=profile] option").all_inner_texts()
+    assert sorted(options) == ["analytical", "any", "flexsp-gpt7b", "stress-mixed-gpu"]
     assert unlabelled_controls(page) == [] and no_horizontal_scroll(page)
     page.screenshot(path=str(shots / "calibration.png"), full_page=True)
 

@@ -10,6 +10,8 @@ from bisect import bisect_right
 from collections import defaultdict
 from typing import Any
 
+from api.dashboard.profiles import profile_name
+
 WATCH = 0.05
 REPROFILE = 0.10
 MIN_POINTS = 3
@@ -25,7 +27,9 @@ def _quantile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def summarise(profile: str, cluster: str | None, ratios: list[float]) -> dict[str, Any]:
+def summarise(profile: str, cluster: str | None, ratios: list[float], name: str | None = None) -> dict[str, Any]:
+    """The figures of one group: ``profile`` its label, ``name`` the name shown (the label's profile name when
+    not given)."""
     errors = [abs(r - 1.0) for r in ratios]
     median_err = _quantile(errors, 0.5)
     verdict = "ok"
@@ -35,6 +39,7 @@ def summarise(profile: str, cluster: str | None, ratios: list[float]) -> dict[st
         verdict = "watch"
     return {
         "profile": profile,
+        "profile_name": profile_name(profile) if name is None else name,
         "cluster": cluster,
         "n": len(ratios),
         "median_ratio": _quantile(ratios, 0.5),
@@ -84,5 +89,5 @@ def calibration(rows: list[dict[str, Any]], total: int, points: int) -> dict[str
         "total": total,
         "groups": [summarise(p, c, by_group[(p, c)]) for p, c in keys],
         "histogram": histogram(ratios),
-        "overall": summarise("all", None, ratios) if ratios else None,
+        "overall": summarise("all", None, ratios, name="all") if ratios else None,
     }

@@ -17,6 +17,7 @@ from fastapi.responses import HTMLResponse
 
 from api.dashboard.calibration import calibration
 from api.dashboard.plan_view import plan_view
+from api.dashboard.profiles import profile_name
 from api.dashboard.tuning import replan
 from api.dashboard.view_schemas import Calibration, Changes, Facets, PlanTable, PlanView, ReplanIn, ReplanOut
 from api.service.deps import ServiceDep, SettingsDep, StoreDep, require_token
@@ -44,6 +45,8 @@ def plan_table(
 ) -> PlanTable:
     filters = queries.PlanFilters(**asdict(given), id_prefix=id_prefix or None)
     rows, total = queries.plan_table(store, filters, sort=sort, descending=order == "desc", limit=limit, offset=offset)
+    for row in rows:
+        row["profile_name"] = profile_name(row["profile"])
     nxt = offset + len(rows) if offset + len(rows) < total else None
     return PlanTable.model_validate(
         {
@@ -60,7 +63,8 @@ def plan_table(
 
 @router.get("/facets", response_model=Facets, summary="The values the plans table's filters can take")
 def facets(store: StoreDep) -> Facets:
-    return Facets(**queries.facets(store), profile=queries.profile_labels(store))
+    labels = queries.profile_labels(store)
+    return Facets(**queries.facets(store), profile=labels, profile_names={k: profile_name(k) for k in labels})
 
 
 @router.get("/changes", response_model=Changes, summary="A cheap stamp of the store's contents, for live refresh")

@@ -2,7 +2,8 @@
 trace and phases, the static baseline, communicators and feedback.
 
 Read from the stored documents only; the cluster is read again from the stored request to know which
-ranks share a node (a request whose cluster cannot be read any more still shows, without node lines).
+ranks share a node and each node's GPU type (a request whose cluster cannot be read any more still shows,
+without node lines).
 """
 
 from __future__ import annotations
@@ -10,31 +11,32 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from api.store.repository import DEFAULT_BUDGET_MS, FeedbackRecord, PlanRecord
+from api.dashboard.profiles import profile_name
+from api.store.queries import DEFAULT_BACKEND
+from api.store.repository import FeedbackRecord, PlanRecord, request_columns
 from optimizer.errors import PlannerError
 from optimizer.presets import load_preset
 from optimizer.problem.documents import cluster_from_json
 
 
-def profile_name(request: dict[str, Any]) -> str:
-    """``analytical`` without a profile, else its ``source`` (``given`` when it has none); as in
-    :mod:`api.store.queries`."""
-    profile = request.get("profile")
-    if profile is None:
-        return "analytical"
-    source = profile.get("source") if isinstance(profile, dict) else None
-    return str(source) if source is not None else "given"
+def profile_label(request: dict[str, Any]) -> str:
+    """The store's label of the request's profile: ``analytical`` without one, else its ``source`` (``given`` when
+    it has none)."""
+    return str(request_columns(request)["profile"])
 
 
-def node_ranges(request: dict[str, Any]) -> list[list[int]]:
-    """Per node, the half-open range of its domain ranks; empty when the stored cluster cannot be read."""
+def cluster_nodes(request: dict[str, Any]) -> tuple[list[list[int]], list[str]]:
+    """Per node holding domain ranks, the half-open range of its ranks and its GPU type's name; both empty when
+    the stored cluster cannot be read."""
     try:
         doc = request.get("cluster")
         if doc is None:
             doc = load_preset("clusters", request.get("cluster_preset") or "h100-8x8", "cluster_preset")
-        return [list(r) for r in cluster_from_json(doc).node_rank_ranges]
+        cluster = cluster_from_json(doc)
+        ranges = [list(r) for r in cluster.node_rank_ranges]
+        return ranges, [cluster.rank_gpu(a).name for a, _ in ranges]
     except (PlannerError, KeyError, TypeError, ValueError, OSError):
-        return []
+        return [], []
 
 
 def runs(ranks: list[int]) -> list[list[int]]:
@@ -52,9 +54,14 @@ def _node_of(ranges: list[list[int]]) -> dict[int, int]:
     return {r: k for k, (a, b) in enumerate(ranges) for r in range(a, b)}
 
 
-def gantt(plan: dict[str, Any], ranges: list[list[int]], measured: list[list[float]] | None) -> dict[str, Any]:
-    """Blocks of the Gantt chart: micro-batches one after the other on the time axis, each group a block over its
-    ranks."""
+def gantt(
+    plan: dict[str, Any],
+    ranges: list[list[int]],
+    measured: list[list[float]] | None,
+    node_gpus: list[str] | None = None,
+) -> dict[str, Any]:
+    """Blocks of the Gantt chart: micro-batches one after the other on the time axis (numbered from 0, as in the
+    plan and ``group_times_s``), each group a block over its ranks; ``node_gpus`` names each node's GPU type."""
     domain = int(plan.get("domain_size") or 0)
     node_of = _node_of(ranges)
     start = 0.0
@@ -106,6 +113,7 @@ def gantt(plan: dict[str, Any], ranges: list[list[int]], measured: list[list[flo
         "domain_size": domain,
         "step_s": start,
         "nodes": ranges,
+        "node_gpus": list(node_gpus or []),
         "utilisation": busy / (domain * start) if domain and start > 0 else 0.0,
         "micro_batches": mbs,
     }
@@ -146,11 +154,14 @@ def plan_view(record: PlanRecord, feedback: list[FeedbackRecord]) -> dict[str, A
         "created_at": record.created_at,
         "cluster": record.cluster,
         "model": record.model,
-        "profile": profile_name(request),
+        "profile": profile_label(request),
+        "profile_name": profile_name(profile_label(request)),
+        "backend_asked": str(options.get("backend") or DEFAULT_BACKEND),
         "n_samples": record.n_samples,
         "n_ranks": record.n_ranks,
         "options": options,
-        "budget_ms": float(options.get("time_budget_ms", DEFAULT_BUDGET_MS)),
+        # The record's column: what the budget came to ("auto" is a share of the previous step's time).
+        "budget_ms": record.budget_ms if record.budget_ms is not None else request_columns(request)["budget_ms"],
         "feedback": [_feedback(f) for f in feedback],
         "error": record.error,
     }
@@ -168,5 +179,6 @@ def plan_view(record: PlanRecord, feedback: list[FeedbackRecord]) -> dict[str, A
     out["communicators"] = plan.get("communicators") or []
     if "new_communicators" in plan:
         out["new_communicators"] = plan["new_communicators"]
-    out["gantt"] = gantt(plan, node_ranges(request), measured)
+    ranges, gpus = cluster_nodes(request)
+    out["gantt"] = gantt(plan, ranges, measured, gpus)
     return out

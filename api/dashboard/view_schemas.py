@@ -19,6 +19,14 @@ PlanTableRow = record_model(
         Field(None, description="mean of the measured step times in the plan's feedback"),
     ),
     feedback_count=(int, 0),
+    backend_asked=(str, Field("auto", description="the backend the request asked for ('auto' when it named none)")),
+    profile_name=(
+        str,
+        Field(
+            "analytical",
+            description="the profile's name: 'analytical', the zoo preset whose source it carries, or its short source",
+        ),
+    ),
 )
 
 
@@ -38,6 +46,9 @@ class Facets(BaseModel):
     cluster: list[str]
     model: list[str]
     profile: list[str] = Field(description="profiles of plans with feedback: 'analytical' or the profile's source")
+    profile_names: dict[str, str] = Field(
+        default_factory=dict, description="the name shown for each of 'profile' (a zoo preset's, or a short source)"
+    )
 
 
 class Changes(BaseModel):
@@ -78,6 +89,9 @@ class Gantt(BaseModel):
     domain_size: int
     step_s: float
     nodes: list[list[int]] = Field(description="per node, the half-open range of its ranks")
+    node_gpus: list[str] = Field(
+        [], description="per node, the name of its GPU type (empty when the cluster could not be read)"
+    )
     utilisation: float = Field(description="busy rank-seconds over domain_size x step")
     micro_batches: list[GanttMicroBatch]
 
@@ -103,6 +117,8 @@ class PlanView(BaseModel):
     cluster: str | None = None
     model: str | None = None
     profile: str = Field(description="'analytical' or the profile's source")
+    profile_name: str = Field(description="the profile's name: 'analytical', a zoo preset's name, or its short source")
+    backend_asked: str = Field(description="the backend the request asked for ('auto' when it named none)")
     n_samples: int
     n_ranks: int
     options: dict[str, Any] = Field(description="the options the request gave")
@@ -168,7 +184,8 @@ class CalibrationPoint(BaseModel):
 
 
 class CalibrationGroup(BaseModel):
-    profile: str
+    profile: str = Field(description="'analytical' or the profile's source (the value of the 'profile' filter)")
+    profile_name: str = Field(description="the name shown: 'analytical', a zoo preset's name, or a short source")
     cluster: str | None = None
     n: int
     median_ratio: float

@@ -4,6 +4,8 @@ stamp for live refresh, and feedback joined with the plans it measured (calibrat
 Nothing here writes. The figures that live inside the stored documents (the requested time budget, the
 speedup over the static baseline, the profile's label) are read from the columns the store writes beside
 the documents (:func:`api.store.repository.document_columns`), so they sort server-side like the others.
+The backend the request asked for is shown but not sorted on: the database reads it out of the stored
+request (:func:`requested_backend`), once per plan (:func:`plan_facts`).
 """
 
 from __future__ import annotations
@@ -14,10 +16,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Float, Select, String, func, literal, select
+from sqlalchemy import JSON, ColumnElement, Float, Select, String, func, literal, select
+from sqlalchemy import cast as sql_cast
 
 from api.store.models import PLANS, FeedbackRow
 from api.store.repository import DEFAULT_BUDGET_MS, Store, _aware
+from optimizer.problem.options import PlanOptions
+
+DEFAULT_BACKEND = PlanOptions().backend
+"""The backend a request that names none asks for."""
 
 
 def budget_ms(store: Store) -> ColumnElement[Any]:
@@ -33,6 +40,17 @@ def speedup(store: Store) -> ColumnElement[Any]:
 def profile_label(store: Store) -> ColumnElement[Any]:
     """``analytical`` when the request gave no profile, else the profile's ``source`` (``given`` when it has none)."""
     return func.coalesce(PLANS.c.profile, literal("analytical", String))
+
+
+def requested_backend(store: Store) -> ColumnElement[Any]:
+    """The backend the request asked for: its ``options.backend``, else :data:`DEFAULT_BACKEND`. Read by the
+    database out of the stored request text (SQLite's ``json_extract``, PostgreSQL's ``json_extract_path_text``),
+    so the request's batch never leaves the database."""
+    if store.engine.dialect.name == "postgresql":
+        asked = func.json_extract_path_text(sql_cast(PLANS.c.request_json, JSON), "options", "backend")
+    else:
+        asked = func.json_extract(PLANS.c.request_json, "$.options.backend")
+    return func.coalesce(asked, literal(DEFAULT_BACKEND, String))
 
 
 def _feedback_summary() -> Any:
@@ -58,6 +76,7 @@ class PlanFacts:
     profile: str
     budget_ms: float
     speedup: float | None
+    backend_asked: str
 
 
 _FACTS: weakref.WeakKeyDictionary[Store, dict[str, PlanFacts]] = weakref.WeakKeyDictionary()
@@ -87,10 +106,11 @@ def plan_facts(store: Store, ids: list[str]) -> dict[str, PlanFacts]:
                     profile_label(store),
                     budget_ms(store),
                     speedup(store),
+                    requested_backend(store),
                 ).where(PLANS.c.id.in_(missing[k : k + 500]))
             )
-            for pid, status, cluster, model, label, budget, gain in rows:
-                facts = PlanFacts(cluster, model, label, float(budget), gain)
+            for pid, status, cluster, model, label, budget, gain, asked in rows:
+                facts = PlanFacts(cluster, model, label, float(budget), gain, str(asked))
                 fresh[pid] = facts
                 if status != "pending":
                     final[pid] = facts
@@ -143,13 +163,16 @@ TABLE_FIELDS = (
     "lower_bound_s",
     "gap",
     "speedup",
+    "profile",
 )
-"""The fields of a stored record that a row of the plans table shows (with its feedback's count and mean)."""
-FACT_FIELDS = ("budget_ms", "speedup")
+"""The fields of a stored record that a row of the plans table shows (with its feedback's count and mean, and the
+backend the request asked for)."""
+FACT_FIELDS = ("budget_ms", "speedup", "profile")
 """Fields of a table row read through :func:`plan_facts` (kept in memory once a plan is finished)."""
 
-UNSORTED_FIELDS = ("id", "solver_status")
-"""Table fields the plans table is not sorted on."""
+UNSORTED_FIELDS = ("id", "solver_status", "profile")
+"""Table fields the plans table is not sorted on (the profile: its label is the profile's long source text, not the
+name the table shows)."""
 SORT_KEYS = tuple(name for name in TABLE_FIELDS if name not in UNSORTED_FIELDS) + ("measured_step_time_s",)
 """What the plans table sorts on: its fields but the unsorted ones, and the mean measured step time."""
 
@@ -210,6 +233,8 @@ def plan_table(
         r["measured_step_time_s"] = r.pop("mean_s")
         r["budget_ms"] = facts[pid].budget_ms
         r["speedup"] = facts[pid].speedup
+        r["profile"] = facts[pid].profile
+        r["backend_asked"] = facts[pid].backend_asked
         out.append(r)
     return out, int(total)
 

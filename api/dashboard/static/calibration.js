@@ -6,8 +6,10 @@
   const form = document.getElementById("filters");
   const plots = [];
 
-  function groupName(g) { return g.profile + " \u00b7 " + (g.cluster || "?"); }
-  function shortProfile(s) { return s.length > 40 ? s.slice(0, 38) + "\u2026" : s; }
+  // A profile's name (a zoo preset's, or a short form of its source; GET /v1/dashboard/facets) by its label.
+  const names = {};
+  function nameOf(label) { return names[label] || label; }
+  function groupName(g) { return g.profile_name + " \u00b7 " + (g.cluster || "?"); }
 
   function renderCards(c) {
     const o = c.overall;
@@ -35,7 +37,8 @@
                   ...keys.map((k) => [null, ...pts.map((p) => (p.group === k ? p.measured_step_time_s : null)), null])];
     const series = [{ label: "predicted s", value: (u, x) => secs(x) },
       { label: "y = x", stroke: "#57606a", width: 1, dash: [5, 4], points: { show: false }, value: (u, y) => secs(y) },
-      ...keys.map((k, i) => ({ label: shortProfile(groupName(c.groups[k])), stroke: COLOURS[i % COLOURS.length], paths: () => null, spanGaps: false,
+      ...keys.map((k, i) => ({ label: groupName(c.groups[k]), stroke: COLOURS[i % COLOURS.length],
+                               paths: () => null, spanGaps: false,
                                points: { show: true, size: 7, fill: COLOURS[i % COLOURS.length], stroke: COLOURS[i % COLOURS.length] }, value: (u, y) => secs(y) }))];
     const opts = { width: chartWidth(box, 760), height: 340, series, legend: { live: true },
                    scales: { x: { time: false, range: [lo - pad, hi + pad] }, y: { range: [lo - pad, hi + pad] } },
@@ -63,7 +66,7 @@
   function renderGroups(c) {
     const tbody = document.querySelector("#groups tbody");
     if (!c.groups.length) { tbody.replaceChildren(el("tr", {}, el("td", { colspan: 7, text: "No feedback yet." }))); return; }
-    tbody.replaceChildren(...c.groups.map((g) => el("tr", {}, el("td", {}, el("span", { class: "ellipsis", title: g.profile, text: g.profile })),
+    tbody.replaceChildren(...c.groups.map((g) => el("tr", {}, el("td", { title: g.profile, text: g.profile_name }),
       el("td", { text: g.cluster || "\u2013" }), el("td", { class: "num", text: g.n }), el("td", { class: "num", text: num(g.median_ratio, 3) }),
       el("td", { class: "num", text: pct(g.mean_abs_error) }), el("td", { class: "num", text: pct(g.p90_abs_error) }),
       el("td", { class: "verdict-" + g.verdict, text: g.verdict }))));
@@ -90,15 +93,20 @@
     try {
       for (const name of ["cluster", "model", "profile"]) {
         const v = q.get(name);
-        if (v) form.elements[name].append(el("option", { value: v, text: name === "profile" ? shortProfile(v) : v, title: v, selected: true }));
+        if (v) form.elements[name].append(el("option", { value: v, text: v, title: v, selected: true }));
       }
       const facets = api("/v1/dashboard/facets").catch((err) => err);  // in parallel; its error, if any, is thrown below
       await load();
       const f = await facets;
       if (f instanceof Error) throw f;
+      Object.assign(names, f.profile_names);
       for (const name of ["cluster", "model", "profile"]) {
         const select = form.elements[name];
-        for (const v of f[name]) if (v !== q.get(name)) select.append(el("option", { value: v, text: name === "profile" ? shortProfile(v) : v, title: v }));
+        const text = (v) => (name === "profile" ? nameOf(v) : v);
+        for (const option of select.options) if (option.value) option.textContent = text(option.value);
+        for (const v of f[name]) {
+          if (v !== q.get(name)) select.append(el("option", { value: v, text: text(v), title: v }));
+        }
       }
       document.body.dataset.ready = "1";
     } catch (err) { showError(err); document.body.dataset.ready = "error"; }

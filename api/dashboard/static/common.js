@@ -82,6 +82,19 @@ const DHP = (() => {
     return node;
   }
 
+  // A plan id short enough for a table cell that still tells plans apart: a plan's first 8 digits; for an epoch
+  // job's step (the job's id, a dash and the step, GET /v1/jobs) the job's first 8 digits and the step number.
+  function shortId(id) {
+    const m = /^(.+)-0*(\d+)$/.exec(id);
+    return m ? `${m[1].slice(0, 8)}\u2026 step ${m[2]}` : id.slice(0, 8);
+  }
+
+  // The backend a plan asked for and the one that ran: one name when they are the same, else both with an arrow.
+  function backendText(asked, ran) {
+    if (!ran) return (asked || "auto") + " \u2192 \u2013";
+    return !asked || asked === ran ? ran : asked + " \u2192 " + ran;
+  }
+
   // The plan id in the page's path: /dashboard/plans/<id>[/tuning].
   function planIdFromPath() {
     const m = location.pathname.match(/\/dashboard\/plans\/([^/]+)/);
@@ -95,5 +108,6 @@ const DHP = (() => {
   function chartWidth(node, max = 980) { return Math.max(320, Math.min(max, node.clientWidth - 14)); }
 
   document.addEventListener("DOMContentLoaded", setupTokenForm);
-  return { api, showError, clearError, num, secs, ms, pct, when, shortWhen, el, planIdFromPath, COLOURS, chartWidth };
+  return { api, showError, clearError, num, secs, ms, pct, when, shortWhen, el, shortId, backendText, planIdFromPath,
+           COLOURS, chartWidth };
 })();

@@ -3,8 +3,11 @@
 "use strict";
 
 (() => {
-  const { api, showError, num, secs, ms, pct, when, el, planIdFromPath, COLOURS, chartWidth } = DHP;
+  const { api, showError, num, secs, ms, pct, when, el, shortId, backendText, planIdFromPath, COLOURS,
+          chartWidth } = DHP;
   const SVG = "http://www.w3.org/2000/svg";
+  // Colours of GPU types in a cluster of several (apart from the blocks' blue and magenta).
+  const GPU_COLOURS = [COLOURS[4], COLOURS[2], COLOURS[7], COLOURS[6]];
 
   function svg(tag, attrs = {}) {
     const node = document.createElementNS(SVG, tag);
@@ -38,19 +41,55 @@
       ["Speedup over static", sb.speedup ? num(sb.speedup, 2) + "\u00d7" : "\u2013", sb.degree ? `static: size ${sb.degree}, ${sb.micro_batches} micro-batch(es), ${secs(sb.predicted_step_time_s)} s` : null],
       ["Measured step", meanMeasured === null ? "\u2013" : secs(meanMeasured) + " s",
        fb.length ? `mean of ${fb.length} step(s), ${num(meanMeasured / v.predicted_step_time_s, 3)}\u00d7 predicted` : "no feedback yet"],
-      ["Planner", (s.backend || "\u2013") + " \u00b7 " + (s.status || "\u2013"), s.wall_ms !== undefined ? ms(s.wall_ms) + " ms of a " + ms(v.budget_ms) + " ms budget" : null],
+      ["Planner", backendText(v.backend_asked, s.backend) + " \u00b7 " + (s.status || "\u2013"),
+       (s.wall_ms !== undefined ? ms(s.wall_ms) + " ms of a " + ms(v.budget_ms) + " ms budget; " : "") +
+       "asked for " + v.backend_asked],
       ["Batch", v.n_samples + " samples", v.n_ranks + " ranks"],
-      ["Cluster \u00b7 model", (v.cluster || "\u2013"), (v.model || "\u2013") + " \u00b7 profile: " + (v.profile.length > 48 ? v.profile.slice(0, 46) + "\u2026" : v.profile)],
+      ["Cluster \u00b7 model", (v.cluster || "\u2013"), (v.model || "\u2013") + " \u00b7 profile: " + v.profile_name],
     ];
     dl.replaceChildren(...items.flatMap(([a, b, c]) => card(a, b, c)));
   }
 
   // --- the Gantt chart -------------------------------------------------------------------------
+  // The cluster's GPU types in the order of their first node: name, colour and nodes (several in a mixed cluster).
+  function gpuTypes(g) {
+    const types = [];
+    (g.node_gpus || []).forEach((name, k) => {
+      let t = types.find((x) => x.name === name);
+      if (!t) { t = { name, colour: GPU_COLOURS[types.length % GPU_COLOURS.length], nodes: [] }; types.push(t); }
+      t.nodes.push(k);
+    });
+    return types;
+  }
+
+  // Which nodes hold which GPU type, beside the chart's legend: a swatch per type in a mixed cluster.
+  function renderGpuLegend(g, types) {
+    const box = document.getElementById("gpu-legend");
+    if (!types.length) { box.hidden = true; return; }
+    box.hidden = false;
+    if (types.length === 1) {
+      box.replaceChildren(el("span", { text: "GPUs: " + types[0].name + " on every node" }));
+      return;
+    }
+    box.replaceChildren(el("span", { text: "GPU types:" }), ...types.map((t) => {
+      const ranks = t.nodes.flatMap((k) => {
+        const [a, b] = g.nodes[k];
+        return Array.from({ length: b - a }, (_, i) => a + i);
+      });
+      return el("span", { class: "gpu-type" }, el("span", { class: "swatch", style: "background:" + t.colour }),
+        `${t.name}: node${t.nodes.length > 1 ? "s" : ""} ${rankList(t.nodes)} (ranks ${rankList(ranks)})`);
+    }));
+  }
+
   function renderGantt(v) {
     const g = v.gantt;
     const box = document.getElementById("gantt");
     const domain = g.domain_size;
-    const left = 64, top = 22, bottom = 28, right = 8;
+    const types = gpuTypes(g);
+    const mixed = types.length > 1;
+    const gpusOf = (nodes) => [...new Set(nodes.map((k) => g.node_gpus[k]))].join(", ");
+    renderGpuLegend(g, types);
+    const left = mixed ? 140 : 64, top = 22, bottom = 28, right = 8;
     const width = Math.max(640, Math.min(1560, box.clientWidth - 14));
     const plotW = width - left - right;
     const rh = Math.max(3, Math.min(22, 560 / domain));
@@ -65,14 +104,18 @@
       root.append(svg("rect", { x: x(mb.start_s), y: top, width: Math.max(1, x(mb.start_s + mb.predicted_time_s) - x(mb.start_s)), height: plotH, fill: "var(--idle)" }));
       const span = x(mb.start_s + mb.predicted_time_s) - x(mb.start_s);
       if (span >= 28) {
-        const label = svg("text", { x: x(mb.start_s) + 3, y: top - 7 });
-        label.textContent = span >= 130 ? `micro-batch ${mb.index + 1}: ${secs(mb.predicted_time_s)} s` : span >= 60 ? `mb ${mb.index + 1}: ${secs(mb.predicted_time_s)} s` : `${mb.index + 1}`;
+        const label = svg("text", { class: "mb-label", x: x(mb.start_s) + 3, y: top - 7, "data-mb": mb.index });
+        const dur = secs(mb.predicted_time_s);
+        label.textContent = span >= 130 ? `micro-batch ${mb.index}: ${dur} s`
+          : span >= 60 ? `mb ${mb.index}: ${dur} s` : `${mb.index}`;
         root.append(label);
       }
       for (const grp of mb.groups) {
         const w = Math.max(1, (grp.predicted_time_s / step) * plotW);
-        const where = grp.intra_node ? "within one node" : "spanning nodes " + grp.nodes.join(", ");
-        const text = `Micro-batch ${mb.index + 1}, group ${grp.index + 1}: size ${grp.degree} (ranks ${rankList(grp.ranks)}), ${grp.samples.length} sample(s), ` +
+        const where = (grp.intra_node ? "within one node" : "spanning nodes " + grp.nodes.join(", ")) +
+          (mixed && grp.nodes.length ? " (" + gpusOf(grp.nodes) + ")" : "");
+        const text = `Micro-batch ${mb.index}, group ${grp.index}: size ${grp.degree} ` +
+          `(ranks ${rankList(grp.ranks)}), ${grp.samples.length} sample(s), ` +
           `predicted ${secs(grp.predicted_time_s)} s, idle ${secs(grp.idle_s)} s, ${where}` + (grp.measured_time_s !== null ? `, measured ${secs(grp.measured_time_s)} s` : "");
         const node = svg("g", { class: "block " + (grp.intra_node ? "intra" : "inter"), tabindex: blocks.length ? -1 : 0, role: "img", "aria-label": text,
                                 "data-mb": mb.index, "data-group": grp.index });
@@ -90,7 +133,9 @@
         const [a0, b0] = grp.spans[0];
         if (w > 34 && (b0 - a0) * rh >= 11) {
           const t = svg("text", { class: "label", x: x(mb.start_s) + 3, y: top + a0 * rh + Math.min((b0 - a0) * rh, 22) / 2 + 4 });
-          t.textContent = w > 80 ? `${grp.degree} ranks \u00b7 ${grp.samples.length} smp` : `${grp.degree}\u00b7${grp.samples.length}`;
+          const ranks = grp.degree === 1 ? "1 rank" : `${grp.degree} ranks`;
+          const n = grp.samples.length;
+          t.textContent = w > 80 ? `${ranks} \u00b7 ${n} smp` : `${grp.degree}\u00b7${n}`;
           node.append(t);
         }
         root.append(node);
@@ -99,12 +144,21 @@
       root.append(svg("line", { x1: x(mb.start_s), x2: x(mb.start_s), y1: top - 4, y2: top + plotH, stroke: "#24292f", "stroke-width": 1.5 }));
     }
     root.append(ticks);
-    // Node boundaries and labels.
+    // Node boundaries and labels; in a mixed cluster each node's GPU type too, and a strip in its type's colour.
     g.nodes.forEach(([a, b], k) => {
       if (a > 0) root.append(svg("line", { x1: left - 6, x2: left + plotW, y1: top + a * rh, y2: top + a * rh, stroke: "#24292f", "stroke-width": 1 }));
+      if (mixed) {
+        const type = types.find((t) => t.name === g.node_gpus[k]);
+        const strip = svg("rect", { class: "gpu-strip", x: left - 6, y: top + a * rh + 1, width: 5,
+                                    height: Math.max(1, (b - a) * rh - 2), fill: type.colour });
+        const title = svg("title");
+        title.textContent = `node ${k}: ${type.name}, ranks ${a}\u2013${b - 1}`;
+        strip.append(title);
+        root.append(strip);
+      }
       if ((b - a) * rh >= 11) {
-        const t = svg("text", { x: 4, y: top + ((a + b) / 2) * rh + 4 });
-        t.textContent = `node ${k}`;
+        const t = svg("text", { class: "node-label", x: 4, y: top + ((a + b) / 2) * rh + 4 });
+        t.textContent = mixed ? `node ${k} \u00b7 ${g.node_gpus[k]}` : `node ${k}`;
         root.append(t);
       }
     });
@@ -151,12 +205,15 @@
 
   function renderGroups(v) {
     const tbody = document.querySelector("#groups tbody");
+    const mixed = new Set(v.gantt.node_gpus || []).size > 1;
     const rows = [];
     for (const mb of v.gantt.micro_batches) {
       for (const g of mb.groups) {
-        rows.push(el("tr", {}, el("td", { class: "num", text: mb.index + 1 }), el("td", { class: "num", text: g.index + 1 }),
+        const types = [...new Set(g.nodes.map((k) => v.gantt.node_gpus[k]))];
+        const gpus = mixed && g.nodes.length ? " \u00b7 " + types.join(", ") : "";
+        rows.push(el("tr", {}, el("td", { class: "num", text: mb.index }), el("td", { class: "num", text: g.index }),
           el("td", { text: rankList(g.ranks) }), el("td", { class: "num", text: g.degree }),
-          el("td", { text: (g.nodes.join(", ") || "\u2013") + (g.intra_node ? "" : " (spans nodes)") }),
+          el("td", { text: (g.nodes.join(", ") || "\u2013") + (g.intra_node ? "" : " (spans nodes)") + gpus }),
           el("td", { class: "num", text: g.samples.length, title: g.samples.join(", ") }), el("td", { class: "num", text: secs(g.predicted_time_s) }),
           el("td", { class: "num", text: g.measured_time_s === null ? "\u2013" : secs(g.measured_time_s) }), el("td", { class: "num", text: secs(g.idle_s) })));
       }
@@ -193,12 +250,29 @@
 
     const phases = Object.entries(s.phases || {}).filter(([k, val]) => k.endsWith("_ms") && val > 0);
     const total = phases.reduce((a, [, val]) => a + val, 0);
+    const name = (k) => k.replace(/_ms$/, "");
+    const colour = (i) => COLOURS[i % COLOURS.length];
     const bar = document.getElementById("phases");
-    bar.replaceChildren(...phases.map(([k, val], i) => el("div", { style: `width:${(100 * val) / total}%;background:${COLOURS[i % COLOURS.length]}`,
-                                                                    title: `${k.replace(/_ms$/, "")}: ${ms(val)} ms`, text: k.replace(/_ms$/, "") })));
-    const text = phases.map(([k, val]) => `${k.replace(/_ms$/, "")} ${ms(val)} ms`).join(", ");
+    const segments = phases.map(([k, val], i) => el("div", {
+      style: `width:${(100 * val) / total}%;background:${colour(i)};color:${ink(colour(i))}`,
+      title: `${name(k)}: ${ms(val)} ms (${pct(val / total)})`, text: name(k) }));
+    bar.replaceChildren(...segments);
+    // A segment too narrow for its whole name shows none (its name stays in the tooltip and the legend below).
+    for (const seg of segments) {
+      if (seg.scrollWidth > seg.clientWidth) { seg.textContent = ""; seg.classList.add("narrow"); }
+    }
+    const text = phases.map(([k, val]) => `${name(k)} ${ms(val)} ms`).join(", ");
     bar.setAttribute("aria-label", "Planner phases: " + text);
-    document.getElementById("phases-text").textContent = text + (s.fallback_reason ? ". Solver note: " + s.fallback_reason : "");
+    const legend = phases.map(([k, val], i) => el("span", { class: "phase" },
+      el("span", { class: "swatch", style: "background:" + colour(i) }), `${name(k)} ${ms(val)} ms`));
+    document.getElementById("phases-legend").replaceChildren(...legend);
+    document.getElementById("phases-text").textContent = s.fallback_reason ? "Solver note: " + s.fallback_reason : "";
+  }
+
+  // Text colour readable on a background colour "#rrggbb": dark on light colours, white on dark ones.
+  function ink(hex) {
+    const [r, g, b] = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16) / 255);
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.5 ? "#1b1f24" : "#fff";
   }
 
   function renderStatic(v) {
@@ -238,7 +312,7 @@
     document.getElementById("json-link").href = `/v1/plans/${encodeURIComponent(id)}`;
     try {
       const v = await api(`/v1/dashboard/plans/${encodeURIComponent(id)}`);
-      document.title = `Plan ${id.slice(0, 8)} \u00b7 dhp-planner dashboard`;
+      document.title = `Plan ${shortId(id)} \u00b7 dhp-planner dashboard`;
       document.getElementById("plan-status").textContent = "\u00b7 " + v.status + ", created " + when(v.created_at);
       if (v.status !== "done") {
         showError({ message: v.status === "pending" ? "This plan is still being solved; reload in a moment." : "This plan failed: " + ((v.error && v.error.detail) || "no detail") });

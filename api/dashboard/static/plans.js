@@ -2,7 +2,7 @@
 "use strict";
 
 (() => {
-  const { api, showError, clearError, num, secs, ms, pct, when, shortWhen, el } = DHP;
+  const { api, showError, clearError, num, secs, ms, pct, when, shortWhen, el, shortId, backendText } = DHP;
   const form = document.getElementById("filters");
   const tbody = document.querySelector("#plans tbody");
   const FILTERS = ["status", "backend", "cluster", "model", "created_after", "created_before", "id_prefix"];
@@ -65,8 +65,9 @@
   const DASH = "\u2013";
   const or = (v) => v || DASH;
   function planLink(p) {
-    return el("a", { href: "/dashboard/plans/" + encodeURIComponent(p.id), text: p.id.slice(0, 8), title: p.id,
-                     "aria-label": "Plan " + p.id.slice(0, 8) + " of " + p.n_samples + " samples on " + p.n_ranks + " ranks" });
+    const short = shortId(p.id);
+    return el("a", { href: "/dashboard/plans/" + encodeURIComponent(p.id), text: short, title: p.id,
+                     "aria-label": "Plan " + short + " of " + p.n_samples + " samples on " + p.n_ranks + " ranks" });
   }
   function measured(p) {
     if (p.measured_step_time_s === null) return DASH;
@@ -81,7 +82,9 @@
     { label: "Ranks", sort: "n_ranks", num: true, text: (p) => p.n_ranks },
     { label: "Cluster", sort: "cluster", text: (p) => or(p.cluster) },
     { label: "Model", sort: "model", text: (p) => or(p.model) },
-    { label: "Backend", sort: "backend", text: (p) => or(p.backend) },
+    { label: "Profile", text: (p) => p.profile_name, title: (p) => p.profile },
+    { label: "Backend", sort: "backend", text: (p) => backendText(p.backend_asked, p.backend),
+      title: (p) => "asked for " + p.backend_asked + ", ran " + (p.backend || "nothing yet") },
     { label: "Budget ms", sort: "budget_ms", num: true, text: (p) => ms(p.budget_ms) },
     { label: "Wall ms", sort: "solve_ms", num: true, text: (p) => ms(p.solve_ms) },
     { label: "Predicted s", sort: "predicted_step_time_s", num: true, text: (p) => secs(p.predicted_step_time_s) },

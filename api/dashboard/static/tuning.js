@@ -9,7 +9,7 @@
   let best = null;
   let sweepPlot = null;
   let storedOptions = {};
-  // The planner's default budget, which is also a re-plan's when the form gives none (api/dashboard_tuning.py).
+  // The planner's default budget, which is also a re-plan's when the form gives none (api/dashboard/tuning.py).
   const DEFAULT_BUDGET_MS = 200;
 
   const ROWS = [
@@ -47,8 +47,23 @@
     }
   }
 
+  // Predicted step times within this relative distance are a tie: the cheaper plan wins it.
+  const TIE = 1e-9;
+  // What a plan cost to find: its budget (a re-plan's options always hold one; the stored plan's is in the view),
+  // then the planner's wall time.
+  function cost(r) {
+    return [r.budget_ms ?? (r.options && r.options.time_budget_ms) ?? DEFAULT_BUDGET_MS,
+            r.planner_ms === null || r.planner_ms === undefined ? Infinity : r.planner_ms];
+  }
+  // Whether plan a beats plan b: a faster predicted step, or a tie on it and a lower budget, then wall time.
+  function beats(a, b) {
+    const ta = a.predicted_step_time_s, tb = b.predicted_step_time_s;
+    if (Math.abs(ta - tb) > TIE * Math.max(Math.abs(ta), Math.abs(tb))) return ta < tb;
+    const [ba, wa] = cost(a), [bb, wb] = cost(b);
+    return ba !== bb ? ba < bb : wa < wb;
+  }
   function fastest(list) {
-    return list.reduce((b, c) => (b === null || c.result.predicted_step_time_s < b.result.predicted_step_time_s ? c : b), null);
+    return list.reduce((b, c) => (b === null || beats(c.result, b.result) ? c : b), null);
   }
 
   function renderCompare() {
@@ -136,6 +151,8 @@
     const button = form.querySelector("button[type=submit]");
     const progress = document.getElementById("sweep-progress");
     button.disabled = true;
+    document.getElementById("sweep-prompt").hidden = true;
+    for (const id of ["sweep-progress", "sweep-chart", "sweep-results"]) document.getElementById(id).hidden = false;
     const results = Object.fromEntries(backends.map((b) => [b, {}]));
     const total = backends.length * budgets.length;
     progress.max = total;
@@ -180,8 +197,9 @@
         return;
       }
       const groups = v.gantt.micro_batches.flatMap((m) => m.groups);
-      columns.push({ label: "stored: " + label(v.options), result: {
-        options: v.options, predicted_step_time_s: v.predicted_step_time_s, ratio_to_bound: v.ratio_to_bound, gap: v.gap,
+      columns.push({ label: "stored: " + label({ ...v.options, time_budget_ms: v.budget_ms }), result: {
+        options: v.options, budget_ms: v.budget_ms, predicted_step_time_s: v.predicted_step_time_s,
+        ratio_to_bound: v.ratio_to_bound, gap: v.gap,
         static_speedup: v.static_baseline ? v.static_baseline.speedup : null, planner_ms: v.solver ? v.solver.wall_ms : null,
         backend: v.solver ? v.solver.backend : "?", solver_status: v.solver ? v.solver.status : "?", micro_batches: v.gantt.micro_batches.length,
         groups: groups.length, largest_group: Math.max(...groups.map((g) => g.degree)), fallback_reason: v.solver ? v.solver.fallback_reason : null } });
