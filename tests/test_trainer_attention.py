@@ -1,4 +1,5 @@
-"""Context-parallel attention at low precision, with grouped-query heads, and when a rank fails."""
+"""Context-parallel attention at low precision, with grouped-query heads, when a rank fails, and the
+hybrid scheme (Ulysses inside, ring across) from the kernel to apply_plan and the training step."""
 
 from __future__ import annotations
 
@@ -6,11 +7,21 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainer._testing import failing_ring_worker  # noqa: E402
-from trainer.attention_check import error_table  # noqa: E402
+from optimizer.errors import ProblemError  # noqa: E402
+from optimizer.plan.sharding import token_ranges  # noqa: E402
+from trainer._testing import attention_worker_many, failing_ring_worker  # noqa: E402
+from trainer.apply import apply_plan, hybrid_sub_groups  # noqa: E402
+from trainer.attention_check import error_table, hybrid_pairs  # noqa: E402
 from trainer.attention_tiles import mask_value  # noqa: E402
 from trainer.launch import spawn  # noqa: E402
-from trainer.ring_attention import RingSpec, full_attention, ring_attention, shard_layout  # noqa: E402
+from trainer.ring_attention import (  # noqa: E402
+    HybridSpec,
+    RingSpec,
+    full_attention,
+    hybrid_attention,
+    ring_attention,
+    shard_layout,
+)
 
 
 def test_mask_value_fits_every_dtype():
@@ -143,3 +154,176 @@ def test_device_check_runs_on_cpu(tmp_path):
     assert [(k["lengths"], k["length"], k["degree"]) for k in doc["kernel_times"]] == [(2, 48, 1), (8, 16, 2)]
     assert all(k["matmul_s"] > 0 for k in doc["kernel_times"])
     assert len(doc["cost_model"]["held_out"]) == 3 and doc["cost_model"]["mean_abs_error"] >= 0
+
+
+# -- hybrid: Ulysses inside, ring across --------------------------------------------------------
+
+HYBRID_LENGTHS = [23, 4, 1, 9]
+"""Samples shorter than 2d leave whole pieces of padding; several samples share one pass."""
+
+
+def _hybrid_errors(d, calls):
+    per_rank = spawn(attention_worker_many, d, calls)
+    return [[max(per_rank[r][i]["ours"][j] for r in range(d)) for j in range(4)] for i in range(len(calls))]
+
+
+def test_hybrid_on_four_ranks_matches_float64_attention():
+    base = {"lengths": HYBRID_LENGTHS, "scheme": "hybrid", "dim": 4}
+    calls = [
+        # GQA where u = 2 does not divide the 3 key/value heads (repeated), in several tiles per block.
+        {**base, "heads": 6, "kv_heads": 3, "ulysses": 2, "tile": 4},
+        # u = 2 splitting 2 key/value heads; the group's ranks out of order, so the Ulysses sub-groups'
+        # process-group numbering differs from their positions.
+        {**base, "heads": 4, "kv_heads": 2, "ulysses": 2, "order": [3, 1, 0, 2]},
+        {**base, "heads": 4, "kv_heads": 2, "ulysses": 4, "order": [2, 0, 3, 1]},  # u = d: Ulysses
+        {**base, "heads": 4, "kv_heads": 2, "ulysses": 1},  # u = 1: ring
+        {**base, "heads": 4, "kv_heads": 2, "ulysses": 2, "dtype": "bfloat16", "sdpa": True},
+    ]
+    per_rank = spawn(attention_worker_many, 4, calls)
+    for i, call in enumerate(calls[:4]):
+        for r in range(4):
+            assert max(per_rank[r][i]["ours"]) < 1e-12, (call, r, per_rank[r][i])
+    low = [max(per_rank[r][4]["ours"][j] for r in range(4)) for j in range(4)]
+    sdpa = per_rank[0][4]["sdpa"]
+    assert 0 < max(low) <= 1.5 * max(sdpa), (low, sdpa)
+
+
+def test_hybrid_on_six_ranks_matches_float64_attention():
+    # Rings of 3 over two Ulysses widths' worth of heads; GQA split (4/2) and repeated (6/3).
+    base = {"lengths": HYBRID_LENGTHS, "scheme": "hybrid", "dim": 4, "ulysses": 2}
+    errors = _hybrid_errors(6, [{**base, "heads": 4, "kv_heads": 2}, {**base, "heads": 6, "kv_heads": 3, "tile": 4}])
+    for e in errors:
+        assert max(e) < 1e-12, errors
+
+
+def test_hybrid_layout_and_ring_blocks():
+    # u = 1 is the ring split; with u = d one ring position holds the whole sequence.
+    for (pr, sr), (ph, sh) in zip(shard_layout([23, 4], 4), shard_layout([23, 4], 4, "hybrid", 1), strict=True):
+        assert torch.equal(pr, ph) and torch.equal(sr, sh)
+    layout = tuple(shard_layout([23, 4, 1, 9], 6, "hybrid", 2))
+    seen = sorted((int(s), int(p)) for pos, seg in layout for p, s in zip(pos, seg, strict=True))
+    assert seen == sorted((s, p) for s, n in enumerate([24, 12, 12, 12]) for p in range(n))  # each padded token once
+    spec = HybridSpec((10, 11, 12, 13, 14, 15), 3, 2, layout, None, None)
+    assert (spec.ring_index, spec.ulysses_index) == (1, 1)
+    assert spec.ulysses_ranks == (12, 13) and spec.ring_ranks == (11, 13, 15)
+    ring = spec.ring()
+    assert ring.ranks == (11, 13, 15) and ring.position == 1 and ring is spec.ring()
+    for i in range(3):
+        assert torch.equal(ring.layout[i][0], torch.cat([layout[2 * i][0], layout[2 * i + 1][0]]))
+    # Ring position 0's block holds zig-zag chunks 0 and 5 of a ring of 3 (6 chunks of 4 tokens), whole.
+    assert sorted(ring.layout[0][0][ring.layout[0][1] == 0].tolist()) == list(range(4)) + list(range(20, 24))
+    with pytest.raises(ValueError, match="must divide the group size"):
+        HybridSpec((0, 1, 2), 0, 2, tuple(shard_layout([5], 3)), None, None)
+    wide = tuple(shard_layout([5], 8, "hybrid", 4))
+    q, k = torch.zeros(int(wide[3][0].numel()), 6, 4), torch.zeros(int(wide[3][0].numel()), 2, 4)
+    with pytest.raises(ValueError, match="Ulysses width 4 to divide the 6 query heads"):
+        hybrid_attention(q, k, k, HybridSpec(tuple(range(8)), 3, 4, wide, None, None))
+
+
+def test_hybrid_check_skips_what_cannot_run():
+    pairs, skipped = hybrid_pairs([4, 6, 8], [2, 4], 8)
+    assert pairs == [(4, 2), (4, 4), (6, 2), (8, 2), (8, 4)]
+    assert skipped == ["d 6 with u 4: u does not divide d"]
+    assert hybrid_pairs([4], [4], 6)[1] == ["d 4 with u 4: u does not divide the 6 query heads"]
+
+
+HYBRID_PLAN = {
+    "scheme": "hybrid",
+    "domain_size": 4,
+    "micro_batches": [
+        {"groups": [{"ranks": [0, 1, 2, 3], "ulysses_size": 2, "samples": ["a", "b"], "lengths": [21, 5]}]},
+        {
+            "groups": [
+                {"ranks": [1, 0], "ulysses_size": 2, "samples": ["c"], "lengths": [9]},
+                {"ranks": [2, 3], "ulysses_size": 1, "samples": ["d"], "lengths": [6]},
+            ]
+        },
+        {
+            "groups": [
+                {"ranks": [3, 2, 1], "ulysses_size": 1, "samples": ["e"], "lengths": [13]},
+                {"ranks": [0], "ulysses_size": 1, "samples": ["f"], "lengths": [4]},
+            ]
+        },
+    ],
+}
+
+
+def test_apply_plan_reads_a_hybrid_plan():
+    works = [apply_plan(HYBRID_PLAN, r) for r in range(4)]
+    assert works[0].scheme == "hybrid"
+    assert works[0].communicators == ((0, 1, 2, 3), (1, 0), (2, 3), (3, 2, 1))
+    # Every hybrid group's Ulysses sub-groups and rings, each once, the same list on every rank.
+    assert works[0].sub_groups == ((0, 1), (2, 3), (0, 2), (1, 3), (3, 2, 1))
+    assert all(w.sub_groups == works[0].sub_groups for w in works)
+    mb = works[3].micro_batches[0]
+    assert mb.ulysses_size == 2 and mb.ulysses_ranks == (2, 3) and mb.ring_ranks == (1, 3)
+    assert works[0].micro_batches[1].ulysses_ranks == (1, 0) and works[0].micro_batches[1].ring_ranks == (0,)
+    assert works[2].micro_batches[1].ring_ranks == (2, 3) and works[2].micro_batches[1].ulysses_ranks == (2,)
+    for m, doc in enumerate(HYBRID_PLAN["micro_batches"]):
+        for g in doc["groups"]:
+            d, u = len(g["ranks"]), g["ulysses_size"]
+            for sid, length in zip(g["samples"], g["lengths"], strict=True):
+                covered = []
+                for pos, r in enumerate(g["ranks"]):
+                    sh = next(s for s in works[r].micro_batches[m].shards if s.sample == sid)
+                    assert sh.ranges == tuple(tuple(x) for x in token_ranges(length, d, "hybrid", u)[pos])
+                    assert sh.padded_length == (-(-length // (2 * d)) * 2 * d if d > 1 else length)
+                    covered += [t for a, b in sh.ranges for t in range(a, b)]
+                assert sorted(covered) == list(range(length))
+    # The shards' padded ranges are the attention layout of the rank's position.
+    pos, _ = shard_layout([21, 5], 4, "hybrid", 2)[3]
+    held = [t for sh in works[3].micro_batches[0].shards for a, b in sh.padded_ranges for t in range(a, b)]
+    assert pos.tolist() == held
+
+
+def test_apply_plan_maps_hybrid_sub_groups_under_tp():
+    work = apply_plan(HYBRID_PLAN, 5, tensor_parallel=2)  # planner rank 2, tensor rank 1
+    assert work.micro_batches[0].group == (1, 3, 5, 7)
+    assert work.micro_batches[0].ulysses_ranks == (5, 7) and work.micro_batches[0].ring_ranks == (1, 5)
+    assert len(work.sub_groups) == 10 and (0, 2) in work.sub_groups and (5, 7) in work.sub_groups
+    assert work.sub_groups == apply_plan(HYBRID_PLAN, 0, tensor_parallel=2).sub_groups
+
+
+def _with_group(**changes):
+    group = {"ranks": [0, 1, 2, 3], "samples": ["a"], "lengths": [8]}
+    doc = {"scheme": "hybrid", "micro_batches": [{"groups": [group]}]}
+    doc["micro_batches"][0]["groups"][0].update(changes)
+    return doc
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [({}, "has no 'ulysses_size'"), ({"ulysses_size": 3}, "3 does not divide"), ({"ulysses_size": 0}, "positive")],
+)
+def test_apply_plan_rejects_a_bad_ulysses_size(changes, message):
+    with pytest.raises(ProblemError, match=message) as exc:
+        apply_plan(_with_group(**changes), 0)
+    assert exc.value.field == "plan.micro_batches[0].groups[0].ulysses_size"
+    assert exc.value.hint
+    # The same group is fine with a divisor, and a ring plan ignores the field.
+    apply_plan(_with_group(ulysses_size=2), 0)
+    apply_plan({**_with_group(**changes), "scheme": "ring"}, 0)
+
+
+def test_hybrid_sub_groups():
+    assert hybrid_sub_groups((5, 4, 3, 2, 1, 0), 3) == [(5, 4, 3), (2, 1, 0), (5, 2), (4, 1), (3, 0)]
+    assert hybrid_sub_groups((0, 1), 2) == [(0, 1)] and hybrid_sub_groups((0, 1), 1) == [(0, 1)]
+
+
+def test_hybrid_plan_step_equals_single_process():
+    # Micro-batches with u = 2 inside a ring of 2, u = d, u = 1 and groups given out of rank order.
+    import random
+
+    from trainer.step_equivalence import reference, step_worker
+    from trainer.tiny_model import TinyConfig
+
+    cfg = TinyConfig()
+    rng = random.Random(3)
+    lengths = {"a": 21, "b": 5, "c": 9, "d": 6, "e": 13, "f": 4}
+    samples = {k: [rng.randrange(cfg.vocab) for _ in range(n)] for k, n in lengths.items()}
+    results = spawn(step_worker, 4, HYBRID_PLAN, cfg, samples)
+    ref_loss, ref_grad = reference(cfg, samples)
+    for r, res in enumerate(results):
+        assert res["loss"] == pytest.approx(ref_loss, rel=1e-10), f"rank {r}"
+        err = float((res["grad"] - ref_grad).abs().max())
+        assert err <= 1e-10 * max(1.0, float(ref_grad.abs().max())), f"rank {r}: gradient differs by {err}"

@@ -7,8 +7,27 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainer.apply import hybrid_sub_groups
 from trainer.group_pool import GroupPool
-from trainer.ring_attention import RingSpec, full_attention, ring_attention, shard_layout, ulysses_attention
+from trainer.ring_attention import (
+    HybridSpec,
+    RingSpec,
+    full_attention,
+    hybrid_attention,
+    ring_attention,
+    shard_layout,
+    ulysses_attention,
+)
+
+_POOLS: list[tuple[Any, GroupPool]] = []
+
+
+def _pool() -> GroupPool:
+    """One pool per process and process-group initialisation, so repeated calls reuse the groups they create."""
+    world = dist.group.WORLD
+    if not _POOLS or _POOLS[0][0] is not world:
+        _POOLS[:] = [(world, GroupPool())]
+    return _POOLS[0][1]
 
 
 def attention_inputs(
@@ -38,10 +57,14 @@ def attention_worker(
     kv_heads: int | None = None,
     dtype: str = "float64",
     sdpa: bool = False,
+    ulysses: int = 1,
+    order: list[int] | None = None,
 ) -> dict[str, Any]:
-    """Largest errors (output, dq, dk, dv) of ring/Ulysses attention in ``dtype`` against float64
-    attention on the same inputs.
+    """Largest errors (output, dq, dk, dv) of ring, Ulysses or hybrid attention (``ulysses``: its Ulysses
+    width u) in ``dtype`` against float64 attention on the same inputs.
 
+    ``order`` lists the group's ranks in position order (default: rank r at position r). A hybrid
+    group's sub-groups are created here, collectively, from :func:`trainer.apply.hybrid_sub_groups`.
     With ``sdpa`` rank 0 also measures torch's ``scaled_dot_product_attention`` at the same dtype on
     the whole sequence (one process), the yardstick of what a kernel at that precision achieves.
     """
@@ -50,15 +73,24 @@ def attention_worker(
     attention_tiles.TILE = tile
     kv_heads = kv_heads or heads
     typ = getattr(torch, dtype)
-    layout = shard_layout(lengths, world_size, scheme)
+    ranks = tuple(order) if order is not None else tuple(range(world_size))
+    position = ranks.index(rank)
+    layout = shard_layout(lengths, world_size, scheme, ulysses)
     sizes = [int(p.numel()) for p, _ in layout]
     q, k, v, go = attention_inputs(layout, heads, kv_heads, dim, typ)
-    a = sum(sizes[:rank])
-    b = a + sizes[rank]
-    spec = RingSpec(dist.group.WORLD, tuple(range(world_size)), rank, tuple(layout), timeout_s=60)
+    a = sum(sizes[:position])
+    b = a + sizes[position]
     ql, kl, vl = (x[a:b].to(typ).requires_grad_(True) for x in (q, k, v))
-    fn = ring_attention if scheme == "ring" else ulysses_attention
-    out = fn(ql, kl, vl, spec)
+    if scheme == "hybrid":
+        pool = _pool()
+        pool.ensure(hybrid_sub_groups(ranks, ulysses))
+        u = ulysses
+        mine = ranks[position // u * u : position // u * u + u], ranks[position % u :: u]
+        hspec = HybridSpec(ranks, position, u, tuple(layout), pool.get(mine[0]), pool.get(mine[1]), timeout_s=60)
+        out = hybrid_attention(ql, kl, vl, hspec)
+    else:
+        spec = RingSpec(dist.group.WORLD, ranks, position, tuple(layout), timeout_s=60)
+        out = (ring_attention if scheme == "ring" else ulysses_attention)(ql, kl, vl, spec)
     assert out.dtype == typ
     out.backward(go[a:b].to(typ))
     qf, kf, vf = (x.clone().requires_grad_(True) for x in (q, k, v))
@@ -81,6 +113,11 @@ def attention_worker(
     if sdpa and rank == 0:
         result["sdpa"] = sdpa_errors(q, k, v, go, pos, seg, typ, ref, [qf.grad, kf.grad, vf.grad])
     return result
+
+
+def attention_worker_many(rank: int, world_size: int, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`attention_worker` once per entry of ``calls`` (its keyword arguments), in one job."""
+    return [attention_worker(rank, world_size, **kw) for kw in calls]
 
 
 def sdpa_errors(

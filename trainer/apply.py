@@ -2,9 +2,15 @@
 
 :func:`apply_plan` reads a plan (a :class:`optimizer.plan.records.Plan` or its JSON form) and returns, for
 every micro-batch, the rank's group, its position in the group and, for each of the group's samples,
-the token ranges it holds (zig-zag for ring attention, contiguous for Ulysses, with the padded
-length the split assumes; :mod:`optimizer.plan.sharding` is the single definition of the split). A rank
-that no group of a micro-batch uses gets ``group=None`` there and waits for the next one.
+the token ranges it holds (zig-zag for ring attention, contiguous for Ulysses, zig-zag chunks cut
+into u pieces for hybrid, with the padded length the split assumes; :mod:`optimizer.plan.sharding` is
+the single definition of the split). A rank that no group of a micro-batch uses gets ``group=None``
+there and waits for the next one.
+
+A hybrid plan (``"scheme": "hybrid"``) gives every group its Ulysses width ``ulysses_size`` (u, dividing
+the group size; 1 for a group of one rank). Its ranks then form Ulysses sub-groups (u consecutive
+positions) and rings (the positions with the same index in their sub-group); ``RankWork.sub_groups``
+lists all of them, the same list on every rank, so the trainer creates them collectively up front.
 
 With tensor or pipeline parallelism the plan's ranks are planner ranks; ``rank`` is the process's
 global rank and groups are returned in global ranks (:mod:`trainer.ranks`, Megatron's order).
@@ -12,13 +18,26 @@ global rank and groups are returned in global ranks (:mod:`trainer.ranks`, Megat
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from optimizer.errors import ProblemError
 from optimizer.plan.sharding import padded_length, token_ranges
 from trainer.ranks import RankLayout
+
+SCHEMES = ("ring", "ulysses", "hybrid")
+
+
+def hybrid_sub_groups(ranks: Sequence[int], ulysses_size: int) -> list[tuple[int, ...]]:
+    """The sub-groups of size >= 2 of a hybrid group, in position order: its Ulysses sub-groups
+    (``ranks[i u : (i + 1) u]``), then its rings (``ranks[j::u]``)."""
+    ranks, u = tuple(ranks), ulysses_size
+    if u < 1 or len(ranks) % u:
+        raise ValueError(f"the Ulysses width {u} must divide the group size {len(ranks)}")
+    ulysses = [ranks[a : a + u] for a in range(0, len(ranks), u)]
+    rings = [ranks[j::u] for j in range(u)]
+    return [g for g in ulysses + rings if len(g) >= 2]
 
 
 @dataclass(frozen=True)
@@ -49,10 +68,29 @@ class MicroBatchWork:
     """The rank's index in ``group`` (ring order); -1 when idle."""
     shards: tuple[Shard, ...]
     predicted_time_s: float = 0.0
+    ulysses_size: int = 1
+    """The group's Ulysses width u (hybrid plans; 1 otherwise)."""
 
     @property
     def degree(self) -> int:
         return len(self.group) if self.group else 0
+
+    @property
+    def ulysses_ranks(self) -> tuple[int, ...]:
+        """The rank's Ulysses sub-group in a hybrid group: the u positions ``i u .. i u + u - 1`` holding its
+        ring position i (empty when idle)."""
+        if not self.group:
+            return ()
+        a = self.position // self.ulysses_size * self.ulysses_size
+        return self.group[a : a + self.ulysses_size]
+
+    @property
+    def ring_ranks(self) -> tuple[int, ...]:
+        """The rank's ring in a hybrid group: the positions ``j, u + j, 2u + j, ...`` with its Ulysses index j
+        (the whole group when u = 1; empty when idle)."""
+        if not self.group:
+            return ()
+        return self.group[self.position % self.ulysses_size :: self.ulysses_size]
 
 
 @dataclass(frozen=True)
@@ -71,6 +109,10 @@ class RankWork:
     loss's denominator, known to every rank without the other ranks' samples."""
     samples: tuple[str, ...] = ()
     """The samples this rank's groups hold, in the order it uses them (what its data loader loads)."""
+    sub_groups: tuple[tuple[int, ...], ...] = ()
+    """Every Ulysses sub-group and ring of size >= 2 of a hybrid plan's groups (:func:`hybrid_sub_groups`), in
+    global ranks, at every tensor rank and stage, each once, in the plan's order (the same list on every
+    rank, created after ``communicators``); empty for the other schemes."""
 
     @property
     def reduce_ranks(self) -> tuple[int, ...] | None:
@@ -109,8 +151,8 @@ def apply_plan(plan: Any, rank: int, tensor_parallel: int = 1, pipeline_parallel
     """The work of global ``rank`` in every micro-batch of ``plan`` (see the module docstring)."""
     doc = _plan_doc(plan)
     scheme = doc.get("scheme", "ring")
-    if scheme not in ("ring", "ulysses"):
-        raise ProblemError(f"unknown scheme {scheme!r}", field="plan.scheme", hint="use 'ring' or 'ulysses'.")
+    if scheme not in SCHEMES:
+        raise ProblemError(f"unknown scheme {scheme!r}", field="plan.scheme", hint="use 'ring', 'ulysses' or 'hybrid'.")
     mbs = doc.get("micro_batches")
     if not isinstance(mbs, list):
         raise ProblemError("has no list 'micro_batches'", field="plan", hint="pass a plan printed by 'dhp plan'.")
@@ -136,6 +178,7 @@ def apply_plan(plan: Any, rank: int, tensor_parallel: int = 1, pipeline_parallel
         )
     out = []
     comms: dict[tuple[int, ...], None] = {}
+    subs: dict[tuple[int, ...], tuple[int, ...]] = {}
     total_labels = 0
     for m, mb in enumerate(mbs):
         groups = mb.get("groups") if isinstance(mb, Mapping) else None
@@ -155,6 +198,11 @@ def apply_plan(plan: Any, rank: int, tensor_parallel: int = 1, pipeline_parallel
                 )
             if len(ranks) > 1:
                 comms.setdefault(tuple(ranks), None)
+            u = 1
+            if scheme == "hybrid":
+                u = _ulysses_size(g, len(ranks), f"plan.micro_batches[{m}].groups[{k}]")
+                for sub in hybrid_sub_groups(ranks, u):
+                    subs.setdefault(tuple(sorted(sub)), sub)
             if rank in ranks:
                 if mine is not None:
                     raise ProblemError(
@@ -162,11 +210,11 @@ def apply_plan(plan: Any, rank: int, tensor_parallel: int = 1, pipeline_parallel
                         field=f"plan.micro_batches[{m}]",
                         hint="validate the plan with 'dhp validate'.",
                     )
-                mine = (ranks, g)
+                mine = (ranks, g, u)
         if mine is None:
             out.append(MicroBatchWork(m, None, -1, ()))
             continue
-        ranks, g = mine
+        ranks, g, u = mine
         d = len(ranks)
         pos = ranks.index(rank)
         samples, lengths = g.get("samples", []), g.get("lengths")
@@ -189,12 +237,13 @@ def apply_plan(plan: Any, rank: int, tensor_parallel: int = 1, pipeline_parallel
         for sid, length in zip(samples, lengths, strict=True):
             length = int(length)
             padded = padded_length(length, d, scheme) if d > 1 else length
-            real = token_ranges(length, d, scheme)[pos]
-            full = token_ranges(padded, d, scheme)[pos]
+            real = token_ranges(length, d, scheme, u)[pos]
+            full = token_ranges(padded, d, scheme, u)[pos]
             shards.append(Shard(sid, length, padded, tuple(real), tuple(full)))
         mapped = ranks if layout is None else layout.to_global(ranks, tp_rank, stage)
-        out.append(MicroBatchWork(m, mapped, pos, tuple(shards), float(g.get("predicted_time_s", 0.0))))
+        out.append(MicroBatchWork(m, mapped, pos, tuple(shards), float(g.get("predicted_time_s", 0.0)), u))
     communicators = tuple(comms) if layout is None else tuple(layout.every_copy(comms))
+    sub_groups = tuple(subs.values()) if layout is None else tuple(layout.every_copy(subs.values()))
     mine_ids = tuple(dict.fromkeys(sh.sample for w in out for sh in w.shards))
     return RankWork(
         global_rank,
@@ -205,7 +254,33 @@ def apply_plan(plan: Any, rank: int, tensor_parallel: int = 1, pipeline_parallel
         layout,
         total_labels,
         mine_ids,
+        sub_groups,
     )
+
+
+def _ulysses_size(group: Mapping[str, Any], d: int, where: str) -> int:
+    """A hybrid group's Ulysses width, checked: a positive integer that divides the group size."""
+    if "ulysses_size" not in group:
+        raise ProblemError(
+            "has no 'ulysses_size'",
+            field=f"{where}.ulysses_size",
+            hint="a hybrid plan gives every group its Ulysses width (1 for a group of one rank); "
+            "pass the plan as 'dhp plan' printed it.",
+        )
+    u = group["ulysses_size"]
+    if isinstance(u, bool) or not isinstance(u, int) or u < 1:
+        raise ProblemError(
+            f"must be a positive integer, got {u!r}",
+            field=f"{where}.ulysses_size",
+            hint="give the number of ranks of each Ulysses sub-group, a divisor of the group size.",
+        )
+    if d % u:
+        raise ProblemError(
+            f"{u} does not divide the group's {d} ranks",
+            field=f"{where}.ulysses_size",
+            hint=f"the group runs Ulysses over u ranks inside a ring of d / u: use a divisor of {d}.",
+        )
+    return u
 
 
 def _labels(group: Any, where: str) -> int:

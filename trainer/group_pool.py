@@ -9,6 +9,10 @@ up. Where the backend supports it (NCCL with an eagerly initialised default grou
 otherwise ``new_group`` creates them one by one (gloo on CPU).
 
 A group of one rank needs no communicator: :meth:`GroupPool.get` returns None for it.
+
+A hybrid plan's ranks also talk inside sub-groups of their groups (each rank's Ulysses sub-group and
+ring, ``RankWork.sub_groups`` of :func:`trainer.apply.apply_plan`, the same list on every rank); they
+are groups like any other, ensured after the plan's communicators (:func:`trainer.step.train_step`).
 """
 
 from __future__ import annotations

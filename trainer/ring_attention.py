@@ -1,11 +1,12 @@
-"""Context-parallel causal attention over a group of any size: ring (point-to-point) and Ulysses.
+"""Context-parallel causal attention over a group of any size: ring (point-to-point), Ulysses and hybrid.
 
 Layout. A group of d ranks holds the samples of one micro-batch. Each sample is padded (at its end)
 and split as :mod:`optimizer.plan.sharding` says: zig-zag for ring (2d chunks, position i holds chunks i
-and 2d-1-i), contiguous for Ulysses. Every rank concatenates its pieces of all the group's samples;
-a token is described by its position in its sample and its sample's index in the micro-batch
-(``segment``). A query may attend to a key of the same segment at the same or an earlier position,
-so padding (always after the real tokens) is never seen by a real token.
+and 2d-1-i), contiguous for Ulysses, for hybrid the zig-zag chunks of a ring of d / u cut into u
+pieces. Every rank concatenates its pieces of all the group's samples; a token is described by its
+position in its sample and its sample's index in the micro-batch (``segment``). A query may attend
+to a key of the same segment at the same or an earlier position, so padding (always after the real
+tokens) is never seen by a real token.
 
 Ring. Keys and values travel around the ring (rank at position i sends to i+1 and receives from
 i-1) with ``batch_isend_irecv``; after d steps every query has met every key block, merged with
@@ -17,7 +18,19 @@ travel around the ring with the blocks they belong to, arriving at their owner a
 
 Ulysses. An all-to-all turns (local tokens, all heads) into (all tokens, heads / d); each rank runs
 ordinary attention on its heads; a second all-to-all turns the result back. It needs d to divide
-the number of heads.
+the number of heads. The exchange follows the group's positions, whatever rank numbering its
+process group has.
+
+Hybrid. Ulysses over u ranks inside a ring over r = d / u (:class:`HybridSpec`). The rank at
+position ``p = i u + j`` holds piece j of ring position i's two zig-zag chunks; an all-to-all over
+its Ulysses sub-group (positions ``i u .. i u + u - 1``) gives it both chunks whole, the
+sub-group's tokens in position order, for head slice j (H / u query heads); ring attention over
+the r ranks with the same j (positions ``j, u + j, ...``, one head slice) then meets every key, each
+ring position's block being the concatenation of its sub-group's layouts; the inverse all-to-all
+returns the output to the tokens' owners. Each rank needs two process groups, its Ulysses
+sub-group and its ring (the plan's ``ulysses_size`` gives u; :mod:`trainer.apply` lists them). It
+needs u to divide the query heads; keys and values are repeated to the query heads when u does not
+divide theirs, as for Ulysses. u = 1 is ring attention and u = d is Ulysses.
 
 Precision and grouped-query attention: :mod:`trainer.attention_tiles` (float32 accumulators, keys
 and values with fewer heads than queries). Keys and values travel in the input dtype; their
@@ -66,14 +79,17 @@ class RingError(RuntimeError):
 # -- layout ---------------------------------------------------------------------------------
 
 
-def shard_layout(lengths: Sequence[int], d: int, scheme: str = "ring") -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """For each position 0..d-1 of a group, the (positions, segments) of the tokens it holds, padding included."""
+def shard_layout(
+    lengths: Sequence[int], d: int, scheme: str = "ring", ulysses: int = 1
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """For each position 0..d-1 of a group, the (positions, segments) of the tokens it holds, padding
+    included (``ulysses``: the Ulysses width u of a hybrid group)."""
     out = []
     for p in range(d):
         pos_parts, seg_parts = [], []
         for s, length in enumerate(lengths):
             padded = padded_length(length, d, scheme) if d > 1 else length
-            for a, b in token_ranges(padded, d, scheme)[p]:
+            for a, b in token_ranges(padded, d, scheme, ulysses)[p]:
                 pos_parts.append(torch.arange(a, b, dtype=torch.int64))
                 seg_parts.append(torch.full((b - a,), s, dtype=torch.int64))
         pos = torch.cat(pos_parts) if pos_parts else torch.zeros(0, dtype=torch.int64)
@@ -315,18 +331,39 @@ def _a2a(x: torch.Tensor, group: Any) -> torch.Tensor:
     return out
 
 
-def _heads_to_tokens(x: torch.Tensor, d: int, group: Any) -> torch.Tensor:
-    """[T_local, H, D] -> [d * T_local, H / d, D] (tokens of position j come j-th)."""
+def _a2a_order(group: Any, members: Sequence[int]) -> tuple[int, ...] | None:
+    """The group rank of each member (in position order), or None when they are the same (the all-to-all
+    then needs no reordering). A process group numbers its ranks in sorted order, a plan's group need not."""
+    order = tuple(dist.get_group_rank(group, r) for r in members)
+    return None if order == tuple(range(len(members))) else order
+
+
+def _heads_to_tokens(x: torch.Tensor, d: int, group: Any, order: tuple[int, ...] | None = None) -> torch.Tensor:
+    """[T_local, H, D] -> [d * T_local, H / d, D]: member j of the exchange gets head slice j, and the tokens
+    of member j come j-th (``order``: each member's group rank, see :func:`_a2a_order`)."""
     t, h, dim = x.shape
     chunks = x.reshape(t, d, h // d, dim).permute(1, 0, 2, 3)
-    return _a2a(chunks, group).reshape(d * t, h // d, dim)
+    if order is None:
+        return _a2a(chunks, group).reshape(d * t, h // d, dim)
+    by_group_rank = [0] * d
+    for j, g in enumerate(order):
+        by_group_rank[g] = j
+    received = _a2a(chunks[list(by_group_rank)], group)
+    return received[list(order)].reshape(d * t, h // d, dim)
 
 
-def _tokens_to_heads(y: torch.Tensor, d: int, group: Any) -> torch.Tensor:
+def _tokens_to_heads(y: torch.Tensor, d: int, group: Any, order: tuple[int, ...] | None = None) -> torch.Tensor:
     """The inverse of :func:`_heads_to_tokens`."""
     td, hd, dim = y.shape
     t = td // d
-    back = _a2a(y.reshape(d, t, hd, dim), group)
+    chunks = y.reshape(d, t, hd, dim)
+    if order is None:
+        back = _a2a(chunks, group)
+    else:
+        by_group_rank = [0] * d
+        for j, g in enumerate(order):
+            by_group_rank[g] = j
+        back = _a2a(chunks[list(by_group_rank)], group)[list(order)]
     return back.permute(1, 0, 2, 3).reshape(t, d * hd, dim)
 
 
@@ -335,13 +372,27 @@ class _AllToAll(torch.autograd.Function):
     backward runs the opposite exchange."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, d: int, group: Any, to_tokens: bool) -> torch.Tensor:  # type: ignore[override]
-        ctx.d, ctx.group, ctx.to_tokens = d, group, to_tokens
-        return (_heads_to_tokens if to_tokens else _tokens_to_heads)(x, d, group)
+    def forward(
+        ctx: Any, x: torch.Tensor, d: int, group: Any, to_tokens: bool, order: tuple[int, ...] | None = None
+    ) -> torch.Tensor:  # type: ignore[override]
+        ctx.d, ctx.group, ctx.to_tokens, ctx.order = d, group, to_tokens, order
+        return (_heads_to_tokens if to_tokens else _tokens_to_heads)(x, d, group, order)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        return (_tokens_to_heads if ctx.to_tokens else _heads_to_tokens)(g, ctx.d, ctx.group), None, None, None
+        back = (_tokens_to_heads if ctx.to_tokens else _heads_to_tokens)(g, ctx.d, ctx.group, ctx.order)
+        return back, None, None, None, None
+
+
+def _ulysses_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u: int, what: str) -> tuple[torch.Tensor, ...]:
+    """Check that ``u`` divides the query heads; repeat keys and values to the query heads when it does
+    not divide theirs (autograd sums their gradients back)."""
+    if q.shape[1] % u:
+        raise ValueError(f"{what} {u} to divide the {q.shape[1]} query heads")
+    if k.shape[1] % u:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    return k, v
 
 
 def ulysses_attention(
@@ -358,14 +409,123 @@ def ulysses_attention(
     local = spec.gathered()
     if d == 1 or spec.group is LOOPBACK:
         return _RingAttention.apply(q, k, v, local, scale)
-    if q.shape[1] % d:
-        raise ValueError(f"Ulysses needs the group size {d} to divide the {q.shape[1]} heads")
+    k, v = _ulysses_heads(q, k, v, d, "Ulysses needs the group size")
     counts = {int(p.numel()) for p, _ in spec.layout}
     if len(counts) != 1:
         raise ValueError("Ulysses needs every position to hold the same number of tokens (pad to a multiple of d)")
-    if k.shape[1] % d:
-        rep = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    qa, ka, va = (_AllToAll.apply(x, d, spec.group, True) for x in (q, k, v))
+    order = _a2a_order(spec.group, spec.ranks)
+    qa, ka, va = (_AllToAll.apply(x, d, spec.group, True, order) for x in (q, k, v))
     o = _RingAttention.apply(qa, ka, va, local, scale)
-    return _AllToAll.apply(o, d, spec.group, False)
+    return _AllToAll.apply(o, d, spec.group, False, order)
+
+
+# -- hybrid: Ulysses inside, ring across ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HybridSpec:
+    """Where a rank sits in a hybrid group of d ranks (Ulysses over ``ulysses_size`` = u ranks inside a
+    ring of r = d / u) and the token layout of every position (``shard_layout(..., 'hybrid', u)``).
+
+    The rank at position ``p = i u + j`` belongs to ring position i's Ulysses sub-group
+    (``ulysses_ranks``, positions ``i u .. i u + u - 1``, process group ``ulysses_group``) and to the ring
+    of Ulysses index j (``ring_ranks``, positions ``j, u + j, 2u + j, ...``, process group ``ring_group``).
+    A sub-group of one rank needs no process group (None).
+    """
+
+    ranks: tuple[int, ...]
+    position: int
+    ulysses_size: int
+    layout: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    ulysses_group: Any
+    ring_group: Any
+    timeout_s: float | None = None
+    """Longest wait for one message of the ring (None: :data:`DEFAULT_TIMEOUT_S`)."""
+    _ring: list[RingSpec] = field(default_factory=list, compare=False, repr=False)
+    _order: list[tuple[int, ...] | None] = field(default_factory=list, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        d, u = len(self.ranks), self.ulysses_size
+        if u < 1 or d % u:
+            raise ValueError(f"the Ulysses width {u} must divide the group size {d}")
+        if len(self.layout) != d or not 0 <= self.position < d:
+            raise ValueError(f"position {self.position} and {len(self.layout)} layouts do not fit a group of {d}")
+
+    @property
+    def d(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def rank(self) -> int:
+        return self.ranks[self.position]
+
+    @property
+    def ring_size(self) -> int:
+        return self.d // self.ulysses_size
+
+    @property
+    def ring_index(self) -> int:
+        """i: this rank's position in its ring (and the index of its Ulysses sub-group)."""
+        return self.position // self.ulysses_size
+
+    @property
+    def ulysses_index(self) -> int:
+        """j: this rank's position in its Ulysses sub-group (and the head slice it attends for)."""
+        return self.position % self.ulysses_size
+
+    @property
+    def ulysses_ranks(self) -> tuple[int, ...]:
+        u, i = self.ulysses_size, self.ring_index
+        return self.ranks[i * u : (i + 1) * u]
+
+    @property
+    def ring_ranks(self) -> tuple[int, ...]:
+        return self.ranks[self.ulysses_index :: self.ulysses_size]
+
+    def ring(self) -> RingSpec:
+        """The ring over the ranks of this Ulysses index, built once: ring position i holds the tokens of
+        positions ``i u .. i u + u - 1`` in that order (as the all-to-all delivers them)."""
+        if not self._ring:
+            u = self.ulysses_size
+            layout = tuple(
+                (
+                    torch.cat([self.layout[i * u + j][0] for j in range(u)]),
+                    torch.cat([self.layout[i * u + j][1] for j in range(u)]),
+                )
+                for i in range(self.ring_size)
+            )
+            self._ring.append(RingSpec(self.ring_group, self.ring_ranks, self.ring_index, layout, self.timeout_s))
+        return self._ring[0]
+
+    def order(self) -> tuple[int, ...] | None:
+        """The Ulysses sub-group's group rank of each member (None: they follow the positions)."""
+        if not self._order:
+            self._order.append(_a2a_order(self.ulysses_group, self.ulysses_ranks))
+        return self._order[0]
+
+
+def hybrid_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: HybridSpec, scale: float | None = None
+) -> torch.Tensor:
+    """Causal attention of this rank's tokens over the whole hybrid group's sequence.
+
+    An all-to-all inside the Ulysses sub-group gives each of its u ranks the sub-group's tokens for
+    1/u of the heads (u must divide the query heads; keys and values are repeated to the query heads
+    first when it does not divide theirs); ring attention over the r ranks holding the same head
+    slice covers the rest of the sequence; the inverse all-to-all returns the output to the tokens'
+    owners. u = 1 is ring attention, u = d Ulysses.
+    """
+    _check_heads(q, k, v)
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    u = spec.ulysses_size
+    ring = spec.ring()
+    if u == 1:
+        return _RingAttention.apply(q, k, v, ring, scale)
+    k, v = _ulysses_heads(q, k, v, u, "hybrid attention needs the Ulysses width")
+    counts = {int(p.numel()) for p, _ in spec.layout}
+    if len(counts) != 1:
+        raise ValueError("hybrid attention needs every position to hold the same number of tokens (pad to 2d)")
+    group, order = spec.ulysses_group, spec.order()
+    qa, ka, va = (_AllToAll.apply(x, u, group, True, order) for x in (q, k, v))
+    o = _RingAttention.apply(qa, ka, va, ring, scale)
+    return _AllToAll.apply(o, u, group, False, order)

@@ -2,7 +2,9 @@
 
 A step runs the rank's micro-batches in order (:func:`trainer.apply.apply_plan`): it gathers its
 tokens of each sample (padding with token 0 where a zig-zag chunk runs past the end), runs the model
-with ring or Ulysses attention over its group, and back-propagates its share of the loss. The loss is
+with the plan's attention over its group (ring, Ulysses, or hybrid: Ulysses inside the rank's
+Ulysses sub-group and ring across the sub-groups, :func:`trainer.ring_attention.hybrid_attention`),
+and back-propagates its share of the loss. The loss is
 the mean next-token cross-entropy over every label token of the batch, so each rank divides its sum
 by the batch's label count; the data-parallel reduction is then one all-reduce (sum) of all
 gradients over the job, which makes every rank's gradients equal those of one process running the
@@ -30,7 +32,15 @@ import torch.distributed as dist
 
 from trainer.apply import MicroBatchWork, RankWork
 from trainer.group_pool import GroupPool
-from trainer.ring_attention import RingSpec, full_attention, ring_attention, shard_layout, ulysses_attention
+from trainer.ring_attention import (
+    HybridSpec,
+    RingSpec,
+    full_attention,
+    hybrid_attention,
+    ring_attention,
+    shard_layout,
+    ulysses_attention,
+)
 
 IGNORE = -100
 EXECUTIONS = ("packed", "per-sample")
@@ -86,7 +96,8 @@ def train_step(
     """Run this rank's part of one step, then reduce gradients (and apply ``optimizer`` if given).
 
     Every rank must call it with the same plan; the pool must already hold the plan's groups
-    (``pool.ensure(work.communicators)``, collective) or they are created here in the same order.
+    (``pool.ensure(work.communicators)`` and, for a hybrid plan, ``pool.ensure(work.sub_groups)``,
+    collective) or they are created here in the same order.
     ``samples`` needs only the samples of this rank's groups (:mod:`trainer.routing`); the loss is
     normalised by the label count of the whole batch, which the plan's lengths give.
     ``model`` is any module called as ``model(tokens, positions, attend) -> logits``: the tiny
@@ -97,6 +108,7 @@ def train_step(
     if execution not in EXECUTIONS:
         raise ValueError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
     pool.ensure(work.communicators)
+    pool.ensure(work.sub_groups)
     pool.ensure(work.reduce_groups)
     total = work.total_labels if work.total_labels is not None else label_count(samples)
     device = next(model.parameters()).device
@@ -109,7 +121,8 @@ def train_step(
     for m, mb in enumerate(work.micro_batches):
         t0 = time.perf_counter()
         if mb.group is not None:
-            loss_sum += run(model, mb, pool.get(mb.group), work.scheme, samples, total)
+            subs = (pool.get(mb.ulysses_ranks), pool.get(mb.ring_ranks)) if work.scheme == "hybrid" else None
+            loss_sum += run(model, mb, pool.get(mb.group), work.scheme, samples, total, subs)
         t1 = time.perf_counter()
         mb_seconds.append(t1 - t0)
         if execution == "per-sample" and m + 1 < len(work.micro_batches):
@@ -131,17 +144,32 @@ def run_micro_batch(
     scheme: str,
     samples: Mapping[str, torch.Tensor],
     total_labels: int,
+    sub_groups: tuple[Any, Any] | None = None,
 ) -> torch.Tensor:
-    """Forward and backward of this rank's shards of one micro-batch; returns its loss contribution."""
+    """Forward and backward of this rank's shards of one micro-batch; returns its loss contribution.
+
+    ``group`` is the process group of the micro-batch's group; a hybrid micro-batch also needs
+    ``sub_groups``, the process groups of the rank's Ulysses sub-group and ring (``mb.ulysses_ranks``,
+    ``mb.ring_ranks``), except where one of them is the whole group (u = 1 or u = d).
+    """
     device = next(model.parameters()).device
     assert mb.group is not None
-    layout = shard_layout([sh.length for sh in mb.shards], len(mb.group), scheme)
-    spec = RingSpec(group, mb.group, mb.position, tuple((p.to(device), s.to(device)) for p, s in layout))
+    d = len(mb.group)
+    layout = shard_layout([sh.length for sh in mb.shards], d, scheme, mb.ulysses_size)
+    moved = tuple((p.to(device), s.to(device)) for p, s in layout)
+    spec: RingSpec | HybridSpec
+    if scheme == "hybrid":
+        spec = HybridSpec(mb.group, mb.position, mb.ulysses_size, moved, *_hybrid_groups(mb, group, sub_groups))
+    else:
+        spec = RingSpec(group, mb.group, mb.position, moved)
     tokens, positions, labels = (x.to(device) for x in local_tokens(mb, samples))
-    attention = ring_attention if scheme == "ring" else ulysses_attention
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-        return attention(q, k, v, spec, scale)
+        if isinstance(spec, HybridSpec):
+            return hybrid_attention(q, k, v, spec, scale)
+        if scheme == "ring":
+            return ring_attention(q, k, v, spec, scale)
+        return ulysses_attention(q, k, v, spec, scale)
 
     logits = model(tokens, positions, attend)
     loss = torch.nn.functional.cross_entropy(logits.double(), labels, ignore_index=IGNORE, reduction="sum") / max(
@@ -151,6 +179,20 @@ def run_micro_batch(
     return loss.detach()
 
 
+def _hybrid_groups(mb: MicroBatchWork, group: Any, sub_groups: tuple[Any, Any] | None) -> tuple[Any, Any]:
+    """(Ulysses sub-group, ring) process groups of a hybrid micro-batch; the whole group stands in for a
+    sub-group that is the whole group, and a sub-group of one rank needs none."""
+    if sub_groups is not None:
+        return sub_groups
+    d, u = mb.degree, mb.ulysses_size
+    if d == 1 or u in (1, d):
+        return (group if u == d and d > 1 else None), (group if u == 1 and d > 1 else None)
+    raise ValueError(
+        f"a hybrid micro-batch of {d} ranks with Ulysses width {u} needs the process groups of its Ulysses "
+        f"sub-group {list(mb.ulysses_ranks)} and ring {list(mb.ring_ranks)} (sub_groups)"
+    )
+
+
 def run_per_sample(
     model: torch.nn.Module,
     mb: MicroBatchWork,
@@ -158,12 +200,14 @@ def run_per_sample(
     scheme: str,
     samples: Mapping[str, torch.Tensor],
     total_labels: int,
+    sub_groups: tuple[Any, Any] | None = None,
 ) -> torch.Tensor:
     """Each sample of this rank's group in one micro-batch as its own forward and backward, in the
     group's order (Megatron-Core's sub-samples); returns the micro-batch's loss contribution."""
     loss = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device)
     for shard in mb.shards:
-        loss += run_micro_batch(model, replace(mb, shards=(shard,)), group, scheme, samples, total_labels)
+        one = replace(mb, shards=(shard,))
+        loss += run_micro_batch(model, one, group, scheme, samples, total_labels, sub_groups)
     return loss
 
 
