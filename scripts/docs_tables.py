@@ -26,7 +26,13 @@ END = "<!-- end of the options table -->"
 
 
 def accepts(spec: FieldSpec) -> str:
-    """What a field takes, in words: its choices, its range with its unit, or its kind."""
+    """What a field takes, in words: its choices, its range with its unit, or its kind; and its other form."""
+    if spec.either is not None:
+        return f"{_one_form(spec)}, or {_one_form(spec.either)}"
+    return _one_form(spec)
+
+
+def _one_form(spec: FieldSpec) -> str:
     if spec.choices:
         return ", ".join(f"`{choice}`" for choice in spec.choices)
     if spec.kind == "bool":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from functools import cache
 
+from optimizer.costs.cp_schemes import ulysses_width
 from optimizer.costs.tables import sample_time, vision_work
 from optimizer.problem.problem import Problem
 
@@ -70,7 +71,8 @@ def brute_force_optimum(problem: Problem) -> float:
     def class_times(key: tuple) -> list[float]:
         if key not in classes:
             d, intra, speed, cap = key
-            t = [sample_time(profile, lengths[i], vision[i], d, intra, speed) for i in range(n)]
+            u = ulysses_width(problem, d)
+            t = [sample_time(profile, lengths[i], vision[i], d, intra, speed, u) for i in range(n)]
             times = [0.0] * (1 << n)
             for mask in range(1, 1 << n):
                 low = mask & -mask

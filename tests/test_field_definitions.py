@@ -40,6 +40,7 @@ PROFILE = {
     "comm": {
         "scheme": "ring",
         "bytes_per_token": 1000,
+        "ulysses_bytes_per_token": 3000,
         "bandwidth_bytes_per_s": {"intra": 4e11, "inter": {"2": 5e10, "8": 4e10}},
         "latency_s": {"intra": 5e-6, "inter": 2e-5},
         "messages_per_step": 2,
@@ -126,6 +127,7 @@ BASES: list[dict[str, Any]] = [
             "max_micro_batches": 8,
             "cp_scheme": "ring",
             "time_budget_ms": 300,
+            "previous_step_s": 1.5,
             "backend": "heuristic",
             "solver_workers": 2,
             "deterministic": True,
@@ -134,7 +136,7 @@ BASES: list[dict[str, Any]] = [
         },
         "existing_groups": [[0, 1]],
     },
-    {  # the other forms: a node count, a GPU by name, one capacity
+    {  # the other forms: a node count, a GPU by name, one capacity, a budget the planner works out
         "batch": {"samples": [{"id": "a", "text_tokens": 10}]},
         "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "H100-SXM"},
         "model_preset": "llama3-8b",
@@ -143,6 +145,7 @@ BASES: list[dict[str, Any]] = [
             "comm": {**PROFILE["comm"], "bandwidth_bytes_per_s": {"intra": {"4": 1e11}, "inter": 5e10}},
             "capacity_tokens_per_rank": 16384,
         },
+        "options": {"time_budget_ms": "auto"},
     },
 ]
 
@@ -385,3 +388,36 @@ def test_the_cluster_shorthand_flags_come_from_the_definitions(capsys):
     for spec in OPTION_SPECS:
         if spec.flag and spec.choices:
             assert f"{{{','.join(spec.choices)}}}" in out, spec.name
+
+
+@pytest.mark.parametrize("given", [200, 2.5, 600_000, "auto"])
+def test_the_budget_is_a_number_of_milliseconds_or_auto(given):
+    options = documents.options_from_json({"time_budget_ms": given, "previous_step_s": 1.5})
+    assert options.time_budget_ms == given and options.previous_step_s == 1.5
+    model = OptionsIn.model_validate({"time_budget_ms": given})
+    assert model.time_budget_ms == given
+
+
+@pytest.mark.parametrize("bad", ["fast", "AUTO", "", "200", 0, 600_001, True, [200]])
+def test_a_budget_neither_a_number_in_range_nor_auto_is_refused_with_a_hint_naming_both(bad, make_client):
+    with pytest.raises(ProblemError) as err:
+        documents.options_from_json({"time_budget_ms": bad})
+    assert err.value.field == "options.time_budget_ms"
+    assert "milliseconds" in (err.value.hint or "") and '"auto"' in (err.value.hint or "")
+    answer = make_client().post(
+        "/v1/plans", json={"batch": {"samples": [{"id": "a", "text_tokens": 10}]}, "options": {"time_budget_ms": bad}}
+    )
+    assert answer.status_code == 422, answer.text
+    body = answer.json()
+    assert body["field"] == "options.time_budget_ms", body  # the field, not one of pydantic's forms of it
+    assert body["detail"] == f"options.time_budget_ms: {err.value.message}"
+    assert '"auto"' in body["hint"]
+
+
+def test_a_previous_step_time_is_a_positive_number_of_seconds():
+    for bad in (0, -1.0, "1.5"):
+        with pytest.raises(ProblemError) as err:
+            documents.options_from_json({"time_budget_ms": "auto", "previous_step_s": bad})
+        assert err.value.field == "options.previous_step_s" and "seconds" in (err.value.hint or "")
+    with pytest.raises(ValidationError):
+        OptionsIn.model_validate({"previous_step_s": 0})

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from optimizer.costs.tables import CostTables, group_capacities
+from optimizer.costs.tables import CostTables
 from optimizer.costs.zoo import load_profile
 from optimizer.errors import InfeasibleError
+from optimizer.problem.degrees import group_capacities
 from optimizer.problem.documents import problem_from_json
 from optimizer.verify.verifier import verify
 from planning.planner import plan

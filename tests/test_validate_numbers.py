@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -64,7 +65,9 @@ def plan(files) -> Doc:
     return doc
 
 
-def validate(capsys, files, doc: Doc | str, tmp_path, nodes: int = 1) -> tuple[int, list[str]]:
+def validate(
+    capsys, files, doc: Doc | str, tmp_path, nodes: int = 1, batch: Path | None = None, extra: tuple[str, ...] = ()
+) -> tuple[int, list[str]]:
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(doc if isinstance(doc, str) else json.dumps(doc))
     code = main(
@@ -73,11 +76,12 @@ def validate(capsys, files, doc: Doc | str, tmp_path, nodes: int = 1) -> tuple[i
             "--plan",
             str(plan_file),
             "--batch",
-            str(files["batch"]),
+            str(batch or files["batch"]),
             "--nodes",
             str(nodes),
             "--gpus-per-node",
             "8",
+            *extra,
         ]
     )
     out, err = capsys.readouterr()
@@ -196,15 +200,72 @@ def test_a_nan_token_in_the_file_is_read_and_reported(capsys, files, plan, tmp_p
     assert code == 1 and lines == ["invalid: lower_bound_s: is NaN"], lines
 
 
+OTHER_CLUSTER = "validate it against the cluster it was planned for, or plan the batch again for this one"
+
+
 def test_a_plan_for_more_ranks_than_the_cluster_has_is_one_line(capsys, files, tmp_path):
     doc = json.loads(files["plan2"].read_text())
     code, lines = validate(capsys, files, doc, tmp_path, nodes=1)
-    assert code == 1 and lines == ["invalid: domain_size: this plan is for 16 ranks, the cluster has 8"], lines
+    assert code == 1 and lines == [
+        f"invalid: this plan is for 16 ranks, the cluster has 8 (domain_size): {OTHER_CLUSTER}"
+    ]
 
 
 def test_a_plan_for_fewer_ranks_than_the_cluster_has_is_one_line(capsys, files, plan, tmp_path):
     code, lines = validate(capsys, files, plan, tmp_path, nodes=2)
-    assert code == 1 and lines == ["invalid: domain_size: this plan is for 8 ranks, the cluster has 16"], lines
+    assert code == 1 and lines == [
+        f"invalid: this plan is for 8 ranks, the cluster has 16 (domain_size): {OTHER_CLUSTER}"
+    ]
+
+
+def _other_batch(tmp_path, renamed: bool) -> Path:
+    """A batch of as many samples with other lengths: with other ids (``renamed``), or the plan's ids."""
+    doc = WORKLOADS["image-sft"](24, seed=2)
+    if renamed:
+        for sample in doc["samples"]:
+            sample["id"] = "other-" + sample["id"]
+    path = tmp_path / "other_batch.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _capped(lines: list[str], lead: str) -> list[str]:
+    """The details after the leading line, checking the cap: ten lines, then how many more."""
+    assert lines[0].startswith(f"invalid: {lead}"), lines
+    assert len(lines) == SHOWN + 1 and re.fullmatch(r"invalid: \.\.\. \d+ more", lines[-1]), lines
+    return lines[1:-1]
+
+
+SHOWN = 10
+
+
+def test_a_plan_for_another_batch_leads_with_the_ids_it_lacks(capsys, files, plan, tmp_path):
+    code, lines = validate(capsys, files, plan, tmp_path, batch=_other_batch(tmp_path, renamed=True))
+    assert code == 1
+    details = _capped(lines, "24 of the plan's 24 sample ids are not in the batch, e.g. [")
+    assert "(samples): validate the plan against the batch it was planned for" in lines[0]
+    assert all(re.match(r"invalid: micro_batches\[\d+\]\.groups\[\d+\]\.samples: names samples", d) for d in details)
+
+
+def test_a_plan_for_a_batch_of_other_lengths_leads_with_them(capsys, files, plan, tmp_path):
+    code, lines = validate(capsys, files, plan, tmp_path, batch=_other_batch(tmp_path, renamed=False))
+    assert code == 1
+    _capped(lines, "24 of the plan's 24 samples have other lengths than the batch's samples of the same ids")
+
+
+def test_a_plan_for_another_scheme_leads_with_it(capsys, files, plan, tmp_path):
+    code, lines = validate(capsys, files, plan, tmp_path, extra=("--cp-scheme", "ulysses"))
+    assert code == 1
+    details = _capped(lines, "this plan is for ring context parallelism, the profile's scheme is ulysses (scheme): ")
+    assert all(".shards[" in d for d in details), details
+
+
+def test_a_plan_for_another_gpu_leads_with_its_times(capsys, files, plan, tmp_path):
+    code, lines = validate(capsys, files, plan, tmp_path, extra=("--gpu", "A100-80GB"))
+    groups = sum(len(mb["groups"]) for mb in plan["micro_batches"])
+    assert code == 1
+    details = _capped(lines, f"{groups} of the plan's {groups} group times are not what this batch, cluster")
+    assert all(".predicted_time_s: predicted" in d for d in details), details
 
 
 @pytest.mark.parametrize("content", ["[1, 2]", '{"micro_batches": [', '"plan"', "NaN"])

@@ -128,7 +128,8 @@ def test_degree_rules_of_ulysses_and_max_degree_are_named():
     a = Assignment((((tuple(range(3)), tuple(range(5))), (tuple(range(3, 12)), tuple(range(5, 20)))),))
     found = check_assignment(problem, a).violations
     assert found[:2] == [
-        f"micro-batch 0 group 0: size 3 does not divide the {heads} attention heads per rank (Ulysses)",
+        f"micro-batch 0 group 0: size 3 does not divide the {heads} attention heads per rank (Ulysses; the hybrid "
+        "scheme takes any size)",
         "micro-batch 0 group 1: size 9 exceeds options.max_degree 8",
     ]
 

@@ -145,11 +145,19 @@ class PlanOut(_PlanFigures):
     created_at: datetime
     ratio_to_bound: float | None = None
     scheme: str | None = None
+    scheme_reason: str | None = Field(None, description="why the scheme is not the profile's (absent when it is)")
     domain_size: int | None = None
     micro_batches: list[dict[str, Any]] | None = None
     communicators: list[list[int]] | None = None
     solver: dict[str, Any] | None = None
     static_baseline: dict[str, Any] | None = None
+    static_baseline_reason: str | None = Field(
+        None, description="why there is no static_baseline: the rule that ruled out every static layout"
+    )
+    model: str | None = Field(None, description="the name of the model the plan was made for")
+    model_note: str | None = Field(
+        None, description="present when the request named no model: the default model used, and how to name one"
+    )
     error: dict[str, Any] | None = None
 
 

@@ -35,7 +35,8 @@ import numpy as np
 from optimizer.bounds.bound_kernels import area_frontiers, area_search, sample_extremes
 from optimizer.bounds.long_sample import long_sample_bound
 from optimizer.bounds.speed_bound import speed_weighted_bound
-from optimizer.costs.tables import CostTables, group_capacities
+from optimizer.costs.tables import CostTables
+from optimizer.problem.degrees import group_capacities
 
 
 def _extremes(tables: CostTables) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -19,6 +19,8 @@ Sources of the constants:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from optimizer.costs.profile import Bandwidth, CostProfile
 from optimizer.errors import InfeasibleError
 from optimizer.problem.cluster import Cluster
@@ -59,6 +61,36 @@ def activation_bytes_per_token(model: ModelSpec, cluster: Cluster) -> float:
     return total
 
 
+def exchange_bytes_per_token(model: ModelSpec, cluster: Cluster) -> tuple[float, float]:
+    """Bytes a token sends per rank in a training step: (ring's key/value exchange, Ulysses' all-to-alls)."""
+    llm = model.llm
+    tp = cluster.tensor_parallel
+    layers = llm.layers / cluster.pipeline_parallel
+    kv_bytes = 2.0 * llm.kv_dim * BF16 / tp
+    return 3.0 * layers * kv_bytes, 2.0 * layers * (2.0 * llm.hidden + 2.0 * llm.kv_dim) * BF16 / tp
+
+
+def as_hybrid(profile: CostProfile, model: ModelSpec, cluster: Cluster) -> CostProfile:
+    """``profile`` (ring or Ulysses) as a hybrid profile: its measured volume kept, the other scheme's
+    volume scaled from it by the model's ratio of the two (:func:`exchange_bytes_per_token`)."""
+    if profile.scheme == "hybrid":
+        return profile
+    ring_bytes, a2a_bytes = exchange_bytes_per_token(model, cluster)
+    if profile.scheme == "ring":
+        ring, a2a = profile.bytes_per_token, profile.bytes_per_token * a2a_bytes / ring_bytes
+        other = "all-to-all"
+    else:
+        ring, a2a = profile.bytes_per_token * ring_bytes / a2a_bytes, profile.bytes_per_token
+        other = "ring"
+    return replace(
+        profile,
+        scheme="hybrid",
+        bytes_per_token=ring,
+        ulysses_bytes_per_token=a2a,
+        source=f"{profile.source}; as hybrid, the {other} volume scaled by {model.name}'s shape",
+    )
+
+
 def analytical_profile(model: ModelSpec, cluster: Cluster, scheme: str = "ring") -> CostProfile:
     """Derive the cost profile for ``model`` trained on ``cluster`` with the given CP scheme."""
     llm = model.llm
@@ -83,13 +115,17 @@ def analytical_profile(model: ModelSpec, cluster: Cluster, scheme: str = "ring")
         vision_linear = 3.0 * v.layers * per_patch * m2 / rate
         vision_quadratic = 3.0 * v.layers * 4.0 * v.hidden * m2 * m2 / rate
 
-    kv_bytes = 2.0 * llm.kv_dim * BF16 / tp
+    ring_bytes, a2a_bytes = exchange_bytes_per_token(model, cluster)
+    ulysses_bytes = 0.0
     if scheme == "ring":
-        bytes_per_token = 3.0 * layers * kv_bytes
+        bytes_per_token = ring_bytes
         messages = 3.0 * layers
-    else:
-        bytes_per_token = 2.0 * layers * (2.0 * llm.hidden + 2.0 * llm.kv_dim) * BF16 / tp
+    elif scheme == "ulysses":
+        bytes_per_token = a2a_bytes
         messages = 8.0 * layers
+    else:
+        bytes_per_token, ulysses_bytes = ring_bytes, a2a_bytes
+        messages = 3.0 * layers
 
     def capacity(memory: float) -> float:
         free = memory - cluster.memory_reserve_bytes - model_state_bytes_per_rank(model, cluster) / 1.0
@@ -130,7 +166,8 @@ def analytical_profile(model: ModelSpec, cluster: Cluster, scheme: str = "ring")
         intra_latency=cluster.intra_latency,
         inter_latency=cluster.inter_latency,
         messages_per_step=messages,
-        overlap_with_attention=scheme == "ring",
+        overlap_with_attention=scheme != "ulysses",
+        ulysses_bytes_per_token=ulysses_bytes,
         speed_by_gpu=speed_by_gpu,
         source=(
             f"analytical: {model.name} on {cluster.name} ({ref.name}, efficiency {cluster.efficiency:g}, "

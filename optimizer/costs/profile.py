@@ -4,18 +4,21 @@ A profile is the documented exchange format between a trainer that measured its 
 planner (SI units: seconds, bytes, bytes per second)::
 
     {"time": {"quadratic": a2, "linear": a1, "sample_constant": a0, "group_constant": b},
-     "comm": {"scheme": "ring" | "ulysses", "bytes_per_token": k,
+     "comm": {"scheme": "ring" | "ulysses" | "hybrid", "bytes_per_token": k,
               "bandwidth_bytes_per_s": {"intra": X, "inter": Y}},
      "capacity_tokens_per_rank": C}
 
 X and Y are each one number or a table by group size (``{"2": 1.2e11, "8": 1.0e11}``), read at the
 smallest listed size >= d, or the largest listed size when d is above them all.
 
-A group of size d in one micro-batch takes ``b + sum over its samples of t(L, d)`` with
-``t(L, d) = (a2 L^2 + a1 L + V) / d + a0 + comm(L, d)``; ``comm = 0`` for d = 1,
-``k L (d-1)/d / bw`` for ring and ``k L / d / bw`` for ulysses, bw for the group's span (intra when
-all its ranks share a node, else inter). The tokens of a micro-batch's samples on a group, divided by
-d, must not exceed C on every rank of the group.
+A group of size d in one micro-batch takes ``b + sum over its samples of t(L, d)`` with ``t(L, d) =
+(a2 L^2 + a1 L + V) / d + a0 + comm(L, d)``; ``comm = 0`` for d = 1, ``k L (d-1)/d / bw`` for ring
+and ``k L / d / bw`` for ulysses, bw for the group's span (intra when all its ranks share a node,
+else inter). A hybrid group (Ulysses over u ranks inside ring over r = d/u,
+:mod:`optimizer.costs.cp_schemes`) sends ``k L (r-1)/d / bw + k_u L / d / bw`` (the second term for
+u > 1), with ``k_u`` = ``comm.ulysses_bytes_per_token``, the all-to-all's bytes per token. The
+tokens of a micro-batch's samples on a group, divided by d, must not exceed C on every rank of the
+group.
 
 Optional extensions (absent means zero / off, so a profile in the base form means exactly the
 formula above):
@@ -23,11 +26,13 @@ formula above):
 - ``time.vision_linear`` v1 and ``time.vision_quadratic`` v2: V = sum over the sample's images of
   v1 P + v2 P^2, P the image's visual tokens (the vision encoder's work, spread over the group).
 - ``comm.latency_s`` ``{"intra": s, "inter": s}`` and ``comm.messages_per_step`` m: adds
-  ``m (d-1) latency`` (alpha-beta model: d-1 ring steps, each m messages); ``comm.messages_fixed``
+  ``m (d-1) latency`` (alpha-beta model: d-1 ring steps, each m messages; ``(r-1) + (u-1)`` steps for
+  a hybrid group); ``comm.messages_fixed``
   f adds ``f latency`` more to a sample on a group of d >= 2 ranks (messages a sample's own ring
   exchanges whatever d, as when each sample runs alone).
 - ``comm.overlap_with_attention``: when true the ring transfer hides behind the attention it feeds,
-  so only ``max(0, comm - a2 L^2 / d)`` is exposed.
+  so only ``max(0, comm - a2 L^2 / d)`` is exposed (for a hybrid group, of the ring's part: the
+  all-to-all is never hidden).
 - ``time.sample_step`` c: each sample adds ``c (d-1)`` (divided by the speed) to a group of d >= 2
   ranks: the fixed work of its pieces in each of the d blocks a ring rank computes.
 - ``comm.group_messages`` ``{"per_step": g1, "fixed": g0}``: a group of d >= 2 ranks exchanges
@@ -136,6 +141,7 @@ _NUMBER_FIELDS = {
     "sample_step": "time.sample_step",
     "step_constant": "time.step_constant",
     "bytes_per_token": "comm.bytes_per_token",
+    "ulysses_bytes_per_token": "comm.ulysses_bytes_per_token",
     "intra_latency": "comm.latency_s.intra",
     "inter_latency": "comm.latency_s.inter",
     "messages_per_step": "comm.messages_per_step",
@@ -173,6 +179,7 @@ class CostProfile:
     padded_bytes: bool = False
     step_constant: float = 0.0
     speed_by_gpu: Mapping[str, float] = field(default_factory=dict)
+    ulysses_bytes_per_token: float = 0.0
     source: str = "given"
 
     def __post_init__(self) -> None:
@@ -188,7 +195,13 @@ class CostProfile:
             raise ProblemError(
                 f"must be one of {CP_SCHEMES}, got {self.scheme!r}",
                 field="profile.comm.scheme",
-                hint="use 'ring' or 'ulysses'.",
+                hint="use 'ring', 'ulysses' or 'hybrid'.",
+            )
+        if self.scheme == "hybrid" and not self.ulysses_bytes_per_token > 0:
+            raise ProblemError(
+                "a hybrid profile needs the all-to-all's bytes per token",
+                field="profile.comm.ulysses_bytes_per_token",
+                hint="give the bytes a token sends in the all-to-alls (query, key, value and output), e.g. 458752.",
             )
         if (
             isinstance(self.capacity_tokens_per_rank, bool)
@@ -258,6 +271,7 @@ class CostProfile:
         comm: dict[str, Any] = {
             "scheme": self.scheme,
             "bytes_per_token": self.bytes_per_token,
+            **({"ulysses_bytes_per_token": self.ulysses_bytes_per_token} if self.ulysses_bytes_per_token else {}),
             "bandwidth_bytes_per_s": {"intra": self.intra_bandwidth.to_json(), "inter": self.inter_bandwidth.to_json()},
         }
         if self.intra_latency or self.inter_latency or self.messages_per_step:

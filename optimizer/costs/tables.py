@@ -18,12 +18,13 @@ from typing import Any
 
 import numpy as np
 
+from optimizer.costs.cp_schemes import exchange, pad_unit, ulysses_width
 from optimizer.costs.profile import CostProfile
 from optimizer.costs.time_kernels import fill_best_columns, fill_best_time, fill_time_matrix
 from optimizer.errors import InfeasibleError
 from optimizer.plan.sharding import padded_length
 from optimizer.problem.batch import Sample
-from optimizer.problem.degrees import allowed_degrees
+from optimizer.problem.degrees import allowed_degrees, binding_rules, group_capacities
 from optimizer.problem.problem import Problem
 
 UNFIT_S = 1e9
@@ -42,8 +43,11 @@ def vision_work(profile: CostProfile, sample: Sample) -> float:
     )
 
 
-def sample_time(profile: CostProfile, length: int, vision: float, d: int, intra: bool, speed: float = 1.0) -> float:
-    """Seconds one sample of ``length`` tokens adds to a group of size ``d``."""
+def sample_time(
+    profile: CostProfile, length: int, vision: float, d: int, intra: bool, speed: float = 1.0, ulysses: int = 1
+) -> float:
+    """Seconds one sample of ``length`` tokens adds to a group of size ``d`` (``ulysses``: a hybrid
+    group's Ulysses width, :func:`optimizer.costs.cp_schemes.ulysses_width`)."""
     attention = profile.quadratic * length * length / d / speed
     compute = (
         profile.quadratic * length * length + profile.linear * length + vision
@@ -52,13 +56,16 @@ def sample_time(profile: CostProfile, length: int, vision: float, d: int, intra:
         return compute
     compute += profile.sample_step * (d - 1) / speed
     bw = profile.bandwidth(d, intra)
-    share = (d - 1) / d if profile.scheme == "ring" else 1.0 / d
+    ex = exchange(profile, np.array([d], dtype=np.float64), np.array([ulysses], dtype=np.float64))
+    share, a2a_share, steps = float(ex.share[0]), float(ex.a2a_share[0]), float(ex.steps[0])
     sent = padded_length(length, d, profile.scheme) if profile.padded_bytes else length
     comm = profile.bytes_per_token * sent * share / bw + (
-        profile.messages_per_step * (d - 1) + profile.messages_fixed
+        profile.messages_per_step * steps + profile.messages_fixed
     ) * profile.latency(intra)
     if profile.overlap_with_attention:
         comm = max(0.0, comm - attention)
+    if profile.ulysses_bytes_per_token > 0.0:
+        comm += profile.ulysses_bytes_per_token * sent * a2a_share / bw
     return compute + comm
 
 
@@ -77,15 +84,6 @@ def vision_work_array(profile: CostProfile, samples: Sequence[Sample]) -> np.nda
         return work
     # bincount adds each sample's images in order, starting from zero, as the scalar sum does.
     return np.bincount(np.repeat(np.arange(n), counts), weights=work, minlength=n)
-
-
-def group_capacities(rank_capacity: np.ndarray, degrees: Sequence[int] | np.ndarray) -> np.ndarray:
-    """The most tokens a group of each allowed size can hold: d times the capacity of the d-th
-    roomiest rank (a group's tokens are split evenly, so its smallest member's capacity binds)."""
-    roomiest = np.sort(np.asarray(rank_capacity, dtype=np.float64))[::-1]
-    d = np.asarray(degrees, dtype=np.int64)
-    d = d[d <= roomiest.shape[0]]
-    return d * roomiest[d - 1] if d.shape[0] else np.zeros(1)
 
 
 @dataclass(frozen=True)
@@ -124,10 +122,12 @@ class CostTables:
         if int(lengths.max()) > float(holds.max()) * (1 + 1e-9):
             worst = problem.batch.samples[int(lengths.argmax())]
             uniform = float(rank_capacity.min()) == best_capacity
+            rules = binding_rules(problem, need)
             if uniform:
                 message = (
                     f"sample {worst.id!r} has {worst.length} tokens and needs a group of at least {need} ranks "
                     f"({best_capacity:.0f} tokens per rank), but the largest allowed group size is {max(degrees)}"
+                    + (": " + "; ".join(rule for rule, _ in rules) if rules else "")
                 )
             else:
                 d = int(degrees[int(holds.argmax())])
@@ -142,8 +142,9 @@ class CostTables:
                 message,
                 field="batch.samples",
                 hint=(
-                    f"raise options.max_degree to >= {need}, use more ranks, enable recomputation, "
-                    "or shorten the sample."
+                    " and ".join(fix for _, fix in rules) + ", or shorten the sample."
+                    if uniform and rules
+                    else "shorten the sample, or send a profile that holds more tokens per rank."
                     if uniform
                     else "add ranks of the roomiest GPU type, raise options.max_degree, enable recomputation, "
                     "or shorten the sample."
@@ -183,6 +184,8 @@ class CostTables:
         problem = replace(self.problem, batch=sub)
         if options:
             problem = replace(problem, options=replace(problem.options, **options))
+        # A hybrid group's Ulysses width is chosen on the whole batch; the subset keeps it.
+        problem.__dict__["ulysses_widths"] = self.problem.ulysses_widths
         out = replace(self, problem=problem, lengths=self.lengths[rows], vision=self.vision[rows])
         out._matrices.update({key: m[rows] for key, m in self._matrices.items()})
         return out
@@ -221,6 +224,12 @@ class CostTables:
         )
 
     @cached_property
+    def ulysses_widths(self) -> np.ndarray:
+        """[D] the Ulysses width of each allowed size (1 under ring, d under Ulysses; see
+        :func:`optimizer.costs.cp_schemes.ulysses_width`)."""
+        return np.array([ulysses_width(self.problem, int(d)) for d in self.degrees.tolist()], dtype=np.int64)
+
+    @cached_property
     def degree_index(self) -> dict[int, int]:
         return {int(d): j for j, d in enumerate(self.degrees)}
 
@@ -240,26 +249,27 @@ class CostTables:
     def _compute_matrix(self, intra: bool, speed: float) -> np.ndarray:
         p = self.profile
         d = self.degrees.astype(np.float64)
-        share = (d - 1) / d if p.scheme == "ring" else 1.0 / d
+        ex = exchange(p, d, self.ulysses_widths)
         bw = np.array([p.bandwidth(int(x), intra) for x in self.degrees], dtype=np.float64)
-        latency = (p.messages_per_step * (d - 1) + p.messages_fixed) * p.latency(intra)
+        latency = (p.messages_per_step * ex.steps + p.messages_fixed) * p.latency(intra)
         out = np.empty((self.n_samples, d.shape[0]))
-        pad_unit = (2 if p.scheme == "ring" else 1) if p.padded_bytes else 0
         fill_time_matrix(
             self.lengths,
             self.vision,
             d,
-            share,
+            ex.share,
+            ex.a2a_share,
             bw,
             latency,
             float(p.quadratic),
             float(p.linear),
             float(p.sample_constant),
             float(p.bytes_per_token),
+            float(p.ulysses_bytes_per_token),
             float(speed),
             bool(p.overlap_with_attention),
             float(p.sample_step),
-            pad_unit,
+            pad_unit(p),
             out,
         )
         if self.problem.options.memory == "sample":

@@ -25,12 +25,14 @@ def fill_time_matrix(
     vision: np.ndarray,
     degrees: np.ndarray,
     share: np.ndarray,
+    a2a_share: np.ndarray,
     bandwidth: np.ndarray,
     latency: np.ndarray,
     quadratic: float,
     linear: float,
     sample_constant: float,
     bytes_per_token: float,
+    a2a_bytes_per_token: float,
     speed: float,
     overlap: bool,
     sample_step: float,
@@ -39,7 +41,9 @@ def fill_time_matrix(
 ) -> None:
     """``out[i, j]``: seconds sample i adds to a group of ``degrees[j]`` ranks.
 
-    Per size j: ``share[j]`` is the fraction of a sample's tokens each rank exchanges,
+    Per size j: ``share[j]`` is the fraction of a sample's tokens each rank exchanges (at
+    ``bytes_per_token``), ``a2a_share[j]`` the fraction it exchanges in a hybrid group's all-to-alls (at
+    ``a2a_bytes_per_token``, never hidden behind attention; :mod:`optimizer.costs.cp_schemes`),
     ``bandwidth[j]`` the link's bytes/s and ``latency[j]`` the messages' total latency.
     ``sample_step`` is the work a sample adds per extra rank; ``pad_unit`` > 0 sends the bytes of
     the sample padded to a multiple of ``pad_unit`` times the group size (0: its own length).
@@ -67,9 +71,11 @@ def fill_time_matrix(
                 step = np.true_divide(step, speed)
             compute += step
             sent = volume
+            sent_length = length
             if pad_unit > 0:
                 unit = pad_unit * int(d)
-                sent = bytes_per_token * float(-(-int(lengths[i]) // unit) * unit)
+                sent_length = float(-(-int(lengths[i]) // unit) * unit)
+                sent = bytes_per_token * sent_length
             comm = np.true_divide(sent * share[j], bandwidth[j]) + latency[j]
             if overlap:
                 attention = np.true_divide(square, d)
@@ -78,6 +84,8 @@ def fill_time_matrix(
                 comm -= attention
                 if comm < 0.0:
                     comm = 0.0
+            if a2a_bytes_per_token > 0.0:
+                comm += np.true_divide(a2a_bytes_per_token * float(sent_length) * a2a_share[j], bandwidth[j])
             out[i, j] = compute + comm
 
 

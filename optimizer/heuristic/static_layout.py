@@ -17,6 +17,7 @@ import numpy as np
 from optimizer.costs.tables import CostTables
 from optimizer.heuristic.static_kernels import balance_static, members_by_bin, sort_ties_by_index
 from optimizer.plan.records import Assignment, StaticBaseline
+from optimizer.problem.degrees import size_problem
 
 
 @dataclass(frozen=True)
@@ -125,12 +126,16 @@ def static_assignment(tables: CostTables, c: int, micro_batches: int) -> Assignm
     return None if balanced is None else _assignment(layout, balanced)
 
 
-def best_static(tables: CostTables) -> tuple[StaticBaseline, Assignment] | None:
+def best_static(
+    tables: CostTables, ruled_out: dict[int, str] | None = None
+) -> tuple[StaticBaseline, Assignment] | None:
     """The best static power-of-two layout for this batch (see the module docstring).
 
     Sizes are tried in order of their fluid estimate (rank-seconds over N plus the per-micro-batch
     constant); a size whose estimate is already above the best layout found cannot win and is skipped.
     Every layout tried is scored from its groups' loads; only the best becomes an assignment.
+    ``ruled_out`` receives, by size, the rule that ruled out each power-of-two size found unusable (every
+    one of them when the answer is None: :func:`no_static_reason` words it).
     """
     n = tables.n_ranks
     cap = float(tables.rank_capacity.min())
@@ -145,6 +150,13 @@ def best_static(tables: CostTables) -> tuple[StaticBaseline, Assignment] | None:
             least = max(1, math.ceil(total / (cap * c * n_groups) - 1e-12))
             if least <= most:
                 sizes.append((c, n_groups, least))
+            elif ruled_out is not None:
+                ruled_out[c] = (
+                    f"needs at least {least} micro-batches for the batch's {total:,.0f} tokens, more than the "
+                    f"{most} allowed (options.max_micro_batches)"
+                )
+        elif ruled_out is not None:
+            ruled_out[c] = _size_rule(tables, c, longest, cap)
         c *= 2
     works = tables.best_time_columns([tables.degree_index[c] for c, _, _ in sizes]).sum(axis=1).tolist()
     constant = tables.best_group_constants.tolist()
@@ -158,13 +170,42 @@ def best_static(tables: CostTables) -> tuple[StaticBaseline, Assignment] | None:
             break
         layout = _layout(tables, c)
         assert layout is not None  # c is an allowed size
+        fits = False
         for mb in range(least, min(most, least + 1) + 1):
             balanced = _balance(tables, layout, mb)
+            fits = fits or balanced is not None
             if balanced is not None and (best is None or balanced.step_time < best[1].step_time):
                 best = (layout, balanced)
+        if not fits and ruled_out is not None:
+            tried = f"{least}" if min(most, least + 1) == least else f"{least} or {least + 1}"
+            ruled_out[c] = f"overflows a group's memory when the samples are balanced over {tried} micro-batches"
     if best is None:
         return None
     layout, balanced = best
     return StaticBaseline(
         degree=layout.c, micro_batches=balanced.used_micro_batches, predicted_step_time_s=balanced.step_time
     ), _assignment(layout, balanced)
+
+
+def _size_rule(tables: CostTables, c: int, longest: int, cap: float) -> str:
+    """Why groups of ``c`` ranks cannot run the batch at all: the size is not allowed, or too small for its
+    longest sample."""
+    if c not in tables.degree_index:
+        why = size_problem(tables.problem, c)
+        if why is None:  # allowed by every rule but the existing groups' (options.group_reuse "only")
+            return "is not the size of an existing group (options.group_reuse 'only')"
+        return why.removeprefix(f"size {c} ")
+    return f"cannot hold the longest sample ({longest:,} tokens; {cap:,.0f} tokens per rank on the smallest GPU)"
+
+
+def no_static_reason(ruled_out: dict[int, str]) -> str:
+    """Why no static power-of-two layout exists, from what :func:`best_static` recorded: the sizes each rule
+    ruled out."""
+    by_rule: dict[str, list[int]] = {}
+    for c, rule in sorted(ruled_out.items()):
+        by_rule.setdefault(rule, []).append(c)
+    parts = [
+        f"size {cs[0]} {rule}" if len(cs) == 1 else f"each of sizes {', '.join(map(str, cs))} {rule}"
+        for rule, cs in by_rule.items()
+    ]
+    return "no static power-of-two layout fits: " + "; ".join(parts) if parts else "no static power-of-two layout fits"

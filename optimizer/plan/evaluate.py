@@ -107,9 +107,16 @@ def build_plan(
         predicted_step_time_s=step,
         lower_bound_s=lower_bound_s,
         scheme=tables.profile.scheme,
+        ulysses_sizes=(
+            tuple(zip(tables.degrees.tolist(), tables.ulysses_widths.tolist(), strict=True))
+            if tables.profile.scheme == "hybrid"
+            else ()
+        ),
+        scheme_reason=problem.scheme_reason,
         domain_size=tables.n_ranks,
         solver=solver,
         static_baseline=static,
+        model=problem.model.name,
     )
 
 

@@ -107,9 +107,13 @@ class SolverStats:
     trace: tuple[TracePoint, ...] = ()
     fallback_reason: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    budget_ms: float | None = None
+    """The budget the plan was made under (``options.time_budget_ms``, or what ``"auto"`` came to)."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"backend": self.backend, "status": self.status, "wall_ms": round(self.wall_ms, 3)}
+        if self.budget_ms is not None:
+            out["budget_ms"] = self.budget_ms
         if self.objective_s is not None:
             out["objective_s"] = self.objective_s
         if self.bound_s is not None:
@@ -170,6 +174,19 @@ class Plan:
     """Groups the plan needs that the request did not list as existing (None: not asked about)."""
     group_setup_s: float = 0.0
     """``options.new_group_cost_s`` times the number of new communicators (paid once, not per step)."""
+    ulysses_sizes: tuple[tuple[int, int], ...] = ()
+    """Under the hybrid scheme, (group size, Ulysses width) of every allowed size (see
+    :func:`optimizer.costs.cp_schemes.ulysses_width`)."""
+    scheme_reason: str | None = None
+    """Why the scheme is not the profile's (a Ulysses profile planned as hybrid), None otherwise."""
+    static_baseline_reason: str | None = None
+    """Why there is no ``static_baseline``: the rule that ruled out every static layout, or why none was computed."""
+    model: str | None = None
+    """The name of the model the plan was made for (its costs, memory and heads)."""
+
+    def ulysses_size(self, d: int) -> int:
+        """The Ulysses width of a group of ``d`` ranks (1 outside the hybrid scheme)."""
+        return dict(self.ulysses_sizes).get(d, 1) if self.scheme == "hybrid" else 1
 
     @property
     def gap(self) -> float:
@@ -203,9 +220,12 @@ class Plan:
                     "predicted_time_s": g.predicted_time_s,
                     "intra_node": g.intra_node,
                 }
+                u = self.ulysses_size(g.degree)
+                if self.scheme == "hybrid":
+                    gj["ulysses_size"] = u
                 if shards:
                     gj["shards"] = [
-                        shard_json(sid, length, g.degree, self.scheme)
+                        shard_json(sid, length, g.degree, self.scheme, u)
                         for sid, length in zip(g.samples, g.lengths, strict=True)
                     ]
                 groups.append(gj)
@@ -216,6 +236,7 @@ class Plan:
             "gap": self.gap,
             "ratio_to_bound": self.ratio_to_bound,
             "scheme": self.scheme,
+            **({"scheme_reason": self.scheme_reason} if self.scheme_reason else {}),
             "domain_size": self.domain_size,
             "micro_batches": mbs,
             "communicators": [list(c) for c in self.communicators],
@@ -231,6 +252,10 @@ class Plan:
                 "predicted_step_time_s": self.static_baseline.predicted_step_time_s,
                 "speedup": self.speedup_over_static,
             }
+        elif self.static_baseline_reason:
+            out["static_baseline_reason"] = self.static_baseline_reason
+        if self.model is not None:
+            out["model"] = self.model
         return out
 
 
@@ -263,21 +288,22 @@ def communicators_of(groups: Iterable[Sequence[int]]) -> list[tuple[int, ...]]:
     return list(seen)
 
 
-def shard_json(sample: str, length: int, d: int, scheme: str) -> dict[str, Any]:
-    """One sample's entry of a group's ``shards``: its length, padded length and token ranges per rank position."""
+def shard_json(sample: str, length: int, d: int, scheme: str, ulysses: int = 1) -> dict[str, Any]:
+    """One sample's entry of a group's ``shards``: its length, padded length and token ranges per rank
+    position (``ulysses``: a hybrid group's Ulysses width)."""
     return {
         "sample": sample,
         "length": length,
         "padded_length": padded_length(length, d, scheme),
-        "ranges": _ranges_json(length, d, scheme),
+        "ranges": _ranges_json(length, d, scheme, ulysses),
     }
 
 
-def _ranges_json(length: int, d: int, scheme: str) -> list[list[list[int]]]:
+def _ranges_json(length: int, d: int, scheme: str, ulysses: int) -> list[list[list[int]]]:
     """Token ranges per rank position as JSON arrays (most groups have size 1: one range)."""
     if d == 1:
         return [[[0, length]]]
-    return [[[a, b] for a, b in rs] for rs in token_ranges(length, d, scheme)]
+    return [[[a, b] for a, b in rs] for rs in token_ranges(length, d, scheme, ulysses)]
 
 
 def assignment_from_json(doc: Any, sample_index: dict[str, int]) -> Assignment:

@@ -16,7 +16,8 @@ def _ranks(ranks: tuple[int, ...]) -> str:
     return ",".join(map(str, ranks))
 
 
-def summary_text(plan: Plan, problem: Problem, max_groups: int = 12) -> str:
+def summary_text(plan: Plan, problem: Problem, max_groups: int = 12, model_note: str | None = None) -> str:
+    """The summary of ``plan`` for ``problem``; ``model_note`` follows the model's name (that it is the default)."""
     lines = []
     n = len(problem.batch)
     tokens = sum(problem.batch.lengths)
@@ -24,6 +25,10 @@ def summary_text(plan: Plan, problem: Problem, max_groups: int = 12) -> str:
         f"batch: {n} samples, {tokens:,} tokens (longest {max(problem.batch.lengths):,}) | "
         f"{problem.cluster.describe()} | {plan.scheme} CP"
     )
+    if plan.scheme_reason:
+        lines.append(f"scheme: {plan.scheme} ({plan.scheme_reason})")
+    model = plan.model or problem.model.name
+    lines.append(f"model: {model} ({model_note})" if model_note else f"model: {model}")
     lines.append(
         f"predicted step {plan.predicted_step_time_s:.4f} s | lower bound {plan.lower_bound_s:.4f} s{_which(plan)} | "
         f"ratio {plan.ratio_to_bound:.4f} (gap {plan.gap * 100:.2f}%)"
@@ -36,7 +41,8 @@ def summary_text(plan: Plan, problem: Problem, max_groups: int = 12) -> str:
         )
     skipped = plan.solver.details.get("skipped") or {}
     if plan.static_baseline is None:
-        lines.append(f"best static power-of-two layout: none ({skipped.get('static_baseline', 'no reason recorded')})")
+        why = plan.static_baseline_reason or skipped.get("static_baseline", "no reason recorded")
+        lines.append(f"static layout: none ({why})")
     if "tighter_bounds" in skipped:
         lines.append(f"lower bound: {skipped['tighter_bounds']}")
     s = plan.solver
@@ -49,6 +55,9 @@ def summary_text(plan: Plan, problem: Problem, max_groups: int = 12) -> str:
         lines.append(f"micro-batch {m}: {mb.predicted_time_s:.4f} s, {len(mb.groups)} groups (size x count: {shape})")
         for g in sorted(mb.groups, key=lambda g: -g.predicted_time_s)[:max_groups]:
             span = "" if g.intra_node else " spans nodes"
+            u = plan.ulysses_size(g.degree)
+            if plan.scheme == "hybrid" and g.degree > 1:
+                span = f" = Ulysses {u} x ring {g.degree // u}{',' if span else ''}{span}"
             lines.append(
                 f"  ranks {_ranks(g.ranks):>9} (size {g.degree}{span}): {len(g.samples)} samples, "
                 f"{sum(g.lengths):,} tokens, {g.predicted_time_s:.4f} s"

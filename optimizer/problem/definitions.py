@@ -403,12 +403,25 @@ COMM = Document(
     "ProfileComm",
     "Communication of context parallelism.",
     (
-        FieldSpec("scheme", "str", "ring or ulysses", "use 'ring' or 'ulysses'.", choices=CP_SCHEMES),
+        FieldSpec(
+            "scheme",
+            "str",
+            "ring, ulysses, or hybrid (Ulysses inside ring)",
+            "use 'ring', 'ulysses' or 'hybrid'.",
+            choices=CP_SCHEMES,
+        ),
         _number(
             "bytes_per_token",
-            "bytes a token sends",
+            "bytes a token sends: the ring's (key/value) volume, or the all-to-all's under ulysses",
             Range(0, 1e9, "bytes per token"),
             "give the bytes a token sends, e.g. 172032.",
+        ),
+        _number(
+            "ulysses_bytes_per_token",
+            "bytes a token sends in the all-to-alls of a hybrid group (query, key, value, output)",
+            Range(0, 1e9, "bytes per token"),
+            "give the all-to-all bytes a token sends, e.g. 458752; a hybrid profile needs it.",
+            default=0.0,
         ),
         _document("bandwidth_bytes_per_s", "bandwidths", BANDWIDTHS),
         _document("latency_s", "latencies", LATENCIES, default=None, derived="0 s"),

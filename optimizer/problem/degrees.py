@@ -2,7 +2,8 @@
 
 A size d is allowed when it is at most the domain (and at most ``options.max_degree`` when the
 caller sets one), a power of two under ``degree_policy = "pow2"``, a divisor of the attention heads
-per rank under Ulysses, and, with ``group_reuse = "only"``, the size of an existing group (or 1).
+per rank under Ulysses (a hybrid group takes any size: :mod:`optimizer.costs.cp_schemes`), and, with
+``group_reuse = "only"``, the size of an existing group (or 1).
 
 Under ``degree_policy = "aligned"`` the rank sets themselves are fixed: the sizes are 1, the powers
 of two from 2 to ``2^(floor(log2 N) - 1)`` (N/2 on a power-of-two domain of N ranks) and N itself,
@@ -24,10 +25,37 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
 
 if TYPE_CHECKING:
-    from optimizer.problem.problem import Problem
+    from optimizer.costs.profile import CostProfile
+    from optimizer.problem.batch import Batch
+    from optimizer.problem.cluster import Cluster
+    from optimizer.problem.model import ModelSpec
+    from optimizer.problem.options import PlanOptions
+
+
+class Problem(Protocol):
+    """What the size rules read of :class:`optimizer.problem.problem.Problem` (which computes its
+    scheme from them, so this module does not import it)."""
+
+    @property
+    def cluster(self) -> Cluster: ...
+    @property
+    def model(self) -> ModelSpec: ...
+    @property
+    def batch(self) -> Batch: ...
+    @property
+    def options(self) -> PlanOptions: ...
+    @property
+    def profile(self) -> CostProfile | None: ...
+    @property
+    def existing_groups(self) -> tuple[tuple[int, ...], ...]: ...
+    @property
+    def scheme(self) -> str: ...
+
 
 DENSE_SIZES = 64
 """Every integer size up to this one is allowed (when the other rules allow it)."""
@@ -68,8 +96,8 @@ def aligned_sizes(n: int) -> list[int]:
     return [1, *below, n] if n > 1 else [1]
 
 
-def allowed_degrees(problem: Problem) -> list[int]:
-    """Every allowed group size, ascending (see the module docstring)."""
+def allowed_degrees(problem: Problem, scheme: str | None = None) -> list[int]:
+    """Every allowed group size, ascending (see the module docstring), under ``scheme`` (default the problem's)."""
     top = largest_size(problem)
     if problem.options.degree_policy == "aligned":
         sizes = [d for d in aligned_sizes(problem.cluster.domain_size) if d <= top]
@@ -79,7 +107,7 @@ def allowed_degrees(problem: Problem) -> list[int]:
         sizes = list(range(1, top + 1))
     else:
         sizes = list(range(1, DENSE_SIZES + 1)) + list(_ladder(top, _node_size(problem)))
-    if problem.scheme == "ulysses":
+    if (scheme or problem.scheme) == "ulysses":
         heads = problem.model.llm.heads // problem.cluster.tensor_parallel
         sizes = [d for d in sizes if heads % d == 0]
     if problem.options.group_reuse == "only":
@@ -106,7 +134,10 @@ def size_problem(problem: Problem, d: int) -> str | None:
     if problem.scheme == "ulysses":
         heads = problem.model.llm.heads // problem.cluster.tensor_parallel
         if heads % d:
-            return f"size {d} does not divide the {heads} attention heads per rank (Ulysses)"
+            return (
+                f"size {d} does not divide the {heads} attention heads per rank (Ulysses; the hybrid scheme takes any "
+                "size)"
+            )
     if opts.degree_policy == "any" and d > DENSE_SIZES and d not in _ladder(largest_size(problem), _node_size(problem)):
         return (
             f"size {d} is not one of the sizes planned above {DENSE_SIZES} ranks (multiples of the node size, "
@@ -128,3 +159,65 @@ def rank_set_problem(problem: Problem, ranks: Sequence[int]) -> str | None:
             f"{d} and is contiguous)"
         )
     return None
+
+
+def binding_rules(problem: Problem, need: int) -> list[tuple[str, str]]:
+    """The rules that keep every allowed size below ``need`` ranks, each with the change that lifts it:
+    (rule, fix) pairs; lifting them all allows a group of ``need`` ranks."""
+    n = problem.cluster.domain_size
+    if need > n:
+        return [(f"the domain has {n} ranks", f"use at least {need} ranks in the data x context-parallel domain")]
+    opts = problem.options
+    out = []
+    if opts.max_degree is not None and opts.max_degree < need:
+        out.append((f"options.max_degree is {opts.max_degree}", f"raise options.max_degree to >= {need}"))
+    if opts.degree_policy == "pow2" and 1 << (n.bit_length() - 1) < need:
+        out.append(("options.degree_policy 'pow2' allows powers of two only", "set options.degree_policy to 'any'"))
+    if problem.scheme == "ulysses":
+        heads = problem.model.llm.heads // problem.cluster.tensor_parallel
+        if max((d for d in range(1, n + 1) if heads % d == 0), default=1) < need:
+            out.append(
+                (
+                    f"a Ulysses group must divide the {heads} attention heads per rank",
+                    "set options.cp_scheme to 'hybrid' (Ulysses inside ring, any group size)",
+                )
+            )
+    if opts.group_reuse == "only" and max((len(g) for g in problem.existing_groups), default=1) < need:
+        out.append(
+            ("options.group_reuse 'only' allows the existing groups' sizes", "set options.group_reuse to 'prefer'")
+        )
+    return out
+
+
+def group_capacities(rank_capacity: np.ndarray, degrees: Sequence[int] | np.ndarray) -> np.ndarray:
+    """The most tokens a group of each allowed size can hold: d times the capacity of the d-th
+    roomiest rank (a group's tokens are split evenly, so its smallest member's capacity binds)."""
+    roomiest = np.sort(np.asarray(rank_capacity, dtype=np.float64))[::-1]
+    d = np.asarray(degrees, dtype=np.int64)
+    d = d[d <= roomiest.shape[0]]
+    return d * roomiest[d - 1] if d.shape[0] else np.zeros(1)
+
+
+def ulysses_reach(problem: Problem) -> str | None:
+    """Why no Ulysses group holds the longest sample of ``problem`` (its profile measured with
+    Ulysses), or None when one does: the reason a plan runs hybrid instead."""
+    profile = problem.profile
+    assert profile is not None
+    lengths = problem.batch.lengths
+    if not lengths:
+        return None
+    names = [node.gpu.name for node in problem.cluster.nodes]
+    capacity = np.array([profile.capacity_for(n) for n in names], dtype=np.float64)[list(problem.cluster.rank_node)]
+    sizes = allowed_degrees(problem, "ulysses")
+    longest = max(lengths)
+    if sizes and longest <= float(group_capacities(capacity, sizes).max()) * (1 + 1e-9):
+        return None
+    if longest > float(group_capacities(capacity, allowed_degrees(problem, "hybrid")).max()) * (1 + 1e-9):
+        return None  # no scheme holds it: the tables refuse the batch and say why
+    need = math.ceil(longest / float(capacity.max()))
+    heads = problem.model.llm.heads // problem.cluster.tensor_parallel
+    return (
+        f"the longest sample has {longest} tokens and needs a group of at least {need} ranks; a Ulysses group must "
+        f"divide the {heads} attention heads per rank (largest: {max(sizes, default=1)}), so its groups run Ulysses "
+        "inside ring"
+    )

@@ -446,6 +446,7 @@ def profile_from_json(doc: Any, where: str = "profile") -> CostProfile:
             **time,
             scheme=comm["scheme"],
             bytes_per_token=comm["bytes_per_token"],
+            ulysses_bytes_per_token=comm["ulysses_bytes_per_token"],
             intra_bandwidth=_bandwidth(bw["intra"], f"{wb}.intra"),
             inter_bandwidth=_bandwidth(bw["inter"], f"{wb}.inter"),
             intra_latency=latency["intra"],

@@ -37,6 +37,15 @@ REQUIRED: Any = _Required()
 """The default of a field that must be given."""
 
 
+def _of_kind(kind: str, value: Any) -> bool:
+    """Whether ``value`` is of the JSON type of ``kind`` (whatever its range or choices)."""
+    if kind in ("int", "number"):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind in ("document", "table"):
+        return isinstance(value, Mapping)
+    return isinstance(value, {"bool": bool, "str": str, "list": list}[kind])
+
+
 @dataclass(frozen=True)
 class FieldSpec:
     """One field of a document. A value of ``None`` (JSON null) reads as left out when ``nullable``."""
@@ -61,7 +70,9 @@ class FieldSpec:
     document: Document | None = None
     """``document``: its fields."""
     either: FieldSpec | None = None
-    """Another form the value may take (``nodes``: a count or a list of node groups); checked by the reader."""
+    """Another form the value may take (``nodes``: a count or a list of node groups; ``time_budget_ms``: a number
+    or ``"auto"``). :meth:`check` and :meth:`read` take a value of that form's JSON kind by that form's definition;
+    the readers of nodes, sample ids, capacities and bandwidth tables check their other forms themselves."""
     flag: str | None = None
     """The ``dhp plan`` flag that sets the field, if any."""
     _counts: Range | None = field(default=None, init=False, repr=False, compare=False)
@@ -123,6 +134,9 @@ class FieldSpec:
         (None is allowed: it means left out)."""
         if value is None:
             return
+        if self.either is not None and _of_kind(self.either.kind, value) and not _of_kind(self.kind, value):
+            self.either.check(value, where)
+            return
         kind = self.kind
         if kind == "int":
             if not isinstance(value, int) or isinstance(value, bool):
@@ -157,7 +171,9 @@ class FieldSpec:
 
     def read(self, value: Any, where: str) -> Any:
         """``value`` once checked (:meth:`check`), as the domain types take it: an ``int`` given as a whole
-        float becomes an int, a ``number`` a float."""
+        float becomes an int, a ``number`` a float; a value of the other form (``either``) is read by that form."""
+        if self.either is not None and _of_kind(self.either.kind, value) and not _of_kind(self.kind, value):
+            return self.either.read(value, where)
         if self.kind == "int" and isinstance(value, float) and value.is_integer():
             value = int(value)
         self.check(value, where)

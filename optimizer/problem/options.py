@@ -17,9 +17,12 @@ from optimizer.problem.fields import Document, FieldSpec
 
 DEGREE_POLICIES = ("any", "pow2", "aligned")
 MEMORY_RULES = ("micro_batch", "sample")
-CP_SCHEMES = ("ring", "ulysses")
+CP_SCHEMES = ("ring", "ulysses", "hybrid")
 BACKENDS = ("auto", "heuristic", "cpsat", "highs", "cbc")
 GROUP_REUSE = ("prefer", "only", "ignore")
+AUTO_BUDGET = "auto"
+"""The ``time_budget_ms`` that asks the planner to work the budget out from the previous step's time."""
+BUDGET_HINT = 'give the planning budget in milliseconds, e.g. 200, or "auto" with previous_step_s.'
 MICRO_BATCH_CEILING = 1 << 20
 """Largest cap a caller may set on the micro-batch count (a plan never needs more than one micro-batch per sample)."""
 
@@ -78,11 +81,12 @@ class PlanOptions:
         kind="str",
         choices=CP_SCHEMES,
         flag="--cp-scheme",
-        help="context-parallel scheme: ring (point-to-point, zig-zag split) or ulysses (all-to-all); default the "
-        "profile's, else ring",
-        hint="use 'ring' or 'ulysses'.",
+        help="context-parallel scheme: ring (point-to-point, zig-zag split), ulysses (all-to-all over heads) or "
+        "hybrid (Ulysses inside ring, any group size); default the profile's (hybrid where Ulysses cannot hold the "
+        "longest sample), else ring",
+        hint="use 'ring', 'ulysses' or 'hybrid'.",
     )
-    time_budget_ms: float = _option(
+    time_budget_ms: float | str = _option(
         200.0,
         kind="number",
         low=1,
@@ -90,8 +94,25 @@ class PlanOptions:
         unit="milliseconds",
         flag="--budget-ms",
         help="wall-clock budget of the whole planning call in milliseconds (the service counts it from the request's "
-        "arrival)",
-        hint="give the planning budget in milliseconds, e.g. 200.",
+        "arrival, dhp plan from the process's start), or \"auto\": a share of the previous training step's time "
+        "(previous_step_s), up to a cap, for a plan asked for one step ahead",
+        hint=BUDGET_HINT,
+        either=FieldSpec(
+            "time_budget_ms",
+            "str",
+            "the planner works the budget out from previous_step_s",
+            BUDGET_HINT,
+            choices=(AUTO_BUDGET,),
+        ),
+    )
+    previous_step_s: float | None = _option(
+        None,
+        kind="number",
+        low=1e-3,
+        unit="seconds",
+        help='the previous training step\'s measured time, in seconds, that time_budget_ms "auto" takes its share '
+        'of (without it, "auto" is the default budget); a numeric budget does not read it',
+        hint="give the previous step's measured time in seconds, e.g. 1.8, or leave it out.",
     )
     backend: str = _option(
         "auto",
@@ -119,6 +140,15 @@ class PlanOptions:
         "no deterministic limits: their rounds still stop on the clock",
         hint="use a JSON boolean.",
     )
+    tight_bound: bool = _option(
+        False,
+        kind="bool",
+        flag="--tight-bound",
+        help="raise the lower bound with the group-size LP (HiGHS) when the plan is more than 1% above it, with "
+        "any backend and as long as the budget allows; without it the LP runs only before an exact backend, "
+        "when it fits a fifth of the solver's time. Never in deterministic mode (a time-limited LP reads the clock)",
+        hint="use a JSON boolean.",
+    )
     group_reuse: str = _option(
         "prefer",
         kind="str",
@@ -141,6 +171,17 @@ class PlanOptions:
         for spec in OPTION_SPECS:  # None is allowed only where it is the default
             if getattr(self, spec.name) is None and _DEFAULTS[spec.name] is not None:
                 raise ProblemError("must be given", field=f"options.{spec.name}", hint=spec.hint)
+
+    @property
+    def budget_ms(self) -> float:
+        """The budget as a number of milliseconds. ``time_budget_ms: "auto"`` is resolved to one by the planning
+        layer (``planning.budget_policy.resolve_budget``) before any planning step reads the budget."""
+        if isinstance(self.time_budget_ms, str):
+            raise ValueError(
+                f'options.time_budget_ms is still "{self.time_budget_ms}": '
+                "planning.budget_policy.resolve_budget resolves it first"
+            )
+        return self.time_budget_ms
 
     @property
     def micro_batch_limit(self) -> int:

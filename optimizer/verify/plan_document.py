@@ -19,9 +19,15 @@ recomputes from the batch, cluster and profile:
 Each problem is one line naming the field's path (``micro_batches[3].groups[1].predicted_time_s: is
 NaN``); a figure that fails its own check is not compared again. Fields that only some producers
 write (``degree``, ``shards``, ``lengths``, ``static_baseline``, ``solver``, ``new_communicators``,
-``group_setup_s``) are checked when present. A plan for another number of ranks is one line alone:
-none of its groups can be judged on this cluster. A document that is not a plan object, or whose
-groups have no readable ranks and sample ids, is bad input (:class:`optimizer.errors.ProblemError`).
+``group_setup_s``) are checked when present.
+
+A plan made for other inputs is said so first, in one line that names what differs and the fix
+(:func:`leading_line`), before the field lines it causes: a plan for another number of ranks is that
+line alone (none of its groups can be judged on this cluster), as is a plan that names sample ids the
+batch does not have (a plan for another batch; one line per such group follows); a plan for another
+context-parallel scheme, or whose group times are mostly not this cluster's, model's and profile's, is
+that line and then its details. A document that is not a plan object, or whose groups have no readable
+ranks and sample ids, is bad input (:class:`optimizer.errors.ProblemError`).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from optimizer.costs.cp_schemes import ulysses_width
 from optimizer.plan.records import (
     assignment_from_json,
     bound_gap,
@@ -38,6 +45,7 @@ from optimizer.plan.records import (
     shard_json,
     static_speedup,
 )
+from optimizer.problem.options import CP_SCHEMES
 from optimizer.problem.problem import Problem
 from optimizer.verify.document_fields import Fields, describe, same_json
 from optimizer.verify.verifier import (
@@ -53,15 +61,36 @@ from optimizer.verify.verifier import (
 
 def check_plan_document(problem: Problem, doc: Any) -> Report:
     """Every problem of the plan document ``doc`` for ``problem`` (see the module docstring)."""
+    foreign = _foreign_samples(doc, problem.batch.index)
+    if foreign:
+        return Report(violations=foreign)
     assignment = assignment_from_json(doc, problem.batch.index)
     fields = Fields()
+    leads: list[str] = []
     n_ranks = problem.cluster.domain_size
     domain = fields.integer(doc, "domain_size", "domain_size", low=1)
     if domain is not None and domain != n_ranks:
-        return Report(violations=[f"domain_size: this plan is for {domain} ranks, the cluster has {n_ranks}"])
-    scheme = fields.text(doc, "scheme", "scheme")
-    if scheme is not None and scheme != problem.cost_profile.scheme:
-        fields.fail("scheme", f"is {scheme!r}, the profile's scheme is {problem.cost_profile.scheme!r}")
+        return Report(
+            violations=[
+                leading_line(
+                    f"this plan is for {domain} ranks, the cluster has {n_ranks}",
+                    "domain_size",
+                    "validate it against the cluster it was planned for, or plan the batch again for this one",
+                )
+            ]
+        )
+    scheme, want_scheme = fields.text(doc, "scheme", "scheme"), problem.cost_profile.scheme
+    if scheme is not None and scheme != want_scheme:
+        if scheme in CP_SCHEMES:  # a plan for another scheme: its shards and times follow from that
+            leads.append(
+                leading_line(
+                    f"this plan is for {scheme} context parallelism, the profile's scheme is {want_scheme}",
+                    "scheme",
+                    "validate it against the profile and options.cp_scheme it was planned with",
+                )
+            )
+        else:
+            fields.fail("scheme", f"is {scheme!r}, the profile's scheme is {want_scheme!r}")
     mbs: list[Mapping[str, Any]] = doc["micro_batches"]
     seconds, intra = [], []
     for m, mb in enumerate(mbs):
@@ -74,6 +103,8 @@ def check_plan_document(problem: Problem, doc: Any) -> Report:
         problem, assignment, times=times, claims=GroupClaims.of(seconds, intra), place=field_place
     )
     found = report.violations
+    if not leads:
+        leads += _foreign_lengths(doc, problem) or _foreign_times(seconds, [t for mb in times for t in mb])
     for m, (mb, recomputed) in enumerate(zip(mbs, times, strict=True)):
         claimed = fields.number(mb, "predicted_time_s", f"micro_batches[{m}].predicted_time_s")
         slowest = max(recomputed, default=0.0)
@@ -96,8 +127,80 @@ def check_plan_document(problem: Problem, doc: Any) -> Report:
     setup = fields.number(doc, "group_setup_s", "group_setup_s", required=False)
     found.extend(communicator_violations(problem, rank_groups, new, setup if new is not None else None, field_place))
     _solver_figures(fields, doc)
-    report.violations = fields.problems + found
+    report.violations = leads + fields.problems + found
     return report
+
+
+def leading_line(what: str, field: str, fix: str) -> str:
+    """The line that leads a report on a plan made for other inputs: what differs, the field that shows it, the fix."""
+    return f"{what} ({field}): {fix}"
+
+
+def _foreign_samples(doc: Any, index: Mapping[str, int]) -> list[str]:
+    """When the plan names sample ids the batch does not have: the leading line, then one line per such group;
+    else nothing. Only readable groups are looked at (:func:`assignment_from_json` judges the rest)."""
+    micro_batches = doc.get("micro_batches") if isinstance(doc, Mapping) else None
+    lines, unknown, named = [], [], 0
+    for m, mb in enumerate(micro_batches if isinstance(micro_batches, list) else []):
+        groups = mb.get("groups") if isinstance(mb, Mapping) else None
+        for k, group in enumerate(groups if isinstance(groups, list) else []):
+            samples = group.get("samples") if isinstance(group, Mapping) else None
+            ids = [s for s in samples if isinstance(s, str)] if isinstance(samples, list) else []
+            named += len(ids)
+            missing = [s for s in ids if s not in index]
+            if missing:
+                unknown += missing
+                more = " ..." if len(missing) > 5 else ""
+                lines.append(f"{field_place(m, k, 'samples')}: names samples not in the batch: {missing[:5]}{more}")
+    if not unknown:
+        return []
+    lead = leading_line(
+        f"{len(unknown)} of the plan's {named} sample ids are not in the batch, e.g. {unknown[:3]}",
+        "samples",
+        "validate the plan against the batch it was planned for",
+    )
+    return [lead, *lines]
+
+
+def _foreign_lengths(doc: Mapping[str, Any], problem: Problem) -> list[str]:
+    """The leading line when most samples' lengths in the shards (at least two) are not the batch's: the plan was
+    made for another batch with the same sample ids; else nothing."""
+    lengths, index = problem.batch.lengths, problem.batch.index
+    judged = off = 0
+    for mb in doc["micro_batches"]:
+        for group in mb["groups"]:
+            shards = group.get("shards") if isinstance(group, Mapping) else None
+            for shard in shards if isinstance(shards, list) else []:
+                sample = shard.get("sample") if isinstance(shard, Mapping) else None
+                length = shard.get("length") if isinstance(shard, Mapping) else None
+                if isinstance(sample, str) and sample in index and isinstance(length, int):
+                    judged += 1
+                    off += length != lengths[index[sample]]
+    if off < 2 or 2 * off < judged:
+        return []
+    return [
+        leading_line(
+            f"{off} of the plan's {judged} samples have other lengths than the batch's samples of the same ids",
+            "shards.length",
+            "validate the plan against the batch it was planned for",
+        )
+    ]
+
+
+def _foreign_times(claimed: list[float | None], recomputed: list[float]) -> list[str]:
+    """The leading line when most groups' claimed times (at least two) are not the recomputed ones: the plan was
+    made for another batch, cluster, model or profile; else nothing."""
+    judged = [(c, r) for c, r in zip(claimed, recomputed, strict=True) if c is not None and not math.isnan(r)]
+    off = sum(not close(c, r) for c, r in judged)
+    if off < 2 or 2 * off < len(judged):
+        return []
+    return [
+        leading_line(
+            f"{off} of the plan's {len(judged)} group times are not what this batch, cluster, model and profile give",
+            "predicted_time_s",
+            "validate the plan against the batch, cluster, model and profile it was planned with",
+        )
+    ]
 
 
 def _group_figures(fields: Fields, problem: Problem, group: Mapping[str, Any], where: str) -> None:
@@ -120,6 +223,15 @@ def _group_figures(fields: Fields, problem: Problem, group: Mapping[str, Any], w
             f"{where}.lengths",
             f"are not the batch's lengths of the group's samples ({lengths[:5]}{' ...' if len(lengths) > 5 else ''})",
         )
+    if problem.cost_profile.scheme == "hybrid":
+        width = fields.integer(group, "ulysses_size", f"{where}.ulysses_size")
+        want_width = ulysses_width(problem, len(ranks))
+        if width is not None and width != want_width:
+            fields.fail(
+                f"{where}.ulysses_size",
+                f"is {width}, a hybrid group of {len(ranks)} ranks runs Ulysses over {want_width} "
+                "(optimizer.costs.cp_schemes.ulysses_width)",
+            )
     shards = fields.array(group, "shards", f"{where}.shards", required=False)
     if shards is None:
         return
@@ -127,12 +239,13 @@ def _group_figures(fields: Fields, problem: Problem, group: Mapping[str, Any], w
         fields.fail(f"{where}.shards", f"has {len(shards)} entries, the group has {len(samples)} samples")
         return
     scheme, d = problem.cost_profile.scheme, len(ranks)
+    u = ulysses_width(problem, d) if scheme == "hybrid" else 1
     for i, (shard, sid, length) in enumerate(zip(shards, samples, lengths, strict=True)):
         path = f"{where}.shards[{i}]"
         if not isinstance(shard, Mapping):
             fields.fail(path, f"is {describe(shard)}, not an object")
             continue
-        want = shard_json(sid, length, d, scheme)
+        want = shard_json(sid, length, d, scheme, u)
         for key in want:
             if key not in shard:
                 fields.fail(f"{path}.{key}", "is missing")
@@ -223,8 +336,8 @@ def _solver_figures(fields: Fields, doc: Mapping[str, Any]) -> None:
     solver = fields.mapping(doc, "solver", "solver", required=False)
     if solver is None:
         return
-    for key in ("wall_ms", "objective_s", "bound_s"):
-        fields.number(solver, key, f"solver.{key}", required=False, nullable=key != "wall_ms")
+    for key in ("wall_ms", "budget_ms", "objective_s", "bound_s"):
+        fields.number(solver, key, f"solver.{key}", required=False, nullable=key not in ("wall_ms", "budget_ms"))
     trace = fields.array(solver, "trace", "solver.trace", required=False) or []
     for i, point in enumerate(trace):
         if not isinstance(point, Mapping):

@@ -37,6 +37,7 @@ from operator import attrgetter
 
 import numpy as np
 
+from optimizer.costs.cp_schemes import exchange, pad_unit, ulysses_width
 from optimizer.errors import VerificationError
 from optimizer.plan.records import Assignment, Plan
 from optimizer.problem.degrees import rank_set_problem, size_problem
@@ -189,10 +190,12 @@ class _Facts:
                 profile.group_messages_per_step,
                 profile.group_messages_fixed,
                 profile.messages_fixed,
+                profile.ulysses_bytes_per_token,
             ],
             dtype=np.float64,
         )
-        self.pad_unit = (2 if profile.scheme == "ring" else 1) if profile.padded_bytes else 0
+        self.problem = problem
+        self.pad_unit = pad_unit(profile)
         self.per_sample = problem.options.memory == "sample"
 
     def recompute(self, flat: _Flat) -> _Recomputed:
@@ -200,9 +203,14 @@ class _Facts:
         :func:`optimizer.verify.verify_kernels.recompute_groups`)."""
         sizes = np.diff(flat.rank_start)
         bandwidth = np.ones((2, int(sizes.max(initial=1)) + 1))
-        for d in np.unique(sizes[sizes > 1]).tolist():
+        listed = np.unique(sizes[sizes > 1])
+        for d in listed.tolist():
             bandwidth[0, d] = self.profile.bandwidth(d, False)
             bandwidth[1, d] = self.profile.bandwidth(d, True)
+        widths = np.array([ulysses_width(self.problem, d) for d in listed.tolist()], dtype=np.float64)
+        ex = exchange(self.profile, listed.astype(np.float64), widths)
+        shares = np.zeros((3, bandwidth.shape[1]))
+        shares[:, listed] = np.stack([ex.share, ex.a2a_share, ex.steps])
         n = flat.n_groups
         seconds, per_rank, capacity, intra = np.empty(n), np.empty(n), np.empty(n), np.empty(n, dtype=np.bool_)
         step, repeats = recompute_groups(
@@ -217,7 +225,7 @@ class _Facts:
             self.lengths,
             self.vision,
             self.coef,
-            self.profile.scheme == "ring",
+            shares,
             bool(self.profile.overlap_with_attention),
             bandwidth,
             self.pad_unit,

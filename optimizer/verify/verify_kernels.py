@@ -7,12 +7,14 @@ the batch, never from the planners' cost tables. A plan's groups arrive flattene
 groups concatenated, with offsets (``rank_start[g]:rank_start[g + 1]`` are group g's), likewise the
 sample indices, and ``mb_start`` the first group of each micro-batch.
 
-``coef`` holds the profile's numbers: quadratic, linear, sample_constant, group_constant, bytes_per_token,
-messages_per_step, inter-node latency, intra-node latency, sample_step, the group messages per ring step and fixed, and
-the fixed messages per sample (indices below); ``pad_unit`` > 0 sends the bytes of each sample padded to a multiple of
-``pad_unit`` times the group size; ``per_sample`` makes a group's tokens per rank those of its longest sample (memory
-per sample) instead of all its samples'. ``bandwidth[1, d]`` is the intra-node bandwidth of a group of size d and
-``bandwidth[0, d]`` the inter-node one, read from the profile for the sizes in the plan.
+``coef`` holds the profile's numbers: quadratic, linear, sample_constant, group_constant,
+bytes_per_token, messages_per_step, inter-node latency, intra-node latency, sample_step, the group
+messages per ring step and fixed, and the fixed messages per sample, and the all-to-all bytes per
+token of hybrid groups (indices below); ``pad_unit`` > 0 sends the bytes of each sample padded to a
+multiple of ``pad_unit`` times the group size; ``per_sample`` makes a group's tokens per rank those
+of its longest sample (memory per sample) instead of all its samples'. ``bandwidth[1, d]`` is the
+intra-node bandwidth of a group of size d and ``bandwidth[0, d]`` the inter-node one, read from the
+profile for the sizes in the plan.
 """
 
 from __future__ import annotations
@@ -34,7 +36,11 @@ from optimizer.jit import compiled
     GROUP_MESSAGES_PER_STEP,
     GROUP_MESSAGES_FIXED,
     MESSAGES_FIXED,
-) = range(12)
+    ULYSSES_BYTES_PER_TOKEN,
+) = range(13)
+SHARE, A2A_SHARE, STEPS = range(3)
+"""Rows of ``exchange``: per group size d, the share of a sample's volume each rank sends, the share of
+its all-to-all volume (hybrid groups), and the message steps (:mod:`optimizer.costs.cp_schemes`)."""
 
 
 @compiled
@@ -59,7 +65,7 @@ def sample_seconds(
     intra: bool,
     speed: float,
     coef: np.ndarray,
-    ring: bool,
+    exchange: np.ndarray,
     overlap: bool,
     bandwidth: np.ndarray,
     pad_unit: int,
@@ -72,17 +78,20 @@ def sample_seconds(
         return compute
     compute += coef[SAMPLE_STEP] * (d - 1) / speed
     bw = bandwidth[1 if intra else 0, d]
-    share = (d - 1) / d if ring else 1.0 / d
+    share = exchange[SHARE, d]
     latency = coef[INTRA_LATENCY] if intra else coef[INTER_LATENCY]
     sent = length
     if pad_unit > 0:
         unit = pad_unit * d
         sent = -(-length // unit) * unit
     comm = (
-        coef[BYTES_PER_TOKEN] * sent * share / bw + (coef[MESSAGES_PER_STEP] * (d - 1) + coef[MESSAGES_FIXED]) * latency
+        coef[BYTES_PER_TOKEN] * sent * share / bw
+        + (coef[MESSAGES_PER_STEP] * exchange[STEPS, d] + coef[MESSAGES_FIXED]) * latency
     )
     if overlap:
         comm = max(0.0, comm - attention)
+    if coef[ULYSSES_BYTES_PER_TOKEN] > 0.0:
+        comm += coef[ULYSSES_BYTES_PER_TOKEN] * sent * exchange[A2A_SHARE, d] / bw
     return compute + comm
 
 
@@ -99,7 +108,7 @@ def recompute_groups(
     lengths: np.ndarray,
     vision: np.ndarray,
     coef: np.ndarray,
-    ring: bool,
+    exchange: np.ndarray,
     overlap: bool,
     bandwidth: np.ndarray,
     pad_unit: int,
@@ -161,7 +170,7 @@ def recompute_groups(
                 i = samples[j]
                 if 0 <= i < n_samples:
                     total += sample_seconds(
-                        lengths[i], vision[i], d, same_node, speed, coef, ring, overlap, bandwidth, pad_unit
+                        lengths[i], vision[i], d, same_node, speed, coef, exchange, overlap, bandwidth, pad_unit
                     )
                     tokens = max(tokens, lengths[i]) if per_sample else tokens + lengths[i]
                     counted += 1
