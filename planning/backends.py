@@ -10,7 +10,7 @@ deadline and no longer (status ``stopped`` then, and the plan found before it st
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from optimizer.bounds.lower_bounds import memory_proof
 from optimizer.costs.tables import CostTables
@@ -30,10 +30,10 @@ AUTO_ORDER = ("cpsat", "highs", "cbc")
 whole-problem model and the neighbourhoods; CBC's process start makes it the slowest to answer."""
 
 
-def stopped_reason(name: str) -> str:
+def stopped_reason(name: str, waited_ms: float | None = None) -> str:
+    waited = f"no answer after {waited_ms:.0f} ms, " if waited_ms is not None else "no answer "
     return (
-        f"{name} was stopped at the deadline ({GRACE_MS:.0f} ms after it, without an answer): "
-        "the plan is the best found before it"
+        f"{name} was stopped at the deadline ({waited}{GRACE_MS:.0f} ms past it): the plan is the best found before it"
     )
 
 
@@ -48,45 +48,116 @@ def _load_ms(backends: Backends, name: str) -> float:
     return backend.load_ms() if backend is not None else 0.0
 
 
+LIBRARIES = {"cpsat": "OR-Tools", "highs": "highspy", "cbc": "PuLP"}
+"""The library each built-in backend loads on its first solve in a process."""
+
+
+@dataclass(frozen=True)
+class NoSolve:
+    """Why no exact backend starts, with its figures; ``need_ms``: the solver milliseconds under which one
+    would have started (its library's loading included), None when more time would not start one;
+    ``instead``: another fix than more time, when there is one."""
+
+    why: str
+    need_ms: float | None = None
+    instead: str | None = None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The backend chosen for ``requested`` (``heuristic``: none) and, when ``auto`` chose none, why (``skip``)."""
+
+    name: str
+    skip: NoSolve | None = None
+
+
 def choose_backend(
     tables: CostTables, requested: str, remaining_ms: float, backends: Backends, reserve: float | None = None
-) -> str:
+) -> Choice:
     """The backend for ``requested``; ``auto`` picks by size and time left.
 
     ``auto``: the heuristic alone when less than MIN_SOLVER_MS would be left to a solver, or, for
     problems too large for one whole model, less than MIN_SEARCH_MS (a neighbourhood search needs a
     few rounds to pay off); else the first of AUTO_ORDER that is installed and whose loading leaves
-    MIN_SOLVER_MS of solving.
+    MIN_SOLVER_MS of solving. When it picks the heuristic alone, the choice says why.
     """
     if requested != "auto":
-        return requested
-    solver_ms = remaining_ms - (reserve_ms(tables) if reserve is None else reserve)
+        return Choice(requested)
+    kept = reserve_ms(tables) if reserve is None else reserve
+    solver_ms = remaining_ms - kept
+    left = (
+        f"auto found {max(remaining_ms, 0.0):.0f} ms left, {kept:.0f} ms of them kept for building and verifying "
+        f"the plan: {solver_ms:.0f} ms for a solver"
+        if solver_ms >= 0
+        else f"auto found {max(remaining_ms, 0.0):.0f} ms left, less than the {kept:.0f} ms kept for building and "
+        "verifying the plan: none for a solver"
+    )
+    whole = whole_model_fits(tables)
+    loads = sorted(
+        (b.load_ms(), name)
+        for name in AUTO_ORDER
+        if (b := backends.get(name)) is not None and b.available() and not busy(name)
+    )
+    # The solver time that lets auto start one: its least, and the quickest to load of those that can start.
+    need = max(MIN_SOLVER_MS if whole else MIN_SEARCH_MS, MIN_SOLVER_MS + loads[0][0]) if loads else None
+    loading = (
+        f" (and the quickest to load, {loads[0][1]}, would first load {LIBRARIES.get(loads[0][1], 'its library')}: "
+        f"about {loads[0][0]:.0f} ms)"
+        if loads and loads[0][0]
+        else ""
+    )
     if solver_ms < MIN_SOLVER_MS:
-        return "heuristic"
-    if solver_ms < MIN_SEARCH_MS and not whole_model_fits(tables):
-        return "heuristic"
+        why = f"{left}, and a solve needs at least {MIN_SOLVER_MS:.0f} ms{loading}"
+        return Choice("heuristic", NoSolve(why, need))
+    if solver_ms < MIN_SEARCH_MS and not whole:
+        why = (
+            f"{left}; the batch is too large for one whole model, and a neighbourhood search needs at least "
+            f"{MIN_SEARCH_MS:.0f} ms{loading}"
+        )
+        return Choice("heuristic", NoSolve(why, need))
+    refused = []
     for name in AUTO_ORDER:
         backend = backends.get(name)
-        if (
-            backend is not None
-            and backend.available()
-            and solver_ms - backend.load_ms() >= MIN_SOLVER_MS
-            and not busy(name)
-        ):
-            return name
-    return "heuristic"
+        if backend is None or not backend.available():
+            refused.append(f"{name} is not installed")
+        elif busy(name):
+            refused.append(f"{name} is still running solves stopped at earlier deadlines")
+        elif solver_ms - backend.load_ms() < MIN_SOLVER_MS:
+            refused.append(
+                f"{name} would first load {LIBRARIES.get(name, 'its library')} (about {backend.load_ms():.0f} ms)"
+            )
+        else:
+            return Choice(name)
+    why = f"{left}, and {', '.join(refused)}"
+    if loads:  # more time lets the quickest to load start
+        return Choice("heuristic", NoSolve(why, need, "plan from a running service (it loads the solvers at start-up)"))
+    if all("not installed" in r for r in refused):
+        return Choice("heuristic", NoSolve(why, instead="install one: pip install 'dhp-planner[solver]'"))
+    return Choice("heuristic", NoSolve(why, instead="plan again once the stopped solves have ended"))
 
 
-def no_time_for(name: str, solver_ms: float, backends: Backends) -> str | None:
+def no_time_for(name: str, solver_ms: float, backends: Backends) -> NoSolve | None:
     """Why ``name`` cannot run in ``solver_ms`` milliseconds, or None when it can."""
-    if solver_ms < MIN_SOLVER_MS:
-        return f"no time left for {name} after the heuristic ({solver_ms:.0f} ms for the solver)"
     cost = _load_ms(backends, name)
+    if solver_ms < MIN_SOLVER_MS:
+        loading = f" after loading {LIBRARIES.get(name, 'its library')} (about {cost:.0f} ms)" if cost else ""
+        return NoSolve(
+            f"{name} had {max(solver_ms, 0.0):.0f} ms to solve in, and a solve needs at least {MIN_SOLVER_MS:.0f} ms"
+            + loading,
+            MIN_SOLVER_MS + cost,
+        )
     if cost and solver_ms - cost < MIN_SOLVER_MS:
-        library = "OR-Tools" if name == "cpsat" else "PuLP"
-        return (
-            f"{library} is not loaded in this process yet (about {cost:.0f} ms, once) and only {solver_ms:.0f} ms "
-            "are left for the solver: give a larger budget, use --backend highs, or plan from a running service"
+        loaded = [
+            other
+            for other in AUTO_ORDER
+            if other != name and (b := backends.get(other)) is not None and b.available() and not b.load_ms()
+        ]
+        instead = f"ask for backend {loaded[0]} (loaded already), or " if loaded else ""
+        return NoSolve(
+            f"{LIBRARIES.get(name, 'its library')} is not loaded in this process yet (about {cost:.0f} ms, once) "
+            f"and {name} had only {max(solver_ms, 0.0):.0f} ms",
+            MIN_SOLVER_MS + cost,
+            f"{instead}plan from a running service (it loads the solvers at start-up)",
         )
     return None
 
@@ -123,7 +194,7 @@ def run_backend(
             backend=name,
             status="stopped",
             details={**stats.details, "stopped_after_ms": round(watched.waited_ms, 3)},
-            fallback_reason=stopped_reason(name),
+            fallback_reason=stopped_reason(name, watched.waited_ms),
         )
     result = watched.result
     if result is None:  # a solver crash must never lose the heuristic plan
@@ -148,7 +219,11 @@ def run_backend(
             answered, status="fallback", fallback_reason=f"{name} answer invalid: {check.violations[0]}"
         )
     if check.micro_batches_s >= h_time * (1 - 1e-9):
-        return hint, replace(answered, fallback_reason=f"{name} found nothing better than its starting plan")
+        why = (
+            f"{name} found nothing better than its starting plan ({h_time:.6g} s of micro-batches) "
+            f"in {watched.waited_ms:.0f} ms"
+        )
+        return hint, replace(answered, fallback_reason=why)
     return result.assignment, replace(answered, objective_s=check.micro_batches_s)
 
 
@@ -172,21 +247,24 @@ def rescue(
         raise error
     options = tables.problem.options
     left_ms = (window.due - clock()) * 1000.0
-    name = choose_backend(tables, "auto" if options.backend == "heuristic" else options.backend, left_ms, backends, 0.0)
+    choice = choose_backend(
+        tables, "auto" if options.backend == "heuristic" else options.backend, left_ms, backends, 0.0
+    )
+    name = choice.name
     backend = backends.get(name) if name != "heuristic" else None
     why: str | None = None
     if not whole_model_fits(tables):
         why = "the batch is too large for the whole exact model"
     elif backend is None or not backend.available():
         why = (
-            f"no exact backend could run in the {left_ms:.0f} ms left"
+            (choice.skip.why if choice.skip else f"no exact backend could run in the {left_ms:.0f} ms left")
             if name in ("heuristic", "auto")
             else f"backend {name!r} is not installed"
         )
     elif busy(name):
         why = busy_reason(name)
-    else:
-        why = no_time_for(name, left_ms, backends)
+    elif (short := no_time_for(name, left_ms, backends)) is not None:
+        why = short.why
     result = None
     if why is None and backend is not None:
         watched = solve_watched(name, backend, tables, None, window.due, window.hard_stop, None, clock)

@@ -1,5 +1,9 @@
 """One plan's time budget: the request's deadline and the problem's size turned into every phase's instant.
 
+The budget itself is the caller's number of milliseconds, or, for ``options.time_budget_ms: "auto"`` (a plan
+asked for one step ahead), AUTO_SHARE of the previous step's measured time up to AUTO_CAP_MS
+(:func:`resolve_budget`, once, before the deadline is made; the plan's ``solver.details.budget`` says how).
+
 One :class:`planning.deadline.Deadline` covers the call. :func:`phase_budget` reads it once, after the
 cost tables are built, with the batch's size and the fixed work's rates measured on this machine
 (:mod:`planning.fixed_work`), and fixes the phases' instants (``clock()`` values, in seconds):
@@ -27,12 +31,25 @@ The planning layer's timing constants are defined here. A lower layer's are the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from optimizer.costs.tables import CostTables
+from optimizer.problem.options import AUTO_BUDGET, OPTIONS
+from optimizer.problem.problem import Problem
 from planning.deadline import Deadline
-from planning.fixed_work import phase_ms
+from planning.fixed_work import phase_ms, problem_budget_ms
 from solver_models import whole_model_fits
+
+AUTO_SHARE = 0.5
+"""``time_budget_ms: "auto"``: the share of the previous step's measured time the plan of the next batch may
+take. That plan is asked for when a step starts and is due when the next one starts; the other half is left
+for the way to the service and back, a queue ahead of the request, and the training step's own use of the
+host the planner may share. Chosen, not measured."""
+AUTO_CAP_MS = 2000.0
+"""``"auto"`` asks for at most this many milliseconds, however long the step (an evaluation or a checkpoint
+makes one step look long): a few seconds let CP-SAT's neighbourhood search run a hundred rounds or more
+(:data:`solver_models.lns.ROUND_S`), and a plan longer than that keeps a solve worker from the next
+requests. Chosen, not measured."""
 
 ESTIMATE_SAFETY = 2.0
 """The time kept back for building and verifying, and the room an optional phase needs to start, are this
@@ -79,6 +96,12 @@ deterministic solve: 3.3 budgets for the neighbourhood rounds
 SIZE_BOUND_SHARE = 0.2
 """Most share of the time up to the solver's deadline the group-size LP may take when a solver follows
 (all of it when none does). Chosen, not measured."""
+
+
+def _ms(value: float) -> str:
+    """Milliseconds as a message shows them: whole from 10, to a tenth from 1, else to a hundredth (a phase of
+    0.03 ms is not 0)."""
+    return f"{value:.0f}" if value >= 10 else f"{value:.1f}" if value >= 1 else f"{value:.2f}"
 
 
 def reserve_ms(tables: CostTables, eval_ms: float | None = None) -> float:
@@ -146,9 +169,16 @@ class PhaseBudget:
         left_ms = (self.finish_by - self.deadline.clock()) * 1000.0
         if left_ms >= ESTIMATE_SAFETY * estimate_ms:
             return None
+        kept_ms = (self.deadline.due - self.finish_by) * 1000.0
+        if left_ms <= 0:
+            return (
+                f"planning was {_ms(-left_ms)} ms into the {_ms(kept_ms)} ms kept for building and verifying the "
+                f"plan (of a {_ms(self.deadline.budget_ms)} ms budget); it needs about "
+                f"{_ms(ESTIMATE_SAFETY * estimate_ms)} ms before them"
+            )
         return (
-            f"the deadline leaves {max(left_ms, 0.0):.0f} ms after the time kept for building and verifying the plan; "
-            f"it needs about {estimate_ms:.0f} ms here"
+            f"the deadline leaves {_ms(left_ms)} ms after the {_ms(kept_ms)} ms kept for building and verifying the "
+            f"plan; it needs about {_ms(ESTIMATE_SAFETY * estimate_ms)} ms here"
         )
 
     def tight_bounds_first(self) -> bool:
@@ -187,7 +217,7 @@ def phase_budget(deadline: Deadline, tables: CostTables) -> PhaseBudget:
         follows = solver_may_follow(tables, options.backend, deadline.budget_ms)
         heuristic_due = min(deadline.at(HEURISTIC_SHARE if follows else HEURISTIC_ALONE_SHARE), reserve_due)
     tight_ms = before + phase_ms("plan", n) + ESTIMATE_SAFETY * phase_ms("tight_bound", n)
-    after_s = DETERMINISTIC_WAIT_BUDGETS * options.time_budget_ms / 1000.0 if deterministic else GRACE_MS / 1000.0
+    after_s = DETERMINISTIC_WAIT_BUDGETS * options.budget_ms / 1000.0 if deterministic else GRACE_MS / 1000.0
     return PhaseBudget(
         deadline=deadline,
         deterministic=deterministic,
@@ -198,3 +228,62 @@ def phase_budget(deadline: Deadline, tables: CostTables) -> PhaseBudget:
         rescue=SolveWindow(reserve_due, reserve_due + after_s, before),
         hard_stop_after_s=after_s,
     )
+
+
+def solver_budget_ms(
+    tables: CostTables, backend: str, solver_ms: float, kept_ms: float, after_ms: float, elapsed_ms: float
+) -> float:
+    """About the least budget under which ``backend`` (``auto`` or a name) gets ``solver_ms`` after the heuristic,
+    from a plan that had used ``elapsed_ms`` when the solver was due to start, ``after_ms`` of them after the
+    heuristic, and kept ``kept_ms`` back for building and verifying (all three ESTIMATE_SAFETY times over): the
+    heuristic takes HEURISTIC_SHARE of it (:func:`solver_may_follow` holds, so that a solver may follow), or, when
+    the work before it took longer than that share (a process's start-up), it ends as late as it did. Rounded up
+    to 10 ms."""
+    after = solver_ms + ESTIMATE_SAFETY * (kept_ms + after_ms)
+    needed = max(after / (1 - HEURISTIC_SHARE), ESTIMATE_SAFETY * elapsed_ms + after)
+    before = reserve_ms(tables)
+    needed = max(needed, HEURISTIC_MS_PER_SAMPLE * tables.n_samples + before + MIN_SOLVER_MS)
+    if backend == "auto" and not whole_model_fits(tables):
+        needed = max(needed, (MIN_SEARCH_MS + before) / (1 - HEURISTIC_SHARE))
+    return 10.0 * math.ceil(needed / 10.0)
+
+
+def auto_budget(previous_step_s: float | None, cap_ms: float = AUTO_CAP_MS, least_ms: float = 0.0) -> tuple[float, str]:
+    """The milliseconds ``time_budget_ms: "auto"`` stands for, and how they were worked out: AUTO_SHARE of
+    the previous step's ``previous_step_s`` seconds, at most ``cap_ms``, then at least ``least_ms`` (and the
+    option's least); without a previous step time, the option's default (at most ``cap_ms``). Whole
+    milliseconds, so that the same step time gives the same request."""
+    spec = OPTIONS["time_budget_ms"]
+    lowest = spec.range.low if spec.range is not None and spec.range.low is not None else 1.0
+    if previous_step_s is None:
+        ms = float(min(spec.default, cap_ms))
+        return ms, f'"auto" without options.previous_step_s: the default {ms:g} ms'
+    share_ms = AUTO_SHARE * previous_step_s * 1000.0
+    ms = float(round(min(share_ms, cap_ms)))
+    reason = f'"auto": {AUTO_SHARE:g} x the previous step\'s {previous_step_s:g} s = {share_ms:.0f} ms'
+    if share_ms > cap_ms:
+        reason += f", capped at {cap_ms:g} ms"
+    if ms < least_ms:
+        ms = float(math.ceil(least_ms))
+        reason += f", raised to the {ms:g} ms this batch needs here"
+    if ms < lowest:
+        ms = lowest
+        reason += f", raised to the least budget, {ms:g} ms"
+    return ms, reason
+
+
+def resolve_budget(problem: Problem, cap_ms: float = AUTO_CAP_MS) -> Problem:
+    """``problem`` with its budget in milliseconds: a number as given; ``"auto"`` worked out by
+    :func:`auto_budget` from ``options.previous_step_s``, with how in ``problem.budget_reason``.
+
+    Outside deterministic mode ``"auto"`` is at least the budget the batch's fixed work needs on this machine
+    (:func:`planning.fixed_work.problem_budget_ms`): a step shorter than that would otherwise get its plan
+    refused, where a plan a little late costs the trainer less. Deterministic plans are never refused, and
+    their budget may not depend on this machine's rates. The service passes its ``DHP_MAX_BUDGET_MS`` as
+    ``cap_ms`` when that is lower than AUTO_CAP_MS."""
+    options = problem.options
+    if options.time_budget_ms != AUTO_BUDGET:
+        return problem
+    least = 0.0 if options.deterministic else problem_budget_ms(problem)
+    ms, reason = auto_budget(options.previous_step_s, cap_ms, least)
+    return replace(problem, options=replace(options, time_budget_ms=ms), budget_reason=reason)

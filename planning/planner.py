@@ -11,8 +11,8 @@ in this order, one function each:
 2. run the heuristic (it answers in milliseconds and is the fallback) (:func:`_heuristic`); attach
    the best static power-of-two layout for comparison (it is a plan too: the answer is never slower)
    (:func:`_static_layout`); the tighter bounds when deferred (:func:`_tighter_bounds`); when the plan
-   is more than 1% above the bound, raise the bound with the group-size LP if time allows
-   (:mod:`planning.size_bound_step`, :func:`_group_size_bound`);
+   is more than 1% above the bound, raise the bound with the group-size LP if time allows, before an exact
+   backend or when ``options.tight_bound`` asks for it (:mod:`planning.size_bound_step`, :func:`_group_size_bound`);
 3. if the options ask for it and time is left, run an exact backend (:mod:`planning.backends`)
    with the best assignment so far as a full hint, until the solver's deadline (:func:`_backend`,
    chosen once, and :func:`_exact_solve`); a solver failure, time-out or invalid answer is recorded as
@@ -29,7 +29,9 @@ verifying covers it, estimated from the rates measured here; what steps aside is
 reason, in ``solver.details["skipped"]`` (the summary prints it).
 
 One :class:`planning.deadline.Deadline` covers the whole call: the caller's (the service creates it
-when the request arrives) or one started here from ``options.time_budget_ms``. Every phase gets its
+when the request arrives) or one started here from ``options.time_budget_ms`` (``"auto"`` worked out
+first from the previous step's time: :func:`planning.budget_policy.resolve_budget`; the plan's
+``solver.budget_ms`` is the budget, ``solver.details["budget"]`` how ``"auto"`` came to it). Every phase gets its
 instant from it once, through the budget policy (:mod:`planning.budget_policy`). With
 ``options.deterministic`` the answer depends on the input alone: no budget is refused and nothing
 optional is skipped, the heuristic runs all its strategies whatever the clock says, and the backends
@@ -49,19 +51,19 @@ from optimizer.costs.tables import CostTables
 from optimizer.errors import InfeasibleError, ProblemError
 from optimizer.gc_pause import collector_paused
 from optimizer.heuristic.roomy_ranks import roomy_plan
-from optimizer.heuristic.static_layout import best_static
+from optimizer.heuristic.static_layout import best_static, no_static_reason
 from optimizer.heuristic.strategies import heuristic_plan
 from optimizer.plan.aligned import align_blocks
 from optimizer.plan.evaluate import assignment_step_time, build_plan
 from optimizer.plan.records import Assignment, Plan, SolverStats, StaticBaseline, TracePoint
 from optimizer.problem.problem import Problem
 from optimizer.verify.verifier import verify
-from planning.backends import Backends, choose_backend, no_time_for, rescue, run_backend
-from planning.budget_policy import PhaseBudget, SolveWindow, phase_budget
+from planning.backends import Backends, Choice, NoSolve, choose_backend, no_time_for, rescue, run_backend
+from planning.budget_policy import PhaseBudget, SolveWindow, phase_budget, resolve_budget, solver_budget_ms
 from planning.deadline import Deadline
 from planning.existing_groups import reuse_groups
 from planning.fixed_work import problem_budget_ms, problem_estimate_ms, suggested_budget_ms
-from planning.size_bound_step import size_bound_within
+from planning.size_bound_step import size_bound_skipped, size_bound_within
 from planning.warm import warm_up_with
 
 OPTIMAL_GAP = 1e-4
@@ -79,12 +81,17 @@ def plan(
     backends: Backends | None = None,
     compare_static: bool = True,
     clock: Callable[[], float] = time.perf_counter,
+    warm: bool = True,
 ) -> Plan:
     """The verified plan of ``problem`` (see the module docstring). ``backends`` maps names to exact
-    backends (default: the built-in ones of :mod:`solver_models`)."""
-    warm_up()  # once per process, before the budget's clock starts (planning.warm)
+    backends (default: the built-in ones of :mod:`solver_models`). ``warm``: load every compiled kernel
+    first, once per process (:func:`warm_up`); without it each kernel loads when the plan first runs it,
+    within the deadline (a process that plans once, whose deadline counts its start-up: ``dhp plan``)."""
+    if warm:
+        warm_up()  # once per process, before the budget's clock starts (planning.warm)
+    problem = resolve_budget(problem)  # "auto" becomes a number (a problem the service resolved stays as it is)
     if deadline is None:
-        deadline = Deadline.after_ms(problem.options.time_budget_ms, clock=clock)
+        deadline = Deadline.after_ms(problem.options.budget_ms, clock=clock)
     if backends is None:
         from solver_models import builtin_backends
 
@@ -104,7 +111,7 @@ def _plan_unwarmed(problem: Problem) -> Plan:
     from solver_models import builtin_backends
 
     with collector_paused():
-        return _plan(problem, True, Deadline.after_ms(problem.options.time_budget_ms), builtin_backends())
+        return _plan(problem, True, Deadline.after_ms(problem.options.budget_ms), builtin_backends())
 
 
 def _plan(problem: Problem, compare_static: bool, deadline: Deadline, backends: Backends) -> Plan:
@@ -117,9 +124,9 @@ def _plan(problem: Problem, compare_static: bool, deadline: Deadline, backends: 
     static = _static_layout(run, compare_static)
     bound = _tighter_bounds(run, bound)
     window = run.budget.solver_window(tables, first.eval_ms)
-    backend = _backend(run, first, window)
-    bound = _group_size_bound(run, bound, first, static, window, backend)
-    chosen, stats = _exact_solve(run, backend, first, static, bound, window)
+    choice = _backend(run, first, window)
+    bound = _group_size_bound(run, bound, first, static, window, choice.name)
+    chosen, stats = _exact_solve(run, choice, first, static, bound, window)
     chosen, stats = _fastest(run, chosen, stats, static)
     chosen, hint = _existing_groups(run, chosen, first.hint)
     result = _build_and_verify(run, chosen, hint, stats, bound, static)
@@ -265,9 +272,10 @@ def _static_layout(run: _Run, compare_static: bool) -> Static | None:
     if (why := run.budget.room_for("static")) is not None:
         run.skipped["static_baseline"] = f"not computed: {why}"
         return None
-    static = best_static(run.tables)
+    ruled_out: dict[int, str] = {}
+    static = best_static(run.tables, ruled_out)
     if static is None:
-        run.skipped["static_baseline"] = "no static power-of-two layout fits the batch in memory"
+        run.skipped["static_baseline"] = no_static_reason(ruled_out)
     run.laps.lap("static_ms")
     return static
 
@@ -285,10 +293,10 @@ def _tighter_bounds(run: _Run, bound: _Bound) -> _Bound:
     return tight
 
 
-def _backend(run: _Run, first: _First, window: SolveWindow) -> str:
+def _backend(run: _Run, first: _First, window: SolveWindow) -> Choice:
     """The exact backend for step 3 (``heuristic``: none), chosen once; none after a rescue (the whole model ran)."""
     if first.rescued:
-        return "heuristic"
+        return Choice("heuristic")
     left_ms = run.budget.deadline.left_ms()
     return choose_backend(run.tables, run.problem.options.backend, left_ms, run.backends, window.reserve_ms)
 
@@ -296,9 +304,15 @@ def _backend(run: _Run, first: _First, window: SolveWindow) -> str:
 def _group_size_bound(
     run: _Run, bound: _Bound, first: _First, static: Static | None, window: SolveWindow, backend: str
 ) -> _Bound:
-    """Step 2: the group-size LP bound when the best plan so far is far above the bound and time allows."""
+    """Step 2: the group-size LP bound when the best plan so far is far above the bound, an exact backend
+    follows or the options ask for it (:func:`planning.size_bound_step.size_bound_skipped`), and time allows:
+    asked for, all the time up to the solver's deadline."""
     upper = min(first.step_s, static[0].predicted_step_time_s) if static is not None else first.step_s
-    due = run.budget.size_bound_due(window, solver_follows=backend != "heuristic")
+    options = run.problem.options
+    if (why := size_bound_skipped(options, backend, upper, bound.value)) is not None:
+        run.skipped["group_size_bound"] = why
+        return bound
+    due = run.budget.size_bound_due(window, solver_follows=backend != "heuristic" and not options.tight_bound)
     sized = size_bound_within(run.tables, upper, bound.value, due, run.clock)
     if sized is None:
         return bound
@@ -307,18 +321,23 @@ def _group_size_bound(
 
 
 def _exact_solve(
-    run: _Run, backend: str, first: _First, static: Static | None, bound: _Bound, window: SolveWindow
+    run: _Run, choice: Choice, first: _First, static: Static | None, bound: _Bound, window: SolveWindow
 ) -> tuple[Assignment, SolverStats]:
-    """Step 3: ``backend`` from the best plan known (the heuristic's, or the static layout when faster)
-    until the solver's deadline; the heuristic's plan and statistics when no backend runs."""
+    """Step 3: the chosen backend from the best plan known (the heuristic's, or the static layout when faster)
+    until the solver's deadline; the heuristic's plan and statistics when no backend runs, with the reason
+    when one was asked for (by name or ``auto``) and none ran."""
     stats = first.stats
     if bound.raised:
         stats = replace(stats, bound_s=max(bound.value, stats.bound_s or 0.0))
+    backend = choice.name
     if backend == "heuristic":
-        return first.hint, stats
+        if choice.skip is None:
+            return first.hint, stats
+        return first.hint, replace(stats, fallback_reason=_no_solver(run, "auto", choice.skip, window))
     skip = no_time_for(backend, run.budget.deadline.left_ms() - window.reserve_ms, run.backends)
     if skip:
-        return first.hint, replace(stats, backend=backend, status="fallback", fallback_reason=skip)
+        why = _no_solver(run, backend, skip, window)
+        return first.hint, replace(stats, backend=backend, status="fallback", fallback_reason=why)
     hint, hint_s = first.hint, first.step_s
     faster = static if static is not None and static[0].predicted_step_time_s < hint_s * (1 - 1e-9) else None
     if faster is not None:
@@ -330,6 +349,28 @@ def _exact_solve(
         stats = replace(stats, details={**stats.details, "solver_start": f"static layout CP {faster[0].degree}"})
     run.laps.lap("solver_ms")
     return chosen, stats
+
+
+def _no_solver(run: _Run, backend: str, skip: NoSolve, window: SolveWindow) -> str:
+    """Why no exact backend ran, with the budget's figures and, when more time would have started ``backend``
+    (a name or ``auto``), the budget that would (:func:`planning.budget_policy.solver_budget_ms`)."""
+    deadline = run.budget.deadline
+    heuristic_ms = run.laps.phases.get("heuristic_ms")
+    of = f" (the heuristic {heuristic_ms:.0f} ms)" if heuristic_ms is not None else ""
+    text = f"no solver ran: planning used {deadline.elapsed_ms():.0f} of {deadline.budget_ms:.0f} ms{of}; {skip.why}"
+    fixes = [skip.instead] if skip.instead else []
+    if skip.need_ms is not None:
+        phases = list(run.laps.phases)
+        since = phases[phases.index("heuristic_ms") + 1 :] if "heuristic_ms" in phases else []
+        after_ms = sum(run.laps.phases[k] for k in since) + (deadline.clock() - run.laps.mark) * 1000.0
+        asked = run.problem.options.time_budget_ms  # a number, or one the planner works out ("auto")
+        # What the caller kept back from the budget asked for (the service's reserve) is asked for again.
+        kept_back_ms = max(0.0, asked - deadline.budget_ms) if isinstance(asked, (int, float)) else 0.0
+        budget_ms = kept_back_ms + solver_budget_ms(
+            run.tables, backend, skip.need_ms, window.reserve_ms, after_ms, deadline.elapsed_ms()
+        )
+        fixes.insert(0, f"give a larger budget: options.time_budget_ms {budget_ms:.0f} leaves a solver that time here")
+    return f"{text}. To fix: {', or '.join(fixes)}" if fixes else text
 
 
 def _fastest(
@@ -372,8 +413,8 @@ def _build_and_verify(
 
 
 def _with_details(run: _Run, result: Plan, bound: _Bound, strategies: dict[str, Any]) -> Plan:
-    """The plan with the whole call's wall time, its phases, the binding bound, the heuristic's report
-    and what was skipped."""
+    """The plan with the whole call's wall time, its phases, the binding bound, the heuristic's report,
+    what was skipped and, without a static layout, why there is none."""
     wall_ms = (run.clock() - run.start) * 1000.0
     binding = bound.binding
     # build_plan adds the per-step constant to the engine's bound; a higher bound is the solver's proof.
@@ -385,8 +426,15 @@ def _with_details(run: _Run, result: Plan, bound: _Bound, strategies: dict[str, 
         "bound": binding,
         "heuristic": strategies,
         **({"skipped": run.skipped} if run.skipped else {}),
+        **({"budget": run.problem.budget_reason} if run.problem.budget_reason else {}),
     }
-    return replace(result, solver=replace(result.solver, wall_ms=wall_ms, details=details))
+    no_static = run.skipped.get("static_baseline") if result.static_baseline is None else None
+    budget_ms = run.problem.options.budget_ms
+    return replace(
+        result,
+        solver=replace(result.solver, wall_ms=wall_ms, budget_ms=budget_ms, details=details),
+        static_baseline_reason=no_static,
+    )
 
 
 def refuse_short_budget(problem: Problem, deadline: Deadline) -> None:
@@ -399,7 +447,7 @@ def refuse_short_budget(problem: Problem, deadline: Deadline) -> None:
     caller's deadline when that is longer), never what is left of it: a request that waited for a solve
     worker, or a caller that kept part of the budget back, is planned with the time left, not refused.
     The message names the estimate, the hint a budget that covers it with headroom."""
-    asked_ms = max(problem.options.time_budget_ms, deadline.budget_ms)
+    asked_ms = max(problem.options.budget_ms, deadline.budget_ms)
     if asked_ms >= problem_budget_ms(problem):
         return
     expected = problem_estimate_ms(problem)

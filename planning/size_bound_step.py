@@ -1,11 +1,15 @@
 """The group-size LP bound (:mod:`solver_models.size_bound`) within the plan's budget.
 
 It runs after the heuristic, when the best plan so far is more than SIZE_BOUND_GAP above the bound in
-hand (closer, the LP rarely moves the gap a user sees), until the instant the budget policy gives it
-(:meth:`planning.budget_policy.PhaseBudget.size_bound_due`: a share of the time the solver would
-otherwise get, or all the time left when no solver follows); loading HiGHS counts when it is not loaded
-yet. Deterministic plans get no instant and skip it: their answer may not depend on the clock, and an
-LP stopped by its time limit would.
+hand (closer, the LP rarely moves the gap a user sees), and only where it is wanted
+(:func:`size_bound_skipped`): before an exact backend, whose search the raised bound helps end, or
+when the caller asks for it (``options.tight_bound``). The heuristic alone answers in milliseconds
+(some 4 ms at 64 ranks x 512 samples) and the LP takes tens of them (49 to 57 ms there, on the 2-core
+development machine), so a heuristic-only plan does not pay for it unasked. It runs until the instant
+the budget policy gives it (:meth:`planning.budget_policy.PhaseBudget.size_bound_due`: a share of the
+time the solver would otherwise get when it runs unasked, all the time up to the solver's deadline when
+asked); loading HiGHS counts when it is not loaded yet. Deterministic plans get no instant and skip it:
+their answer may not depend on the clock, and an LP stopped by its time limit would.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import sys
 from collections.abc import Callable
 
 from optimizer.costs.tables import CostTables
+from optimizer.problem.options import PlanOptions
 
 SIZE_BOUND_GAP = 0.01
 """Least relative gap between the plan in hand and the bound for which the LP runs."""
@@ -26,6 +31,24 @@ on the slowest batches of the plan-quality grid (512 samples; several micro-batc
 754 in the median. An LP larger than the time allows is not started: building it cannot be stopped,
 and HiGHS overshoots its time limit by up to 18 ms."""
 LP_SETUP_MS = 1.0
+NOT_ASKED = (
+    "not computed: no exact backend follows and options.tight_bound is not set (the heuristic's plan takes "
+    "milliseconds, the LP tens of them)"
+)
+DETERMINISTIC = "not computed: options.deterministic (an LP stopped by its time limit would read the clock)"
+
+
+def size_bound_skipped(options: PlanOptions, backend: str, upper_s: float, bound_s: float) -> str | None:
+    """Why the LP does not run for this plan whatever the time (for ``solver.details["skipped"]``), or None
+    when it may. Named only when the plan ``upper_s`` is far enough above ``bound_s`` for the LP to be
+    worth asking for; ``backend`` is the exact backend that follows (``heuristic``: none)."""
+    if not upper_s > bound_s * (1 + SIZE_BOUND_GAP):
+        return None
+    if options.deterministic:
+        return DETERMINISTIC if options.tight_bound else None
+    if backend == "heuristic" and not options.tight_bound:
+        return NOT_ASKED
+    return None
 
 
 def size_bound_within(

@@ -1,14 +1,17 @@
 """Loading the compiled kernels before the first plan's clock starts.
 
 The kernels (:mod:`optimizer.jit`) are compiled once per installation and loaded from numba's
-on-disk cache once per process; that load takes some 100 to 300 ms the first time each kernel runs.
-:func:`warm_up` plans a few small built-in requests (:func:`warm_up_requests`: ring and Ulysses,
-one GPU type and mixed, memory to spare and memory-bound, so that every kernel runs) and is called
-by :func:`planning.planner.plan` (through :func:`planning.planner.warm_up`, which hands it the
-planning function) before its first timed call, so the caller's time budget is spent on planning,
-not on loading code. The service calls it at start-up. The fixed work's rates on this
-machine (:mod:`planning.fixed_work`), which the planner's budget decisions read, are measured within
-it.
+on-disk cache once per process, the first time each runs: some 30 ms for the first (numba's
+runtime), 3 to 8 ms for most later ones, up to 40 ms for those whose code brings in numba's array
+modules (measured on the 2-core development machine). :func:`warm_up` plans a few small built-in
+requests (:func:`warm_up_requests`: ring and Ulysses, one GPU type and mixed, memory to spare and
+memory-bound, so that every kernel runs) and is called by :func:`planning.planner.plan` (through
+:func:`planning.planner.warm_up`, which hands it the planning function) before its first timed call,
+so the caller's time budget is spent on planning, not on loading code. The service calls it at
+start-up, a client with a local fallback in a background thread. ``dhp plan``, which plans once in
+its process, skips it (``plan(warm=False)``): its budget counts from the process's start, and its
+plan loads the kernels it runs. The fixed work's rates on this machine (:mod:`planning.fixed_work`),
+which the planner's budget decisions read, are measured or read from disk within it.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _done = False
+_finished = False
 last_error: str | None = None
 """Why the warm-up plan failed, if it did (planning goes on: each kernel then loads on first use)."""
 
@@ -30,8 +34,9 @@ def warm_up_requests() -> list[dict]:
     Ring and Ulysses, one GPU type and two, any size and powers of two, a batch with room and one
     whose memory binds (a single micro-batch allowed, so packing falls back to memory first), samples
     from one needing a multi-node group to many single-rank ones, and a measured profile with
-    bandwidth tables. They go through the public ``plan()``, so code paths added to the planner are
-    loaded here as long as one of these problems reaches them.
+    bandwidth tables; the group-size LP asked for (``tight_bound``), as an exact backend would run it.
+    They go through the public ``plan()``, so code paths added to the planner are loaded here as long
+    as one of these problems reaches them.
     """
     lengths = [90_000, 40_000, 20_000, 9_000, 6_000, 3_000, 2_000, 1_500, 1_000, 800, 600, 400, 300, 200, 100, 50]
     samples = [{"id": f"w{i}", "text_tokens": n} for i, n in enumerate(lengths)]
@@ -42,7 +47,7 @@ def warm_up_requests() -> list[dict]:
     many = [{"id": f"m{i}", "text_tokens": 64 + (i * 7919) % 6000} for i in range(160)]
     small = [{"id": f"s{i}", "text_tokens": 50 + 37 * i} for i in range(30)]
     tight = [{"id": f"t{i}", "text_tokens": n} for i, n in enumerate([5200, 5000, 3000, 2500, 1200, 900, 400, 300])]
-    heuristic = {"backend": "heuristic", "time_budget_ms": 60_000}
+    heuristic = {"backend": "heuristic", "time_budget_ms": 60_000, "tight_bound": True}  # the LP's path too
     profile: dict[str, Any] = {
         "time": {"quadratic": 5e-9, "linear": 1.8e-4, "sample_constant": 0.0, "group_constant": 0.05},
         "comm": {
@@ -89,34 +94,45 @@ def warm_up_requests() -> list[dict]:
 
 def warm_up_with(plan: Callable[[Any], Any]) -> float:
     """Run every kernel once in this process by planning the warm-up requests with ``plan`` (no-op
-    after the first call); returns the milliseconds spent."""
-    global _done, last_error
-    if _done:
+    after the first call); returns the milliseconds spent. A call from another thread while the
+    warm-up runs waits for it to end (a client's warm-up thread and its first local plan)."""
+    global _done, _finished
+    if _finished:
         return 0.0
     with _lock:
-        if _done:
+        if _done:  # ended meanwhile, or called again from within the warm-up (the same thread)
             return 0.0
-        start = time.perf_counter()
         _done = True  # set first: the warm-up plan itself must not recurse into warming up
-        from optimizer.problem.documents import problem_from_json
+        try:
+            return _warm_up(plan)
+        finally:
+            _finished = True
 
-        errors = []
-        for doc in warm_up_requests():
-            try:
-                problem = problem_from_json(doc)
-                plan(problem)
-            except Exception as exc:  # never let the warm-up stop a real plan
-                errors.append(f"{type(exc).__name__}: {exc}")
-        try:  # the best-placement table, read by the exact backends' bounds
-            from optimizer.costs.tables import CostTables
 
-            _ = CostTables.build(problem).best_time
-        except Exception as exc:  # noqa: BLE001 - as above
+def _warm_up(plan: Callable[[Any], Any]) -> float:
+    """Plan the warm-up requests with ``plan``, then measure or read the fixed work's rates; the milliseconds
+    spent (what failed is in :data:`last_error`)."""
+    global last_error
+    start = time.perf_counter()
+    from optimizer.problem.documents import problem_from_json
+
+    errors = []
+    for doc in warm_up_requests():
+        try:
+            problem = problem_from_json(doc)
+            plan(problem)
+        except Exception as exc:  # never let the warm-up stop a real plan
             errors.append(f"{type(exc).__name__}: {exc}")
-        from planning import fixed_work
+    try:  # the best-placement table, read by the exact backends' bounds
+        from optimizer.costs.tables import CostTables
 
-        fixed_work.rates()  # measured by now (the first plan's budget check asks for them); never raises
-        if fixed_work.last_error:
-            errors.append(f"measuring the fixed work: {fixed_work.last_error}")
-        last_error = "; ".join(errors) or None
-        return (time.perf_counter() - start) * 1000.0
+        _ = CostTables.build(problem).best_time
+    except Exception as exc:  # noqa: BLE001 - as above
+        errors.append(f"{type(exc).__name__}: {exc}")
+    from planning import fixed_work
+
+    fixed_work.rates()  # measured by now (the first plan's budget check asks for them); never raises
+    if fixed_work.last_error:
+        errors.append(f"measuring the fixed work: {fixed_work.last_error}")
+    last_error = "; ".join(errors) or None
+    return (time.perf_counter() - start) * 1000.0

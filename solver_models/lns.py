@@ -60,7 +60,10 @@ DETERMINISTIC_WHOLE_SHARE = 0.5
 TRADE_EVERY = 3
 """Every this many rounds, the neighbourhood also frees the slowest groups of the slowest other micro-batch."""
 SAMPLES_PER_EXTRA = 8
-"""Most samples a neighbourhood frees, per light group it frees (the size adapts)."""
+"""Most samples a neighbourhood frees besides those of the slowest groups, per light group it frees (the size
+adapts). The slowest groups' own samples do not count against it: a slowest group that alone held more would
+otherwise be freed alone, its ranks with nowhere to move, and the search would cycle between that trivial
+round and a neighbourhood too large for its limit."""
 
 
 @dataclass
@@ -139,7 +142,7 @@ def _whole(
     build_ms = (clock() - start) * 1000.0
     details = {"mode": "full", "build_ms": round(build_ms, 3), **model.size()}
     if options.deterministic:
-        left = DETERMINISTIC_WHOLE_SHARE * options.time_budget_ms / 1000.0  # from the input, never from the clock
+        left = DETERMINISTIC_WHOLE_SHARE * options.budget_ms / 1000.0  # from the input, never from the clock
     else:
         left = deadline - clock() - MARGIN_S
     if left <= 0.001:
@@ -204,7 +207,8 @@ def _neighbourhood(
 ) -> list[list[int]]:
     """Group indices to free per micro-batch: the slowest groups of ``m``, the slowest one's node mates
     and ``extra`` light groups, sometimes with groups of a second micro-batch (with ``trade``, the
-    slowest of the slowest other one), at most SAMPLES_PER_EXTRA x ``extra`` samples."""
+    slowest of the slowest other one), at most SAMPLES_PER_EXTRA x ``extra`` samples besides the slowest groups'.
+    With no idle rank in ``m``, a neighbourhood of the slowest groups alone also frees the lightest group of ``m``."""
     free: list[set[int]] = [set() for _ in current]
     node_of = tables.rank_node
     mb = current[m]
@@ -229,7 +233,7 @@ def _neighbourhood(
         slowest = max((k for k in range(len(current)) if k != m), key=lambda k: max(times[k], default=0.0))
         free[slowest].update(int(k) for k in np.argsort(times[slowest], kind="stable")[::-1][: max(1, extra // 3)])
     # Keep the model small: drop the slowest group's node mates first, then light groups, never the slowest.
-    cap = SAMPLES_PER_EXTRA * extra
+    cap = sum(len(mb[g][1]) for g in heavy) + SAMPLES_PER_EXTRA * extra
     count = sum(len(current[k][g][1]) for k in range(len(current)) for g in free[k])
     for g in sorted(set(mates) - free[m], key=lambda g: -times[m][g]):
         if count + len(mb[g][1]) > cap:
@@ -244,6 +248,10 @@ def _neighbourhood(
                 continue
             count -= len(current[k][g][1])
             free[k].discard(g)
+    busy = sum(len(r) for r, _ in mb)
+    if free[m] == set(heavy) and len(mb) > len(heavy) and busy == tables.n_ranks:
+        # With no idle rank, the slowest groups alone have nowhere to move: the lightest group of m goes too.
+        free[m].add(next(g for g in order if g not in free[m]))
     return [sorted(f) for f in free]
 
 
@@ -278,7 +286,7 @@ def _lns(
     max_rounds = None
     if options.deterministic:
         round_s = DETERMINISTIC_ROUND_S
-        max_rounds = int(options.time_budget_ms / 1000.0 / (DETERMINISTIC_ROUND_SHARE * round_s))
+        max_rounds = int(options.budget_ms / 1000.0 / (DETERMINISTIC_ROUND_SHARE * round_s))
     while (
         (rounds < max_rounds) if max_rounds is not None else (deadline - clock() > min_round_s)
     ) and not stop_requested():

@@ -3,7 +3,8 @@
 The phases come in order and within the deadline; deterministic plans read no clock; the exact backend
 is handed one deadline, the policy's, and the wait for it ends at the policy's hard stop; the backend is
 chosen once per plan; each timing constant of the planner's layers is defined in one module, the
-planning layer's in the policy itself.
+planning layer's in the policy itself. A budget of ``"auto"`` is a share of the previous step up to a cap, the
+default without one, and the plan says what it came to.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from __future__ import annotations
 import ast
 import re
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from optimizer.costs.tables import CostTables
 from optimizer.problem.documents import problem_from_json
+from optimizer.problem.options import PlanOptions
 from optimizer.problem.workloads import WORKLOADS
 from planning import backends as backends_module
 from planning import budget_policy, planner
@@ -260,3 +263,82 @@ def test_the_planning_layer_reaches_into_no_algorithm_module_of_the_solvers():
 def test_solver_statistics_change_only_through_replace():
     for path in sorted((ROOT / "planning").glob("*.py")):
         assert "SolverStats(**" not in path.read_text(), path
+
+
+def test_auto_takes_a_share_of_the_previous_step_up_to_the_cap():
+    from planning.budget_policy import AUTO_CAP_MS, AUTO_SHARE, auto_budget
+
+    ms, why = auto_budget(1.84)
+    assert ms == round(AUTO_SHARE * 1840.0) == 920.0
+    assert why == '"auto": 0.5 x the previous step\'s 1.84 s = 920 ms'
+    ms, why = auto_budget(60.0)  # an evaluation or a checkpoint made the step long
+    assert ms == AUTO_CAP_MS and why.endswith("= 30000 ms, capped at 2000 ms")
+    assert auto_budget(60.0, cap_ms=500.0)[0] == 500.0  # a service's lower limit
+    ms, why = auto_budget(0.05, least_ms=80.4)  # a step shorter than the batch's fixed work
+    assert ms == 81.0 and why.endswith("= 25 ms, raised to the 81 ms this batch needs here")
+    assert auto_budget(0.001)[0] == 1.0  # never below the option's least
+
+
+def test_auto_without_a_previous_step_is_the_default_and_says_so():
+    from planning.budget_policy import auto_budget
+
+    default = PlanOptions().time_budget_ms
+    ms, why = auto_budget(None)
+    assert ms == default == 200.0
+    assert why == '"auto" without options.previous_step_s: the default 200 ms'
+    assert auto_budget(None, cap_ms=150.0)[0] == 150.0
+
+
+def test_a_numeric_budget_is_kept_and_previous_step_is_not_read():
+    from planning.budget_policy import resolve_budget
+
+    given = problem(budget_ms=300.0, previous_step_s=10.0)
+    assert resolve_budget(given) is given
+    assert given.budget_reason is None and given.options.budget_ms == 300.0
+
+
+def test_auto_is_resolved_once_into_the_problem_at_least_what_the_batch_needs_unless_deterministic():
+    from planning.budget_policy import resolve_budget
+
+    asked = problem_from_json(
+        {
+            "batch": WORKLOADS["video"](96, seed=1),
+            "cluster": {"nodes": 2, "gpus_per_node": 8},
+            "model_preset": "qwen2-vl-7b",
+            "options": {"backend": "heuristic", "time_budget_ms": "auto", "previous_step_s": 0.05},
+        }
+    )
+    with pytest.raises(ValueError, match="resolve_budget"):
+        asked.options.budget_ms  # noqa: B018 - no planning step may read an unresolved budget
+    slow = Rates(
+        base_ms=100.0, sample_ms=0.0, slot_ms=0.0, cell_ms=0.0, finish_ms=0.0, static_ms=0.0, tight_bound_ms=0.0
+    )
+    with fixed_rates(slow):  # the batch's fixed work: 70 ms here (LOW_SHARE of 100), above 0.5 x 50 ms
+        raised = resolve_budget(asked)
+    assert raised.options.budget_ms == 70.0 and raised.options.previous_step_s == 0.05
+    assert (
+        raised.budget_reason
+        == '"auto": 0.5 x the previous step\'s 0.05 s = 25 ms, raised to the 70 ms this batch needs here'
+    )
+    assert resolve_budget(raised) is raised  # resolved once: the planner keeps what the service worked out
+    with fixed_rates(slow):
+        exact = resolve_budget(replace(asked, options=replace(asked.options, deterministic=True)))
+    assert exact.options.budget_ms == 25.0  # deterministic plans are never refused, nor depend on this machine
+
+
+def test_the_plan_records_its_budget_and_how_auto_came_to_it():
+    asked = problem_from_json(
+        {
+            "batch": WORKLOADS["video"](96, seed=1),
+            "cluster": {"nodes": 2, "gpus_per_node": 8},
+            "model_preset": "qwen2-vl-7b",
+            "options": {"backend": "heuristic", "time_budget_ms": "auto", "previous_step_s": 0.9},
+        }
+    )
+    with fixed_rates(RATES):
+        result = plan(asked)
+        given = plan(problem("heuristic", budget_ms=300.0))
+    solver = result.to_json(shards=False)["solver"]
+    assert solver["budget_ms"] == 450.0
+    assert solver["details"]["budget"] == '"auto": 0.5 x the previous step\'s 0.9 s = 450 ms'
+    assert given.solver.budget_ms == 300.0 and "budget" not in given.solver.details

@@ -2,7 +2,8 @@
 
 Its validity against the brute-force optimum is checked in tests/test_bound_oracle.py; here: it
 raises the bound where memory-tight micro-batches waste the memory of wide groups, stays below the
-verified plan, keeps to its deadline, and the planner runs it only when it may pay and time allows.
+verified plan, keeps to its deadline, and the planner runs it only when it may pay, is wanted (before an
+exact backend, or asked for with options.tight_bound) and time allows.
 """
 
 from __future__ import annotations
@@ -54,13 +55,13 @@ def test_answers_nothing_past_its_deadline():
 
 def test_without_highs_the_plan_keeps_the_engine_bound(monkeypatch):
     monkeypatch.setattr(sb, "_highs", lambda: None)
-    result = plan(_case(1000.0, backend="heuristic"))
+    result = plan(_case(1000.0, backend="heuristic", tight_bound=True))
     assert result.solver.details["bound"] != "group_sizes"
     assert "size_bound_ms" not in result.solver.details["phases"]
 
 
 def test_the_planner_reports_it_as_the_binding_bound():
-    problem = _case(1000.0, backend="heuristic")
+    problem = _case(1000.0, backend="heuristic", tight_bound=True)
     result = plan(problem)
     assert result.solver.details["bound"] == "group_sizes"
     assert "size_bound_ms" in result.solver.details["phases"]
@@ -89,3 +90,67 @@ def test_skipped_when_the_gap_is_small_deterministic_or_out_of_time(monkeypatch)
     # An LP larger than the time allows to build is not started.
     monkeypatch.setattr(size_bound_step, "COLUMNS_PER_MS", 1e-3)
     assert _lp_within(tables, 20.0, roomy, True) is None
+
+
+def _counting(monkeypatch) -> list[int]:
+    """The calls of the LP (one per plan that runs it), counted without timing anything."""
+    calls: list[int] = []
+    real = sb.size_bound
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sb, "size_bound", counted)
+    return calls
+
+
+def test_the_heuristic_alone_runs_no_lp_unless_asked(monkeypatch):
+    calls = _counting(monkeypatch)
+    problem = _case(1000.0, backend="heuristic")
+    result = plan(problem)
+    assert calls == []
+    assert "size_bound_ms" not in result.solver.details["phases"]
+    assert result.solver.details["skipped"]["group_size_bound"] == size_bound_step.NOT_ASKED
+    asked = plan(problem.with_options(tight_bound=True))
+    assert calls == [1]
+    assert asked.solver.details["bound"] == "group_sizes"
+    assert "group_size_bound" not in asked.solver.details.get("skipped", {})
+    # The plan itself is the same: the LP only raises the bound.
+    assert asked.to_json(shards=False)["micro_batches"] == result.to_json(shards=False)["micro_batches"]
+
+
+def test_deterministic_plans_run_no_lp_and_say_so_when_it_was_asked_for(monkeypatch):
+    calls = _counting(monkeypatch)
+    quiet = plan(_case(1000.0, backend="heuristic", deterministic=True))
+    asked = plan(_case(1000.0, backend="heuristic", deterministic=True, tight_bound=True))
+    assert calls == []
+    assert "skipped" not in quiet.solver.details
+    assert asked.solver.details["skipped"]["group_size_bound"] == size_bound_step.DETERMINISTIC
+
+
+def test_skip_reasons_follow_the_backend_the_gap_and_the_options():
+    options = _case().options
+    skipped = size_bound_step.size_bound_skipped
+    assert skipped(options, "heuristic", 20.0, 10.0) == size_bound_step.NOT_ASKED
+    assert skipped(options, "heuristic", 10.05, 10.0) is None  # a gap under 1%: nothing to tell
+    assert skipped(options, "highs", 20.0, 10.0) is None  # before an exact backend, when time allows
+    assert skipped(_case(tight_bound=True).options, "heuristic", 20.0, 10.0) is None
+
+
+def test_tight_bound_is_a_checked_option_with_a_flag():
+    from api.cli.main import parser
+    from api.cli.request_flags import request_parts
+    from optimizer.errors import ProblemError
+    from optimizer.problem.documents import options_from_json
+
+    assert options_from_json({"tight_bound": True}).tight_bound is True
+    assert options_from_json({}).tight_bound is False
+    assert options_from_json({"tight_bound": None}).tight_bound is False  # null: the default, as for every option
+    for wrong in ("yes", 1, 0):
+        with pytest.raises(ProblemError) as err:
+            options_from_json({"tight_bound": wrong})
+        assert err.value.field == "options.tight_bound" and err.value.hint
+    args = parser().parse_args(["plan", "--batch", "batch.json", "--tight-bound"])
+    assert request_parts(args)["options"] == {"tight_bound": True}
+    assert "options" not in request_parts(parser().parse_args(["plan", "--batch", "batch.json"]))
