@@ -3,6 +3,8 @@
 Prints, per seed, the median and p90 wall time of a whole ``plan()`` call (tables, bound, heuristic,
 static comparison, verification) after a warm-up, the predicted step time over the lower bound, and
 the speedup over the best static power-of-two layout under the same cost model; then the medians.
+``--tight-bound`` asks for the group-size LP bound as well (``options.tight_bound``: a tighter bound,
+tens of milliseconds more).
 
     .venv/bin/python -m bench.engine_bench [--seeds 10] [--repeats 15] [--samples 512] [--cluster h100-8x8]
 """
@@ -26,11 +28,12 @@ def main() -> None:
     ap.add_argument("--cluster", default="h100-8x8")
     ap.add_argument("--model", default="qwen2-vl-7b")
     ap.add_argument("--workload", default="video", choices=sorted(WORKLOADS))
+    ap.add_argument("--tight-bound", action="store_true", help="ask for the group-size LP bound too")
     args = ap.parse_args()
 
     print(
         f"workload {args.workload}, {args.samples} samples, cluster {args.cluster}, model {args.model}, "
-        "backend heuristic"
+        f"backend heuristic{', tight_bound' if args.tight_bound else ''}"
     )
     print(
         f"{'seed':>4} {'median ms':>10} {'p90 ms':>8} {'step s':>8} {'bound s':>8} {'ratio':>7} {'static s':>9} "
@@ -42,7 +45,7 @@ def main() -> None:
             "batch": WORKLOADS[args.workload](args.samples, seed=seed),
             "cluster_preset": args.cluster,
             "model_preset": args.model,
-            "options": {"backend": "heuristic"},
+            "options": {"backend": "heuristic", "tight_bound": args.tight_bound},
         }
         problem = problem_from_json(doc)
         plan(problem)  # warm-up

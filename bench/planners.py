@@ -74,7 +74,7 @@ def _megatron(problem: Problem, workload: Workload) -> Outcome:
 
 def _bucket_milp(problem: Problem, workload: Workload) -> Outcome:
     opts = problem.options
-    r = bucket_milp(CostTables.build(problem), opts.time_budget_ms / 1000.0, workers=opts.solver_workers)
+    r = bucket_milp(CostTables.build(problem), opts.budget_ms / 1000.0, workers=opts.solver_workers)
     return Outcome(r.assignment, r.message, r.to_json())
 
 

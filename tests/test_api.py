@@ -491,3 +491,27 @@ def test_the_openapi_document_states_this_deployments_limits(make_client):
     budget = schemas["OptionsIn"]["properties"]["time_budget_ms"]["anyOf"][0]
     samples = schemas["PlanRequest"]["properties"]["batch"]["properties"]["samples"]
     assert budget["maximum"] == 200 and samples["minItems"] == 1 and samples["maxItems"] == 64
+
+
+def test_plan_ahead_with_an_auto_budget_takes_a_share_of_the_previous_step(make_client):
+    client = make_client(max_budget_ms=1500)
+    step = {**small_request(n=6, seed=2, time_budget_ms="auto", previous_step_s=0.6), "wait": False}
+    r = client.post("/v1/plans", json=step)
+    assert r.status_code == 202, r.text
+    done = client.get(f"/v1/plans/{r.json()['id']}", params={"wait_ms": 20000}).json()
+    assert done["status"] == "done", done
+    assert done["solver"]["budget_ms"] == 300.0
+    assert done["solver"]["details"]["budget"] == '"auto": 0.5 x the previous step\'s 0.6 s = 300 ms'
+    assert_verified(done, step)
+    listed = client.get("/v1/plans").json()["items"]
+    assert [row["budget_ms"] for row in listed] == [300.0]  # the record's column: what "auto" came to
+    long = client.post("/v1/plans", json=small_request(n=6, seed=3, time_budget_ms="auto", previous_step_s=9.0))
+    assert long.status_code == 201, long.text
+    assert long.json()["solver"]["budget_ms"] == 1500.0  # capped at this deployment's limit, not refused
+    assert long.json()["solver"]["details"]["budget"].endswith("= 4500 ms, capped at 1500 ms")
+    first = client.post("/v1/plans", json=small_request(n=6, seed=4, time_budget_ms="auto"))
+    assert first.status_code == 201, first.text
+    assert first.json()["solver"]["budget_ms"] == 200.0
+    assert first.json()["solver"]["details"]["budget"] == '"auto" without options.previous_step_s: the default 200 ms'
+    bad = assert_problem(client.post("/v1/plans", json=small_request(n=6, time_budget_ms="soon")), 422)
+    assert bad["field"] == "options.time_budget_ms" and '"auto"' in bad["hint"]

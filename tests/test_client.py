@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import subprocess
 import sys
 
@@ -281,3 +282,91 @@ def test_async_client_against_a_real_server(tmp_path):
         asyncio.run(session(server.url))
     finally:
         server.stop()
+
+
+WARM_SCRIPT = r"""
+import json, sys, time
+import httpx
+sys.path.insert(0, "tests")
+from api_support import small_request
+from api.client import PlannerClient
+import planning.warm as warm
+
+def down(request):
+    raise httpx.ConnectError("refused", request=request)
+
+plain = PlannerClient("http://planner", transport=httpx.MockTransport(down), retries=0)
+client = PlannerClient("http://planner", transport=httpx.MockTransport(down), retries=0, local_fallback=True)
+started = client.warm_thread is not None and client.warm_thread.name == "dhp-engine-warm-up"
+plan = client.plan(small_request(n=12))  # waits for what is left of the warm-up
+client.warm_thread.join(60)
+print(json.dumps({"plain": plain.warm_thread is None, "started": started, "warmed": warm._finished,
+                  "error": client.warm_error, "status": plan["status"], "alive": client.warm_thread.is_alive()}))
+"""
+
+
+def test_a_fallback_client_warms_the_engine_in_the_background_and_plans_after_it():
+    out = subprocess.run([sys.executable, "-c", WARM_SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report == {
+        "plain": True,
+        "started": True,
+        "warmed": True,
+        "error": None,
+        "status": "local",
+        "alive": False,
+    }
+
+
+def test_without_the_engine_the_warm_up_thread_ends_quietly():
+    code = (
+        "import importlib.abc, sys\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('numpy', 'numba'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from api.client import PlannerClient\n"
+        "client = PlannerClient('http://planner', local_fallback=True)\n"
+        "client.warm_thread.join(60)\n"
+        "print(client.warm_error)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert out.stdout.strip() == "the engine is not installed (numpy is missing)"
+
+
+def test_plan_ahead_asks_for_auto_with_the_step_time_it_measured(kind, monkeypatch):
+    from types import SimpleNamespace
+
+    from api.client import client_core
+
+    sent = []
+
+    def handler(request):
+        body = json.loads(request.read())
+        if request.url.path == "/v1/plans":
+            sent.append(body["options"])
+        return httpx.Response(202, json={"id": f"p{len(sent)}", "status": "pending"})
+
+    now = [100.0]
+    monkeypatch.setattr(client_core, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    client, _ = mock_client(handler, kind)
+    request = {k: v for k, v in small_request(n=2).items() if k != "options"}
+    call(client.plan_ahead(request))  # the first step: nothing measured yet
+    now[0] += 1.8372
+    call(client.plan_ahead(request))  # 1.837 s after the first call: one step
+    call(client.feedback("p2", 2.4))  # the trainer's own figure for the step that followed
+    now[0] += 1.0
+    call(client.plan_ahead(request))
+    call(client.plan_ahead({**request, "options": {"time_budget_ms": 300}}))  # a budget of its own stays
+    call(client.plan_ahead({**request, "options": {"time_budget_ms": "auto", "previous_step_s": 5.0}}))
+    assert sent == [
+        {"time_budget_ms": "auto"},
+        {"time_budget_ms": "auto", "previous_step_s": 1.837},
+        {"time_budget_ms": "auto", "previous_step_s": 2.4},
+        {"time_budget_ms": 300},
+        {"time_budget_ms": "auto", "previous_step_s": 5.0},
+    ]
+    assert request == {k: v for k, v in small_request(n=2).items() if k != "options"}  # the caller's is not changed

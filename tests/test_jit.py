@@ -86,3 +86,40 @@ def test_kernels_compile_without_a_writable_cache(monkeypatch: pytest.MonkeyPatc
 
     assert jit.compiled(f) == ("compiled", f)
     assert [c.get("cache", False) for c in calls] == [True, False]
+
+
+LOAD_SCRIPT = """
+import importlib, json, pkgutil
+import optimizer
+from numba.core.imputils import builtin_registry
+from numba.core.registry import CPUDispatcher, cpu_target
+from planning.planner import warm_up
+warm_up()
+mods = [importlib.import_module(m.name) for m in pkgutil.walk_packages(optimizer.__path__, "optimizer.")]
+kernels = [v for m in mods for v in vars(m).values() if isinstance(v, CPUDispatcher)]
+print(json.dumps({"hits": sum(sum(k._cache_hits.values()) for k in kernels),
+                  "misses": sum(sum(k._cache_misses.values()) for k in kernels),
+                  "registries": builtin_registry in cpu_target.target_context._registries}))
+"""
+
+
+@pytest.mark.skipif(not jit.HAVE_NUMBA, reason="numba is not installed")
+def test_cached_kernels_load_without_the_compilers_registries() -> None:
+    """A process whose kernels are all in the disk cache loads them with numba's runtime alone: none is
+    compiled and numba's typing and lowering registries stay unloaded (optimizer.jit)."""
+
+    def run() -> dict:
+        proc = subprocess.run(
+            [sys.executable, "-c", LOAD_SCRIPT],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parents[1],
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+    run()  # fills the cache where this checkout's kernels were not compiled yet
+    report = run()
+    assert report["hits"] > 0 and report["misses"] == 0, report
+    assert not report["registries"], report

@@ -69,7 +69,8 @@ def test_plan_request_fields_are_not_coerced(client, extra, field):
     [
         ({"wait": "false"}, "true or false"),
         ({"options": {"backend": "fast"}}, "use one of"),
-        ({"options": {"time_budget_ms": "200"}}, "JSON number"),
+        ({"options": {"new_group_cost_s": "2"}}, "JSON number"),
+        ({"options": {"time_budget_ms": "200"}}, 'in milliseconds, e.g. 200, or "auto"'),  # a number or a word
         ({"surprise": 1}, "remove the field"),
     ],
 )

@@ -11,8 +11,10 @@ they need only when they run, so ``dhp plan`` works with the engine alone.
 from __future__ import annotations
 
 import argparse
+import atexit
 import difflib
 import errno
+import gc
 import json
 import os
 import re
@@ -20,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from api.cli import bench_commands, jobs_commands, serve, trainer_commands
+from api.cli import STARTED, bench_commands, jobs_commands, serve, trainer_commands
 from api.cli.request_flags import add_request_flags, request_parts
 from optimizer.errors import InfeasibleError, PlannerError
 
@@ -39,21 +41,52 @@ def build_request(args: argparse.Namespace) -> dict[str, Any]:
     return {"batch": read_json_file(args.batch, "--batch"), **request_parts(args)}
 
 
+DEFAULT_MODEL_NOTE = "default; pass --model-preset or --model"
+"""What ``dhp plan`` and ``dhp validate`` say of the model when none was given (the request's default preset)."""
+
+
+def default_model_note(request: dict[str, Any], say: bool = True) -> str | None:
+    """``DEFAULT_MODEL_NOTE`` when ``request`` names no model, after writing it to standard error with the
+    default's name when ``say`` (the plan on standard output stays as it is); None when it names one."""
+    from optimizer.problem.definitions import REQUEST
+
+    if request.get("model") is not None or request.get("model_preset") is not None:
+        return None
+    if say and sys.stderr is not None:
+        print(f"model: {REQUEST['model_preset'].default} ({DEFAULT_MODEL_NOTE})", file=sys.stderr)
+    return DEFAULT_MODEL_NOTE
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
-    from optimizer.plan.summary import summary_text
+    """Plan the request. Run as the process's command (``args.whole_process``, see :func:`main`), it plans
+    once: the budget covers the whole answer, counted from the process's start (start-up, imports and
+    loading the compiled kernels included), so no warm-up runs first. Called within a longer-lived
+    process, the budget counts from the call and the kernels are loaded first, as for any plan."""
     from optimizer.problem.documents import problem_from_json
+    from planning.budget_policy import resolve_budget
+    from planning.deadline import Deadline, process_start
     from planning.planner import plan
 
-    problem = problem_from_json(build_request(args))
+    request = build_request(args)
+    problem = problem_from_json(request)
     if args.show_profile:
         emit(json.dumps(problem.cost_profile.to_json(), indent=2))
         return 0
-    result = plan(problem)
-    text = (
-        summary_text(result, problem)
-        if args.summary
-        else json.dumps(result.to_json(shards=not args.no_shards), indent=None if args.compact else 2)
-    )
+    problem = resolve_budget(problem)  # "auto": the default budget, or a share of options.previous_step_s
+    deadline = None  # counted from the call, once the kernels are loaded (planning.planner.plan)
+    whole_process = getattr(args, "whole_process", False)
+    if whole_process:
+        started = process_start()
+        deadline = Deadline.after_ms(problem.options.budget_ms, start=STARTED if started is None else started)
+    result = plan(problem, deadline=deadline, warm=not whole_process)
+    # Once planned, so that a failure stays one line on standard error; a summary on the terminal says it itself.
+    note = default_model_note(request, say=not (args.summary and args.out is None))
+    if args.summary:
+        from optimizer.plan.summary import summary_text
+
+        text = summary_text(result, problem, model_note=note)
+    else:
+        text = json.dumps(result.to_json(shards=not args.no_shards), indent=None if args.compact else 2)
     emit(text, args.out)
     return 0
 
@@ -78,14 +111,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from optimizer.problem.documents import problem_from_json, read_json_file
     from optimizer.verify.plan_document import check_plan_document
 
-    problem = problem_from_json(build_request(args))
+    request = build_request(args)
+    problem = problem_from_json(request)
     doc = read_json_file(args.plan, "--plan")
     report = check_plan_document(problem, doc)
+    default_model_note(request)  # once checked: bad input stays one line on standard error
     if report.ok:
         emit(f"valid: {len(doc['micro_batches'])} micro-batches, step time {report.step_time_s:.6g} s")
         return 0
-    emit("\n".join(f"invalid: {v}" for v in report.violations))
+    shown = report.violations[:SHOWN_VIOLATIONS]
+    lines = [f"invalid: {v}" for v in shown]
+    if len(report.violations) > len(shown):
+        lines.append(f"invalid: ... {len(report.violations) - len(shown)} more")
+    emit("\n".join(lines))
     return 1
+
+
+SHOWN_VIOLATIONS = 10
+"""``dhp validate`` prints this many violations, the leading line first (a plan for other inputs has one line
+saying so: :mod:`optimizer.verify.plan_document`), then how many more there are."""
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
@@ -362,10 +406,20 @@ def _missing(exc: ModuleNotFoundError) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command ``argv`` names (default: the process's own arguments) and return its exit code.
+
+    Run as the process's command (``argv`` None: the ``dhp`` entry point, ``python -m api.cli.main``), the
+    objects it made are frozen out of the cyclic collector when the process exits: the interpreter's last
+    collections would otherwise walk every one of them, numba's compiler among them (150 to 250 ms after a
+    plan, measured on the 2-core development machine), for memory the process is giving back anyway; and
+    ``dhp plan`` counts its budget from the process's start (:func:`cmd_plan`)."""
+    if argv is None:
+        atexit.register(gc.freeze)
     try:
         args = parser().parse_args(argv)
     except ModuleNotFoundError as exc:
         return _missing(exc)
+    args.whole_process = argv is None
     try:
         return int(args.func(args) or 0)
     except ModuleNotFoundError as exc:

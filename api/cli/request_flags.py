@@ -7,10 +7,12 @@ definition (its ``flag``, help, range, default and choices): the planner options
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from optimizer.errors import ProblemError
 from optimizer.problem.definitions import CLUSTER
+from optimizer.problem.fields import FieldSpec
 from optimizer.problem.options import OPTION_SPECS
 
 SHORTHAND = tuple(spec for spec in CLUSTER.fields if spec.flag is not None)
@@ -56,8 +58,30 @@ def add_request_flags(
         if spec.kind == "bool":
             p.add_argument(spec.flag, dest=spec.name, action="store_const", const=True, help=spec.description)
         else:
-            kind = {"int": int, "number": float}.get(spec.kind, str)
-            p.add_argument(spec.flag, dest=spec.name, type=kind, choices=spec.choices, help=spec.description)
+            p.add_argument(
+                spec.flag, dest=spec.name, type=_flag_type(spec), choices=spec.choices, help=spec.description
+            )
+
+
+def _flag_type(spec: FieldSpec) -> Callable[[str], Any]:
+    """What a flag's text is read as: the option's kind, or for a number that may also be a word (``--budget-ms
+    auto``), that word or a number."""
+    kind: Callable[[str], Any] = {"int": int, "number": float}.get(spec.kind, str)
+    words = spec.either.choices if spec.either is not None and spec.either.kind == "str" else None
+    if not words:
+        return kind
+
+    def number_or_word(text: str) -> Any:
+        if text in words:
+            return text
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is neither a number nor {' nor '.join(repr(w) for w in words)}"
+            ) from None
+
+    return number_or_word
 
 
 def request_parts(args: argparse.Namespace, options: dict[str, Any] | None = None) -> dict[str, Any]:

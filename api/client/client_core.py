@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 import uuid
 from collections import deque
@@ -24,6 +25,9 @@ RETRY_STATUSES = (502, 503, 504)
 TOKEN_ENV = "DHP_TOKEN"
 UNSENT_FEEDBACK_LIMIT = 10_000
 """Feedback documents kept while the service cannot be reached (the oldest are dropped beyond this)."""
+AUTO_BUDGET = "auto"
+"""The ``options.time_budget_ms`` a plan-ahead request gets when it gives none: the planner takes a share of
+``options.previous_step_s``, the step time the client measured (``optimizer.problem.options.AUTO_BUDGET``)."""
 
 
 class PlannerServiceError(Exception):
@@ -93,7 +97,8 @@ def auth_headers(token: str | None) -> dict[str, str]:
 
 
 def plan_locally(doc: dict[str, Any]) -> dict[str, Any]:
-    """The heuristic's plan, made in this process; deterministic, so every rank falling back gets the same plan."""
+    """The heuristic's plan, made in this process; deterministic, so every rank falling back gets the same plan.
+    While the client's warm-up (:func:`warm_engine`) still runs, the plan waits for it (:mod:`planning.warm`)."""
     try:
         from optimizer.problem.documents import problem_from_json
         from planning.planner import plan
@@ -109,6 +114,21 @@ def plan_locally(doc: dict[str, Any]) -> dict[str, Any]:
         overrides={"backend": "heuristic", "deterministic": True},
     )
     return {"id": f"local-{uuid.uuid4().hex}", "status": "local", "created_at": None, **plan(problem).to_json()}
+
+
+def warm_engine() -> str | None:
+    """Load the engine's code and compiled kernels in this process (:func:`planning.planner.warm_up`), for
+    the plans made locally; None once done, or why not: the engine is not installed (then
+    :func:`plan_locally` says what to install) or the warm-up failed (then each kernel loads when first used)."""
+    try:
+        from planning.planner import warm_up
+
+        warm_up()
+    except ModuleNotFoundError as exc:
+        return f"the engine is not installed ({exc.name} is missing)"
+    except Exception as exc:  # noqa: BLE001 - the local plan works without it, only slower
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _problem_of(response: httpx.Response) -> dict[str, Any]:
@@ -132,6 +152,24 @@ class ClientCore:
         """How many plans were made locally because the service was unreachable."""
         self.unsent_feedback: deque[tuple[str, dict[str, Any]]] = deque(maxlen=UNSENT_FEEDBACK_LIMIT)
         """Feedback (plan id, document) not delivered yet because the service could not be reached."""
+        self.last_ahead_at: float | None = None
+        """``time.monotonic()`` of the last plan-ahead request: a trainer asks once a step, so the time between
+        two is a step's."""
+        self.reported_step_s: float | None = None
+        """The step time the trainer reported in feedback since the last plan-ahead request, if any."""
+        self.warm_error: str | None = None
+        """Why the engine's warm-up did not run or failed (see :func:`warm_engine`), once it has ended."""
+        self.warm_thread: threading.Thread | None = None
+        """With ``local_fallback``: the thread loading the engine for the local plans, started here so that
+        creating the client does not wait for it; the first local plan waits for what is left of it (the
+        warm-up, some hundreds of milliseconds to a few seconds of CPU, shares the interpreter with the
+        trainer's threads meanwhile)."""
+        if local_fallback:
+            self.warm_thread = threading.Thread(target=self._warm, name="dhp-engine-warm-up", daemon=True)
+            self.warm_thread.start()
+
+    def _warm(self) -> None:
+        self.warm_error = warm_engine()
 
     def _delay(self, attempt: int, response: httpx.Response | None) -> float:
         if response is not None and response.headers.get("Retry-After", "").isdigit():
@@ -182,8 +220,28 @@ class ClientCore:
     def _plan(self, request: dict[str, Any] | None, parts: dict[str, Any]) -> Steps:
         return (yield from self._submit(request, parts, True))
 
+    def step_time_s(self, now: float) -> float | None:
+        """The previous step's time as this client knows it at ``now`` (``time.monotonic()``): the trainer's
+        report (``feedback``) since the last plan-ahead request, else the time since that request; None before
+        the first one."""
+        if self.reported_step_s is not None:
+            return self.reported_step_s
+        return None if self.last_ahead_at is None else now - self.last_ahead_at
+
     def _plan_ahead(self, request: dict[str, Any] | None, parts: dict[str, Any]) -> Steps:
-        answer = yield from self._submit(request, parts, False)
+        """POST a plan-ahead request. Without a budget of its own it asks for ``"auto"``, with the step time
+        measured here (:meth:`step_time_s`) as ``previous_step_s`` unless the request gives one: the planner
+        then takes a share of the step the plan is made during."""
+        doc = request_doc(request, parts)
+        now = time.monotonic()
+        options = dict(doc.get("options") or {})
+        options.setdefault("time_budget_ms", AUTO_BUDGET)
+        step_s = self.step_time_s(now)
+        if options["time_budget_ms"] == AUTO_BUDGET and options.get("previous_step_s") is None and step_s:
+            options["previous_step_s"] = max(round(step_s, 3), 0.001)  # whole ms: a step's time, not its noise
+        doc["options"] = options
+        self.last_ahead_at, self.reported_step_s = now, None
+        answer = yield from self._submit(doc, {}, False)
         if answer.get("status") == "local":
             self._local[answer["id"]] = answer
         return str(answer["id"])
@@ -206,6 +264,7 @@ class ClientCore:
                 return doc
 
     def _feedback(self, plan_id: str, measured_step_time_s: float, extra: dict[str, Any]) -> Steps:
+        self.reported_step_s = measured_step_time_s  # the next plan-ahead request's previous step
         if plan_id.startswith("local-"):
             return None
         body: dict[str, Any] = {

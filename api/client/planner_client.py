@@ -16,9 +16,11 @@ is honoured); every try of one POST carries the same ``Idempotency-Key`` header.
 when the service cannot be reached at all, the plan is made in this process by the planner's heuristic
 (deterministic: every rank gets the same plan), so training never stalls; such plans have ``status`` ``local``
 and an id starting with ``local-``; feedback that cannot be delivered is kept (``unsent_feedback``) and sent
-before the next feedback, or by ``flush_feedback()``. Errors in the request itself (4xx), and a plan-ahead
-request that failed, raise :class:`PlannerServiceError` with the problem document. The bearer token defaults to
-the ``DHP_TOKEN`` environment variable.
+before the next feedback, or by ``flush_feedback()``. A plan-ahead request that names no budget asks for
+``"auto"``: a share of the previous step's time, which the client measured (the trainer's feedback, else the time
+between two plan-ahead calls) and sends as ``options.previous_step_s``. Errors in the request itself (4xx), and a
+plan-ahead request that failed, raise :class:`PlannerServiceError` with the problem document. The bearer token
+defaults to the ``DHP_TOKEN`` environment variable.
 
 Both clients run the same operations (:mod:`api.client.client_core`); only how a request is sent, how a pause is
 taken and where the fallback plan is made differ (the asyncio client makes it on a thread).
@@ -119,7 +121,9 @@ class PlannerClient(ClientCore):
         return self._run(self._plan(request, parts))  # type: ignore[no-any-return]
 
     def plan_ahead(self, request: dict[str, Any] | None = None, **parts: Any) -> str:
-        """Submit a request without waiting; returns the plan id to pass to :meth:`result`."""
+        """Submit a request without waiting; returns the plan id to pass to :meth:`result`. A request without
+        ``options.time_budget_ms`` asks for ``"auto"`` with the step time this client measured (the trainer's
+        last ``feedback``, else the time since the previous plan-ahead call) as ``options.previous_step_s``."""
         return self._run(self._plan_ahead(request, parts))  # type: ignore[no-any-return]
 
     def result(self, plan_id: str, wait_ms: int = 10_000) -> dict[str, Any]:

@@ -13,10 +13,20 @@ from collections.abc import Callable
 from functools import cache
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, create_model
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    create_model,
+)
 from pydantic.json_schema import JsonDict
 from pydantic_core import PydanticCustomError
 
+from optimizer.errors import ProblemError
 from optimizer.problem.checks import FLOAT_BITS
 from optimizer.problem.definitions import REQUEST
 from optimizer.problem.fields import Document, FieldSpec
@@ -56,7 +66,27 @@ def _form(spec: FieldSpec) -> Any:
 
 def value_type(spec: FieldSpec) -> Any:
     """The pydantic type of a field's values: its form, or its other form (``either``)."""
-    return _form(spec) if spec.either is None else _form(spec) | _form(spec.either)
+    if spec.either is None:
+        return _form(spec)
+    return Annotated[_form(spec) | _form(spec.either), WrapValidator(_in_the_readers_words(spec))]
+
+
+def _in_the_readers_words(spec: FieldSpec) -> Callable[[Any, ValidatorFunctionWrapHandler], Any]:
+    """A value of a two-form field that the reader refuses is refused at the field, in the reader's words and with
+    its hint (``ctx.hint``), not once per form under pydantic's name for it; errors inside a value stay pydantic's."""
+
+    def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            try:
+                spec.check(value, spec.name)
+            except ProblemError as refused:
+                context = {"message": refused.message, "hint": refused.hint or spec.hint}
+                raise PydanticCustomError("invalid_value", "{message}", context) from None
+            raise
+
+    return validate
 
 
 def _schema_edit(spec: FieldSpec) -> Callable[[JsonDict], None]:

@@ -119,7 +119,7 @@ class PlanningService:
         """The plan, its text, and the planner's own time in this call (ms). The planner's deadline is
         ``reserve_s`` before the end of the budget, which counts from the request's arrival (queueing and
         validation are part of it)."""
-        budget_s = problem.options.time_budget_ms / 1000.0
+        budget_s = problem.options.budget_ms / 1000.0
         deadline = Deadline(arrival, arrival + budget_s - reserve_s)
         began = time.perf_counter()
         try:
@@ -156,7 +156,7 @@ class PlanningService:
             cluster=cluster,
             model=model,
             request_json=translate.request_text(doc),
-            **request_columns(doc),
+            **{**request_columns(doc), "budget_ms": problem.options.budget_ms},  # what "auto" came to
         )
         if result is not None:
             base.update(
@@ -362,7 +362,7 @@ class PlanningService:
         if flight is not None:  # an identical request, in either wait mode, is being solved: its plan
             record = await asyncio.shield(asyncio.wrap_future(flight.done))
             return record, True, {"translate": translate_ms, "shared": (time.perf_counter() - arrival) * 1000.0}
-        budget_s = problem.options.time_budget_ms / 1000.0
+        budget_s = problem.options.budget_ms / 1000.0
         n = len(problem.batch)
         self._refuse_short_budget(problem, (time.perf_counter() - arrival) * 1000.0, self.tail.after_s(n) * 1000.0)
         reserve_s = self.tail.reserve_s(budget_s, n)
@@ -401,7 +401,7 @@ class PlanningService:
             return await self._join_ahead(doc, problem, key, flight)
         self._refuse_short_budget(problem)
         # A place in the solve queue is taken first (503 at once when full); the answer does not wait for a free worker.
-        job = self.pool.reserve(arrival + problem.options.time_budget_ms / 1000.0)
+        job = self.pool.reserve(arrival + problem.options.budget_ms / 1000.0)
         plan_id = uuid.uuid4().hex
         flight = self.flights.claim(key, plan_id)[0] if use_cache else None
         pending = self._record(plan_id, doc, problem, key, "pending")
@@ -430,7 +430,7 @@ class PlanningService:
         if problem.options.deterministic:
             return
         planner_ms = problem_budget_ms(problem)
-        asked_ms = problem.options.time_budget_ms
+        asked_ms = problem.options.budget_ms
         if asked_ms >= spent_ms + planner_ms + after_ms:
             return
         expected_ms = problem_estimate_ms(problem)

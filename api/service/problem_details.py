@@ -199,7 +199,9 @@ _TYPE_HINTS = {
 def validation_hint(error: Mapping[str, Any]) -> str:
     """How to fix one of pydantic's validation errors, from its type and context."""
     kind, ctx = str(error.get("type", "")), error.get("ctx") or {}
-    if kind == "literal_error" and ctx.get("expected"):
+    if ctx.get("hint"):  # the field definition's own (a value neither form of a two-form field takes)
+        hint = str(ctx["hint"]).rstrip(".")
+    elif kind == "literal_error" and ctx.get("expected"):
         hint = f"use one of {ctx['expected']}"
     elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") and ctx:
         bound = next(iter(ctx.values()))

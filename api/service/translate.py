@@ -25,7 +25,9 @@ from optimizer.errors import ProblemError
 from optimizer.plan.records import Plan
 from optimizer.problem.definitions import REQUEST
 from optimizer.problem.documents import ENVELOPE, problem_from_json
+from optimizer.problem.options import AUTO_BUDGET
 from optimizer.problem.problem import Problem
+from planning.budget_policy import AUTO_CAP_MS, auto_budget, resolve_budget
 
 _PARTS = tuple(spec.name for spec in REQUEST.fields if spec.name not in ENVELOPE)
 """The members of a request document, in the order it is stored in."""
@@ -80,10 +82,12 @@ def to_problem(doc: dict[str, Any], settings: Settings) -> Problem:
             field=field,
             hint="plan for a smaller cluster, or raise DHP_MAX_RANKS on the server.",
         )
+    # "auto" becomes a number here, once: the deadline, the admission and the plan all take that one.
+    problem = resolve_budget(problem, min(AUTO_CAP_MS, settings.max_budget_ms))
     options = problem.options
-    if options.time_budget_ms > settings.max_budget_ms:
+    if options.budget_ms > settings.max_budget_ms:
         raise ProblemError(
-            f"is {options.time_budget_ms:g} ms, more than this service's limit of {settings.max_budget_ms:g} ms",
+            f"is {options.budget_ms:g} ms, more than this service's limit of {settings.max_budget_ms:g} ms",
             field="options.time_budget_ms",
             hint=f"ask for at most {settings.max_budget_ms:g} ms.",
         )
@@ -109,24 +113,34 @@ def sample_count(doc: dict[str, Any]) -> int:
 
 def budget_ms(doc: dict[str, Any]) -> float:
     """The time budget a request document asks for, before validation (the default when it gives none or an
-    unusable value)."""
+    unusable value; for ``"auto"``, its share of a usable ``previous_step_s``)."""
     options = doc.get("options")
-    value = options.get("time_budget_ms") if isinstance(options, dict) else None
+    value = _usable(options.get("time_budget_ms")) if isinstance(options, dict) else None
+    if value is not None:
+        return value
+    if isinstance(options, dict) and options.get("time_budget_ms") == AUTO_BUDGET:
+        return auto_budget(_usable(options.get("previous_step_s")))[0]
+    return DEFAULT_BUDGET_MS
+
+
+def _usable(value: Any) -> float | None:
+    """``value`` when it is a positive finite number (a JSON boolean is none), else None."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
         return float(value)
-    return DEFAULT_BUDGET_MS
+    return None
 
 
 def request_hash(doc: dict[str, Any], problem: Problem) -> str:
     """Hash of the normalised request: everything that changes the plan. The batch with its keys in
     canonical order, and the cluster, model, options, profile and existing groups after validation
-    (defaults filled in, presets resolved)."""
+    (defaults filled in, presets resolved, ``"auto"`` resolved to its budget, and how, which the plan states)."""
     try:
         batch = orjson.dumps(doc.get("batch"), option=orjson.OPT_SORT_KEYS)
     except orjson.JSONEncodeError:
         batch = json.dumps(doc.get("batch"), sort_keys=True).encode()
+    how = (problem.budget_reason,) if problem.budget_reason else ()  # "auto" and a number differ in their answer
     resolved = repr(
-        (problem.cluster, problem.model, problem.options, problem.profile, problem.existing_groups)
+        (problem.cluster, problem.model, problem.options, problem.profile, problem.existing_groups, *how)
     ).encode()
     return hashlib.sha256(_HASH_VERSION + b"\x00" + batch + b"\x00" + resolved).hexdigest()
 
@@ -212,12 +226,25 @@ def _iso(value: datetime) -> str:
     return value.isoformat()
 
 
-def plan_body(record: PlanRecord) -> bytes:
-    """The response body for a stored plan: the plan document with ``id``, ``status``, ``created_at`` first.
+def model_note(doc: dict[str, Any]) -> str | None:
+    """What the answer to the request document ``doc`` says of its model when it names none: the default
+    preset's name, and how to name one; None when it names one."""
+    if doc.get("model") is not None or doc.get("model_preset") is not None:
+        return None
+    return f"{REQUEST['model_preset'].default} (default; send model or model_preset)"
 
-    The stored plan text is spliced in as it is, so a large plan is not decoded and encoded again.
+
+def plan_body(record: PlanRecord, note: str | None = None) -> bytes:
+    """The response body for a stored plan: the plan document with ``id``, ``status``, ``created_at`` first,
+    and ``model_note`` (:func:`model_note` of the request answered) when given.
+
+    The stored plan text is spliced in as it is, so a large plan is not decoded and encoded again. The note
+    belongs to the request answered, not to the stored plan: an identical request that named the default model
+    is answered from the same plan without it.
     """
     head: dict[str, Any] = {"id": record.id, "status": record.status, "created_at": _iso(record.created_at)}
+    if note is not None:
+        head["model_note"] = note
     if record.status == "done" and record.plan_json:
         head_bytes = orjson.dumps(head)
         inner = record.plan_json.encode()

@@ -54,7 +54,7 @@ SUMMARY_FIELDS = tuple(
 """The fields of a record that the plan list shows (everything but the documents and the hash)."""
 
 
-DEFAULT_BUDGET_MS = PlanOptions().time_budget_ms
+DEFAULT_BUDGET_MS = PlanOptions().budget_ms
 PROFILE_LABEL_LENGTH = 200
 
 

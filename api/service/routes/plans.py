@@ -79,14 +79,19 @@ def _not_found(plan_id: str) -> ServiceError:
 
 
 def _plan_response(
-    record: Any, status: int, cached: bool | None = None, timings: dict[str, float] | None = None
+    record: Any,
+    status: int,
+    cached: bool | None = None,
+    timings: dict[str, float] | None = None,
+    note: str | None = None,
 ) -> Response:
     headers = {"Location": f"/v1/plans/{record.id}"}
     if cached is not None:
         headers["X-Plan-Cache"] = "hit" if cached else "miss"
     if timings:
         headers["Server-Timing"] = ", ".join(f"{k};dur={v:.3f}" for k, v in timings.items())
-    return Response(translate.plan_body(record), status_code=status, media_type="application/json", headers=headers)
+    body = translate.plan_body(record, note)
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
 @router.post(
@@ -104,11 +109,12 @@ async def create_plan(body: PlanRequest, service: ServiceDep, arrived: ArrivalDe
     ``"wait": false`` the pending plan's id at once (202). The time budget counts from arrival.
     The ``Server-Timing`` header says where the time went: queue, translate, solve, encode, store, handoff, app (ms)."""
     doc, raw = await for_body(len(await request.body()), translate.read_request, body)  # raw: the request as sent
+    note = translate.model_note(doc)
     if body.wait:
         record, cached, timings = await service.plan(doc, arrived, body.cache, raw)
-        return _plan_response(record, 200 if cached else 201, cached, timings)
+        return _plan_response(record, 200 if cached else 201, cached, timings, note)
     record, cached = await service.plan_ahead(doc, arrived, body.cache, raw)
-    return _plan_response(record, 200 if cached else 202, cached)
+    return _plan_response(record, 200 if cached else 202, cached, note=note)
 
 
 @router.get(
