@@ -61,13 +61,15 @@ def test_valid_problem_gives_verified_plan_or_infeasible(doc):
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 10_000))
 def test_deterministic(seed):
+    """In deterministic mode the same input gives the same plan, however loaded the machine (outside it, the
+    heuristic's strategies stop at the budget, so a busy machine may get fewer of them done)."""
     from optimizer.problem.workloads import mixed
 
     doc = {
         "batch": mixed(48, seed=seed),
         "cluster": {"nodes": 2, "gpus_per_node": 8},
         "model_preset": "qwen2-vl-7b",
-        "options": {"backend": "heuristic", "max_micro_batches": 16},
+        "options": {"backend": "heuristic", "max_micro_batches": 16, "deterministic": True},
     }
     a = plan(problem_from_json(doc)).to_json(shards=False)
     b = plan(problem_from_json(doc)).to_json(shards=False)
