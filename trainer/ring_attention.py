@@ -106,8 +106,23 @@ def visible(q_pos: torch.Tensor, q_seg: torch.Tensor, k_pos: torch.Tensor, k_seg
 # -- the ring ---------------------------------------------------------------------------------
 
 
+class _GroupPlace:
+    """The group size and the global rank of a spec that holds ``ranks`` and this rank's ``position``."""
+
+    ranks: tuple[int, ...]
+    position: int
+
+    @property
+    def d(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def rank(self) -> int:
+        return self.ranks[self.position]
+
+
 @dataclass(frozen=True)
-class RingSpec:
+class RingSpec(_GroupPlace):
     """Where a rank sits in its ring and the token layout of every position."""
 
     group: Any
@@ -119,14 +134,6 @@ class RingSpec:
     _tiles: dict[Any, Tiles] = field(default_factory=dict, compare=False, repr=False)
     """Tiles of each source's block, computed once per micro-batch and shared by all layers."""
     _gathered: list[RingSpec] = field(default_factory=list, compare=False, repr=False)
-
-    @property
-    def d(self) -> int:
-        return len(self.ranks)
-
-    @property
-    def rank(self) -> int:
-        return self.ranks[self.position]
 
     @property
     def send_to(self) -> int:
@@ -423,7 +430,7 @@ def ulysses_attention(
 
 
 @dataclass(frozen=True)
-class HybridSpec:
+class HybridSpec(_GroupPlace):
     """Where a rank sits in a hybrid group of d ranks (Ulysses over ``ulysses_size`` = u ranks inside a
     ring of r = d / u) and the token layout of every position (``shard_layout(..., 'hybrid', u)``).
 
@@ -450,14 +457,6 @@ class HybridSpec:
             raise ValueError(f"the Ulysses width {u} must divide the group size {d}")
         if len(self.layout) != d or not 0 <= self.position < d:
             raise ValueError(f"position {self.position} and {len(self.layout)} layouts do not fit a group of {d}")
-
-    @property
-    def d(self) -> int:
-        return len(self.ranks)
-
-    @property
-    def rank(self) -> int:
-        return self.ranks[self.position]
 
     @property
     def ring_size(self) -> int:
