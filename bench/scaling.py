@@ -18,8 +18,11 @@ plan reaches); each point then also reports the median of every planner phase ov
 (``phase_medians``), the fixed work this machine is expected to need for the batch
 (:mod:`planning.fixed_work`: ``estimate_ms`` and the ``minimum_budget_ms`` below which the planner
 refuses), what was skipped for lack of time, and the refusal when the budget was too small.
-``--table`` prints these as text instead of the JSON line; ``--cli`` measures the batch of ``dhp example``
-with the options of ``dhp plan`` (no micro-batch cap) instead of the bench's problem.
+The point's process keeps the memory it frees, as ``dhp``'s own processes do
+(:mod:`planning.allocator`); ``--glibc-defaults`` measures it as a program that calls the planner in its
+own process with the allocator untouched. ``--table`` prints these as text instead of the JSON line;
+``--cli`` measures the batch of ``dhp example`` with the options of ``dhp plan`` (no micro-batch cap)
+instead of the bench's problem.
 """
 
 from __future__ import annotations
@@ -119,9 +122,10 @@ def measure_point(
 ) -> dict[str, Any]:
     """One point, in this process (see the module docstring)."""
     from optimizer.errors import ProblemError
-    from planning import fixed_work
+    from planning import allocator, fixed_work
 
     out: dict[str, Any] = {"ranks": ranks, "samples": samples, "workload": workload, "backend": backend}
+    out["freed_memory_kept"] = allocator.in_force()
     if budget_ms is not None:
         out["budget_ms"] = budget_ms
     problem = _problem(ranks, samples, workload, 0, cli)
@@ -193,6 +197,12 @@ def point_table(point: dict[str, Any]) -> str:
         )
     if point.get("error"):
         lines.append(point["error"])
+    if "freed_memory_kept" in point:
+        lines.append(
+            "allocator: freed memory kept, as dhp's processes run (planning.allocator)"
+            if point["freed_memory_kept"]
+            else "allocator: glibc's defaults (freed blocks go back to the kernel)"
+        )
     if point.get("wall_ms"):
         lines.append(
             f"plan() wall ms over {len(point['wall_ms'])} calls: median {_median(point['wall_ms']):.1f}, "
@@ -389,7 +399,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the batch of 'dhp example' with the options of 'dhp plan' (no micro-batch cap)",
     )
+    ap.add_argument(
+        "--glibc-defaults",
+        action="store_true",
+        help="leave the allocator as another program's process has it (default: freed memory kept, as in dhp's)",
+    )
     args = ap.parse_args(argv)
+    if not args.glibc_defaults:
+        from planning.allocator import retain_freed_memory
+
+        retain_freed_memory()
     point = measure_point(
         args.point[0], args.point[1], args.repeats, args.workload, args.profile, args.budget_ms, args.backend, args.cli
     )

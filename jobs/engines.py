@@ -68,8 +68,10 @@ _TEMPLATE: dict[str, Any] | None = None
 def _init_worker(template: dict[str, Any]) -> None:
     global _TEMPLATE
     _TEMPLATE = template
+    from planning.allocator import retain_freed_memory
     from planning.planner import warm_up
 
+    retain_freed_memory()  # a worker process is the planner's own (planning.allocator)
     warm_up()
 
 
@@ -135,6 +137,9 @@ def _ray_task(template: dict[str, Any], chunk: Chunk) -> list[dict[str, Any]]:
     """A Ray task: plan the chunk, and note the node that planned it."""
     import ray
 
+    from planning.allocator import retain_freed_memory
+
+    retain_freed_memory()  # Ray's worker process plans only (planning.allocator); once per process
     node = ray.get_runtime_context().get_node_id()[:12]
     return [{**r, "worker": f"node {node}"} for r in plan_chunk(template, chunk)]
 

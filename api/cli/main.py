@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 from api.cli import STARTED, bench_commands, jobs_commands, serve, trainer_commands
 from api.cli.request_flags import add_request_flags, request_parts
 from optimizer.errors import InfeasibleError, PlannerError
+from planning.allocator import retain_freed_memory
 
 
 def _problem_args(p: argparse.ArgumentParser) -> None:
@@ -412,9 +413,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     objects it made are frozen out of the cyclic collector when the process exits: the interpreter's last
     collections would otherwise walk every one of them, numba's compiler among them (150 to 250 ms after a
     plan, measured on the 2-core development machine), for memory the process is giving back anyway; and
-    ``dhp plan`` counts its budget from the process's start (:func:`cmd_plan`)."""
+    ``dhp plan`` counts its budget from the process's start (:func:`cmd_plan`). Such a process also keeps
+    the memory it frees for reuse (:func:`planning.allocator.retain_freed_memory`)."""
     if argv is None:
         atexit.register(gc.freeze)
+        retain_freed_memory()  # this process is the planner's own (planning.allocator)
     try:
         args = parser().parse_args(argv)
     except ModuleNotFoundError as exc:

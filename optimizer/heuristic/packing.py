@@ -237,10 +237,7 @@ class HeuristicPlanner:
         unit_ranks = [r for f in free for r in f]
         ranks += [(r,) for r in unit_ranks]
         micro_batch_of = np.concatenate([micro_batch_of, np.repeat(np.arange(n_micro_batches), [len(f) for f in free])])
-        short = rows[~is_long]
-        # Longest (in tokens) first: then a group without memory room for one sample waits until the
-        # samples have become short enough, and never comes back for a longer one.
-        short_idx = short[np.lexsort((short, -cost[short, 0], -self.lengths[short]))]
+        short_idx = self._short_first[~is_long[self._short_first]]
         placed_short = self._lpt(ranks, g_size, long_idx, long_group, g_tokens, short_idx, slack)
         if placed_short is None:
             return None
@@ -315,6 +312,14 @@ class HeuristicPlanner:
             for k, rs in zip(members[micro_batch], ranks, strict=True):
                 mbs[micro_batch].append((rs, by_group[ends[k - 1] if k else 0 : ends[k]]))
         return Assignment.of(mbs)
+
+    @cached_property
+    def _short_first(self) -> np.ndarray:
+        """Every sample in the order the short ones are placed: longest in tokens first (then a group
+        without memory room for one sample waits until the samples have become short enough, and never
+        comes back for a longer one), then slowest on one rank, then by index; sorted once per planner."""
+        rows = np.arange(self.lengths.shape[0])
+        return np.lexsort((rows, -self.cost[:, 0], -self.lengths))
 
     @cached_property
     def _longest_first(self) -> np.ndarray:
