@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -64,7 +65,7 @@ from planning.deadline import Deadline
 from planning.existing_groups import reuse_groups
 from planning.fixed_work import problem_budget_ms, problem_estimate_ms, suggested_budget_ms
 from planning.size_bound_step import size_bound_skipped, size_bound_within
-from planning.warm import warm_up_with
+from planning.warm import warm_up_with, warmed
 
 OPTIMAL_GAP = 1e-4
 """Status "optimal" promises a step time within this share of a proven lower bound (the exact models
@@ -85,19 +86,19 @@ def plan(
 ) -> Plan:
     """The verified plan of ``problem`` (see the module docstring). ``backends`` maps names to exact
     backends (default: the built-in ones of :mod:`solver_models`). ``warm``: load every compiled kernel
-    first, once per process (:func:`warm_up`); without it each kernel loads when the plan first runs it,
+    first, once per process (:func:`warm_up`; while another thread's warm-up runs, it pauses for this
+    plan instead: :func:`planning.warm.warmed`); without it each kernel loads when the plan first runs it,
     within the deadline (a process that plans once, whose deadline counts its start-up: ``dhp plan``)."""
-    if warm:
-        warm_up()  # once per process, before the budget's clock starts (planning.warm)
-    problem = resolve_budget(problem)  # "auto" becomes a number (a problem the service resolved stays as it is)
-    if deadline is None:
-        deadline = Deadline.after_ms(problem.options.budget_ms, clock=clock)
-    if backends is None:
-        from solver_models import builtin_backends
+    with warmed(_plan_unwarmed) if warm else nullcontext():  # once per process, before the clock starts
+        problem = resolve_budget(problem)  # "auto" becomes a number (a problem the service resolved stays)
+        if deadline is None:
+            deadline = Deadline.after_ms(problem.options.budget_ms, clock=clock)
+        if backends is None:
+            from solver_models import builtin_backends
 
-        backends = builtin_backends()
-    with collector_paused():
-        return _plan(problem, compare_static, deadline, backends)
+            backends = builtin_backends()
+        with collector_paused():
+            return _plan(problem, compare_static, deadline, backends)
 
 
 def warm_up() -> float:
@@ -484,7 +485,8 @@ solver libraries' import time (the planner's ``auto`` avoids CP-SAT while OR-Too
 
 def warm_up_service() -> list[str]:
     """Load the planner's compiled kernels and import the installed solver libraries and backends
-    (for a long-running process, at start-up); returns the solver modules now loaded.
+    (for a long-running process, at start-up); returns the solver modules now loaded. The process
+    keeps the memory it frees from then on (:mod:`planning.allocator`).
 
     Then everything loaded so far is frozen out of the cyclic collector (``gc.freeze``): code and
     libraries live as long as the process, and a full collection that walks them (60 to 130 ms once
@@ -493,6 +495,9 @@ def warm_up_service() -> list[str]:
     import gc
     import importlib
 
+    from planning.allocator import retain_freed_memory
+
+    retain_freed_memory()
     warm_up()
     loaded = []
     for name in SOLVER_MODULES:

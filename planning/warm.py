@@ -8,7 +8,8 @@ requests (:func:`warm_up_requests`: ring and Ulysses, one GPU type and mixed, me
 memory-bound, so that every kernel runs) and is called by :func:`planning.planner.plan` (through
 :func:`planning.planner.warm_up`, which hands it the planning function) before its first timed call,
 so the caller's time budget is spent on planning, not on loading code. The service calls it at
-start-up, a client with a local fallback in a background thread. ``dhp plan``, which plans once in
+start-up, a client with a local fallback in a background thread; a plan asked for in another thread
+while that runs pauses it after its current request (:func:`warmed`). ``dhp plan``, which plans once in
 its process, skips it (``plan(warm=False)``): its budget counts from the process's start, and its
 plan loads the kernels it runs. The fixed work's rates on this machine (:mod:`planning.fixed_work`),
 which the planner's budget decisions read, are measured or read from disk within it.
@@ -18,12 +19,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
-_lock = threading.RLock()
-_done = False
-_finished = False
+_cond = threading.Condition()
+_owner: int | None = None
+"""The thread running the warm-up (None before it starts)."""
+_ended = threading.Event()
+_waiting = 0
+"""Timed plans of other threads running or waiting while the warm-up runs: it pauses between requests."""
+_in_request = False
+"""The warm-up is inside one of its requests (a timed plan waits for that one, not for the rest)."""
 last_error: str | None = None
 """Why the warm-up plan failed, if it did (planning goes on: each kernel then loads on first use)."""
 
@@ -92,21 +99,76 @@ def warm_up_requests() -> list[dict]:
     ]
 
 
+def ended() -> bool:
+    """Whether this process's warm-up has run to its end."""
+    return _ended.is_set()
+
+
+def _claim() -> bool:
+    """Whether this thread is to run the warm-up (the first to ask, once per process)."""
+    global _owner
+    with _cond:
+        if _owner is None:
+            _owner = threading.get_ident()
+            return True
+        return False
+
+
 def warm_up_with(plan: Callable[[Any], Any]) -> float:
     """Run every kernel once in this process by planning the warm-up requests with ``plan`` (no-op
     after the first call); returns the milliseconds spent. A call from another thread while the
-    warm-up runs waits for it to end (a client's warm-up thread and its first local plan)."""
-    global _done, _finished
-    if _finished:
+    warm-up runs waits for it to end; a timed plan does not (:func:`warmed`)."""
+    if _ended.is_set():
         return 0.0
-    with _lock:
-        if _done:  # ended meanwhile, or called again from within the warm-up (the same thread)
-            return 0.0
-        _done = True  # set first: the warm-up plan itself must not recurse into warming up
+    if _claim():
         try:
             return _warm_up(plan)
         finally:
-            _finished = True
+            _ended.set()
+    if _owner != threading.get_ident():
+        _ended.wait()
+    return 0.0
+
+
+@contextmanager
+def warmed(plan: Callable[[Any], Any]) -> Iterator[None]:
+    """Around a timed plan, before its clock starts: the warm-up in this thread when none has run
+    (:func:`warm_up_with`); while another thread's warm-up runs (a client's, started when it was made),
+    that warm-up pauses after its current request until this plan ends, and the plan loads what it
+    runs and is not loaded yet within its own budget, as ``dhp plan`` does. So a client's first local
+    plan asked for during the warm-up waits for one warm-up request, not for all of them."""
+    global _waiting
+    if _ended.is_set() or _claim():
+        warm_up_with(plan)  # no-op once ended
+        yield
+        return
+    if _owner == threading.get_ident():  # a plan made by the warm-up itself
+        yield
+        return
+    with _cond:
+        _waiting += 1
+        _cond.wait_for(lambda: not _in_request)
+    try:
+        yield
+    finally:
+        with _cond:
+            _waiting -= 1
+            _cond.notify_all()
+
+
+@contextmanager
+def _request() -> Iterator[None]:
+    """One step of the warm-up, started once no timed plan is running or waiting (:func:`warmed`)."""
+    global _in_request
+    with _cond:
+        _cond.wait_for(lambda: _waiting == 0)
+        _in_request = True
+    try:
+        yield
+    finally:
+        with _cond:
+            _in_request = False
+            _cond.notify_all()
 
 
 def _warm_up(plan: Callable[[Any], Any]) -> float:
@@ -118,20 +180,23 @@ def _warm_up(plan: Callable[[Any], Any]) -> float:
 
     errors = []
     for doc in warm_up_requests():
-        try:
-            problem = problem_from_json(doc)
-            plan(problem)
-        except Exception as exc:  # never let the warm-up stop a real plan
-            errors.append(f"{type(exc).__name__}: {exc}")
-    try:  # the best-placement table, read by the exact backends' bounds
-        from optimizer.costs.tables import CostTables
+        with _request():
+            try:
+                problem = problem_from_json(doc)
+                plan(problem)
+            except Exception as exc:  # never let the warm-up stop a real plan
+                errors.append(f"{type(exc).__name__}: {exc}")
+    with _request():
+        try:  # the best-placement table, read by the exact backends' bounds
+            from optimizer.costs.tables import CostTables
 
-        _ = CostTables.build(problem).best_time
-    except Exception as exc:  # noqa: BLE001 - as above
-        errors.append(f"{type(exc).__name__}: {exc}")
+            _ = CostTables.build(problem).best_time
+        except Exception as exc:  # noqa: BLE001 - as above
+            errors.append(f"{type(exc).__name__}: {exc}")
     from planning import fixed_work
 
-    fixed_work.rates()  # measured by now (the first plan's budget check asks for them); never raises
+    with _request():
+        fixed_work.rates()  # measured by now (the first plan's budget check asks for them); never raises
     if fixed_work.last_error:
         errors.append(f"measuring the fixed work: {fixed_work.last_error}")
     last_error = "; ".join(errors) or None

@@ -300,7 +300,7 @@ client = PlannerClient("http://planner", transport=httpx.MockTransport(down), re
 started = client.warm_thread is not None and client.warm_thread.name == "dhp-engine-warm-up"
 plan = client.plan(small_request(n=12))  # waits for what is left of the warm-up
 client.warm_thread.join(60)
-print(json.dumps({"plain": plain.warm_thread is None, "started": started, "warmed": warm._finished,
+print(json.dumps({"plain": plain.warm_thread is None, "started": started, "warmed": warm.ended(),
                   "error": client.warm_error, "status": plan["status"], "alive": client.warm_thread.is_alive()}))
 """
 

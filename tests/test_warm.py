@@ -50,3 +50,47 @@ def test_no_kernel_loads_after_the_warm_up():
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["error"] is None, report["error"]
     assert report["loaded_later"] == [], f"kernels first loaded after the warm-up: {report['loaded_later']}"
+
+
+PAUSE_SCRIPT = r"""
+import json, threading, time
+import planning.warm as w
+
+done = []
+first = threading.Event()
+release = threading.Event()
+
+def fake(problem):
+    done.append(1)
+    if len(done) == 1:
+        first.set()
+        release.wait(30)
+
+warming = threading.Thread(target=w.warm_up_with, args=(fake,))
+warming.start()
+first.wait(30)
+
+def let_go():  # the first request ends only once the timed plan below waits for it
+    while w._waiting == 0:
+        time.sleep(0.001)
+    release.set()
+
+threading.Thread(target=let_go).start()
+with w.warmed(fake):
+    inside = (len(done), w.ended())
+warming.join(60)
+print(json.dumps({"inside": inside, "ended": w.ended(), "requests": len(done),
+                  "expected": len(w.warm_up_requests())}))
+"""
+
+
+def test_a_timed_plan_pauses_another_threads_warm_up():
+    """A plan asked for while another thread warms up waits for that thread's current request only;
+    the warm-up then runs its other requests to the end."""
+    out = subprocess.run(
+        [sys.executable, "-c", PAUSE_SCRIPT], capture_output=True, text=True, timeout=300, cwd=ROOT, check=True
+    )
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["inside"] == [1, False]
+    assert report["ended"] is True
+    assert report["requests"] == report["expected"]

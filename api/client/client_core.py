@@ -98,7 +98,8 @@ def auth_headers(token: str | None) -> dict[str, str]:
 
 def plan_locally(doc: dict[str, Any]) -> dict[str, Any]:
     """The heuristic's plan, made in this process; deterministic, so every rank falling back gets the same plan.
-    While the client's warm-up (:func:`warm_engine`) still runs, the plan waits for it (:mod:`planning.warm`)."""
+    While the client's warm-up (:func:`warm_engine`) still runs, it pauses after its current request
+    and the plan loads what it needs within its own budget (:func:`planning.warm.warmed`)."""
     try:
         from optimizer.problem.documents import problem_from_json
         from planning.planner import plan
@@ -161,9 +162,9 @@ class ClientCore:
         """Why the engine's warm-up did not run or failed (see :func:`warm_engine`), once it has ended."""
         self.warm_thread: threading.Thread | None = None
         """With ``local_fallback``: the thread loading the engine for the local plans, started here so that
-        creating the client does not wait for it; the first local plan waits for what is left of it (the
-        warm-up, some hundreds of milliseconds to a few seconds of CPU, shares the interpreter with the
-        trainer's threads meanwhile)."""
+        creating the client does not wait for it; a local plan asked for meanwhile pauses it after its current
+        request (the warm-up, some hundreds of milliseconds to a few seconds of CPU, shares the interpreter
+        with the trainer's threads meanwhile)."""
         if local_fallback:
             self.warm_thread = threading.Thread(target=self._warm, name="dhp-engine-warm-up", daemon=True)
             self.warm_thread.start()
