@@ -138,11 +138,12 @@ def warmed(plan: Callable[[Any], Any]) -> Iterator[None]:
     runs and is not loaded yet within its own budget, as ``dhp plan`` does. So a client's first local
     plan asked for during the warm-up waits for one warm-up request, not for all of them."""
     global _waiting
-    if _ended.is_set() or _claim():
-        warm_up_with(plan)  # no-op once ended
+    if _ended.is_set() or _owner == threading.get_ident():  # warmed, or a plan of the warm-up itself
         yield
         return
-    if _owner == threading.get_ident():  # a plan made by the warm-up itself
+    if _owner is None:
+        warm_up_with(plan)  # this thread's, whole; waits for another's that started meanwhile
+    if _ended.is_set():
         yield
         return
     with _cond:

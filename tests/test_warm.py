@@ -94,3 +94,17 @@ def test_a_timed_plan_pauses_another_threads_warm_up():
     assert report["inside"] == [1, False]
     assert report["ended"] is True
     assert report["requests"] == report["expected"]
+
+
+def test_the_first_plan_of_a_process_warms_it_up():
+    """``plan()`` with nothing warmed runs the whole warm-up in its thread before its clock starts."""
+    code = (
+        "import json, planning.warm as w; from planning.planner import plan; "
+        "from optimizer.problem.documents import problem_from_json; "
+        "before = w.ended(); plan(problem_from_json({'cluster_preset': 'h100-1x8', 'model_preset': 'llama3-8b', "
+        "'batch': {'samples': [{'id': 'a', 'text_tokens': 900}]}})); print(json.dumps([before, w.ended()]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT, check=True
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [False, True]
