@@ -29,7 +29,7 @@ from api.service.metrics import Metrics, multiprocess_dir
 from api.service.middleware import AdmissionPrecheck, ArrivalAndMetrics, BodyLimit, TokenGate
 from api.service.openapi_limits import with_deployment_limits
 from api.service.planning_service import PlanningService
-from api.service.routes import health, jobs, plans, presets
+from api.service.routes import health, jobs, plans, presets, profiles
 from api.service.settings import Settings
 from api.store import Store
 from api.store.migrate import upgrade
@@ -37,7 +37,15 @@ from api.store.repository import utcnow
 from planning.planner import warm_up_service as warm_up
 
 log = logging.getLogger("api")
-ROUTERS = (plans.router, presets.router, health.router, dashboard.router, dashboard.pages, jobs.router)
+ROUTERS = (
+    plans.router,
+    profiles.router,
+    presets.router,
+    health.router,
+    dashboard.router,
+    dashboard.pages,
+    jobs.router,
+)
 """Every router of the application, in the order they are mounted (the hostile-input bench reads them too)."""
 STATIC = Path(__file__).resolve().parent / "static"
 DESCRIPTION = """Plans of dynamic hybrid (data x context) parallelism for training batches.

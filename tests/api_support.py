@@ -42,5 +42,5 @@ def empty_postgres(url: str) -> Any:
 
     store = Store(url)
     with store.engine.begin() as conn:
-        conn.execute(text("DROP TABLE IF EXISTS feedback, plans, jobs, alembic_version CASCADE"))
+        conn.execute(text("DROP TABLE IF EXISTS profiles, feedback, plans, jobs, alembic_version CASCADE"))
     return store

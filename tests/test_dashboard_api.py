@@ -18,12 +18,12 @@ from sqlalchemy import text
 from api.app import create_app
 from api.dashboard.calibration import EDGES, histogram
 from api.dashboard.plan_view import cluster_nodes, runs
-from api.dashboard.profiles import SHORT_NAME, profile_name
 from api.service import translate
 from api.service.settings import Settings
 from api.store import PlanRecord, Store
 from api.store import queries as q
 from api.store.migrate import upgrade
+from api.store.profile_names import SHORT_NAME, profile_name
 from optimizer.costs.zoo import load_profile, profile_names
 
 PG_URL = os.environ.get("DHP_TEST_DATABASE_URL")

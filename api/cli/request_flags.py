@@ -101,7 +101,8 @@ def request_parts(args: argparse.Namespace, options: dict[str, Any] | None = Non
     elif args.model_preset:
         doc["model_preset"] = args.model_preset
     if args.profile:
-        doc["profile"] = read_json_file(args.profile, "--profile")
+        learned = args.profile.startswith("learned:")  # the engine says where such a profile is read
+        doc["profile"] = args.profile if learned else read_json_file(args.profile, "--profile")
     elif args.profile_preset:
         from optimizer.costs.zoo import load_profile
 

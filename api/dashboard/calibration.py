@@ -10,7 +10,7 @@ from bisect import bisect_right
 from collections import defaultdict
 from typing import Any
 
-from api.dashboard.profiles import profile_name
+from api.store.profile_names import profile_name
 
 WATCH = 0.05
 REPROFILE = 0.10

@@ -17,12 +17,12 @@ from fastapi.responses import HTMLResponse
 
 from api.dashboard.calibration import calibration
 from api.dashboard.plan_view import plan_view
-from api.dashboard.profiles import profile_name
 from api.dashboard.tuning import replan
 from api.dashboard.view_schemas import Calibration, Changes, Facets, PlanTable, PlanView, ReplanIn, ReplanOut
 from api.service.deps import ServiceDep, SettingsDep, StoreDep, require_token
 from api.service.routes.plans import _ERRORS, NOT_FOUND, PlanFilterDep, PlanId, _not_found, text_query
 from api.store import queries
+from api.store.profile_names import profile_name
 
 PAGES = FsPath(__file__).resolve().parent / "static"
 Sort = Literal[queries.SORT_KEYS]  # type: ignore[valid-type]  # the store's sort keys, as one type

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from api.dashboard.profiles import profile_name
+from api.store.profile_names import profile_name
 from api.store.queries import DEFAULT_BACKEND
 from api.store.repository import FeedbackRecord, PlanRecord, request_columns
 from optimizer.errors import PlannerError

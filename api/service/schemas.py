@@ -14,6 +14,7 @@ integer) is refused with 422 naming the field, never converted; a JSON integer i
 
 from __future__ import annotations
 
+import re
 from dataclasses import MISSING, fields
 from datetime import datetime
 from typing import Annotated, Any, Literal, get_type_hints
@@ -53,7 +54,29 @@ BatchMember = Annotated[Any, PlainValidator(_object), as_sent(member_schema("bat
 """``batch``: a JSON object passed on as sent (read by :func:`optimizer.problem.documents.batch_from_json`)."""
 ClusterMember = Annotated[Any, PlainValidator(_object), as_sent(member_schema("cluster"))]
 ModelMember = Annotated[Any, PlainValidator(_object), as_sent(member_schema("model"))]
-ProfileMember = Annotated[Any, PlainValidator(_object), as_sent(member_schema("profile"))]
+LEARNED_PROFILE = r"^learned:[A-Za-z0-9][A-Za-z0-9._-]{0,159}$"
+"""A reference to a profile the service learned (``POST /v1/profiles/fit``): ``learned:KEY.vN`` or ``learned:KEY``."""
+
+
+def _profile(value: Any) -> Any:
+    """A profile document, or a reference to a learned profile (resolved by the plans route)."""
+    if isinstance(value, str):
+        if not re.match(LEARNED_PROFILE, value):
+            raise PydanticCustomError(
+                "profile_reference", "a profile given as text must be 'learned:NAME' (GET /v1/profiles lists them)"
+            )
+        return value
+    return _object(value)
+
+
+ProfileMember = Annotated[
+    Any,
+    PlainValidator(_profile),
+    WithJsonSchema(
+        {"anyOf": [member_schema("profile"), {"type": "string", "pattern": LEARNED_PROFILE}, {"type": "null"}]}
+    ),
+]
+"""``profile``: a profile document passed on as sent, or ``"learned:NAME"`` naming a learned profile."""
 RankGroups = Annotated[Any, as_sent(member_schema("existing_groups"))]
 """``existing_groups``: a set of rank groups, checked and normalised by
 :func:`optimizer.problem.documents.existing_groups_from_json`."""

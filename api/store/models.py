@@ -128,3 +128,28 @@ class FeedbackRow(Base):
     """The ``Idempotency-Key`` the request carried: a retried POST of the same feedback is stored once."""
 
     __table_args__ = (Index("ux_feedback_plan_idempotency_key", "plan_id", "idempotency_key", unique=True),)
+
+
+class ProfileRow(Base):
+    """A profile refitted from the measured group times of stored plans (``POST /v1/profiles/fit``): version
+    ``version`` of its key (the cluster, model and profile the first plans of its line were made with)."""
+
+    __tablename__ = "profiles"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    """``KEY.vN``: what a request names as ``"profile": "learned:KEY.vN"`` (``learned:KEY`` is the newest)."""
+    key: Mapped[str] = mapped_column(String(190), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    cluster: Mapped[str | None] = mapped_column(String(128))
+    model: Mapped[str | None] = mapped_column(String(128))
+    base_profile: Mapped[str] = mapped_column(String(200))
+    """The label of the profile the measured plans were made with."""
+    profile_json: Mapped[str] = mapped_column(Text)
+    fit_json: Mapped[str] = mapped_column(Text)
+    """The fit's statistics, terms and held-out errors."""
+    sources_json: Mapped[str] = mapped_column(Text)
+    """Provenance: the plan ids and feedback ids fitted and held out."""
+
+    __table_args__ = (Index("ux_profiles_key_version", "key", "version", unique=True),)

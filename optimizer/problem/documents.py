@@ -407,6 +407,15 @@ def model_from_json(doc: Any, where: str = "model") -> ModelSpec:
 
 
 def profile_from_json(doc: Any, where: str = "profile") -> CostProfile:
+    if isinstance(doc, str) and doc.startswith("learned:"):
+        raise ProblemError(
+            f"{doc!r} names a profile the planning service learned; only the service can read it",
+            field=where,
+            hint=(
+                "plan through the service (POST /v1/plans with this profile), or save the 'profile' member of "
+                f"GET /v1/profiles/{doc.removeprefix('learned:')} to a file and give that file as the profile."
+            ),
+        )
     doc = _open(doc, PROFILE, where)
     wt, wc = f"{where}.time", f"{where}.comm"
     t = _open(_get(doc, PROFILE["time"], where), TIME, wt)

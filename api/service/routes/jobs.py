@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.service.deps import SettingsDep, require_token
 from api.service.intake import ParsedOffLoop
 from api.service.problem_details import ServiceError
-from api.service.routes.plans import _ERRORS, NOT_FOUND, problem_responses
+from api.service.routes.plans import _ERRORS, NOT_FOUND, learned_profile, problem_responses
 from api.service.schemas import ClusterMember, ModelMember, ProfileMember, RankGroups, as_sent
 from api.service.settings import Settings
 from api.store.repository import is_id
@@ -209,7 +209,10 @@ async def create_job(body: JobRequest, request: Request, settings: SettingsDep) 
             hint=f"retry after {settings.retry_after_s} s.",
             headers={"Retry-After": str(settings.retry_after_s)},
         )
-    doc = _within_limits(body.model_dump(exclude_none=True, exclude={"workers"}), settings)
+    sent = body.model_dump(exclude_none=True, exclude={"workers"})
+    if isinstance(sent.get("profile"), str):  # "learned:NAME": the job plans every step with what it names now
+        sent["profile"] = await asyncio.to_thread(learned_profile, request.app.state.store, sent["profile"])
+    doc = _within_limits(sent, settings)
     state = await asyncio.to_thread(manager.start, doc, body.workers)
     return _out(state)
 

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from pydantic import BeforeValidator
 
 from api.service import translate
@@ -24,6 +25,8 @@ from api.service.schemas import (
     ProblemDetail,
     plan_summary,
 )
+from api.store import Store
+from api.store.profiles import NAME, PREFIX, get_profile
 from api.store.repository import is_id
 from optimizer.errors import ProblemError
 
@@ -94,6 +97,22 @@ def _plan_response(
     return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
+def learned_profile(store: Store, reference: str) -> dict[str, Any]:
+    """The profile document a request's ``"profile": "learned:NAME"`` names (422 naming ``profile`` when none)."""
+    name = reference.removeprefix(PREFIX)
+    learned = get_profile(store, name) if NAME.match(name) else None
+    if learned is None:
+        raise ServiceError(
+            422,
+            "Invalid request",
+            f"no learned profile named {name!r}",
+            kind="invalid-request",
+            field="profile",
+            hint="name one POST /v1/profiles/fit returned (GET /v1/profiles lists them), or send the profile document.",
+        )
+    return learned.profile
+
+
 @router.post(
     "/plans",
     status_code=201,
@@ -104,10 +123,14 @@ def _plan_response(
         202: {"model": PlanOut, "description": "plan-ahead: accepted and pending; poll GET /v1/plans/{id}"},
     },
 )
-async def create_plan(body: PlanRequest, service: ServiceDep, arrived: ArrivalDep, request: Request) -> Response:
+async def create_plan(
+    body: PlanRequest, service: ServiceDep, store: StoreDep, arrived: ArrivalDep, request: Request
+) -> Response:
     """Return the verified plan (201), the cached plan of an identical request (200), or with
     ``"wait": false`` the pending plan's id at once (202). The time budget counts from arrival.
     The ``Server-Timing`` header says where the time went: queue, translate, solve, encode, store, handoff, app (ms)."""
+    if isinstance(body.profile, str):
+        body = body.model_copy(update={"profile": await run_in_threadpool(learned_profile, store, body.profile)})
     doc, raw = await for_body(len(await request.body()), translate.read_request, body)  # raw: the request as sent
     note = translate.model_note(doc)
     if body.wait:
