@@ -24,6 +24,7 @@ from fastapi.staticfiles import StaticFiles
 
 from api.dashboard import endpoints as dashboard
 from api.service import problem_details
+from api.service.auto_refit import AutoRefit
 from api.service.intake import BodyBudget
 from api.service.metrics import Metrics, multiprocess_dir
 from api.service.middleware import AdmissionPrecheck, ArrivalAndMetrics, BodyLimit, TokenGate
@@ -98,6 +99,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.store = store
     app.state.service = service
+    app.state.auto_refit = AutoRefit(store, settings.refit_every, settings.refit_error)
     problem_details.install(app)
     for router in ROUTERS:
         app.include_router(router)

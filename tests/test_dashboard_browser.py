@@ -379,6 +379,38 @@ def test_calibration(page, server, shots):
     assert int(page.get_attribute("#scatter", "data-points")) >= 3 * analytical
 
 
+def test_calibration_refit(page, server, shots):
+    """With a cluster and a model chosen, the view fits their profile to the posted group times, shows the
+    per-group scatter and the terms beside the current ones, and stores the profile on request."""
+    srv, filled = server
+    open_page(page, "/dashboard/calibration")
+    assert "Choose a cluster and a model" in page.inner_text("#refit-note")
+    assert page.is_disabled("#fit-store")
+    page.select_option("#filters select[name=cluster]", "h100-8x8")
+    page.select_option("#filters select[name=model]", "qwen2-vl-7b")
+    page.select_option("#filters select[name=profile]", label="flexsp-gpt7b")
+    page.wait_for_selector("#fit-store:not([disabled])", timeout=30_000)
+    measured = sum(
+        len(p["micro_batches"][m]["groups"])
+        for p in filled.plans
+        if filled.profile_of[p["id"]] == "flexsp-gpt7b"
+        for m in range(len(p["micro_batches"]))
+    )
+    assert int(page.get_attribute("#group-scatter", "data-points")) == measured
+    assert colour_pixels(page, "#group-scatter", BLUE) > 20 and colour_pixels(page, "#group-scatter", VERMILION) > 20
+    assert page.locator("#terms tbody tr").count() == 12
+    cards = page.inner_text("#refit-cards")
+    assert "Held-out micro-batch error" in cards and "was " in cards
+    page.screenshot(path=str(shots / "calibration-refit.png"), full_page=True)
+    page.click("#fit-store")
+    page.wait_for_selector("#stored[data-name]")
+    name = page.get_attribute("#stored", "data-name")
+    assert name == "h100-8x8.qwen2-vl-7b.flexsp-gpt7b.v1" and f"learned:{name}" in page.inner_text("#stored")
+    stored = httpx.get(srv.url + f"/v1/profiles/{name}").json()
+    assert stored["base_profile"].startswith("FlexSP") and len(stored["sources"]["steps"]) == 3
+    assert unlabelled_controls(page) == [] and no_horizontal_scroll(page)
+
+
 def test_token_needed_then_given(browser, tmp_path):
     token = "dashboard-token-" + "x" * 12
     srv = LocalServer(tmp_path, env={"DHP_TOKENS": token})
@@ -404,7 +436,7 @@ def test_token_needed_then_given(browser, tmp_path):
 
 def test_screenshots_are_readable_size(shots):
     """Each page's screenshot exists and is 1280 px wide (docs/dashboard.md shows them)."""
-    for name in ("plans", "plan", "tuning", "calibration"):
+    for name in ("plans", "plan", "tuning", "calibration", "calibration-refit"):
         path = shots / f"{name}.png"
         assert path.exists(), f"{name}.png was not taken"
         with path.open("rb") as f:

@@ -3,6 +3,7 @@ read back with its provenance, and planned with as ``"profile": "learned:NAME"``
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -118,3 +119,23 @@ def test_fit_and_learned_profile_errors_name_the_field(client):
     assert "GET /v1/profiles" in body["hint"]
     req["profile"] = "analytical please"
     assert_problem(client.post("/v1/plans", json=req), 422, "profile")
+
+
+def test_automatic_refit_is_off_by_default_and_logged_when_on(make_client, caplog):
+    base = problem_from_json(small_request(nodes=2)).cost_profile
+    off = make_client()
+    run_steps(off, shifted(base, seed=5), list(range(8)))
+    assert off.get("/v1/profiles").json() == []
+
+    on = make_client(refit_every=4, refit_error=0.05)  # the same store: its 8 steps count, the next 4 decide
+    with caplog.at_level(logging.INFO, logger="dhp.profiles"):
+        run_steps(on, base, list(range(40, 44)), noise=0.0)  # the profile is right: within the threshold
+        assert any("within 5.0%; not refitted" in r.getMessage() for r in caplog.records)
+        run_steps(on, shifted(base, seed=5), list(range(20, 32)))
+        deadline = time.monotonic() + 60
+        while not any("; stored " in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+            time.sleep(0.1)
+    stored = on.get("/v1/profiles").json()[-1]
+    assert stored["base_profile"] == "analytical" and stored["version"] == 1
+    assert any(f"; stored {stored['name']} " in r.getMessage() for r in caplog.records)

@@ -70,6 +70,16 @@ def batch_lengths(step: int, n: int, seed: int, shortest: int, longest: int) -> 
     return {f"b{step}s{i}": int(round(shortest * (longest / shortest) ** rng.random())) for i in range(n)}
 
 
+def requested_profile(args: argparse.Namespace) -> dict[str, Any] | str | None:
+    """What a plan request sends as its profile: ``--profile learned:NAME`` as it is (the service reads it),
+    nothing for ``--profile analytical`` (the planner's analytical model), else :func:`packed_profile`."""
+    if args.profile == "analytical":
+        return None
+    if args.profile and args.profile.startswith("learned:"):
+        return str(args.profile)
+    return packed_profile(args)
+
+
 def packed_profile(args: argparse.Namespace) -> dict[str, Any]:
     """The profile of packed execution: ``--profile`` (or the built-in one), ``--scheme``, ``--capacity-tokens``."""
     profile: dict[str, Any] = (
@@ -92,7 +102,7 @@ def make_request(
 ) -> dict[str, Any]:
     """The planning request of one batch; ``existing`` (planner ranks) and ``group_cost_s`` make it
     communicator-aware (see the module docstring)."""
-    profile = packed_profile(args)
+    profile = requested_profile(args)
     domain = world // (args.tp * args.pp)
     options: dict[str, Any] = {"time_budget_ms": args.budget_ms, "group_reuse": args.group_reuse}
     cost = args.group_cost_s if args.group_cost_s is not None else group_cost_s
@@ -107,9 +117,12 @@ def make_request(
             "pipeline_parallel": args.pp,
         },
         "model": model_doc,
-        "profile": profile,
         "options": options,
     }
+    if profile is not None:
+        request["profile"] = profile
+    else:
+        options["cp_scheme"] = args.scheme
     if existing:
         request["existing_groups"] = [list(g) for g in existing]
     return request
@@ -186,7 +199,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--pp", type=int, default=1, help="pipeline stages of the job's rank numbering (the model itself is replicated)"
     )
-    ap.add_argument("--profile", help="cost profile file for the planner (default: a rough built-in CPU profile)")
+    ap.add_argument(
+        "--profile",
+        help="cost profile file for the planner (default: a rough built-in CPU profile); 'analytical' for the "
+        "planner's analytical model; 'learned:NAME' for a profile the service refitted (with --service)",
+    )
     ap.add_argument(
         "--capacity-tokens",
         type=int,
@@ -255,6 +272,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--hidden must be a multiple of --heads, and --heads a multiple of --kv-heads")
     if args.service and args.arm != "dhp":
         ap.error(f"--service plans the dhp arm only; drop --service for --arm {args.arm}")
+    special = args.profile == "analytical" or (args.profile or "").startswith("learned:")
+    if special and args.arm != "dhp":
+        ap.error(f"--profile {args.profile} plans the dhp arm only; give a profile file for --arm {args.arm}")
+    if (args.profile or "").startswith("learned:") and not args.service:
+        ap.error(f"--profile {args.profile} is read by the planning service: give --service URL too")
     if args.barrier_s is not None and not (args.barrier_s >= 0 and math.isfinite(args.barrier_s)):
         ap.error("--barrier-s must be a finite number >= 0")
     return args
@@ -433,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         summary.update(
             arm=args.arm,
             execution=execution,
-            profile=packed_profile(args),
+            profile=requested_profile(args),
             sample_profile=sample_profile,
             barrier_s=barrier_s,
         )

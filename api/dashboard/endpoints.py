@@ -10,7 +10,7 @@ import asyncio
 from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path as FsPath
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import HTMLResponse
@@ -21,6 +21,7 @@ from api.dashboard.tuning import replan
 from api.dashboard.view_schemas import Calibration, Changes, Facets, PlanTable, PlanView, ReplanIn, ReplanOut
 from api.service.deps import ServiceDep, SettingsDep, StoreDep, require_token
 from api.service.routes.plans import _ERRORS, NOT_FOUND, PlanFilterDep, PlanId, _not_found, text_query
+from api.service.routes.profiles import DEFAULT_LATEST, MAX_STEPS, ProfileFitIn, fit_selection
 from api.store import queries
 from api.store.profile_names import profile_name
 
@@ -119,6 +120,33 @@ def calibration_view(
 ) -> Calibration:
     rows, total = queries.calibration_points(store, cluster=cluster, model=model, profile=profile)
     return Calibration.model_validate(calibration(rows, total, limit))
+
+
+@router.get(
+    "/calibration/suggestion",
+    summary="The profile a refit over the selected steps' group times would give (nothing stored)",
+)
+def calibration_suggestion(
+    store: StoreDep,
+    cluster: Annotated[str, text_query(128)],
+    model: Annotated[str, text_query(128)],
+    profile: Annotated[str | None, text_query(200, "'analytical' or a profile's source")] = None,
+    latest: Annotated[int, Query(ge=1, le=MAX_STEPS, description="newest measured steps to fit")] = DEFAULT_LATEST,
+) -> dict[str, Any]:
+    """What ``POST /v1/profiles/fit`` with the same selection would store: the suggested profile, its terms beside
+    the current profile's, the held-out errors before and after, and per measured group its time and the
+    predictions of both (for the scatter). A refused fit answers 422 with the reason."""
+    selection = ProfileFitIn.model_validate({"cluster": cluster, "model": model, "profile": profile, "latest": latest})
+    steps, result = fit_selection(store, selection)
+    return {
+        "cluster": cluster,
+        "model": model,
+        "profile": steps[0].profile,
+        "profile_name": profile_name(steps[0].profile),
+        "steps": len(steps),
+        "suggested": result.profile.to_json(),
+        "fit": result.to_json(predictions=True),
+    }
 
 
 NAVIGATION = (("Plans", "/dashboard"), ("Calibration", "/dashboard/calibration"), ("API docs", "/docs"))

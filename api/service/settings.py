@@ -70,6 +70,13 @@ class Settings(BaseSettings):
     plan_cache_size: int = Field(256, ge=0)
     """Plans per process kept in memory by request hash (the store is the lasting cache)."""
     long_poll_max_ms: int = Field(30_000, ge=0)
+    refit_every: int = Field(0, ge=0, le=100_000)
+    """Automatic refit: every this many steps of feedback with group times for one cluster, model and profile,
+    when their median step error is above ``refit_error``, refit the profile over the newest
+    ``max(refit_every, 50)`` of them and store it (``learned:KEY`` names the newest); 0 (the default): off.
+    Each decision is logged."""
+    refit_error: float = Field(0.10, gt=0.0, le=10.0)
+    """Median |measured / predicted - 1| of those steps above which the automatic refit runs."""
     store_retry_s: float = Field(30.0, ge=0.0, le=3600.0)
     """How long a plan-ahead answer is retried while the store does not answer, before it is left pending for a
     later start to resume."""

@@ -24,6 +24,8 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,159}$")
 """What a learned profile's name (and so its key) may look like."""
 VERSION = re.compile(r"^(?P<key>.+)\.v(?P<version>[0-9]{1,9})$")
 PREFIX = "learned:"
+GROUP_TIMES = '%"group_times_s": [%'
+"""A stored feedback document (``json.dumps`` of what was sent) that carries group times."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class MeasuredStep:
     plan_json: str
     group_times_s: list[list[float]]
     measured_step_time_s: float
+    predicted_step_time_s: float | None
     cluster: str | None
     model: str | None
     profile: str
@@ -101,21 +104,16 @@ def measured_steps(
 ) -> list[MeasuredStep]:
     """Feedback that carries group times, oldest first: of the plans named, or the ``latest`` of the plans of a
     cluster, model and profile label (each filter applied when given)."""
-    cond = [PLANS.c.status == "done"]
+    cond = _selection(cluster, model, profile)
     if plan_ids is not None:
         cond.append(PLANS.c.id.in_([p for p in plan_ids if is_id(p)]))
-    if cluster is not None:
-        cond.append(PLANS.c.cluster == cluster)
-    if model is not None:
-        cond.append(PLANS.c.model == model)
-    if profile is not None:
-        cond.append(func.coalesce(PLANS.c.profile, "analytical") == profile)
     query = (
         select(
             FeedbackRow.id,
             FeedbackRow.plan_id,
             FeedbackRow.feedback_json,
             FeedbackRow.measured_step_time_s,
+            FeedbackRow.predicted_step_time_s,
             PLANS.c.request_json,
             PLANS.c.plan_json,
             PLANS.c.cluster,
@@ -123,7 +121,7 @@ def measured_steps(
             PLANS.c.profile,
         )
         .join(PLANS, PLANS.c.id == FeedbackRow.plan_id)
-        .where(*cond, FeedbackRow.feedback_json.like('%"group_times_s": [%'))
+        .where(*cond)
         .order_by(FeedbackRow.id.desc())
     )
     if latest is not None:
@@ -131,11 +129,35 @@ def measured_steps(
     with store.engine.connect() as conn:
         rows = conn.execute(query).all()
     out = []
-    for fid, pid, fb, measured, request_json, plan_json, c, m, p in reversed(rows):
+    for fid, pid, fb, measured, predicted, request_json, plan_json, c, m, p in reversed(rows):
         times = json.loads(fb).get("group_times_s")
         if times:
-            out.append(MeasuredStep(pid, fid, request_json, plan_json, times, measured, c, m, p or "analytical"))
+            out.append(
+                MeasuredStep(pid, fid, request_json, plan_json, times, measured, predicted, c, m, p or "analytical")
+            )
     return out
+
+
+def _selection(cluster: str | None, model: str | None, profile: str | None) -> list[Any]:
+    cond = [PLANS.c.status == "done", FeedbackRow.feedback_json.like(GROUP_TIMES)]
+    if cluster is not None:
+        cond.append(PLANS.c.cluster == cluster)
+    if model is not None:
+        cond.append(PLANS.c.model == model)
+    if profile is not None:
+        cond.append(func.coalesce(PLANS.c.profile, "analytical") == profile)
+    return cond
+
+
+def step_count(store: Store, cluster: str | None, model: str | None, profile: str) -> int:
+    """How many feedback documents with group times the plans of this cluster, model and profile label have."""
+    query = (
+        select(func.count(FeedbackRow.id))
+        .join(PLANS, PLANS.c.id == FeedbackRow.plan_id)
+        .where(*_selection(cluster, model, profile))
+    )
+    with store.engine.connect() as conn:
+        return int(conn.execute(query).scalar() or 0)
 
 
 def add_profile(

@@ -360,6 +360,7 @@ class ProfileFit:
     step_constant_s: float
     held_out_before: Errors | None
     held_out_after: Errors | None
+    base_step_constant_s: float = 0.0
     predictions: list[dict[str, Any]] = field(default_factory=list)
     """Per measured group: plan, micro-batch, measured, predicted before and after, held out or not."""
 
@@ -372,6 +373,7 @@ class ProfileFit:
             "r2": self.r2,
             "max_rel_error": self.max_rel_error,
             "step_constant_s": self.step_constant_s,
+            "base_step_constant_s": self.base_step_constant_s,
             "terms": self.terms,
             "held_out": {
                 "before": self.held_out_before.to_json() if self.held_out_before else None,
@@ -536,6 +538,7 @@ def fit_profile(
         step_constant,
         before,
         after,
+        base.step_constant,
         predictions,
     )
 

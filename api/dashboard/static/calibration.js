@@ -1,4 +1,5 @@
-// Calibration: measured against predicted step times (scatter with y = x), the error's distribution, and per profile and cluster.
+// Calibration: measured against predicted step times (scatter with y = x), the error's distribution, per profile and
+// cluster, and the refit of a cluster and model's profile from their measured group times (stored on request).
 "use strict";
 
 (() => {
@@ -72,6 +73,98 @@
       el("td", { class: "verdict-" + g.verdict, text: g.verdict }))));
   }
 
+  // -- the refit: suggested profile, its terms beside the current ones, per-group scatter, and the store button --
+  const button = document.getElementById("fit-store");
+  let selection = null;  // what "Fit and store" posts: the suggestion's cluster, model, profile and steps
+
+  function sci(v) { return v === null || v === undefined ? "\u2013" : Number(v).toExponential(3); }
+
+  function renderRefitCards(s) {
+    const h = s.fit.held_out;
+    const row = (label, key) => {
+      const b = h.before && h.before[key], a = h.after && h.after[key];
+      return [label, a ? pct(a.mean) : "\u2013", b && a ? `was ${pct(b.mean)}; worst ${pct(b.worst)} \u2192 ${pct(a.worst)}` : "no held-out steps"];
+    };
+    const items = [["Fitted steps", String(s.fit.plans - s.fit.held_out_plans), `${s.fit.points} group times, ${s.fit.held_out_plans} step(s) held out, ${s.fit.stragglers} straggler(s) dropped`],
+                   row("Held-out group error", "groups"), row("Held-out micro-batch error", "micro_batches"), row("Held-out step error", "steps")];
+    document.getElementById("refit-cards").replaceChildren(...items.map(([a, b, n]) => el("div", { class: "card" }, el("dt", { text: a }),
+      el("dd", {}, b, n ? el("small", { text: n }) : null))));
+  }
+
+  function renderTerms(s) {
+    const rows = Object.entries(s.fit.terms).map(([name, t]) => el("tr", {}, el("td", { text: name.replaceAll("_", " ") }),
+      el("td", { class: "num", text: t.base === null ? "by size" : sci(t.base), title: t.base === null ? "a table by group size" : null }),
+      el("td", { class: "num", text: sci(t.value) }), el("td", { class: "note", text: t.reason || (t.fitted ? "fitted" : "") })));
+    rows.push(el("tr", {}, el("td", { text: "step constant" }), el("td", { class: "num", text: sci(s.fit.base_step_constant_s) }),
+      el("td", { class: "num", text: sci(s.fit.step_constant_s) }), el("td", { class: "note", text: "what a step took beyond its micro-batches' slowest groups (median)" })));
+    document.querySelector("#terms tbody").replaceChildren(...rows);
+  }
+
+  function renderGroupScatter(s) {
+    const box = document.getElementById("group-scatter");
+    const pts = [];
+    for (const p of s.fit.predictions) { pts.push([p.before_s, 0, p.measured_s]); pts.push([p.after_s, 1, p.measured_s]); }
+    pts.sort((a, b) => a[0] - b[0]);
+    box.dataset.points = String(s.fit.predictions.length);
+    const all = pts.flatMap((p) => [p[0], p[2]]);
+    const lo = Math.min(...all), hi = Math.max(...all), pad = (hi - lo) * 0.06 || hi * 0.05;
+    const ends = [lo - pad, hi + pad];
+    const xs = pts.map((p) => p[0]);
+    const data = [[ends[0], ...xs, ends[1]], [ends[0], ...xs, ends[1]],
+                  [null, ...pts.map((p) => (p[1] === 0 ? p[2] : null)), null], [null, ...pts.map((p) => (p[1] === 1 ? p[2] : null)), null]];
+    const dot = (c) => ({ show: true, size: 6, fill: c, stroke: c });
+    const series = [{ label: "predicted s", value: (u, x) => secs(x) },
+      { label: "y = x", stroke: "#57606a", width: 1, dash: [5, 4], points: { show: false }, value: (u, y) => secs(y) },
+      { label: "current (" + s.profile_name + ")", stroke: COLOURS[1], paths: () => null, points: dot(COLOURS[1]), value: (u, y) => secs(y) },
+      { label: "suggested", stroke: COLOURS[0], paths: () => null, points: dot(COLOURS[0]), value: (u, y) => secs(y) }];
+    const opts = { width: chartWidth(box, 760), height: 340, series, legend: { live: true },
+                   scales: { x: { time: false, range: ends }, y: { range: ends } },
+                   axes: [{ label: "predicted group time (s)" }, { label: "measured group time (s)", size: 60 }] };
+    box.setAttribute("aria-label", `Scatter of ${s.fit.predictions.length} measured group times against their predictions by the current profile and by the suggested one, with the line y = x`);
+    box.replaceChildren();
+    plots.push(new uPlot(opts, data, box));
+  }
+
+  async function loadRefit() {
+    const note = document.getElementById("refit-note");
+    const cluster = form.elements.cluster.value, model = form.elements.model.value;
+    button.disabled = true;
+    selection = null;
+    document.getElementById("stored").textContent = "";
+    for (const id of ["refit-cards", "group-scatter"]) document.getElementById(id).replaceChildren();
+    document.querySelector("#terms tbody").replaceChildren();
+    if (!cluster || !model) {
+      note.textContent = "Choose a cluster and a model above to fit the profile their plans were made with to the group times the trainers posted.";
+      return;
+    }
+    const q = new URLSearchParams({ cluster, model });
+    if (form.elements.profile.value) q.set("profile", form.elements.profile.value);
+    let s;
+    try { s = await api("/v1/dashboard/calibration/suggestion?" + q); } catch (err) {
+      if (err.status !== 422) throw err;
+      const p = err.problem || {};
+      note.textContent = "No profile to suggest: " + (p.detail || err.message) + (p.hint ? " " + p.hint : "");
+      return;
+    }
+    note.textContent = `The profile ${s.profile_name} refitted to the group times of the newest ${s.steps} measured step(s) of ${model} on ${cluster}; nothing is stored until you press the button.`;
+    renderRefitCards(s);
+    renderTerms(s);
+    renderGroupScatter(s);
+    selection = { cluster, model, profile: s.profile, latest: s.steps };
+    button.disabled = false;
+  }
+
+  button.addEventListener("click", async () => {
+    if (!selection) return;
+    button.disabled = true;
+    try {
+      const stored = await api("/v1/profiles/fit", { method: "POST", body: selection });
+      const status = document.getElementById("stored");
+      status.replaceChildren("Stored ", el("code", { text: stored.reference }), `: plans use it with "profile": "${stored.reference}".`);
+      status.dataset.name = stored.name;
+    } catch (err) { showError(err); button.disabled = false; }
+  });
+
   async function load() {
     const q = new URLSearchParams();
     for (const f of ["cluster", "model", "profile"]) if (form.elements[f].value) q.set(f, form.elements[f].value);
@@ -82,6 +175,7 @@
     renderScatter(c);
     renderHistogram(c);
     renderGroups(c);
+    await loadRefit();
     clearError();
   }
 

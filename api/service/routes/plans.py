@@ -290,6 +290,7 @@ def add_feedback(
     body: FeedbackIn,
     store: StoreDep,
     service: ServiceDep,
+    request: Request,
     response: Response,
     idempotency_key: Annotated[
         str | None,
@@ -330,8 +331,12 @@ def add_feedback(
         )
     if fb.replayed:
         response.status_code = 200
-    elif fb.predicted_step_time_s:
+        return _feedback_out(fb)
+    if fb.predicted_step_time_s:
         service.metrics.prediction_ratio.observe(fb.measured_step_time_s / fb.predicted_step_time_s)
+    auto = getattr(request.app.state, "auto_refit", None)
+    if auto is not None:
+        auto.after_feedback(record, body.group_times_s is not None)
     return _feedback_out(fb)
 
 

@@ -148,16 +148,9 @@ def _source(name: str, fit: ProfileFit) -> str:
     return f"{PREFIX}{name} (refit over {fit.points} group times of {fit.plans} steps{held})"
 
 
-@router.post(
-    "/profiles/fit",
-    status_code=201,
-    summary="Refit the plans' cost profile to their measured group times and store it",
-)
-def fit(body: ProfileFitIn, store: StoreDep) -> dict[str, Any]:
-    """Answers 201 with the stored profile (``name``; a request names it ``"profile": "learned:NAME"``), its fit
-    statistics and held-out errors before and after, and the plan and feedback ids it came from."""
+def fit_selection(store: Store, body: ProfileFitIn) -> tuple[list[MeasuredStep], ProfileFit]:
+    """The measured steps a fit request selects and the fit over them (nothing stored)."""
     steps = _steps(store, body)
-    first = steps[0]
     result = refit(
         [
             Step(
@@ -172,6 +165,24 @@ def fit(body: ProfileFitIn, store: StoreDep) -> dict[str, Any]:
         min_r2=body.min_r2,
         max_error=body.max_error,
     )
+    return steps, result
+
+
+@router.post(
+    "/profiles/fit",
+    status_code=201,
+    summary="Refit the plans' cost profile to their measured group times and store it",
+)
+def fit(body: ProfileFitIn, store: StoreDep) -> dict[str, Any]:
+    """Answers 201 with the stored profile (``name``; a request names it ``"profile": "learned:NAME"``), its fit
+    statistics and held-out errors before and after, and the plan and feedback ids it came from."""
+    return store_fit(store, body).to_json()
+
+
+def store_fit(store: Store, body: ProfileFitIn) -> LearnedProfile:
+    """Fit the selected steps and store the profile as the next version of its key."""
+    steps, result = fit_selection(store, body)
+    first = steps[0]
     key = lineage_key(first.cluster, first.model, first.profile)
     held = {p["plan"] for p in result.predictions if p["held_out"]}
     learned = add_profile(
@@ -194,7 +205,7 @@ def fit(body: ProfileFitIn, store: StoreDep) -> dict[str, Any]:
         result.points,
         "n/a" if (err := held_out_error(result)) is None else f"{err:.3f}",
     )
-    return learned.to_json()
+    return learned
 
 
 def _not_found(name: str) -> ServiceError:

@@ -1,0 +1,170 @@
+"""The refit loop on the torchrun trainer: feedback from a real training run turned into the profile it plans with.
+
+For each process count (``--procs``, gloo on CPU) and each starting profile (the planner's analytical model,
+and a deliberately wrong one: the trainer's built-in CPU profile with its compute, constants and bandwidth
+moved by factors of 3 to 10), a planning service on loopback (SQLite under ``--out``) and
+``trainer.train_hf`` under torchrun:
+
+1. a feedback run of ``--steps`` steps planned with the starting profile; the trainer posts every step's
+   time and per-group times (``POST /v1/plans/{id}/feedback``, its default with ``--service``);
+2. after the first 10, 20 and 50 of those steps (``--after``), ``POST /v1/profiles/fit`` over their plans;
+3. evaluation runs of ``--eval-steps`` fresh batches (another seed: plans the fit never saw, made with the
+   profile under test), planned with the starting profile and with each refitted one (``"profile":
+   "learned:NAME"``): predicted against measured step time, mean and worst relative error, and the
+   measured step time itself (what the better model buys).
+
+``python -m bench.refit_trainer`` prints the table and writes ``refit_trainer.json`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from api.local_server import LocalServer, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+WRONG = {
+    "time": {"quadratic": 2e-8, "linear": 2e-6, "sample_constant": 2e-2, "group_constant": 5e-4},
+    "comm": {"scheme": "ring", "bytes_per_token": 3000, "bandwidth_bytes_per_s": {"intra": 5e9, "inter": 5e9}},
+    "capacity_tokens_per_rank": 96,
+    "source": "deliberately wrong: train_hf's default CPU profile, quadratic x10, linear /10, "
+    "per-sample x10, per-group /10, bandwidth x10",
+}
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def train(
+    procs: int, profile: str, steps: int, seed: int, url: str, out: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One ``trainer.train_hf`` run planned through the service; rank 0's summary."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={procs}",
+        f"--master-port={free_port()}",
+        "-m",
+        "trainer.train_hf",
+        f"--steps={steps}",
+        f"--seed={seed}",
+        f"--samples={args.samples}",
+        f"--longest={args.longest}",
+        f"--profile={profile}",
+        f"--service={url}",
+        f"--budget-ms={args.budget_ms}",
+        f"--out={out}",
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DHP_")}
+    env["OMP_NUM_THREADS"] = "1"
+    t0 = time.perf_counter()
+    with open(out.with_suffix(".log"), "w") as fh:
+        rc = subprocess.run(
+            cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=args.timeout_s
+        ).returncode
+    if rc != 0 or not out.exists():
+        tail = "\n".join(out.with_suffix(".log").read_text().splitlines()[-8:])
+        raise SystemExit(f"train_hf on {procs} processes failed (exit {rc}); log {out.with_suffix('.log')}:\n{tail}")
+    log(f"  {procs} procs, {steps} steps with {profile}: {time.perf_counter() - t0:.0f} s")
+    summary: dict[str, Any] = json.loads(out.read_text())
+    return summary
+
+
+def errors(summary: dict[str, Any]) -> dict[str, float]:
+    rows = summary["steps"]
+    rel = [abs(r["predicted_s"] / r["measured_s"] - 1) for r in rows]
+    return {
+        "steps": len(rows),
+        "mean_error": sum(rel) / len(rel),
+        "worst_error": max(rel),
+        "mean_measured_s": sum(r["measured_s"] for r in rows) / len(rows),
+        "mean_predicted_s": sum(r["predicted_s"] for r in rows) / len(rows),
+    }
+
+
+def run_start(procs: int, start: str, server: LocalServer, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """The feedback run, the refits and the evaluation runs of one starting profile."""
+    tag = f"p{procs}-{Path(start).stem if start != 'analytical' else 'analytical'}"
+    fed = train(procs, start, args.steps, args.seed, server.url, work / f"{tag}-feedback.json", args)
+    ids = [r["plan_id"] for r in fed["steps"]]
+    evals: dict[str, Any] = {
+        "before": errors(
+            train(procs, start, args.eval_steps, args.eval_seed, server.url, work / f"{tag}-eval.json", args)
+        )
+    }
+    fits: dict[str, Any] = {}
+    for k in args.after:
+        r = httpx.post(server.url + "/v1/profiles/fit", json={"plan_ids": ids[:k], "min_r2": args.min_r2}, timeout=120)
+        if r.status_code != 201:
+            fits[str(k)] = {"refused": r.json()}
+            log(f"  fit over {k} steps refused: {r.json().get('detail')}")
+            continue
+        learned = r.json()
+        fits[str(k)] = {"name": learned["name"], "fit": {x: learned["fit"][x] for x in ("points", "r2", "held_out")}}
+        summary = train(
+            procs,
+            learned["reference"],
+            args.eval_steps,
+            args.eval_seed,
+            server.url,
+            work / f"{tag}-eval-{k}.json",
+            args,
+        )
+        evals[str(k)] = errors(summary)
+    return {"start": start, "feedback_steps": len(ids), "fits": fits, "eval": evals}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.refit_trainer", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--procs", default="4,6", help="process counts (default 4,6)")
+    ap.add_argument("--steps", type=int, default=50, help="feedback steps (default 50)")
+    ap.add_argument("--after", default="10,20,50", help="refit after this many feedback steps (default 10,20,50)")
+    ap.add_argument("--eval-steps", type=int, default=10, help="fresh steps per evaluation run (default 10)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--eval-seed", type=int, default=2)
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--longest", type=int, default=192)
+    ap.add_argument("--budget-ms", type=int, default=300)
+    ap.add_argument("--min-r2", type=float, default=0.5, help="the fit's R^2 threshold (default 0.5: CPU timings)")
+    ap.add_argument("--timeout-s", type=float, default=900.0)
+    ap.add_argument("--out", type=Path, default=Path("bench-out/refit-trainer"))
+    args = ap.parse_args(argv)
+    args.after = [int(x) for x in args.after.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    wrong = args.out / "wrong-profile.json"
+    wrong.write_text(json.dumps(WRONG, indent=1))
+    results = []
+    server = LocalServer(args.out / "service")
+    try:
+        for procs in [int(x) for x in args.procs.split(",")]:
+            for start in ("analytical", str(wrong)):
+                log(f"{procs} processes, starting from {Path(start).stem}:")
+                results.append({"procs": procs, **run_start(procs, start, server, args, args.out)})
+    finally:
+        server.stop()
+    (args.out / "refit_trainer.json").write_text(json.dumps({"cores": os.cpu_count(), "runs": results}, indent=1))
+    print(f"{'procs':>5} {'start':<11} {'profile':<10} {'mean err':>9} {'worst err':>9} {'measured ms':>11}")
+    for r in results:
+        start = "analytical" if r["start"] == "analytical" else "wrong"
+        for when, e in r["eval"].items():
+            label = "start" if when == "before" else f"refit@{when}"
+            print(
+                f"{r['procs']:>5} {start:<11} {label:<10} {e['mean_error']:>9.1%} {e['worst_error']:>9.1%} "
+                f"{e['mean_measured_s'] * 1000:>11.1f}"
+            )
+
+
+if __name__ == "__main__":
+    main()
