@@ -127,6 +127,29 @@ def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: A
     return model.to(dtype=dtype)
 
 
+def tiny_qwen2(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> nn.Module:
+    """A random-weight Qwen2 model built locally (biases on the query, key and value projections), with the
+    same defaults as :func:`tiny_llama`."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    settings: dict[str, Any] = {
+        "vocab_size": 96,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 4096,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+    }
+    settings.update(overrides)
+    torch.manual_seed(seed)
+    model: nn.Module = Qwen2ForCausalLM(Qwen2Config(**settings))
+    return model.to(dtype=dtype)
+
+
 def model_document(model: nn.Module, name: str = "hf-tiny") -> dict[str, Any]:
     """The model as a planner request's ``model`` document (dimensions from its config)."""
     c: Any = model.config

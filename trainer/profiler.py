@@ -90,9 +90,10 @@ class ProfileSettings:
     short_mix: int = 16
     """Also time this many samples of the shortest length on every group size (0: not)."""
     architecture: str = "tiny"
-    """The model timed: ``tiny`` (:class:`trainer.tiny_model.TinyTransformer`) or ``llama`` (the Hugging
+    """The model timed: ``tiny`` (:class:`trainer.tiny_model.TinyTransformer`), ``llama`` (the Hugging
     Face Llama of :func:`trainer.hf_adapter.tiny_llama` that ``trainer.train_hf`` trains, with the
-    config's dimensions, ``ffn_hidden`` as its MLP width and ``kv_heads`` key/value heads)."""
+    config's dimensions, ``ffn_hidden`` as its MLP width and ``kv_heads`` key/value heads) or ``qwen2``
+    (the Hugging Face Qwen2 of the same dimensions: biases on the query, key and value projections)."""
     kv_heads: int | None = None
     """Key/value heads of the ``llama`` architecture (None: as many as query heads)."""
 
@@ -111,11 +112,11 @@ class ProfileSettings:
             raise ValueError(f"dtype must be float32, float64, bfloat16 or float16, got {self.dtype!r}")
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {self.architecture!r}")
-        if self.kv_heads is not None and (self.architecture != "llama" or self.kv_heads < 1):
-            raise ValueError(f"kv_heads {self.kv_heads!r} needs the llama architecture and a positive count")
+        if self.kv_heads is not None and (self.architecture == "tiny" or self.kv_heads < 1):
+            raise ValueError(f"kv_heads {self.kv_heads!r} needs the llama or qwen2 architecture and a positive count")
 
 
-ARCHITECTURES = ("tiny", "llama")
+ARCHITECTURES = ("tiny", "llama", "qwen2")
 """The models :func:`build_model` builds."""
 
 
@@ -125,12 +126,13 @@ def build_model(cfg: TinyConfig, settings: ProfileSettings, device: torch.device
     torch.manual_seed(0)
     if settings.architecture == "tiny":
         return TinyTransformer(cfg).to(device=device, dtype=dtype)
-    from trainer.hf_adapter import HFCausalLM, tiny_llama
+    from trainer.hf_adapter import HFCausalLM, tiny_llama, tiny_qwen2
 
     kv = settings.kv_heads or cfg.heads
     if cfg.heads % kv:
         raise ValueError(f"heads {cfg.heads} must be a multiple of kv_heads {kv}")
-    llama = tiny_llama(
+    build = tiny_qwen2 if settings.architecture == "qwen2" else tiny_llama
+    llm = build(
         0,
         dtype,
         vocab_size=cfg.vocab,
@@ -141,7 +143,7 @@ def build_model(cfg: TinyConfig, settings: ProfileSettings, device: torch.device
         num_key_value_heads=kv,
         max_position_embeddings=cfg.max_positions,
     )
-    return HFCausalLM(llama.to(device))
+    return HFCausalLM(llm.to(device))
 
 
 def vocab_of(model: torch.nn.Module) -> int:
@@ -241,9 +243,11 @@ def measure_all(
     settings: ProfileSettings,
     device: torch.device,
     progress: Progress | None = None,
+    tick: Callable[[], None] | None = None,
 ) -> tuple[list[Point], list[Point], float]:
     """(compute points, real ring points, seconds of the step's gradient all-reduce): the last two only
-    with several processes (rings for sizes up to their number; 0 s with one process)."""
+    with several processes (rings for sizes up to their number; 0 s with one process). ``tick`` is called
+    after each timed run of one process."""
     points = []
     combos = _combos(settings)
     together = None
@@ -268,11 +272,11 @@ def measure_all(
     alone = (
         together
         if together is not None
-        else _sweep(combos, settings, lambda c, w: time_group(model, (c[0],) * c[2], c[1], device, 1, w))
+        else _sweep(combos, settings, lambda c, w: time_group(model, (c[0],) * c[2], c[1], device, 1, w), tick)
     )
     for k, (L, d, n) in enumerate(combos):
         points.append(Point((L,) * n, d, alone[k]))
-        if progress:
+        if progress and tick is None:
             progress(f"[{k + 1}/{len(combos)}] d={d} samples={n}x{L}: {alone[k] * 1000:.2f} ms")
     for p in rings:
         if progress:
@@ -299,9 +303,13 @@ def _combos(settings: ProfileSettings) -> list[tuple[int, int, int]]:
 
 
 def _sweep(
-    combos: list[tuple[int, int, int]], settings: ProfileSettings, run: Callable[[tuple[int, int, int], int], float]
+    combos: list[tuple[int, int, int]],
+    settings: ProfileSettings,
+    run: Callable[[tuple[int, int, int], int], float],
+    tick: Callable[[], None] | None = None,
 ) -> list[float]:
-    """Fastest of ``settings.repeats`` runs of every point, the runs taken in rounds over all points.
+    """Fastest of ``settings.repeats`` runs of every point, the runs taken in rounds over all points
+    (``tick`` called after each).
 
     A burst of other work on the machine then spoils one run of a few points, not every run of one.
     """
@@ -309,6 +317,8 @@ def _sweep(
     for rnd in range(settings.repeats):
         for k, c in enumerate(combos):
             best[k] = min(best[k], run(c, settings.warmup if rnd == 0 else 0))
+            if tick is not None:
+                tick()
     return best
 
 
@@ -379,6 +389,21 @@ def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         if (sol >= 0).all() or len(active) == 1:
             return np.maximum(coef, 0.0)
         active.pop(int(np.argmin(sol)))
+
+
+HOLD_OUT_EVERY = 4
+"""Every fourth measured point is held out of a second fit, which predicts it (the report's held-out errors)."""
+
+
+def held_out_errors(points: Sequence[Point]) -> tuple[float, float] | None:
+    """(mean, worst) relative error on every :data:`HOLD_OUT_EVERY`-th point of a fit over the others."""
+    test = [p for k, p in enumerate(points) if k % HOLD_OUT_EVERY == HOLD_OUT_EVERY - 1]
+    train = [p for k, p in enumerate(points) if k % HOLD_OUT_EVERY != HOLD_OUT_EVERY - 1]
+    if not test or len(train) < 6:
+        return None
+    f = fit(train)
+    errors = [abs(f.predict(p.lengths, p.degree) / p.seconds - 1) for p in test]
+    return sum(errors) / len(errors), max(errors)
 
 
 def fit(points: Sequence[Point], sample_step: bool = True) -> Fit:
@@ -666,10 +691,12 @@ def measure_profile(
     latency: float = 0.0,
     min_r2: float | None = None,
     max_error: float | None = None,
+    bar: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Measure and fit; returns (profile document for ``dhp plan --profile``, report).
 
-    With ``min_r2`` / ``max_error`` a fit below them raises :class:`FitRefused` (:func:`check_fit`).
+    With ``min_r2`` / ``max_error`` a fit below them raises :class:`FitRefused` (:func:`check_fit`). With
+    ``bar`` a progress bar of that name counts the timed runs (one process).
     """
     device = resolve_device(settings.device)
     dtype = getattr(torch, settings.dtype)
@@ -682,8 +709,15 @@ def measure_profile(
             f"{settings.architecture} model {cfg}"
             + (f", {settings.kv_heads} key/value heads" if settings.kv_heads else "")
         )
-    points, rings, reduction = measure_all(model, cfg, settings, device, progress)
+    if bar is not None and settings.procs == 1:
+        from tqdm import tqdm
+
+        with tqdm(total=len(_combos(settings)) * settings.repeats, desc=bar, unit="run", leave=True) as pbar:
+            points, rings, reduction = measure_all(model, cfg, settings, device, progress, pbar.update)
+    else:
+        points, rings, reduction = measure_all(model, cfg, settings, device, progress)
     f = fit(points)
+    held = held_out_errors(points)
     transfers: list[tuple[int, float]] = []
     bpt, msgs = comm_terms(cfg, dtype, settings.kv_heads)
     group = group_messages(cfg)
@@ -713,6 +747,8 @@ def measure_profile(
     report = {
         "r2": f.r2,
         "max_rel_error": f.max_rel_error,
+        "held_out_mean_error": held[0] if held else None,
+        "held_out_worst_error": held[1] if held else None,
         "points": f.points,
         "device": str(device),
         "sample_step_s": f.sample_step,

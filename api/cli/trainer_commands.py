@@ -32,10 +32,26 @@ def register(subparsers: Any) -> None:
         description="Times the model's attention and dense layers for a range of lengths and group sizes, "
         "measures transfers between two processes, fits the profile coefficients and reports the fit.",
     )
-    p.add_argument(
-        "--lengths", default="128,256,512,1024,1536", help="sample lengths in tokens (default 128,256,512,1024,1536)"
+    src = p.add_argument_group("the model (default: a small built-in one, --hidden and the flags below)")
+    src.add_argument("--model-preset", help="profile a model preset of the planner (dhp presets), e.g. qwen2-vl-7b")
+    src.add_argument("--model", help="profile the model of a model document (as dhp plan --model reads)")
+    src.add_argument(
+        "--hf-config", help="profile the model of a Hugging Face config.json (or its directory): llama, mistral, qwen2"
     )
-    p.add_argument("--degrees", default="1,2,3,4", help="group sizes (default 1,2,3,4)")
+    src.add_argument(
+        "--budget-s",
+        type=float,
+        default=600.0,
+        help="with a model: time budget of the measurements; the grid is cut to fit its estimate (default 600)",
+    )
+    p.add_argument(
+        "--lengths",
+        help="sample lengths in tokens (default 128,256,512,1024,1536; with a model, 256 up to its positions)",
+    )
+    p.add_argument("--degrees", help="group sizes (default 1,2,3,4; with a model, 1,2,3,4,6,8)")
+    where = p.add_argument_group("the cluster: its inter-node terms, which one machine cannot measure")
+    where.add_argument("--cluster-preset", help="take the inter-node bandwidth and latency from this cluster preset")
+    where.add_argument("--cluster", help="take them from this cluster document")
     p.add_argument(
         "--mixes",
         default="1,2,3",
@@ -93,6 +109,25 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=cmd_profile)
 
 
+def _cluster(args: argparse.Namespace) -> tuple[str, Any] | None:
+    """(where from, the cluster) of ``--cluster-preset`` / ``--cluster``, or None."""
+    if args.cluster and args.cluster_preset:
+        raise ProblemError("give --cluster or --cluster-preset, not both", field="--cluster", hint="drop one.")
+    from optimizer.problem.documents import cluster_from_json, read_json_file
+
+    if args.cluster_preset:
+        from optimizer.presets import load_preset
+
+        return f"cluster preset {args.cluster_preset}", cluster_from_json(
+            load_preset("clusters", args.cluster_preset, "--cluster-preset"), "--cluster-preset"
+        )
+    if args.cluster:
+        return f"cluster document {args.cluster}", cluster_from_json(
+            read_json_file(args.cluster, "--cluster"), "--cluster"
+        )
+    return None
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     try:
         import torch
@@ -115,6 +150,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.procs < 1:
         raise ProblemError(f"must be >= 1, got {args.procs}", field="--procs", hint="e.g. the ranks per node.")
+    from trainer.model_profile import default_lengths, model_dims
+
+    dims = model_dims(args.model_preset, args.model, args.hf_config)
+    if args.lengths is None:
+        args.lengths = ",".join(map(str, default_lengths(dims))) if dims else "128,256,512,1024,1536"
+    if args.degrees is None:
+        args.degrees = "1,2,3,4,6,8" if dims else "1,2,3,4"
+    if dims is not None and not args.budget_s > 0:
+        raise ProblemError(f"must be > 0, got {args.budget_s}", field="--budget-s", hint="e.g. 600.")
     try:
         cfg = TinyConfig(
             vocab=args.vocab,
@@ -154,26 +198,59 @@ def cmd_profile(args: argparse.Namespace) -> int:
         )
     from trainer.profiler import FitRefused
 
+    cluster = _cluster(args)
     try:
-        profile, report = measure_profile(
-            cfg, settings, progress, bandwidth=args.bandwidth, min_r2=args.min_r2, max_error=args.max_error
-        )
+        if dims is None:
+            profile, report = measure_profile(
+                cfg, settings, progress, bandwidth=args.bandwidth, min_r2=args.min_r2, max_error=args.max_error
+            )
+        else:
+            from trainer.model_profile import profile_model
+
+            profile, report = profile_model(
+                dims,
+                settings,
+                args.budget_s,
+                progress,
+                bandwidth=args.bandwidth,
+                min_r2=args.min_r2,
+                max_error=args.max_error,
+            )
     except FitRefused as exc:
         if args.report:
             progress("no profile written: the fit was refused")
         raise ProblemError(f"refused the measured profile: {exc}", field=exc.field, hint=exc.hint) from None
+    except ProblemError:
+        raise
     except ValueError as exc:
         raise ProblemError(
             str(exc), field="--device" if "cuda" in str(exc) else "profile", hint="see dhp profile --help."
         ) from None
     from optimizer.problem.documents import profile_from_json
+    from trainer.model_profile import inter_node_terms
 
+    report["inter_node"] = inter_node_terms(profile, cluster)
+    progress("inter-node terms: " + report["inter_node"])
     profile_from_json(profile)  # the file must be one `dhp plan --profile` accepts
-    progress(
-        f"fit: R^2 {report['r2']:.4f}, largest relative error {report['max_rel_error']:.3f} over "
-        f"{len(report['points'])} points (thresholds: R^2 >= {args.min_r2:g}, error <= {args.max_error:g}); "
-        f"per-sample ring-step work {report['sample_step_s'] * 1e6:.1f} us"
-    )
+    for depth, r in report.get("depths", {"": report}).items():
+        held = r.get("held_out_mean_error")
+        progress(
+            (f"fit at {depth} block(s): " if depth else "fit: ")
+            + f"R^2 {r['r2']:.4f}, largest relative error {r['max_rel_error']:.3f} over "
+            f"{len(r['points'])} points (thresholds: R^2 >= {args.min_r2:g}, error <= {args.max_error:g})"
+            + (
+                f"; held-out points {held * 100:.1f}% mean, {r['held_out_worst_error'] * 100:.1f}% worst"
+                if held is not None
+                else ""
+            )
+            + f"; per-sample ring-step work {r['sample_step_s'] * 1e6:.1f} us"
+        )
+    if dims is not None:
+        progress(
+            f"{report['points']} points per depth in {report['elapsed_s']:.0f} s "
+            f"(estimated {report['estimate_s']:.0f} s); extrapolated to {dims.layers} blocks"
+        )
+        report = {**report, **report["depths"][str(max(int(d) for d in report["depths"]))]}
     if report["transfers"]:
         progress(
             f"transfers: {report['bandwidth_bytes_per_s'] / 1e9:.3f} GB/s, latency {report['latency_s'] * 1e6:.1f} us"
