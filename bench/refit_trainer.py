@@ -5,13 +5,17 @@ and a deliberately wrong one: the trainer's built-in CPU profile with its comput
 moved by factors of 3 to 10), a planning service on loopback (SQLite under ``--out``) and
 ``trainer.train_hf`` under torchrun:
 
-1. a feedback run of ``--steps`` steps planned with the starting profile; the trainer posts every step's
-   time and per-group times (``POST /v1/plans/{id}/feedback``, its default with ``--service``);
-2. after the first 10, 20 and 50 of those steps (``--after``), ``POST /v1/profiles/fit`` over their plans;
+1. feedback steps planned with the newest profile (the starting one, then each refit); the trainer posts
+   every step's time and per-group times (``POST /v1/plans/{id}/feedback``, its default with ``--service``);
+2. after 10, 20 and 50 of those steps (``--after``), ``POST /v1/profiles/fit`` over all of them (the plans
+   of the starting profile and of its refits fit together);
+   The first ``--skip`` steps of every run (one-time costs: allocations, the first communicators) are left
+   out of the fits and of the errors;
 3. evaluation runs of ``--eval-steps`` fresh batches (another seed: plans the fit never saw, made with the
    profile under test), planned with the starting profile and with each refitted one (``"profile":
    "learned:NAME"``): predicted against measured step time, mean and worst relative error, and the
-   measured step time itself (what the better model buys).
+   measured step time itself (what the better model buys); the newest profile's evaluation is run twice,
+   and the spread of the same steps' measured times between the two runs is the timing noise.
 
 ``python -m bench.refit_trainer`` prints the table and writes ``refit_trainer.json`` under ``--out``.
 """
@@ -61,7 +65,13 @@ def train(
         f"--steps={steps}",
         f"--seed={seed}",
         f"--samples={args.samples}",
+        f"--shortest={args.shortest}",
         f"--longest={args.longest}",
+        f"--hidden={args.hidden}",
+        f"--layers={args.layers}",
+        f"--heads={args.heads}",
+        f"--kv-heads={args.kv_heads}",
+        f"--capacity-tokens={args.capacity_tokens}",
         f"--profile={profile}",
         f"--service={url}",
         f"--budget-ms={args.budget_ms}",
@@ -82,8 +92,9 @@ def train(
     return summary
 
 
-def errors(summary: dict[str, Any]) -> dict[str, float]:
-    rows = summary["steps"]
+def errors(summary: dict[str, Any], skip: int) -> dict[str, float]:
+    """Predicted against measured step time over the run's steps after its first ``skip``."""
+    rows = summary["steps"][skip:]
     rel = [abs(r["predicted_s"] / r["measured_s"] - 1) for r in rows]
     return {
         "steps": len(rows),
@@ -95,47 +106,77 @@ def errors(summary: dict[str, Any]) -> dict[str, float]:
 
 
 def run_start(procs: int, start: str, server: LocalServer, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """The feedback run, the refits and the evaluation runs of one starting profile."""
+    """The refit loop of one starting profile: feedback steps planned with the newest profile, a refit over all
+    of them after each of ``--after`` steps, and an evaluation run of every profile."""
     tag = f"p{procs}-{Path(start).stem if start != 'analytical' else 'analytical'}"
-    fed = train(procs, start, args.steps, args.seed, server.url, work / f"{tag}-feedback.json", args)
-    ids = [r["plan_id"] for r in fed["steps"]]
-    evals: dict[str, Any] = {
-        "before": errors(
-            train(procs, start, args.eval_steps, args.eval_seed, server.url, work / f"{tag}-eval.json", args)
-        )
-    }
+    runs: dict[str, dict[str, Any]] = {}
+
+    def evaluate(profile: str, name: str) -> dict[str, float]:
+        steps = args.eval_steps + args.skip
+        runs[name] = train(procs, profile, steps, args.eval_seed, server.url, work / f"{tag}-{name}.json", args)
+        return errors(runs[name], args.skip)
+
+    evals: dict[str, Any] = {"before": evaluate(start, "eval")}
     fits: dict[str, Any] = {}
-    for k in args.after:
-        r = httpx.post(server.url + "/v1/profiles/fit", json={"plan_ids": ids[:k], "min_r2": args.min_r2}, timeout=120)
+    ids: list[str] = []
+    current, done = start, 0
+    for phase, k in enumerate(args.after):
+        fed = train(
+            procs,
+            current,
+            k - done + args.skip,
+            args.seed + 1000 * phase,
+            server.url,
+            work / f"{tag}-feedback-{k}.json",
+            args,
+        )
+        ids += [r["plan_id"] for r in fed["steps"]][args.skip :]
+        done = k
+        body = {"plan_ids": ids, "min_r2": args.min_r2, "max_error": args.max_error}
+        r = httpx.post(server.url + "/v1/profiles/fit", json=body, timeout=120)
         if r.status_code != 201:
             fits[str(k)] = {"refused": r.json()}
             log(f"  fit over {k} steps refused: {r.json().get('detail')}")
             continue
         learned = r.json()
         fits[str(k)] = {"name": learned["name"], "fit": {x: learned["fit"][x] for x in ("points", "r2", "held_out")}}
-        summary = train(
-            procs,
-            learned["reference"],
-            args.eval_steps,
-            args.eval_seed,
-            server.url,
-            work / f"{tag}-eval-{k}.json",
-            args,
+        current = learned["reference"]
+        evals[str(k)] = evaluate(current, f"eval-{k}")
+    out = {"start": start, "feedback_steps": len(ids), "fits": fits, "eval": evals}
+    if current != start:  # the newest profile's evaluation batches again: the timing noise of the same steps
+        last = max(int(k) for k in evals if k != "before")
+        again = train(
+            procs, current, args.eval_steps + args.skip, args.eval_seed, server.url, work / f"{tag}-again.json", args
         )
-        evals[str(k)] = errors(summary)
-    return {"start": start, "feedback_steps": len(ids), "fits": fits, "eval": evals}
+        pairs = list(zip(runs[f"eval-{last}"]["steps"][args.skip :], again["steps"][args.skip :], strict=True))
+        spread = [abs(b["measured_s"] / a["measured_s"] - 1) for a, b in pairs]
+        out["repeat"] = {"mean_spread": sum(spread) / len(spread), "worst_spread": max(spread)}
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.refit_trainer", description=__doc__.split("\n\n")[0])
     ap.add_argument("--procs", default="4,6", help="process counts (default 4,6)")
-    ap.add_argument("--steps", type=int, default=50, help="feedback steps (default 50)")
     ap.add_argument("--after", default="10,20,50", help="refit after this many feedback steps (default 10,20,50)")
     ap.add_argument("--eval-steps", type=int, default=10, help="fresh steps per evaluation run (default 10)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--eval-seed", type=int, default=2)
     ap.add_argument("--samples", type=int, default=8)
-    ap.add_argument("--longest", type=int, default=192)
+    ap.add_argument("--shortest", type=int, default=32)
+    ap.add_argument("--longest", type=int, default=1024)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument(
+        "--capacity-tokens", type=int, default=384, help="tokens per rank (default 384: long samples need groups)"
+    )
+    ap.add_argument(
+        "--skip", type=int, default=2, help="first steps of every run left out of fits and errors (one-time costs)"
+    )
+    ap.add_argument(
+        "--max-error", type=float, default=3.0, help="the fit's worst-group threshold (default 3.0: CPU timings)"
+    )
     ap.add_argument("--budget-ms", type=int, default=300)
     ap.add_argument("--min-r2", type=float, default=0.5, help="the fit's R^2 threshold (default 0.5: CPU timings)")
     ap.add_argument("--timeout-s", type=float, default=900.0)
@@ -155,7 +196,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     finally:
         server.stop()
     (args.out / "refit_trainer.json").write_text(json.dumps({"cores": os.cpu_count(), "runs": results}, indent=1))
+    print_table(results)
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
     print(f"{'procs':>5} {'start':<11} {'profile':<10} {'mean err':>9} {'worst err':>9} {'measured ms':>11}")
+    spreads = []
     for r in results:
         start = "analytical" if r["start"] == "analytical" else "wrong"
         for when, e in r["eval"].items():
@@ -164,6 +210,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"{r['procs']:>5} {start:<11} {label:<10} {e['mean_error']:>9.1%} {e['worst_error']:>9.1%} "
                 f"{e['mean_measured_s'] * 1000:>11.1f}"
             )
+        if "repeat" in r:
+            spreads.append(
+                f"{r['procs']} procs from {start}: {r['repeat']['mean_spread']:.1%} mean, "
+                f"{r['repeat']['worst_spread']:.1%} worst"
+            )
+    if spreads:
+        print("the same evaluation steps run again, measured step time against the first run:")
+        print("\n".join("  " + x for x in spreads))
 
 
 if __name__ == "__main__":

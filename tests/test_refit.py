@@ -4,6 +4,7 @@ alone, stragglers dropped, unseen terms kept and said so, untrustworthy fits ref
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -164,7 +165,7 @@ def test_untrustworthy_fits_are_refused_with_the_rule():
         fit_profile(noisy, min_r2=0.999)
     assert loose.value.field == "min_r2"
     other = replace(steps[1], problem=problem(1, model="llama3-8b"))
-    with pytest.raises(ProblemError, match="another profile"):
+    with pytest.raises(ProblemError, match="another form"):
         fit_profile([steps[0], other])
 
 
@@ -182,3 +183,24 @@ def test_nnls_finds_the_constrained_minimum():
                 if (sol >= 0).all():
                     best = min(best, float(np.linalg.norm(a[:, list(cols)] @ sol - b)))
         assert np.linalg.norm(a @ x - b) <= best + 1e-9
+
+
+def test_plans_made_with_a_refit_are_fitted_with_those_made_before_it():
+    problems = [problem(s) for s in range(8)]
+    truth = truth_of(problems[0].cost_profile)
+    first = fit_profile(random_steps(problems[:4], truth))
+    later = [replace(p, profile=first.profile) for p in problems[4:]]
+    both = fit_profile(random_steps(problems[:4], truth) + random_steps(later, truth, seed=5))
+    assert max(recovered(both, truth).values()) < 1e-6
+    assert both.plans == 8 and both.held_out_before is not None
+
+
+def test_the_synthetic_check_runs_and_the_refit_beats_the_base(tmp_path, capsys):
+    from bench import refit_check
+
+    out = tmp_path / "check.json"
+    refit_check.main(["--nodes", "2", "--samples", "32", "--steps", "10", "--fresh", "2", "--json", str(out)])
+    figures = json.loads(out.read_text())
+    for part in ("held_out", "replanned_noiseless"):
+        assert figures[part]["after"]["groups"]["mean"] < figures[part]["before"]["groups"]["mean"]
+    assert "held_out" in capsys.readouterr().out

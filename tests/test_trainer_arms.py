@@ -169,3 +169,28 @@ def test_torchrun_trains_a_per_sample_arm_like_one_process(tmp_path):
     assert run["sample_profile"]["time"]["group_constant"] == run["barrier_s"]
     assert run["max_loss_rel_diff"] < 1e-12 and run["max_parameter_diff"] < 1e-12
     assert all(s["predicted_s"] > 0 and s["measured_s"] > 0 for s in run["steps"])
+
+
+def test_the_trainer_plans_with_the_analytical_model_or_a_learned_profile():
+    model = {
+        "name": "m",
+        "llm": {
+            "layers": 2,
+            "hidden": 48,
+            "heads": 6,
+            "kv_heads": 2,
+            "ffn_hidden": 96,
+            "vocab": 96,
+            "parameters": 1e5,
+            "gated_mlp": True,
+        },
+    }
+    lengths = batch_lengths(0, 4, 0, 8, 64)
+    analytical = make_request(lengths, parse(["--profile", "analytical"]), model, 4)
+    assert "profile" not in analytical and analytical["options"]["cp_scheme"] == "ring"
+    assert problem_from_json(analytical).profile is None
+    learned = make_request(lengths, parse(["--profile", "learned:k.v1", "--service", "http://x"]), model, 4)
+    assert learned["profile"] == "learned:k.v1"
+    for argv in (["--profile", "learned:k.v1"], ["--profile", "analytical", "--arm", "static"]):
+        with pytest.raises(SystemExit):
+            parse(argv)

@@ -42,6 +42,7 @@ class MeasuredStep:
     cluster: str | None
     model: str | None
     profile: str
+    n_ranks: int
 
 
 @dataclass(frozen=True)
@@ -100,13 +101,19 @@ def measured_steps(
     cluster: str | None = None,
     model: str | None = None,
     profile: str | None = None,
+    labels: Sequence[str] | None = None,
+    n_ranks: int | None = None,
     latest: int | None = None,
 ) -> list[MeasuredStep]:
     """Feedback that carries group times, oldest first: of the plans named, or the ``latest`` of the plans of a
-    cluster, model and profile label (each filter applied when given)."""
+    cluster, model, profile label (or any of ``labels``) and rank count (each filter applied when given)."""
     cond = _selection(cluster, model, profile)
     if plan_ids is not None:
         cond.append(PLANS.c.id.in_([p for p in plan_ids if is_id(p)]))
+    if labels is not None:
+        cond.append(func.coalesce(PLANS.c.profile, "analytical").in_(list(labels)))
+    if n_ranks is not None:
+        cond.append(PLANS.c.n_ranks == n_ranks)
     query = (
         select(
             FeedbackRow.id,
@@ -119,6 +126,7 @@ def measured_steps(
             PLANS.c.cluster,
             PLANS.c.model,
             PLANS.c.profile,
+            PLANS.c.n_ranks,
         )
         .join(PLANS, PLANS.c.id == FeedbackRow.plan_id)
         .where(*cond)
@@ -129,13 +137,27 @@ def measured_steps(
     with store.engine.connect() as conn:
         rows = conn.execute(query).all()
     out = []
-    for fid, pid, fb, measured, predicted, request_json, plan_json, c, m, p in reversed(rows):
+    for fid, pid, fb, measured, predicted, request_json, plan_json, c, m, p, ranks in reversed(rows):
         times = json.loads(fb).get("group_times_s")
         if times:
             out.append(
-                MeasuredStep(pid, fid, request_json, plan_json, times, measured, predicted, c, m, p or "analytical")
+                MeasuredStep(
+                    pid, fid, request_json, plan_json, times, measured, predicted, c, m, p or "analytical", ranks
+                )
             )
     return out
+
+
+def step_labels(store: Store, cluster: str | None, model: str | None) -> list[str]:
+    """The profile labels of a cluster and model's plans that have feedback with group times."""
+    query = (
+        select(func.coalesce(PLANS.c.profile, "analytical"))
+        .join(FeedbackRow, PLANS.c.id == FeedbackRow.plan_id)
+        .where(*_selection(cluster, model, None))
+        .distinct()
+    )
+    with store.engine.connect() as conn:
+        return [label for (label,) in conn.execute(query)]
 
 
 def _selection(cluster: str | None, model: str | None, profile: str | None) -> list[Any]:

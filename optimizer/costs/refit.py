@@ -2,9 +2,10 @@
 
 Every group of every step a trainer ran is a profiling point of the run itself: its samples' lengths
 and images, its size d, its span (one node or several), its slowest GPU, its Ulysses width, and the
-seconds it took (``group_times_s`` of ``POST /v1/plans/{id}/feedback``). Once the structure of the
+seconds it took (``group_times_s`` of ``POST /v1/plans/{id}/feedback``). Once the form of the
 profile is fixed (its scheme, bytes per token, messages per step, padding and the GPUs' relative
-speeds: those of the profile the plans were made with, the *base*), the formula of
+speeds, :func:`structure`: those of the profiles the plans were made with, which must agree: a profile
+and the profiles refitted from it; the newest plan's profile is the *base*), the formula of
 :mod:`optimizer.costs.profile` is linear in its coefficients, so the fit is a non-negative least
 squares over :data:`TERMS`: the compute terms, the per-sample and per-group constants, the seconds per
 byte inside a node and between nodes (the bandwidths' inverses) and the latency of a message on each
@@ -21,7 +22,8 @@ over the steps that sent both).
 - ``comm.overlap_with_attention``: which samples' ring transfer shows past their attention is decided
   with the current coefficients, and the fit is repeated until that set stops changing.
 - Held out: every :data:`HOLD_OUT_EVERY`-th plan is left out of the fit and its groups, micro-batches and
-  steps are predicted with the base and with the fitted profile; those errors are the fit's report.
+  steps are predicted with the profile each was made with (*before*) and with the fitted one (*after*);
+  those errors are the fit's report.
 
 A fit that cannot be trusted is refused with the reason (:class:`optimizer.errors.ProblemError`): too
 few group times for its terms, times that do not grow with the lengths, R^2 or the worst training error
@@ -219,6 +221,7 @@ class _Design:
     attention: np.ndarray  # [samples, terms]
     ring_row: np.ndarray  # [samples] row of each ring part
     theta_base: np.ndarray  # [rows, terms] base values (per size and span)
+    theta_own: np.ndarray  # [rows, terms] the values of the profile each row's plan was made with
     y: np.ndarray
     plan: np.ndarray
     micro_batch: np.ndarray
@@ -242,6 +245,7 @@ class _Design:
 def _design(plans: Sequence[MeasuredPlan], profile: CostProfile) -> _Design:
     xs: list[np.ndarray] = []
     bases: list[np.ndarray] = []
+    owns: list[np.ndarray] = []
     ys: list[float] = []
     plan_of: list[int] = []
     mb_of: list[int] = []
@@ -255,6 +259,7 @@ def _design(plans: Sequence[MeasuredPlan], profile: CostProfile) -> _Design:
                 row = len(xs)
                 xs.append(x)
                 bases.append(_base_values(profile, d, intra))
+                owns.append(_base_values(mp.problem.cost_profile, d, intra))
                 ys.append(g.seconds)
                 plan_of.append(p)
                 mb_of.append(m)
@@ -269,6 +274,7 @@ def _design(plans: Sequence[MeasuredPlan], profile: CostProfile) -> _Design:
         np.array(atts).reshape(-1, n),
         np.array(ring_rows, dtype=np.int64),
         np.array(bases).reshape(-1, n),
+        np.array(owns).reshape(-1, n),
         np.array(ys, dtype=np.float64),
         np.array(plan_of, dtype=np.int64),
         np.array(mb_of, dtype=np.int64),
@@ -426,6 +432,23 @@ def _step_constant(plans: Sequence[MeasuredPlan], keep: Sequence[int], base: flo
     return max(0.0, float(np.median(extra))) if extra else base
 
 
+def structure(profile: CostProfile) -> tuple[Any, ...]:
+    """What a fit keeps fixed: the profile's form, whose coefficients it fits. Plans made with profiles of one
+    form (a profile and the profiles refitted from it) are fitted together."""
+    return (
+        profile.scheme,
+        profile.bytes_per_token,
+        profile.ulysses_bytes_per_token,
+        profile.messages_per_step,
+        profile.messages_fixed,
+        profile.group_messages_per_step,
+        profile.group_messages_fixed,
+        profile.padded_bytes,
+        profile.overlap_with_attention,
+        tuple(sorted(profile.speed_by_gpu.items())),
+    )
+
+
 def fit_profile(
     plans: Sequence[MeasuredPlan],
     *,
@@ -436,13 +459,14 @@ def fit_profile(
     """Refit the profile the plans were made with to their measured group times (see the module docstring)."""
     if not plans:
         raise ProblemError("no plans to fit", field="plan_ids", hint="name plans that have feedback.")
-    base = plans[0].problem.cost_profile
-    for mp in plans[1:]:
-        if mp.problem.cost_profile != base:
+    base = plans[-1].problem.cost_profile
+    for mp in plans[:-1]:
+        if structure(mp.problem.cost_profile) != structure(base):
             raise ProblemError(
-                f"plan {mp.key} was made with another profile than plan {plans[0].key}",
+                f"plan {mp.key} was made with a profile of another form than plan {plans[-1].key} "
+                "(scheme, bytes or messages per token, padding, overlap or GPU speeds differ)",
                 field="plan_ids",
-                hint="fit plans of one cluster, model and profile together.",
+                hint="fit plans made with one profile, or with the profiles refitted from it, together.",
             )
     design = _design(plans, base)
     n_rows = design.y.shape[0]
@@ -510,8 +534,7 @@ def fit_profile(
     profile, terms = _profile(base, values, why, source)
     step_constant = _step_constant(plans, sorted(set(range(len(plans))) - held), base.step_constant)
     profile = replace(profile, step_constant=step_constant)
-    base_a = design.matrix(design.theta_base)
-    base_pred = (base_a * design.theta_base).sum(axis=1)
+    base_pred = (design.matrix(design.theta_own) * design.theta_own).sum(axis=1)
     before = _errors(design, base_pred, plans, test, base.step_constant) if test.size else None
     after = _errors(design, pred, plans, test, step_constant) if test.size else None
     held_rows = set(test.tolist())

@@ -30,6 +30,7 @@ from api.store.profiles import (
     key_part,
     list_profiles,
     measured_steps,
+    step_labels,
 )
 from optimizer.costs.refit import DEFAULT_MAX_ERROR, DEFAULT_MIN_R2, ProfileFit
 from planning.refit import Step, refit
@@ -89,12 +90,14 @@ def _steps(store: Store, body: ProfileFitIn) -> list[MeasuredStep]:
                 "plan_ids",
                 "post feedback with group_times_s for each step (POST /v1/plans/{id}/feedback) and fit those plans.",
             )
-        keys = {(s.cluster, s.model, s.profile) for s in steps}
+        keys = {step_key(s) for s in steps}
         if len(keys) > 1:
             raise _invalid(
-                f"these plans were made for {len(keys)} different cluster, model and profile triples",
+                f"these plans belong to {len(keys)} keys ({', '.join(sorted(keys)[:3])}): different clusters, models "
+                "or profiles",
                 "plan_ids",
-                "fit the plans of one cluster, model and profile together (GET /v1/plans?cluster=&model= lists them).",
+                "fit the plans of one cluster, model and profile (or its refits) together "
+                "(GET /v1/plans?cluster=&model= lists them).",
             )
         return steps
     if body.cluster is None or body.model is None:
@@ -104,15 +107,23 @@ def _steps(store: Store, body: ProfileFitIn) -> list[MeasuredStep]:
             'give "plan_ids", or "cluster" and "model" (with "latest", default 50) as the plans list them.',
         )
     label = body.profile
-    if label is None:
-        newest = measured_steps(store, cluster=body.cluster, model=body.model, latest=1)
-        label = newest[0].profile if newest else None
-    latest = body.latest or DEFAULT_LATEST
-    steps = (
-        measured_steps(store, cluster=body.cluster, model=body.model, profile=label, latest=latest)
-        if label is not None
-        else []
-    )
+    newest = measured_steps(store, cluster=body.cluster, model=body.model, profile=label, latest=1)
+    steps = []
+    if newest:  # the newest step's key: its profile's and the refits' of it, on as many ranks
+        key = step_key(newest[0])
+        labels = [
+            x
+            for x in step_labels(store, body.cluster, body.model)
+            if lineage_key(body.cluster, body.model, x, newest[0].n_ranks) == key
+        ]
+        steps = measured_steps(
+            store,
+            cluster=body.cluster,
+            model=body.model,
+            labels=labels,
+            n_ranks=newest[0].n_ranks,
+            latest=body.latest or DEFAULT_LATEST,
+        )
     if not steps:
         raise _invalid(
             f"no feedback with group_times_s for plans of cluster {body.cluster!r} and model {body.model!r}"
@@ -123,15 +134,20 @@ def _steps(store: Store, body: ProfileFitIn) -> list[MeasuredStep]:
     return steps
 
 
-def lineage_key(cluster: str | None, model: str | None, label: str) -> str:
+def lineage_key(cluster: str | None, model: str | None, label: str, n_ranks: int) -> str:
     """The key of a refit: a learned profile's own key when the plans were made with one, else the cluster, model
-    and profile's names."""
+    and profile's names (a cluster without a name of its own, ``custom``, with its GPU count)."""
     if label.startswith(PREFIX):
         name = label[len(PREFIX) :].split(" ", 1)[0]
         m = VERSION.match(name)
         if m and NAME.match(name):
             return m.group("key")
-    return key_part(f"{cluster or 'cluster'}.{model or 'model'}.{profile_name(label)}")[:KEY_LENGTH]
+    where = f"custom-{n_ranks}gpu" if cluster in (None, "custom") else cluster
+    return key_part(f"{where}.{model or 'model'}.{profile_name(label)}")[:KEY_LENGTH]
+
+
+def step_key(step: MeasuredStep) -> str:
+    return lineage_key(step.cluster, step.model, step.profile, step.n_ranks)
 
 
 def held_out_error(fit: ProfileFit) -> float | None:
@@ -183,14 +199,14 @@ def store_fit(store: Store, body: ProfileFitIn) -> LearnedProfile:
     """Fit the selected steps and store the profile as the next version of its key."""
     steps, result = fit_selection(store, body)
     first = steps[0]
-    key = lineage_key(first.cluster, first.model, first.profile)
+    key = step_key(steps[-1])
     held = {p["plan"] for p in result.predictions if p["held_out"]}
     learned = add_profile(
         store,
         key,
         cluster=first.cluster,
         model=first.model,
-        base_profile=first.profile,
+        base_profile=steps[-1].profile,
         profile=lambda name: result.profile.to_json() | {"source": _source(name, result)},
         fit=result.to_json(),
         sources={
