@@ -43,6 +43,22 @@ PROFILE = {
 }
 
 
+MODEL = {
+    "name": "hf-tiny",
+    "llm": {
+        "layers": 2,
+        "hidden": 48,
+        "heads": 6,
+        "kv_heads": 2,
+        "ffn_hidden": 96,
+        "vocab": 96,
+        "parameters": 1e5,
+        "gated_mlp": True,
+    },
+}
+"""The small Llama's model document the requests carry."""
+
+
 def per_rank(doc, n=4):
     """A plan as Megatron's sample_id_groups: per micro-batch, per rank, the samples of its group."""
     return [
@@ -71,21 +87,8 @@ def setting(tmp_path_factory):
             "100",
         ]
     )
-    model = {
-        "name": "hf-tiny",
-        "llm": {
-            "layers": 2,
-            "hidden": 48,
-            "heads": 6,
-            "kv_heads": 2,
-            "ffn_hidden": 96,
-            "vocab": 96,
-            "parameters": 1e5,
-            "gated_mlp": True,
-        },
-    }
     lengths = batch_lengths(0, args.samples, args.seed, args.shortest, args.longest)
-    return args, make_request(lengths, args, model, 4), per_sample_profile(packed_profile(args), 2e-4)
+    return args, make_request(lengths, args, MODEL, 4), per_sample_profile(packed_profile(args), 2e-4)
 
 
 @pytest.mark.parametrize("arm", list(ARMS))
@@ -172,19 +175,7 @@ def test_torchrun_trains_a_per_sample_arm_like_one_process(tmp_path):
 
 
 def test_the_trainer_plans_with_the_analytical_model_or_a_learned_profile():
-    model = {
-        "name": "m",
-        "llm": {
-            "layers": 2,
-            "hidden": 48,
-            "heads": 6,
-            "kv_heads": 2,
-            "ffn_hidden": 96,
-            "vocab": 96,
-            "parameters": 1e5,
-            "gated_mlp": True,
-        },
-    }
+    model = MODEL
     lengths = batch_lengths(0, 4, 0, 8, 64)
     analytical = make_request(lengths, parse(["--profile", "analytical"]), model, 4)
     assert "profile" not in analytical and analytical["options"]["cp_scheme"] == "ring"

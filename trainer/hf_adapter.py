@@ -106,48 +106,38 @@ class HFCausalLM(nn.Module):
         return out.logits[0]
 
 
-def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> nn.Module:
-    """A small random-weight Llama model built locally (GQA: 4 query heads, 2 key/value heads by default)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+SMALL = {
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "attention_dropout": 0.0,
+    "tie_word_embeddings": False,
+}
+"""The dimensions of the small models built below (GQA: 4 query heads, 2 key/value heads), before overrides."""
 
-    settings: dict[str, Any] = {
-        "vocab_size": 96,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 4096,
-        "attention_dropout": 0.0,
-        "tie_word_embeddings": False,
-    }
-    settings.update(overrides)
+
+def _built(family: str, seed: int, dtype: torch.dtype, overrides: dict[str, Any]) -> nn.Module:
+    import transformers
+
+    config = getattr(transformers, f"{family}Config")(**{**SMALL, **overrides})
     torch.manual_seed(seed)
-    model: nn.Module = LlamaForCausalLM(LlamaConfig(**settings))
+    model: nn.Module = getattr(transformers, f"{family}ForCausalLM")(config)
     return model.to(dtype=dtype)
+
+
+def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> nn.Module:
+    """A small random-weight Llama model built locally (:data:`SMALL`, with ``overrides``)."""
+    return _built("Llama", seed, dtype, overrides)
 
 
 def tiny_qwen2(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> nn.Module:
-    """A random-weight Qwen2 model built locally (biases on the query, key and value projections), with the
-    same defaults as :func:`tiny_llama`."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    settings: dict[str, Any] = {
-        "vocab_size": 96,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 4096,
-        "attention_dropout": 0.0,
-        "tie_word_embeddings": False,
-        "use_sliding_window": False,
-    }
-    settings.update(overrides)
-    torch.manual_seed(seed)
-    model: nn.Module = Qwen2ForCausalLM(Qwen2Config(**settings))
-    return model.to(dtype=dtype)
+    """A random-weight Qwen2 model built locally (biases on the query, key and value projections; no sliding
+    window), :data:`SMALL` with ``overrides``."""
+    return _built("Qwen2", seed, dtype, {"use_sliding_window": False, **overrides})
 
 
 def model_document(model: nn.Module, name: str = "hf-tiny") -> dict[str, Any]:
