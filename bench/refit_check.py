@@ -3,7 +3,7 @@
 A hidden *truth* profile (the planning profile's structure with every coefficient the fit can find moved by
 a seeded random factor, and its bandwidths made constant) times the groups of plans the planner made
 under another profile (the analytical default), with multiplicative noise and a few stragglers. The fit
-(:func:`planning.refit.refit`) sees only the plans and those times. Reported, on steps the fit never saw:
+(:func:`planning.profile_refit.refit`) sees only the plans and those times. Reported, on steps the fit never saw:
 
 - ``held out``: the fit's own held-out plans (every fifth step);
 - ``replanned``: new batches planned with the fitted profile, measured under the truth (the plans the next
@@ -34,7 +34,7 @@ from optimizer.problem.documents import problem_from_json
 from optimizer.problem.problem import Problem
 from optimizer.problem.workloads import WORKLOADS
 from optimizer.verify.verifier import group_time
-from planning.refit import Step, measured_plans, refit
+from planning.profile_refit import Step, measured_plans, refit
 
 STEP_CONSTANT_S = 0.05
 """Seconds the truth adds to every step beyond its micro-batches (the gradient all-reduce)."""

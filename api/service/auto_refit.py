@@ -19,7 +19,7 @@ import threading
 from api.service.problem_details import ServiceError
 from api.service.routes.profiles import DEFAULT_LATEST, ProfileFitIn, store_fit
 from api.store import Store
-from api.store.profiles import measured_steps, step_count
+from api.store.learned_profiles import measured_steps, step_count
 from api.store.repository import PlanRecord
 from optimizer.errors import PlannerError
 

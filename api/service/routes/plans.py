@@ -26,7 +26,7 @@ from api.service.schemas import (
     plan_summary,
 )
 from api.store import Store
-from api.store.profiles import NAME, PREFIX, get_profile
+from api.store.learned_profiles import NAME, PREFIX, get_profile
 from api.store.repository import is_id
 from optimizer.errors import ProblemError
 

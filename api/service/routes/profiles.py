@@ -1,7 +1,7 @@
 """/v1/profiles: cost profiles refitted from the group times trainers measured, and reading them back.
 
 ``POST /v1/profiles/fit`` fits the profile the named plans (or the latest measured steps of a cluster and
-model) were made with to their measured group times (:mod:`planning.refit`) and stores it as the next
+model) were made with to their measured group times (:mod:`planning.profile_refit`) and stores it as the next
 version of its key; a plan request then names it as ``"profile": "learned:NAME"``.
 """
 
@@ -18,8 +18,7 @@ from api.service.deps import StoreDep, require_token
 from api.service.problem_details import ServiceError
 from api.service.routes.plans import TEXT_PATTERN, problem_responses, text_query
 from api.store import Store
-from api.store.profile_names import profile_name
-from api.store.profiles import (
+from api.store.learned_profiles import (
     NAME,
     PREFIX,
     VERSION,
@@ -32,8 +31,9 @@ from api.store.profiles import (
     measured_steps,
     step_labels,
 )
+from api.store.profile_names import profile_name
 from optimizer.costs.refit import DEFAULT_MAX_ERROR, DEFAULT_MIN_R2, ProfileFit
-from planning.refit import Step, refit
+from planning.profile_refit import Step, refit
 
 log = logging.getLogger("dhp.profiles")
 DEFAULT_LATEST = 50
