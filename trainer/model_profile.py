@@ -32,7 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.errors import ProblemError
-from trainer.profiler import ProfileSettings, build_model, comm_terms, group_messages, resolve_device, time_group
+from trainer.profiler import (
+    ProfileSettings,
+    _combos,
+    build_model,
+    comm_terms,
+    group_messages,
+    measure_profile,
+    resolve_device,
+    time_group,
+)
 from trainer.tiny_model import TinyConfig
 
 Progress = Callable[[str], None]
@@ -162,12 +171,6 @@ def _work(dims: ModelDims, depth: int, length: int, d: int, n: int) -> float:
     return n * (length / d) * per_token
 
 
-def _combos(settings: ProfileSettings) -> list[tuple[int, int, int]]:
-    from trainer.profiler import _combos as combos
-
-    return combos(settings)
-
-
 def estimate_s(settings: ProfileSettings, dims: ModelDims, probe_s: float, probe_work: float) -> float:
     """Seconds the grid takes at both depths, from the probe's seconds per unit of work."""
     rate = probe_s / probe_work
@@ -234,8 +237,6 @@ def profile_model(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Measure ``dims``'s model at :data:`DEPTHS` within ``budget_s`` and extrapolate; (profile, report)."""
     import torch
-
-    from trainer.profiler import measure_profile
 
     device = resolve_device(settings.device)
     settings = replace(settings, architecture=dims.architecture, kv_heads=dims.kv_heads)
