@@ -76,6 +76,10 @@
   // -- the refit: suggested profile, its terms beside the current ones, per-group scatter, and the store button --
   const button = document.getElementById("fit-store");
   let selection = null;  // what "Fit and store" posts: the suggestion's cluster, model, profile and steps
+  let refitPlot = null;  // the per-group scatter: its own, so that a reload of the charts above leaves it alone
+  // Each change of the filters starts a load; an answer that arrives after a newer load began is dropped, so that
+  // two quick changes never leave the older selection's charts (or its enabled button) on the page.
+  let generation = 0;
 
   function sci(v) { return v === null || v === undefined ? "\u2013" : Number(v).toExponential(3); }
 
@@ -122,14 +126,20 @@
                    axes: [{ label: "predicted group time (s)" }, { label: "measured group time (s)", size: 60 }] };
     box.setAttribute("aria-label", `Scatter of ${s.fit.predictions.length} measured group times against their predictions by the current profile and by the suggested one, with the line y = x`);
     box.replaceChildren();
-    plots.push(new uPlot(opts, data, box));
+    refitPlot = new uPlot(opts, data, box);
   }
 
-  async function loadRefit() {
-    const note = document.getElementById("refit-note");
-    const cluster = form.elements.cluster.value, model = form.elements.model.value;
+  function clearRefit() {
     button.disabled = true;
     selection = null;
+    if (refitPlot) { refitPlot.destroy(); refitPlot = null; }
+    delete document.getElementById("group-scatter").dataset.points;
+  }
+
+  async function loadRefit(mine) {
+    const note = document.getElementById("refit-note");
+    const cluster = form.elements.cluster.value, model = form.elements.model.value;
+    clearRefit();
     document.getElementById("stored").textContent = "";
     for (const id of ["refit-cards", "group-scatter"]) document.getElementById(id).replaceChildren();
     document.querySelector("#terms tbody").replaceChildren();
@@ -141,11 +151,13 @@
     if (form.elements.profile.value) q.set("profile", form.elements.profile.value);
     let s;
     try { s = await api("/v1/dashboard/calibration/suggestion?" + q); } catch (err) {
+      if (mine !== generation) return;
       if (err.status !== 422) throw err;
       const p = err.problem || {};
       note.textContent = "No profile to suggest: " + (p.detail || err.message) + (p.hint ? " " + p.hint : "");
       return;
     }
+    if (mine !== generation) return;
     note.textContent = `The profile ${s.profile_name} refitted to the group times of the newest ${s.steps} measured step(s) of ${model} on ${cluster}; nothing is stored until you press the button.`;
     renderRefitCards(s);
     renderTerms(s);
@@ -166,16 +178,19 @@
   });
 
   async function load() {
+    const mine = ++generation;
+    clearRefit();
     const q = new URLSearchParams();
     for (const f of ["cluster", "model", "profile"]) if (form.elements[f].value) q.set(f, form.elements[f].value);
     history.replaceState(null, "", location.pathname + (q.toString() ? "?" + q : ""));
     const c = await api("/v1/dashboard/calibration?" + q);
+    if (mine !== generation) return;
     while (plots.length) plots.pop().destroy();
     renderCards(c);
     renderScatter(c);
     renderHistogram(c);
     renderGroups(c);
-    await loadRefit();
+    await loadRefit(mine);
     clearError();
   }
 
