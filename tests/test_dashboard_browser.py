@@ -178,6 +178,12 @@ def test_live_refresh_shows_a_plan_posted_meanwhile(page, server):
     assert "fresh" in row.get_attribute("class")
     assert page.locator("#plans tbody tr").first.get_attribute("data-id") == new["id"]
     assert "Updated at" in page.inner_text("#updated")
+    # A later change re-reads the table: the row that arrived a moment ago keeps its highlight.
+    later = httpx.post(
+        srv.url + "/v1/plans", json=request("dynamic-res", 6, 64, "heuristic", 50, None), timeout=30
+    ).json()
+    page.locator(f"#plans tbody tr[data-id='{later['id']}']").wait_for(timeout=10_000)
+    assert "fresh" in row.get_attribute("class")
 
 
 def _showcase(filled) -> dict:

@@ -9,6 +9,10 @@
   const state = { sort: "created_at", order: "desc", offset: 0, limit: 50, filters: {} };
   let stamp = null;
   let shownIds = new Set();
+  // Rows that arrived by live refresh, with when they first showed. A re-read within FRESH_MS (a plan
+  // finishing, a bound stored afterwards) keeps the highlight where it was instead of dropping it.
+  const freshSince = new Map();
+  const FRESH_MS = 10_000;
 
   function readUrl() {
     const q = new URLSearchParams(location.search);
@@ -107,15 +111,28 @@
     return el("td", attrs, c.child ? c.child(p) : null);
   }
 
-  function row(p, fresh) {
-    return el("tr", { "data-id": p.id, class: fresh ? "fresh" : null }, ...COLUMNS.map((c) => cell(c, p)));
+  function row(p, since) {
+    const attrs = { "data-id": p.id };
+    if (since !== undefined) {
+      attrs.class = "fresh";
+      attrs.style = `animation-delay: -${Date.now() - since}ms`;
+    }
+    return el("tr", attrs, ...COLUMNS.map((c) => cell(c, p)));
+  }
+
+  function markFresh(items, previous) {
+    const now = Date.now();
+    for (const [id, since] of freshSince) if (now - since > FRESH_MS) freshSince.delete(id);
+    for (const p of items) if (!previous.has(p.id) && !freshSince.has(p.id)) freshSince.set(p.id, now);
   }
 
   async function loadTable(live = false) {
     const page = await api("/v1/dashboard/plans?" + query());
     const previous = shownIds;
     shownIds = new Set(page.items.map((p) => p.id));
-    tbody.replaceChildren(...page.items.map((p) => row(p, live && !previous.has(p.id))));
+    if (live) markFresh(page.items, previous);
+    else freshSince.clear();
+    tbody.replaceChildren(...page.items.map((p) => row(p, freshSince.get(p.id))));
     if (!page.items.length) tbody.append(el("tr", {}, el("td", { colspan: COLUMNS.length, text: "No plans match these filters." })));
     const first = page.total ? page.offset + 1 : 0;
     const last = page.offset + page.items.length;
