@@ -139,7 +139,6 @@
   async function loadRefit(mine) {
     const note = document.getElementById("refit-note");
     const cluster = form.elements.cluster.value, model = form.elements.model.value;
-    clearRefit();
     document.getElementById("stored").textContent = "";
     for (const id of ["refit-cards", "group-scatter"]) document.getElementById(id).replaceChildren();
     document.querySelector("#terms tbody").replaceChildren();
