@@ -57,6 +57,10 @@ many times their estimates: the rates are those of the fastest calibration run (
 and the fixed work measured 0.8 to 1.5 times the estimate over video, long-text, image-SFT and mixed
 batches of 2,048 to 65,536 samples on the shared 2-core development machine (``python -m bench.scaling
 --budget-ms`` reports both)."""
+PYTHON_KERNELS_MAX_BUDGET_MS = 1000.0
+"""The longest budget a process that has not loaded the compiled kernels plans with their Python forms
+(:mod:`planning.kernel_choice`): past it the heuristic's search and the bounds get more done compiled,
+and loading them (about half a second on the development machine) is a smaller share of the budget."""
 HEURISTIC_SHARE = 0.75
 """Share of the budget the heuristic may use when an exact backend follows: on long-tail batches its
 strategies gained more than the neighbourhood search did in the same time (``python -m bench.solver_bench``

@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from optimizer import jit
 from optimizer.gc_pause import collector_paused
 from optimizer.problem.degrees import DENSE_SIZES, allowed_degrees
 from optimizer.problem.problem import Problem
@@ -204,8 +205,10 @@ def _fastest(runs: list[PhaseTimes]) -> PhaseTimes:
 
 
 def calibrate(repeats: int = CALIBRATION_REPEATS) -> Rates:
-    """Measure the rates on this machine (see the module docstring) and keep them for this process."""
+    """Measure the rates on this machine (see the module docstring) and keep them for this process. They are
+    the compiled kernels' rates (:mod:`optimizer.jit`), which every batch but a small one runs."""
     global _rates
+    jit.load()
     measured = []
     for problem in calibration_problems():
         slots = problem.cluster.domain_size * fewest_micro_batches(problem)

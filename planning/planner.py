@@ -47,6 +47,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from optimizer import jit
 from optimizer.bounds.lower_bounds import bound_parts, memory_proof, quick_bound_parts
 from optimizer.costs.tables import CostTables
 from optimizer.errors import InfeasibleError, ProblemError
@@ -64,6 +65,7 @@ from planning.budget_policy import PhaseBudget, SolveWindow, phase_budget, resol
 from planning.deadline import Deadline
 from planning.existing_groups import reuse_groups
 from planning.fixed_work import problem_budget_ms, problem_estimate_ms, suggested_budget_ms
+from planning.kernel_choice import choose_kernels
 from planning.size_bound_step import size_bound_skipped, size_bound_within
 from planning.warm import warm_up_with, warmed
 
@@ -91,6 +93,7 @@ def plan(
     within the deadline (a process that plans once, whose deadline counts its start-up: ``dhp plan``)."""
     with warmed(_plan_unwarmed) if warm else nullcontext():  # once per process, before the clock starts
         problem = resolve_budget(problem)  # "auto" becomes a number (a problem the service resolved stays)
+        choose_kernels(problem)  # the Python forms or the compiled ones (planning.kernel_choice)
         if deadline is None:
             deadline = Deadline.after_ms(problem.options.budget_ms, clock=clock)
         if backends is None:
@@ -426,6 +429,7 @@ def _with_details(run: _Run, result: Plan, bound: _Bound, strategies: dict[str, 
         "phases": run.laps.phases,
         "bound": binding,
         "heuristic": strategies,
+        "kernels": "compiled" if jit.loaded() else "python",
         **({"skipped": run.skipped} if run.skipped else {}),
         **({"budget": run.problem.budget_reason} if run.problem.budget_reason else {}),
     }

@@ -1,18 +1,19 @@
 """Loading the compiled kernels before the first plan's clock starts.
 
-The kernels (:mod:`optimizer.jit`) are compiled once per installation and loaded from numba's
-on-disk cache once per process, the first time each runs: some 30 ms for the first (numba's
-runtime), 3 to 8 ms for most later ones, up to 40 ms for those whose code brings in numba's array
-modules (measured on the 2-core development machine). :func:`warm_up` plans a few small built-in
-requests (:func:`warm_up_requests`: ring and Ulysses, one GPU type and mixed, memory to spare and
-memory-bound, so that every kernel runs) and is called by :func:`planning.planner.plan` (through
-:func:`planning.planner.warm_up`, which hands it the planning function) before its first timed call,
-so the caller's time budget is spent on planning, not on loading code. The service calls it at
+The warm-up switches the kernels (:mod:`optimizer.jit`) to their compiled forms, which are compiled once
+per installation and loaded from numba's on-disk cache once per process, the first time each runs: some
+30 ms for the first (numba's runtime), 3 to 8 ms for most later ones, up to 40 ms for those whose code
+brings in numba's array modules (measured on the 2-core development machine). :func:`warm_up` plans a
+few small built-in requests (:func:`warm_up_requests`: ring and Ulysses, one GPU type and mixed, memory
+to spare and memory-bound, so that every kernel runs) and is called by :func:`planning.planner.plan`
+(through :func:`planning.planner.warm_up`, which hands it the planning function) before its first timed
+call, so the caller's time budget is spent on planning, not on loading code. The service calls it at
 start-up, a client with a local fallback in a background thread; a plan asked for in another thread
 while that runs pauses it after its current request (:func:`warmed`). ``dhp plan``, which plans once in
-its process, skips it (``plan(warm=False)``): its budget counts from the process's start, and its
-plan loads the kernels it runs. The fixed work's rates on this machine (:mod:`planning.fixed_work`),
-which the planner's budget decisions read, are measured or read from disk within it.
+its process, skips it (``plan(warm=False)``): its budget counts from the process's start, and its plan
+runs the kernels' Python forms or loads the compiled ones it runs, as :mod:`planning.kernel_choice`
+decides. The fixed work's rates on this machine (:mod:`planning.fixed_work`), which the planner's budget
+decisions read, are measured or read from disk within it.
 """
 
 from __future__ import annotations
@@ -177,7 +178,10 @@ def _warm_up(plan: Callable[[Any], Any]) -> float:
     spent (what failed is in :data:`last_error`)."""
     global last_error
     start = time.perf_counter()
+    from optimizer import jit
     from optimizer.problem.documents import problem_from_json
+
+    jit.load()  # a process that warms up plans again: the compiled kernels pay (optimizer.jit)
 
     errors = []
     for doc in warm_up_requests():

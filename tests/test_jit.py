@@ -71,6 +71,8 @@ def test_warm_up_runs_once_and_plans_cleanly() -> None:
 def test_kernels_compile_without_a_writable_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     if not jit.HAVE_NUMBA:
         pytest.skip("numba is not installed")
+    import numba
+
     calls = []
 
     def fake_njit(**options):
@@ -79,24 +81,57 @@ def test_kernels_compile_without_a_writable_cache(monkeypatch: pytest.MonkeyPatc
             raise RuntimeError("cannot cache function 'f': no locator available for file 'f.py'")
         return lambda fn: ("compiled", fn)
 
-    monkeypatch.setattr(jit, "_njit", fake_njit)
+    monkeypatch.setattr(numba, "njit", fake_njit)
 
     def f(x):
         return x
 
-    assert jit.compiled(f) == ("compiled", f)
+    assert jit._njit_of(f) == ("compiled", f)
     assert [c.get("cache", False) for c in calls] == [True, False]
+
+
+def test_a_kernel_runs_python_until_loaded_and_compiled_after() -> None:
+    """In a fresh process, planning a small batch with ``warm=False`` (as ``dhp plan`` does) imports no
+    numba; :func:`optimizer.jit.load` then switches every kernel, and a kernel calling another compiles."""
+    script = (
+        "import json, sys, numpy as np\n"
+        "from optimizer import jit\n"
+        "from optimizer.costs import time_kernels as t\n"
+        "from optimizer.problem.documents import problem_from_json\n"
+        "from optimizer.problem.workloads import long_tail_video\n"
+        "from planning.planner import plan\n"
+        "doc = {'batch': long_tail_video(64, seed=1), 'cluster_preset': 'h100-8x8', 'model_preset': 'qwen2-vl-7b',"
+        " 'options': {'backend': 'heuristic', 'time_budget_ms': 150}}\n"
+        "before = plan(problem_from_json(doc), warm=False).predicted_step_time_s\n"
+        "python = 'numba' in sys.modules\n"
+        "compiled = jit.load()\n"
+        "out = np.zeros((2, 3))\n"
+        "t.fill_best_time(np.ones((2, 3)), np.full((2, 3), 2.0), np.array([True, False, True]), out)\n"
+        "print(json.dumps({'numba_before': python, 'compiled': compiled, 'loaded': jit.loaded(), 'out': out.tolist(),"
+        " 'form': repr(t.fill_best_time), 'step': before}))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["numba_before"] is False
+    assert report["step"] > 0
+    assert report["out"] == [[1.0, 2.0, 1.0], [1.0, 2.0, 1.0]]
+    if jit.HAVE_NUMBA:
+        assert report["compiled"] and report["loaded"] and "(compiled)" in report["form"]
 
 
 LOAD_SCRIPT = """
 import importlib, json, pkgutil
 import optimizer
 from numba.core.imputils import builtin_registry
-from numba.core.registry import CPUDispatcher, cpu_target
+from numba.core.registry import cpu_target
+from optimizer.jit import Kernel
 from planning.planner import warm_up
 warm_up()
 mods = [importlib.import_module(m.name) for m in pkgutil.walk_packages(optimizer.__path__, "optimizer.")]
-kernels = [v for m in mods for v in vars(m).values() if isinstance(v, CPUDispatcher)]
+kernels = [v.dispatcher for m in mods for v in vars(m).values() if isinstance(v, Kernel)]
 print(json.dumps({"hits": sum(sum(k._cache_hits.values()) for k in kernels),
                   "misses": sum(sum(k._cache_misses.values()) for k in kernels),
                   "registries": builtin_registry in cpu_target.target_context._registries}))
@@ -123,3 +158,77 @@ def test_cached_kernels_load_without_the_compilers_registries() -> None:
     report = run()
     assert report["hits"] > 0 and report["misses"] == 0, report
     assert not report["registries"], report
+
+
+@pytest.mark.parametrize("pad_unit", [0, 2])
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("speed", [1.0, 0.6])
+def test_the_time_matrix_numpy_form_gives_the_loops_bits(pad_unit: int, overlap: bool, speed: float) -> None:
+    """The numpy form that runs before numba loads (optimizer.jit) and the loop numba compiles agree to the last
+    bit, with and without padding, overlap, a slower GPU and a hybrid group's all-to-all."""
+    import numpy as np
+
+    from optimizer.costs import time_kernels
+
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 200_000, size=40)
+    vision = rng.random(40) * 1e-3
+    degrees = np.array([1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0])
+    share, a2a = rng.random(8), rng.random(8) * 0.5
+    bandwidth, latency = rng.random(8) * 1e11 + 1e9, rng.random(8) * 1e-4
+    args = (
+        lengths,
+        vision,
+        degrees,
+        share,
+        a2a,
+        bandwidth,
+        latency,
+        5e-11,
+        2e-7,
+        1e-4,
+        4096.0,
+        2048.0,
+        speed,
+        overlap,
+        3e-5,
+        pad_unit,
+    )
+    forms = [time_kernels.fill_time_matrix.python, time_kernels.fill_time_matrix.py_func]
+    if jit.HAVE_NUMBA:
+        forms.append(time_kernels.fill_time_matrix.dispatcher)
+    outs = []
+    for form in forms:
+        out = np.empty((40, 8))
+        form(*args, out)
+        outs.append(out)
+    for out in outs[1:]:
+        assert np.array_equal(out, outs[0])
+
+
+def test_the_python_forms_serve_small_short_clock_bound_plans_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    from optimizer.problem.documents import problem_from_json
+    from optimizer.problem.workloads import long_tail_video
+    from planning.kernel_choice import ENV, wants_compiled
+
+    monkeypatch.delenv(ENV, raising=False)
+    doc = {"batch": long_tail_video(64, seed=1), "cluster_preset": "h100-8x8", "model_preset": "qwen2-vl-7b"}
+    small = problem_from_json({**doc, "options": {"time_budget_ms": 200}})
+    assert not wants_compiled(small)
+    assert wants_compiled(replace(small, options=replace(small.options, time_budget_ms=5000)))
+    assert wants_compiled(replace(small, options=replace(small.options, deterministic=True)))
+    big = problem_from_json(
+        {
+            **doc,
+            "batch": long_tail_video(2048, seed=1),
+            "cluster_preset": "h100-32x8",
+            "options": {"time_budget_ms": 200},
+        }
+    )
+    assert wants_compiled(big)
+    monkeypatch.setenv(ENV, "compiled")
+    assert wants_compiled(small)
+    monkeypatch.setenv(ENV, "python")
+    assert not wants_compiled(big)

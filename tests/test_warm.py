@@ -14,7 +14,7 @@ SCRIPT = r"""
 import importlib, json, pkgutil, sys
 sys.path.insert(0, "tests")
 import optimizer
-from numba.core.registry import CPUDispatcher
+from optimizer.jit import Kernel
 from planning.planner import warm_up
 import planning.warm as warm
 from optimizer.problem.documents import problem_from_json
@@ -24,8 +24,8 @@ from optimizer.problem.workloads import long_tail_video
 from oracle_instances import instance, with_options
 
 mods = [importlib.import_module(m.name) for m in pkgutil.walk_packages(optimizer.__path__, "optimizer.")]
-kernels = {f"{m.__name__}.{k}": v for m in mods for k, v in vars(m).items()
-           if isinstance(v, CPUDispatcher) and v.py_func.__module__ == m.__name__}
+kernels = {f"{m.__name__}.{k}": v.dispatcher for m in mods for k, v in vars(m).items()
+           if isinstance(v, Kernel) and v.py_func.__module__ == m.__name__}
 warm_up()
 before = {k: len(v.signatures) for k, v in kernels.items()}
 docs = [with_options(instance(seed)[0], backend="heuristic") for seed in range(40)]

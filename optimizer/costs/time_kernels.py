@@ -19,7 +19,62 @@ import numpy as np
 from optimizer.jit import compiled
 
 
-@compiled
+def _fill_time_matrix_arrays(
+    lengths: np.ndarray,
+    vision: np.ndarray,
+    degrees: np.ndarray,
+    share: np.ndarray,
+    a2a_share: np.ndarray,
+    bandwidth: np.ndarray,
+    latency: np.ndarray,
+    quadratic: float,
+    linear: float,
+    sample_constant: float,
+    bytes_per_token: float,
+    a2a_bytes_per_token: float,
+    speed: float,
+    overlap: bool,
+    sample_step: float,
+    pad_unit: int,
+    out: np.ndarray,
+) -> None:
+    """:func:`fill_time_matrix` with numpy's array operations: the same operations on each element in the
+    same order, so the same bits (the form that runs before numba is loaded, :mod:`optimizer.jit`)."""
+    if out.size == 0:
+        return
+    slow = speed != 1.0
+    length = lengths.astype(np.float64)[:, None]
+    d = degrees.astype(np.float64)[None, :]
+    square = quadratic * length * length
+    work = square + linear * length + vision.astype(np.float64)[:, None]
+    compute = work / d
+    if slow:
+        compute = compute / speed
+    compute = compute + sample_constant / speed
+    single = compute
+    step = sample_step * (d - 1.0)
+    if slow:
+        step = step / speed
+    compute = compute + step
+    if pad_unit > 0:
+        unit = pad_unit * d.astype(np.int64)
+        sent_length = (-(-lengths.astype(np.int64)[:, None] // unit) * unit).astype(np.float64)
+        sent = bytes_per_token * sent_length
+    else:
+        sent_length = np.broadcast_to(length, out.shape)
+        sent = np.broadcast_to(bytes_per_token * length, out.shape)
+    comm = sent * share[None, :] / bandwidth[None, :] + latency[None, :]
+    if overlap:
+        attention = square / d
+        if slow:
+            attention = attention / speed
+        comm = np.maximum(comm - attention, 0.0)
+    if a2a_bytes_per_token > 0.0:
+        comm = comm + a2a_bytes_per_token * sent_length * a2a_share[None, :] / bandwidth[None, :]
+    out[:, :] = np.where(d == 1.0, single, compute + comm)
+
+
+@compiled(python=_fill_time_matrix_arrays)
 def fill_time_matrix(
     lengths: np.ndarray,
     vision: np.ndarray,
