@@ -9,6 +9,10 @@ RUN_EXTRAS ?= solver,service
 EXTRAS ?= solver,service,bench,flexsp,trainer,megatron,jobs,ray,dev
 comma := ,
 TYPED ?= optimizer planning solver_models api jobs trainer bench
+# The checkout's own modules byte-compiled at install, as pip does for what it installs from a wheel:
+# where PYTHONDONTWRITEBYTECODE is set, every process would otherwise compile them from source again
+# (about 180 ms of a fresh `dhp plan`, measured on the 2-core development machine).
+PACKAGES := optimizer planning solver_models api jobs trainer bench
 RUN_STAMP := $(VENV)/.installed-$(subst $(comma),-,$(RUN_EXTRAS))
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
@@ -20,12 +24,14 @@ $(RUN_STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[$(RUN_EXTRAS)]'
+	$(PY) -m compileall -q $(PACKAGES)
 	touch $@
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
+	$(PY) -m compileall -q $(PACKAGES)
 	touch $@ $(RUN_STAMP)
 
 run: $(RUN_STAMP)

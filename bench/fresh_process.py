@@ -94,6 +94,7 @@ def run_dhp(args: argparse.Namespace) -> dict[str, Any]:
     out.update(
         solver_wall_ms=solver["wall_ms"],
         backend=solver["backend"],
+        kernels=solver.get("details", {}).get("kernels", "n/a"),
         start_up_ms=phases.get("queue_ms"),
         skipped=sorted(solver.get("details", {}).get("skipped", {})),
     )
@@ -155,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     print(f"load before: {_load()}")
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        print("PYTHONDONTWRITEBYTECODE is set: modules without a .pyc are compiled from source in every process")
     first = run_dhp(args)
     print(f"untimed first process (fills the disk caches when empty): {first['wall_ms']:.0f} ms, rc {first['rc']}")
     runs = [run_dhp(args) for _ in range(args.runs)]
@@ -169,7 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  plan's solver.wall_ms (from the process's start): {_spread([r['solver_wall_ms'] for r in ok])}")
     print(f"  start-up before planning (phases.queue_ms): {_spread([r['start_up_ms'] or 0.0 for r in ok])}")
     backends = sorted({r["backend"] for r in ok})
-    print(f"  answered by: {', '.join(backends) or 'n/a'}; failed: {len(failed)}")
+    kernels = sorted({r["kernels"] for r in ok})
+    print(
+        f"  answered by: {', '.join(backends) or 'n/a'}; kernels: {', '.join(kernels) or 'n/a'}; failed: {len(failed)}"
+    )
     for r in failed[:3]:
         print(f"  failure: rc {r['rc']}: {r.get('error')}")
 
