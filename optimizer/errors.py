@@ -19,7 +19,8 @@ class PlannerError(Exception):
     def __str__(self) -> str:
         text = f"{self.field}: {self.message}" if self.field else self.message
         if self.hint:
-            text += f" To fix: {self.hint}"
+            end = "" if text.rstrip().endswith((".", "!", "?")) else "."
+            text += f"{end} To fix: {self.hint}"
         return text
 
 
