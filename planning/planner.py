@@ -371,10 +371,19 @@ def _no_solver(run: _Run, backend: str, skip: NoSolve, window: SolveWindow) -> s
         # What the caller kept back from the budget asked for (the service's reserve) is asked for again.
         kept_back_ms = max(0.0, asked - deadline.budget_ms) if isinstance(asked, (int, float)) else 0.0
         budget_ms = kept_back_ms + solver_budget_ms(
-            run.tables, backend, skip.need_ms, window.reserve_ms, after_ms, deadline.elapsed_ms()
+            skip.need_ms, window.reserve_ms, after_ms, deadline.elapsed_ms(), _heuristic_cut(run)
         )
         fixes.insert(0, f"give a larger budget: options.time_budget_ms {budget_ms:.0f} leaves a solver that time here")
     return f"{text}. To fix: {', or '.join(fixes)}" if fixes else text
+
+
+def _heuristic_cut(run: _Run) -> bool:
+    """Whether the heuristic may have stopped for its instant (:meth:`PhaseBudget.heuristic_cut_short`)."""
+    if "heuristic_ms" not in run.laps.phases:
+        return False
+    phases = list(run.laps.phases)
+    ended_ms = sum(run.laps.phases[k] for k in phases[: phases.index("heuristic_ms") + 1])
+    return run.budget.heuristic_cut_short(ended_ms)
 
 
 def _fastest(

@@ -27,7 +27,6 @@ from planning.budget_policy import (
     DETERMINISTIC_WAIT_BUDGETS,
     ESTIMATE_SAFETY,
     GRACE_MS,
-    HEURISTIC_ALONE_SHARE,
     HEURISTIC_SHARE,
     RESERVE_MS,
     SIZE_BOUND_SHARE,
@@ -109,14 +108,15 @@ def test_the_phases_come_in_order_and_within_the_deadline():
         assert budget.reuse_due == due
 
 
-def test_the_heuristic_leaves_room_for_a_solver_only_when_one_follows():
+def test_the_heuristic_gets_the_same_instant_whether_or_not_a_solver_follows():
+    """A backend starts from the plan the heuristic alone would have returned at that budget."""
     with fixed_rates(RATES):
-        for backend, share in (("cpsat", HEURISTIC_SHARE), ("heuristic", HEURISTIC_ALONE_SHARE)):
-            budget, _, _ = budget_for(backend)
-            assert budget.heuristic_due == pytest.approx(min(budget.deadline.at(share), budget.rescue.due))
-        # A budget too short for a solver after the heuristic gives the heuristic nearly all of it.
-        budget, _, _ = budget_for("cpsat", budget_ms=25.0)
-        assert budget.heuristic_due == pytest.approx(min(budget.deadline.at(HEURISTIC_ALONE_SHARE), budget.rescue.due))
+        for backend in ("cpsat", "auto", "heuristic"):
+            for budget_ms in (25.0, 200.0, 1000.0):
+                budget, _, _ = budget_for(backend, budget_ms=budget_ms)
+                assert budget.heuristic_due == pytest.approx(
+                    min(budget.deadline.at(HEURISTIC_SHARE), budget.rescue.due)
+                ), (backend, budget_ms)
 
 
 def test_an_optional_phase_starts_only_with_room_for_it():
