@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from optimizer.costs.nnls import nnls
 from optimizer.plan.sharding import padded_length
 from trainer.ring_attention import LOOPBACK
 from trainer.tiny_model import TinyConfig, TinyTransformer
@@ -380,15 +381,11 @@ def time_step_overhead(model: torch.nn.Module, device: torch.device, runs: int) 
 
 
 def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with non-negative coefficients (drop the most negative column until none is)."""
-    active = list(range(x.shape[1]))
-    while True:
-        coef = np.zeros(x.shape[1])
-        sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
-        coef[active] = sol
-        if (sol >= 0).all() or len(active) == 1:
-            return np.maximum(coef, 0.0)
-        active.pop(int(np.argmin(sol)))
+    """Least squares with non-negative coefficients (:func:`optimizer.costs.nnls.nnls`, the refit's solver), its
+    columns scaled to unit norm first as that solver asks (the terms here span ten orders of magnitude)."""
+    norms = np.linalg.norm(x, axis=0)
+    norms[norms == 0.0] = 1.0
+    return nnls(x / norms, y) / norms
 
 
 HOLD_OUT_EVERY = 4
