@@ -16,14 +16,13 @@ backend planned slower at the larger budget than at the smaller one, and by how 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from bench.grid import make_problem, resolve_profile
+from bench.output import write_json
 from bench.workload_catalog import get_workload
 
 WORKLOADS = ["video", "long-text", "mixed", "image-sft", "anyres"]
@@ -107,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                     + (f", by up to {100 * (max(worse) - 1):.2f}%" if worse else "")
                 )
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(rows, indent=2))
+        write_json(args.out, rows)
     return 0
 
 

@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.output import write_json
+
 ROOT = Path(__file__).resolve().parent.parent
 
 CLIENT_SCRIPT = r"""
@@ -198,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load after: {_load()}")
     if args.out:
         summary = {"first": first, "runs": runs, "client": client, "budget_ms": args.budget_ms}
-        Path(args.out).write_text(json.dumps(summary, indent=2))
+        write_json(args.out, summary)
     return 1 if failed else 0
 
 

@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.output import write_json
+
 ROOT = Path(__file__).resolve().parent.parent
 
 SCRIPT = r"""
@@ -88,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(rows, indent=2))
+        write_json(args.out, rows)
     return 0
 
 

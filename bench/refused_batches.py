@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import random
 import sys
-from pathlib import Path
 from typing import Any
+
+from bench.output import write_json
 
 SEVENTY_B = {
     "name": "llama3-70b-shape",
@@ -130,8 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             f"Ulysses width {out['long_group_ulysses']}"
         )
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(rows, indent=2))
+        write_json(args.out, rows)
     return 1 if failed else 0
 
 
