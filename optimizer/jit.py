@@ -51,6 +51,8 @@ _lock = threading.RLock()
 _kernels: list[Kernel] = []
 _loaded = False
 _quick_load: Any = None
+load_error: str | None = None
+"""Why numba could not be imported when :func:`load` asked for it (the Python forms then stay), or None."""
 
 
 class Kernel:
@@ -79,10 +81,14 @@ class Kernel:
     @property
     def dispatcher(self) -> Any:
         """numba's dispatcher of ``py_func`` (made on first use, numba loaded then), or None without numba."""
-        if self._dispatcher is None and HAVE_NUMBA:
+        global load_error
+        if self._dispatcher is None and HAVE_NUMBA and load_error is None:
             with _lock:
-                if self._dispatcher is None:
-                    self._dispatcher = _njit_of(self.py_func)
+                if self._dispatcher is None and load_error is None:
+                    try:
+                        self._dispatcher = _njit_of(self.py_func)
+                    except ImportError as exc:  # a numba that will not import: the Python forms stay
+                        load_error = f"{type(exc).__name__}: {exc}"
         return self._dispatcher
 
     @property
@@ -109,8 +115,8 @@ def compiled(fn: Callable[..., Any] | None = None, *, python: Callable[..., Any]
 
 
 def loaded() -> bool:
-    """Whether this process runs the compiled forms (:func:`load` has run and numba is there)."""
-    return _loaded and HAVE_NUMBA
+    """Whether this process runs the compiled forms (:func:`load` has run and numba imported)."""
+    return _loaded and HAVE_NUMBA and load_error is None
 
 
 def load() -> bool:

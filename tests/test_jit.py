@@ -232,3 +232,29 @@ def test_the_python_forms_serve_small_short_clock_bound_plans_only(monkeypatch: 
     assert wants_compiled(small)
     monkeypatch.setenv(ENV, "python")
     assert not wants_compiled(big)
+
+
+def test_a_numba_that_will_not_import_leaves_the_python_forms() -> None:
+    script = (
+        "import importlib.abc, json, sys\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'numba':\n"
+        "            raise ImportError('numba is broken here')\n"
+        "from optimizer import jit\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from optimizer.costs import time_kernels as t\n"
+        "import numpy as np\n"
+        "compiled = jit.load()\n"
+        "out = np.zeros((1, 1))\n"
+        "t.fill_best_time(np.ones((1, 1)), np.ones((1, 1)), np.array([True]), out)\n"
+        "print(json.dumps({'compiled': compiled, 'error': jit.load_error, 'out': out.tolist()}))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["out"] == [[1.0]] and report["compiled"] is False
+    if jit.HAVE_NUMBA:
+        assert "numba is broken here" in report["error"]
