@@ -132,17 +132,20 @@ def load() -> bool:
     return loaded()
 
 
-def _njit_of(fn: Callable[..., Any]) -> Any:
+def _njit_of(fn: Callable[..., Any], njit: Callable[..., Any] | None = None) -> Any:
     """numba's ``njit`` of ``fn`` with the disk cache, loaded by :class:`_QuickLoad` where this numba has the
     cache class expected. Where no cache directory is writable (a read-only install without a writable home
     or ``NUMBA_CACHE_DIR``), the kernel is compiled without the disk cache: every process then compiles it
-    again, but planning works."""
-    from numba import njit
+    again, but planning works. ``njit``: numba's, unless another is given (the tests give one)."""
+    if njit is None:
+        from numba import njit as numba_njit
 
+        njit = numba_njit
+    make: Callable[..., Any] = njit
     try:
-        kernel = njit(cache=True, nogil=True)(fn)
+        kernel = make(cache=True, nogil=True)(fn)
     except RuntimeError:  # numba: "cannot cache function ...: no locator available"
-        return njit(nogil=True)(fn)
+        return make(nogil=True)(fn)
     quick = _quick_loader()
     cache = getattr(kernel, "_cache", None)
     if quick is not None and type(cache) is quick.__base__:
