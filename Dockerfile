@@ -7,6 +7,8 @@ WORKDIR /app
 COPY pyproject.toml constraints.txt README.md ./
 COPY optimizer ./optimizer
 COPY solver_models ./solver_models
+COPY planning ./planning
+COPY jobs ./jobs
 COPY api ./api
 # The planner's kernels are compiled once here, into a cache the service user may read and refresh.
 ENV NUMBA_CACHE_DIR=/opt/numba-cache

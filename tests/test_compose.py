@@ -3,8 +3,11 @@ checks, nginx, Dockerfile."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -117,3 +120,19 @@ def test_dockerfile(compose):
     cache = re.search(r"NUMBA_CACHE_DIR=(\S+)", text)
     assert cache and "warm_up()" in text and f"chown -R dhp {cache.group(1)}" in text
     assert compose["services"]["planner"]["build"] == "."
+
+
+def test_the_image_holds_every_package_the_service_imports():
+    """The service's app, the warm-up the build runs and the epoch jobs it plans import only packages the
+    Dockerfile copies into the image (a package left out fails the build's warm-up or a job)."""
+    script = (
+        "import json, sys\n"
+        "import api.app, planning.planner, jobs.spec, jobs.steps, jobs.engines\n"
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    local = {name for name in json.loads(out.stdout) if (ROOT / name / "__init__.py").exists()}
+    text = (ROOT / "Dockerfile").read_text()
+    copied = set(re.findall(r"^COPY (\w+) \./\1$", text, flags=re.M))
+    assert local and local <= copied, f"imported but not copied into the image: {sorted(local - copied)}"
