@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,18 +32,22 @@ print(json.dumps(out))
 """
 
 
-def _run(disable: bool) -> list:
-    env = {**os.environ, "NUMBA_DISABLE_JIT": "1" if disable else "0"}
+def _report(script: str, env: dict[str, str] | None = None, timeout: int = 300) -> Any:
+    """What ``script``, run in a fresh interpreter at the repository's root, printed last (as JSON)."""
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
+        [sys.executable, "-c", script],
         capture_output=True,
         text=True,
         env=env,
         cwd=Path(__file__).parents[1],
-        timeout=300,
+        timeout=timeout,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _run(disable: bool) -> list:
+    return _report(SCRIPT, env={**os.environ, "NUMBA_DISABLE_JIT": "1" if disable else "0"})  # type: ignore[no-any-return]
 
 
 @pytest.mark.skipif(not jit.HAVE_NUMBA, reason="numba is not installed: only the plain-Python form exists")
@@ -60,11 +65,7 @@ def test_warm_up_runs_once_and_plans_cleanly() -> None:
         "first = warm_up(); second = warm_up(); "
         "print(json.dumps([first, second, warm.last_error]))"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    first, second, error = json.loads(proc.stdout.strip().splitlines()[-1])
+    first, second, error = _report(script)
     assert first > 0 and second == 0 and error is None
 
 
@@ -106,11 +107,7 @@ def test_a_kernel_runs_python_until_loaded_and_compiled_after() -> None:
         "print(json.dumps({'numba_before': python, 'compiled': compiled, 'loaded': jit.loaded(), 'out': out.tolist(),"
         " 'form': repr(t.fill_best_time), 'step': before}))\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = _report(script)
     assert report["numba_before"] is False
     assert report["step"] > 0
     assert report["out"] == [[1.0, 2.0, 1.0], [1.0, 2.0, 1.0]]
@@ -140,15 +137,7 @@ def test_cached_kernels_load_without_the_compilers_registries() -> None:
     compiled and numba's typing and lowering registries stay unloaded (optimizer.jit)."""
 
     def run() -> dict:
-        proc = subprocess.run(
-            [sys.executable, "-c", LOAD_SCRIPT],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parents[1],
-            timeout=600,
-        )
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+        return _report(LOAD_SCRIPT, timeout=600)  # type: ignore[no-any-return]
 
     run()  # fills the cache where this checkout's kernels were not compiled yet
     report = run()
@@ -246,11 +235,7 @@ def test_a_numba_that_will_not_import_leaves_the_python_forms() -> None:
         "t.fill_best_time(np.ones((1, 1)), np.ones((1, 1)), np.array([True]), out)\n"
         "print(json.dumps({'compiled': compiled, 'error': jit.load_error, 'out': out.tolist()}))\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=Path(__file__).parents[1], timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = _report(script, timeout=120)
     assert report["out"] == [[1.0]] and report["compiled"] is False
     if jit.HAVE_NUMBA:
         assert "numba is broken here" in report["error"]
