@@ -59,8 +59,13 @@ class Kernel:
     """One compiled loop: ``py_func`` (numba's name for it) and, once :func:`load` has run, its numba
     dispatcher. Calling it calls whichever form is current."""
 
-    def __init__(self, fn: Callable[..., Any], python: Callable[..., Any] | None = None) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], python: Callable[..., Any] | None = None, error_model: str | None = None
+    ) -> None:
         self.py_func = fn
+        self.error_model = error_model
+        """numba's ``error_model`` for this kernel (None: numba's default, ``"python"``); ``"numpy"`` drops
+        the zero test of every division, for loops whose divisors cannot be zero."""
         self.python = python or fn
         """What runs before :func:`load`: ``fn``, or a numpy form with the same results."""
         self.impl: Callable[..., Any] = self.python
@@ -86,7 +91,7 @@ class Kernel:
             with _lock:
                 if self._dispatcher is None and load_error is None:
                     try:
-                        self._dispatcher = _njit_of(self.py_func)
+                        self._dispatcher = _njit_of(self.py_func, error_model=self.error_model)
                     except ImportError as exc:  # a numba that will not import: the Python forms stay
                         load_error = f"{type(exc).__name__}: {exc}"
         return self._dispatcher
@@ -102,11 +107,13 @@ class Kernel:
             self.impl = dispatcher
 
 
-def compiled(fn: Callable[..., Any] | None = None, *, python: Callable[..., Any] | None = None) -> Any:
-    """``fn`` as a :class:`Kernel` (``@compiled``, or ``@compiled(python=numpy_form)``)."""
+def compiled(
+    fn: Callable[..., Any] | None = None, *, python: Callable[..., Any] | None = None, error_model: str | None = None
+) -> Any:
+    """``fn`` as a :class:`Kernel` (``@compiled``, or ``@compiled(python=numpy_form, error_model=...)``)."""
     if fn is None:
-        return lambda f: compiled(f, python=python)
-    kernel = Kernel(fn, python)
+        return lambda f: compiled(f, python=python, error_model=error_model)
+    kernel = Kernel(fn, python, error_model)
     with _lock:
         _kernels.append(kernel)
         if _loaded:
@@ -132,20 +139,22 @@ def load() -> bool:
     return loaded()
 
 
-def _njit_of(fn: Callable[..., Any], njit: Callable[..., Any] | None = None) -> Any:
+def _njit_of(fn: Callable[..., Any], njit: Callable[..., Any] | None = None, error_model: str | None = None) -> Any:
     """numba's ``njit`` of ``fn`` with the disk cache, loaded by :class:`_QuickLoad` where this numba has the
     cache class expected. Where no cache directory is writable (a read-only install without a writable home
     or ``NUMBA_CACHE_DIR``), the kernel is compiled without the disk cache: every process then compiles it
-    again, but planning works. ``njit``: numba's, unless another is given (the tests give one)."""
+    again, but planning works. ``njit``: numba's, unless another is given (the tests give one);
+    ``error_model``: numba's option of that name, when given."""
     if njit is None:
         from numba import njit as numba_njit
 
         njit = numba_njit
     make: Callable[..., Any] = njit
+    options: dict[str, Any] = {"nogil": True} if error_model is None else {"nogil": True, "error_model": error_model}
     try:
-        kernel = make(cache=True, nogil=True)(fn)
+        kernel = make(cache=True, **options)(fn)
     except RuntimeError:  # numba: "cannot cache function ...: no locator available"
-        return make(nogil=True)(fn)
+        return make(**options)(fn)
     quick = _quick_loader()
     cache = getattr(kernel, "_cache", None)
     if quick is not None and type(cache) is quick.__base__:

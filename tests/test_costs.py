@@ -70,7 +70,10 @@ def test_tables_match_scalar_formula():
         m = tables.time_matrix(intra)
         for i, L in enumerate(tables.lengths):
             for j, d in enumerate(tables.degrees):
-                assert m[i, j] == pytest.approx(sample_time(problem.cost_profile, int(L), 0.0, int(d), intra))
+                # A size wider than a node (4 ranks) cannot be placed within one: it has its spanning times.
+                placed = intra and d <= 4
+                assert m[i, j] == sample_time(problem.cost_profile, int(L), 0.0, int(d), placed)
+    assert 8 in tables.degrees.tolist()
     # Group time: b + sum of the samples' times.
     g = tables.group_time([0, 2], (0, 1))
     assert g == pytest.approx(
@@ -120,18 +123,21 @@ def test_vision_tokens_from_pixels_and_frames():
 
 
 def _numpy_matrix(tables: CostTables, intra: bool, speed: float) -> np.ndarray:
-    """The cost formula over whole arrays, as broadcast numpy expressions (the reference)."""
+    """The cost formula over whole arrays, as broadcast numpy expressions (the reference); a size wider
+    than a node is charged across nodes in both matrices."""
     p = tables.profile
     L = tables.lengths.astype(np.float64)[:, None]
     d = tables.degrees.astype(np.float64)[None, :]
     attention = p.quadratic * L * L / d / speed
     compute = (p.quadratic * L * L + p.linear * L + tables.vision[:, None]) / d / speed + p.sample_constant / speed
     compute = np.where(d == 1, compute, compute + p.sample_step * (d - 1) / speed)
-    bw = np.array([p.bandwidth(int(x), intra) for x in tables.degrees], dtype=np.float64)[None, :]
+    placed = [intra and int(x) <= tables.node_size for x in tables.degrees]
+    bw = np.array([p.bandwidth(int(x), k) for x, k in zip(tables.degrees, placed)], dtype=np.float64)[None, :]
+    latency = np.array([p.latency(k) for k in placed])[None, :]
     share = (d - 1) / d if p.scheme == "ring" else 1.0 / d
     unit = (2 if p.scheme == "ring" else 1) * tables.degrees[None, :]
     sent = (-(-tables.lengths[:, None] // unit) * unit).astype(np.float64) if p.padded_bytes else L
-    comm = p.bytes_per_token * sent * share / bw + (p.messages_per_step * (d - 1) + p.messages_fixed) * p.latency(intra)
+    comm = p.bytes_per_token * sent * share / bw + (p.messages_per_step * (d - 1) + p.messages_fixed) * latency
     if p.overlap_with_attention:
         comm = np.maximum(0.0, comm - attention)
     comm = np.where(d == 1, 0.0, comm)
@@ -198,7 +204,14 @@ def test_compiled_matrices_equal_numpy_to_the_bit(case):
             assert np.array_equal(m, _numpy_matrix(tables, intra, speed))
             for i in range(0, tables.n_samples, 7):  # the scalar formula, to the last bit
                 assert m[i].tolist() == [
-                    sample_time(tables.profile, int(tables.lengths[i]), float(tables.vision[i]), int(d), intra, speed)
+                    sample_time(
+                        tables.profile,
+                        int(tables.lengths[i]),
+                        float(tables.vision[i]),
+                        int(d),
+                        intra and d <= tables.node_size,
+                        speed,
+                    )
                     for d in tables.degrees
                 ]
     fast = float(tables.rank_speed.max())
@@ -219,3 +232,16 @@ def test_compiled_matrices_equal_numpy_to_the_bit(case):
     assert tables.rank_speed.tolist() == [
         tables.profile.speed_for(tables.problem.cluster.rank_gpu(r).name) for r in range(tables.n_ranks)
     ]
+
+
+def test_unique_rows_gives_what_numpy_unique_gives():
+    from optimizer.costs.group_classes import unique_rows
+
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 7, 500):
+        rows = np.stack([rng.integers(0, 4, n), rng.integers(0, 2, n), rng.choice([0.4, 1.0], n)], axis=1).astype(float)
+        uniq, first, inverse = unique_rows(rows)
+        want = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+        assert np.array_equal(uniq, want[0])
+        assert np.array_equal(first, want[1])
+        assert np.array_equal(inverse, want[2].reshape(-1))

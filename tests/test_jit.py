@@ -161,6 +161,7 @@ def test_the_time_matrix_numpy_form_gives_the_loops_bits(pad_unit: int, overlap:
     degrees = np.array([1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0])
     share, a2a = rng.random(8), rng.random(8) * 0.5
     bandwidth, latency = rng.random(8) * 1e11 + 1e9, rng.random(8) * 1e-4
+    intra_bandwidth, intra_latency = bandwidth * 4.0, latency * 0.5
     args = (
         lengths,
         vision,
@@ -169,6 +170,8 @@ def test_the_time_matrix_numpy_form_gives_the_loops_bits(pad_unit: int, overlap:
         a2a,
         bandwidth,
         latency,
+        intra_bandwidth,
+        intra_latency,
         5e-11,
         2e-7,
         1e-4,
@@ -179,16 +182,20 @@ def test_the_time_matrix_numpy_form_gives_the_loops_bits(pad_unit: int, overlap:
         3e-5,
         pad_unit,
     )
-    forms = [time_kernels.fill_time_matrix.python, time_kernels.fill_time_matrix.py_func]
+    kernel = time_kernels.fill_time_matrices
+    forms = [kernel.python, kernel.py_func]
     if jit.HAVE_NUMBA:
-        forms.append(time_kernels.fill_time_matrix.dispatcher)
+        forms.append(kernel.dispatcher)
     outs = []
     for form in forms:
-        out = np.empty((40, 8))
-        form(*args, out)
-        outs.append(out)
-    for out in outs[1:]:
-        assert np.array_equal(out, outs[0])
+        out, intra_out = np.empty((40, 8)), np.empty((40, 8))
+        form(*args, out, intra_out)
+        outs.append((out, intra_out))
+    for out, intra_out in outs[1:]:
+        assert np.array_equal(out, outs[0][0])
+        assert np.array_equal(intra_out, outs[0][1])
+    assert not np.array_equal(outs[0][0][:, 1:], outs[0][1][:, 1:])  # the links differ
+    assert np.array_equal(outs[0][0][:, 0], outs[0][1][:, 0])  # a group of one sends nothing
 
 
 def test_the_python_forms_serve_small_short_clock_bound_plans_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 
 from optimizer.costs.cp_schemes import exchange, pad_unit, ulysses_width
 from optimizer.costs.profile import CostProfile
-from optimizer.costs.time_kernels import fill_best_columns, fill_best_time, fill_time_matrix
+from optimizer.costs.time_kernels import fill_best_columns, fill_best_time, fill_time_matrices
 from optimizer.errors import InfeasibleError
 from optimizer.plan.sharding import padded_length
 from optimizer.problem.batch import Sample
@@ -235,32 +235,42 @@ class CostTables:
 
     # -- times --------------------------------------------------------------------------------
     def time_matrix(self, intra: bool, speed: float = 1.0) -> np.ndarray:
-        """[n, D] seconds each sample adds to a group of each allowed size (spanning or not)."""
+        """[n, D] seconds each sample adds to a group of each allowed size (spanning or not; a size
+        wider than every node has its spanning times in both)."""
         key = (bool(intra), float(speed))
         cache = self._matrices
         if key not in cache:
-            cache[key] = self._compute_matrix(*key)
+            cache[(False, key[1])], cache[(True, key[1])] = self._compute_matrices(key[1])
         return cache[key]
 
     @cached_property
     def _matrices(self) -> dict[tuple[bool, float], np.ndarray]:
         return {}
 
-    def _compute_matrix(self, intra: bool, speed: float) -> np.ndarray:
+    def _compute_matrices(self, speed: float) -> tuple[np.ndarray, np.ndarray]:
+        """The time matrices across nodes and within one, at ``speed``, in one pass."""
         p = self.profile
         d = self.degrees.astype(np.float64)
         ex = exchange(p, d, self.ulysses_widths)
-        bw = np.array([p.bandwidth(int(x), intra) for x in self.degrees], dtype=np.float64)
-        latency = (p.messages_per_step * ex.steps + p.messages_fixed) * p.latency(intra)
+        sizes = self.degrees.tolist()
+        node = self.node_size
+        # A size wider than every node spans nodes whichever matrix asks: it gets the links across.
+        bw = np.array([p.bandwidth(x, False) for x in sizes], dtype=np.float64)
+        intra_bw = np.array([p.bandwidth(x, x <= node) for x in sizes], dtype=np.float64)
+        messages = p.messages_per_step * ex.steps + p.messages_fixed
+        intra_latency = np.where(self.degrees <= node, messages * p.latency(True), messages * p.latency(False))
         out = np.empty((self.n_samples, d.shape[0]))
-        fill_time_matrix(
+        intra_out = np.empty_like(out)
+        fill_time_matrices(
             self.lengths,
             self.vision,
             d,
             ex.share,
             ex.a2a_share,
             bw,
-            latency,
+            messages * p.latency(False),
+            intra_bw,
+            intra_latency,
             float(p.quadratic),
             float(p.linear),
             float(p.sample_constant),
@@ -271,12 +281,15 @@ class CostTables:
             float(p.sample_step),
             pad_unit(p),
             out,
+            intra_out,
         )
         if self.problem.options.memory == "sample":
             # Sizes below the first that holds the sample alone, at the capacity every rank has.
             fits = np.searchsorted(float(self.sample_capacity.min()) * self.degrees, self.lengths, side="left")
-            out[np.arange(d.shape[0])[None, :] < fits[:, None]] = UNFIT_S
-        return out
+            unfit = np.arange(d.shape[0])[None, :] < fits[:, None]
+            out[unfit] = UNFIT_S
+            intra_out[unfit] = UNFIT_S
+        return out, intra_out
 
     def prepare(self) -> int:
         """Build the time matrices every plan reads: both placements on the slowest GPU (what the
@@ -287,7 +300,7 @@ class CostTables:
             for intra in (True, False):
                 if (intra, speed) not in self._matrices:
                     self.time_matrix(intra, speed)
-                    built += self.n_samples * int(self.degrees.shape[0])
+                    built += 2 * self.n_samples * int(self.degrees.shape[0])
         return built
 
     # -- per-group constants ------------------------------------------------------------------

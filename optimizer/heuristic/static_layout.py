@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from optimizer.costs.group_classes import unique_rows
 from optimizer.costs.tables import CostTables
 from optimizer.heuristic.static_kernels import balance_static, members_by_bin, sort_ties_by_index
 from optimizer.plan.records import Assignment, StaticBaseline
@@ -53,7 +54,8 @@ def _layout(tables: CostTables, c: int) -> _Layout | None:
     intra = np.all(nodes == nodes[:, :1], axis=1)
     speed = tables.rank_speed[:used].reshape(n_groups, c).min(axis=1)
     capacity = tables.rank_capacity[:used].reshape(n_groups, c).min(axis=1)
-    spans, group_class = np.unique(np.stack([intra.astype(np.float64), speed]), axis=1, return_inverse=True)
+    spans, _, group_class = unique_rows(np.stack([intra.astype(np.float64), speed], axis=1))
+    spans = spans.T
     times = np.empty((spans.shape[1], tables.n_samples))
     constant = np.empty(spans.shape[1])
     for k in range(spans.shape[1]):
@@ -64,7 +66,7 @@ def _layout(tables: CostTables, c: int) -> _Layout | None:
     sort_ties_by_index(keys, order)  # as np.argsort(keys, kind="stable"), faster
     rest_min = np.minimum.accumulate(tables.lengths[order][::-1].astype(np.float64))[::-1].copy()
     return _Layout(
-        c, n_groups, order, times, group_class.reshape(-1).astype(np.int64), capacity * c, constant, rest_min
+        c, n_groups, order, times, group_class, capacity * c, constant, rest_min
     )
 
 

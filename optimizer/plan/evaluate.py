@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from optimizer.costs.group_classes import group_spans
+from optimizer.costs.group_classes import group_spans, unique_rows
 from optimizer.costs.tables import CostTables
 from optimizer.plan.group_sets import new_communicators, reporting
 from optimizer.plan.records import Assignment, FlatGroups, GroupPlan, MicroBatchPlan, Plan, SolverStats, StaticBaseline
@@ -27,8 +27,7 @@ def flat_group_times(tables: CostTables, flat: FlatGroups) -> tuple[np.ndarray, 
     gid = np.repeat(np.arange(n_groups), flat.count)
     total = np.zeros(n_groups)
     keys = np.stack([intra.astype(np.float64), speed], axis=1)
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
+    uniq, _, inverse = unique_rows(keys)
     for u in range(uniq.shape[0]):
         matrix = tables.time_matrix(bool(uniq[u, 0]), float(uniq[u, 1]))
         if uniq.shape[0] == 1:
