@@ -282,3 +282,27 @@ def test_memory_first_in_one_pass_opens_micro_batches_as_needed_and_the_search_s
     t0 = time.perf_counter()
     hurried = planner._fewest_memory_first(counts, deadline=t0)
     assert hurried == quick
+
+
+@pytest.mark.parametrize("workload", ["video", "mixed"])
+def test_the_local_search_hands_over_the_flat_arrays_its_groups_give(workload):
+    """LocalSearch.assignment builds Assignment.flat from its own arrays; they equal the arrays made
+    from the groups it returns (after moves and merges, on a mixed cluster too)."""
+    from dataclasses import fields
+
+    from optimizer.costs.tables import CostTables
+    from optimizer.heuristic.local_search import LocalSearch
+    from optimizer.heuristic.packing import HeuristicPlanner
+    from optimizer.plan.records import Assignment
+
+    cluster = "mixed-h100-a100" if workload == "mixed" else "h100-8x8"
+    problem = problem_from_json(
+        {"batch": WORKLOADS[workload](300, seed=2), "cluster_preset": cluster, "model_preset": "qwen2-vl-7b"}
+    )
+    tables = CostTables.build(problem)
+    search = LocalSearch(tables, HeuristicPlanner(tables).plan(), max_rounds=50)
+    search.run()
+    given = search.assignment()
+    rebuilt = Assignment(given.micro_batches).flat
+    for f in fields(rebuilt):
+        assert np.array_equal(getattr(given.flat, f.name), getattr(rebuilt, f.name)), f.name

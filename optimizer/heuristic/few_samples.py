@@ -137,8 +137,7 @@ def few_samples_plan(tables: CostTables, deadline: float | None = None) -> Assig
         return None
     order = np.lexsort((np.arange(k), -tables.lengths))
     speed = float(tables.rank_speed.min())
-    in_node = tables.degrees <= tables.node_size
-    cost = np.where(in_node[None, :], tables.time_matrix(True, speed), tables.time_matrix(False, speed))[order]
+    cost = tables.time_matrix(True, speed)[order]  # within a node up to its size, across nodes above
     prefix = np.zeros((k + 1, cost.shape[1]))
     np.cumsum(cost, axis=0, out=prefix[1:])
     tokens = np.zeros(k + 1)

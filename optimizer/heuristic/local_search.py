@@ -27,7 +27,7 @@ import numpy as np
 from optimizer.costs.group_classes import ClassKey, GroupClasses, class_times, classify
 from optimizer.costs.tables import CostTables
 from optimizer.heuristic.search_kernels import EPS, best_move, micro_batch_tops, refresh_group
-from optimizer.plan.records import Assignment
+from optimizer.plan.records import Assignment, FlatGroups
 
 POLISH_ROUNDS = 200
 """Rounds of the search polishing a whole plan that was built in parts (within the deadline)."""
@@ -314,13 +314,37 @@ class LocalSearch:
         self.rounds = rounds
 
     def assignment(self) -> Assignment:
-        """The current groups with samples, micro-batch by micro-batch, each group's samples ascending."""
-        order = np.argsort(self.s_group, kind="stable")
+        """The current groups with samples, micro-batch by micro-batch, each group's samples ascending
+        (with its flat arrays, :attr:`Assignment.flat`, made from the search's own)."""
+        if self.s_group.shape[0] == 0:
+            return Assignment(())
+        order = np.argsort(self.s_group, kind="stable")  # samples by group, ascending within one
         groups = self.s_group[order]
         starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
-        ends = np.r_[starts[1:], groups.shape[0]].tolist()
-        flat = order.tolist()
-        mbs: list[list[tuple[tuple[int, ...], tuple[int, ...]]]] = [[] for _ in range(self.n_micro_batches)]
-        for g, a, b in zip(groups[starts].tolist(), starts.tolist(), ends, strict=True):
-            mbs[int(self.g_micro_batch[g])].append((self.g_ranks[g], tuple(flat[a:b])))
-        return Assignment(tuple(tuple(mb) for mb in mbs if mb))
+        count = np.diff(np.r_[starts, groups.shape[0]])
+        busy = groups[starts]  # the groups with samples, ascending
+        mb_of = self.g_micro_batch[busy]
+        by_micro_batch = np.argsort(mb_of, kind="stable")  # micro-batch by micro-batch, ascending ids within
+        busy, count, starts, mb_of = busy[by_micro_batch], count[by_micro_batch], starts[by_micro_batch], mb_of[by_micro_batch]
+        ends = np.cumsum(count)
+        samples = order[np.repeat(starts - (ends - count), count) + np.arange(groups.shape[0])]
+        micro_batch = np.cumsum(np.r_[True, mb_of[1:] != mb_of[:-1]]) - 1  # empty micro-batches are dropped
+        ranks = [self.g_ranks[g] for g in busy.tolist()]
+        size = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
+        flat_ranks = np.fromiter(chain.from_iterable(ranks), dtype=np.int64, count=int(size.sum()))
+        rank_start = np.zeros(len(ranks), dtype=np.int64)
+        np.cumsum(size[:-1], out=rank_start[1:])
+        flat = FlatGroups(
+            micro_batch=micro_batch,
+            size=size,
+            ranks=flat_ranks,
+            rank_start=rank_start,
+            samples=samples,
+            count=count,
+            first_rank=flat_ranks[rank_start],
+        )
+        indices = tuple(samples.tolist())
+        bounds = np.r_[0, ends].tolist()
+        pairs = [(r, indices[a:b]) for r, a, b in zip(ranks, bounds, bounds[1:])]
+        cuts = np.r_[0, np.flatnonzero(micro_batch[1:] != micro_batch[:-1]) + 1, len(pairs)].tolist()
+        return Assignment.with_flat(tuple(tuple(pairs[a:b]) for a, b in zip(cuts, cuts[1:])), flat)

@@ -81,12 +81,9 @@ class HeuristicPlanner:
         self.capacity = float(tables.rank_capacity.min())
         self.degrees = [int(d) for d in tables.degrees]
         self.node_size = tables.node_size
-        speed = float(tables.rank_speed.min())
-        intra = tables.time_matrix(True, speed)
-        inter = tables.time_matrix(False, speed)
-        in_node = int(np.searchsorted(tables.degrees, self.node_size, side="right"))  # sizes are ascending
-        # [n, D] time on a well-placed group of each size: within a node up to the node size.
-        self.cost = np.concatenate([intra[:, :in_node], inter[:, in_node:]], axis=1)
+        # [n, D] time on a well-placed group of each size: within a node up to the node size, across
+        # nodes above (the intra-node matrix holds exactly that: a size wider than a node spans nodes).
+        self.cost = tables.time_matrix(True, float(tables.rank_speed.min()))
         self.lengths = tables.lengths.astype(np.float64)
         self.min_j = self._min_degree_index()
         if floor > 1:

@@ -68,25 +68,24 @@ def build_plan(
     starts = np.zeros(flat.count.shape[0] + 1, dtype=np.int64)
     np.cumsum(flat.count, out=starts[1:])
     bounds = starts.tolist()
-    groups = [g for mb in assignment.micro_batches for g in mb]
-    time_list, intra_list = times.tolist(), intra.tolist()
-    mbs = []
-    step = 0.0
-    for order in _by_first_rank(flat, len(assignment.micro_batches)):
-        plan_mb = MicroBatchPlan(
-            tuple(
-                GroupPlan(
-                    groups[g][0],
-                    flat_ids[bounds[g] : bounds[g + 1]],
-                    flat_lengths[bounds[g] : bounds[g + 1]],
-                    time_list[g],
-                    intra_list[g],
-                )
-                for g in order
-            )
+    spans = list(zip(bounds, bounds[1:]))
+    group_plans = list(
+        map(
+            GroupPlan,
+            [ranks for mb in assignment.micro_batches for ranks, _ in mb],
+            [flat_ids[a:b] for a, b in spans],
+            [flat_lengths[a:b] for a, b in spans],
+            times.tolist(),
+            intra.tolist(),
         )
+    )
+    mbs = [
+        MicroBatchPlan(tuple(map(group_plans.__getitem__, order)))
+        for order in _by_first_rank(flat, len(assignment.micro_batches))
+    ]
+    step = 0.0
+    for plan_mb in mbs:
         step += plan_mb.predicted_time_s
-        mbs.append(plan_mb)
     problem = tables.problem
     # The per-step constant (gradient all-reduce, optimizer step) is the same for every plan: it adds
     # to the step, the bound and the static layout alike.

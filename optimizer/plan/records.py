@@ -55,6 +55,13 @@ class Assignment:
             )
         )
 
+    @classmethod
+    def with_flat(cls, micro_batches: tuple[tuple[GroupAssignment, ...], ...], flat: FlatGroups) -> Assignment:
+        """An assignment whose :attr:`flat` arrays its maker already has (they must describe ``micro_batches``)."""
+        out = cls(micro_batches)
+        out.__dict__["flat"] = flat
+        return out
+
     @cached_property
     def flat(self) -> FlatGroups:
         groups = [g for mb in self.micro_batches for g in mb]
@@ -130,7 +137,7 @@ class SolverStats:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GroupPlan:
     ranks: tuple[int, ...]
     samples: tuple[str, ...]

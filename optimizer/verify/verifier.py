@@ -416,9 +416,11 @@ def _sample_indices(plan: Plan, problem: Problem, report: Report) -> tuple[np.nd
     reported and left out."""
     index = problem.batch.index
     ids = [g.samples for mb in plan.micro_batches for g in mb.groups]
+    offsets = _offsets(ids)
     try:
         # One pass of dictionary look-ups; a KeyError sends the plan to the per-group pass that names unknown ids.
-        return np.array(list(map(index.__getitem__, chain.from_iterable(ids))), dtype=np.int64), _offsets(ids)
+        looked_up = map(index.__getitem__, chain.from_iterable(ids))
+        return np.fromiter(looked_up, dtype=np.int64, count=int(offsets[-1])), offsets
     except KeyError:
         pass
     known: list[list[int]] = []
@@ -443,7 +445,14 @@ def verify(plan: Plan, problem: Problem) -> Report:
     report.step_time_s = base.step_time_s
     report.micro_batches_s = base.micro_batches_s
 
-    claims = GroupClaims.of([g.predicted_time_s for g in groups], [g.intra_node for g in groups])
+    n = len(groups)
+    every = np.ones(n, dtype=np.bool_)  # a plan object states every group's time and span
+    claims = GroupClaims(
+        np.fromiter(map(attrgetter("predicted_time_s"), groups), dtype=np.float64, count=n),
+        np.fromiter(map(attrgetter("intra_node"), groups), dtype=np.bool_, count=n),
+        every,
+        every,
+    )
     report.violations.extend(_claim_violations(flat, rec, claims, group_place))
     if not close(plan.predicted_step_time_s, base.step_time_s):
         report.violations.append(
