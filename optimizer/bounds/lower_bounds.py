@@ -29,6 +29,7 @@ The solver backends add LP-relaxation bounds on top of these.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -63,16 +64,21 @@ def single_sample_bound(tables: CostTables, fastest: np.ndarray | None = None) -
     return float(fastest.max())
 
 
-def _area_search(
-    tables: CostTables,
-    memory: float,
-    floor: float,
-    rel_tol: float,
-    extremes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-) -> float:
-    """Smallest S >= floor with sum_i e_i(S) + ``memory`` <= N S, by bisection to ``rel_tol``
-    (``extremes``: :func:`_extremes` of the tables when already computed)."""
-    fastest, best_area, best_area_time = _extremes(tables) if extremes is None else extremes
+@dataclass(frozen=True)
+class _Frontiers:
+    """What the area searches read (:func:`optimizer.bounds.bound_kernels.area_frontiers`): the search's
+    floor ``lo``, the fixed samples' areas ``base`` and the other samples' frontiers above ``lo``. Valid
+    for every search that starts at ``lo``; the area and micro-batch bounds both do."""
+
+    lo: float
+    base: float
+    start: np.ndarray
+    finish: np.ndarray
+    area: np.ndarray
+
+
+def _frontiers(tables: CostTables, floor: float, extremes: tuple[np.ndarray, np.ndarray, np.ndarray]) -> _Frontiers:
+    fastest, best_area, best_area_time = extremes
     lo = float(max(floor, single_sample_bound(tables, fastest)))
     # Samples whose cheapest-area size already finishes within lo never change: fold them in once.
     fixed = best_area_time <= lo
@@ -93,7 +99,24 @@ def _area_search(
         finish,
         area,
     )
-    return float(area_search(lo, base, memory, start, finish, area, float(tables.n_ranks), rel_tol))
+    return _Frontiers(lo, base, start, finish, area)
+
+
+def _area_search(
+    tables: CostTables,
+    memory: float,
+    floor: float,
+    rel_tol: float,
+    extremes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    frontiers: _Frontiers | None = None,
+) -> float:
+    """Smallest S >= floor with sum_i e_i(S) + ``memory`` <= N S, by bisection to ``rel_tol``
+    (``extremes``: :func:`_extremes` of the tables when already computed; ``frontiers``: the
+    frontiers when already computed from the same floor)."""
+    if frontiers is None:
+        frontiers = _frontiers(tables, floor, _extremes(tables) if extremes is None else extremes)
+    f = frontiers
+    return float(area_search(f.lo, f.base, memory, f.start, f.finish, f.area, float(tables.n_ranks), rel_tol))
 
 
 def area_bound(
@@ -101,10 +124,11 @@ def area_bound(
     floor: float = 0.0,
     rel_tol: float = 1e-5,
     extremes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    frontiers: _Frontiers | None = None,
 ) -> float:
     """Smallest S with sum_i e_i(S) + b sum L / C <= N S (bound 2 of the module docstring)."""
     memory_ranks = float(tables.lengths.sum()) / float(tables.rank_capacity.max())
-    return _area_search(tables, tables.group_constant * memory_ranks, floor, rel_tol, extremes)
+    return _area_search(tables, tables.group_constant * memory_ranks, floor, rel_tol, extremes, frontiers)
 
 
 def fewest_micro_batches(tables: CostTables) -> int:
@@ -114,21 +138,25 @@ def fewest_micro_batches(tables: CostTables) -> int:
 
 
 def micro_batch_bound(
-    tables: CostTables, rel_tol: float = 1e-5, extremes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    tables: CostTables,
+    rel_tol: float = 1e-5,
+    extremes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    frontiers: _Frontiers | None = None,
 ) -> float:
     """Bound 3 of the module docstring: (M - 1) b + S', S' the smallest with sum_i e_i(S') + N b <= N S'."""
     m = fewest_micro_batches(tables)
     b = tables.group_constant
-    return (m - 1) * b + _area_search(tables, tables.n_ranks * b, 0.0, rel_tol, extremes)
+    return (m - 1) * b + _area_search(tables, tables.n_ranks * b, 0.0, rel_tol, extremes, frontiers)
 
 
 def bound_parts(tables: CostTables) -> dict[str, float]:
     """Every lower bound of the module docstring by name (the largest is the problem's bound)."""
     tables = tables.for_bounds
     extremes = _extremes(tables)
-    parts = {"area": area_bound(tables, extremes=extremes)}
+    frontiers = _frontiers(tables, 0.0, extremes)  # both searches start at the single-sample bound
+    parts = {"area": area_bound(tables, extremes=extremes, frontiers=frontiers)}
     if tables.group_constant > 0:  # without a per-micro-batch constant bound 3 is bound 2 without its memory term
-        parts["micro_batches"] = micro_batch_bound(tables, extremes=extremes)
+        parts["micro_batches"] = micro_batch_bound(tables, extremes=extremes, frontiers=frontiers)
     fewest = fewest_micro_batches(tables)
     slow = long_sample_bound(tables, fewest, extremes[0], extremes[1])
     if slow is not None:

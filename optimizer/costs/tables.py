@@ -338,11 +338,25 @@ class CostTables:
         """Whether the group constant depends on the group's size or span (``comm.group_messages``)."""
         return self.profile.has_group_exchange
 
+    @cached_property
+    def intra_never_slower(self) -> bool:
+        """Whether no sample is slower within a node than across nodes, on any size: the links within a
+        node are at least as fast and no slower to start on every size that fits one (a sample's
+        message time grows with the latency and falls with the bandwidth). Then the intra-node matrix is
+        the best placement of every size (wider sizes hold their spanning times there)."""
+        p = self.profile
+        fitting = [d for d in self.degrees.tolist() if d <= self.node_size]
+        return p.latency(True) <= p.latency(False) and all(p.bandwidth(d, True) >= p.bandwidth(d, False) for d in fitting)
+
     def best_placements(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """What :attr:`best_time` picks from: the intra- and inter-node matrices on the fastest GPU and,
-        per size, whether it fits a node (see :func:`optimizer.costs.time_kernels.best_placement`)."""
+        per size, whether it fits a node (see :func:`optimizer.costs.time_kernels.best_placement`).
+        When :attr:`intra_never_slower`, the intra-node matrix stands for both (the loops that pick then
+        read one matrix instead of two)."""
         fast = float(self.rank_speed.max())
-        return self.time_matrix(True, fast), self.time_matrix(False, fast), self.degrees <= self.node_size
+        intra = self.time_matrix(True, fast)
+        inter = intra if self.intra_never_slower else self.time_matrix(False, fast)
+        return intra, inter, self.degrees <= self.node_size
 
     @cached_property
     def best_time(self) -> np.ndarray:

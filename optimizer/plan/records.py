@@ -139,6 +139,9 @@ class SolverStats:
 
 @dataclass(frozen=True, slots=True)
 class GroupPlan:
+    """One group of a micro-batch: its ranks, its samples' ids and lengths, its predicted seconds and
+    whether it lies within one node (slots: a plan holds one per group, thousands on large batches)."""
+
     ranks: tuple[int, ...]
     samples: tuple[str, ...]
     lengths: tuple[int, ...]
