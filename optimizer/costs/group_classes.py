@@ -84,19 +84,23 @@ def classify(tables: CostTables, ranks: list[tuple[int, ...]]) -> GroupClasses:
     return GroupClasses(keys, number[inverse], capacity)
 
 
-def class_times(
-    tables: CostTables, keys: list[ClassKey], columns: dict[ClassKey, np.ndarray] | None = None
-) -> np.ndarray:
+def class_times(tables: CostTables, keys: list[ClassKey]) -> np.ndarray:
     """[n_samples, classes]: each sample's time on a group of each class.
 
-    ``columns``, when given, caches each class's column (contiguous) across calls."""
+    Columns are gathered from each time matrix at once (a pass over its rows, not one per column). A
+    class across nodes whose size is wider than every node reads the intra-node matrix, which holds
+    the same spanning times for such sizes, so most batches gather from one matrix only."""
+    node = tables.node_size
+    degrees = tables.degrees.tolist()
+    sources: dict[tuple[bool, float], tuple[list[int], list[int]]] = {}
+    for c, (j, intra, speed) in enumerate(keys):
+        cs, js = sources.setdefault((intra or degrees[j] > node, speed), ([], []))
+        cs.append(c)
+        js.append(j)
+    if len(sources) == 1:
+        ((intra, speed), (_, js)), = sources.items()
+        return np.ascontiguousarray(tables.time_matrix(intra, speed)[:, js])  # rows contiguous, as loops read them
     times = np.empty((tables.n_samples, len(keys)))
-    for c, key in enumerate(keys):
-        column = columns.get(key) if columns is not None else None
-        if column is None:
-            j, intra, speed = key
-            column = np.ascontiguousarray(tables.time_matrix(intra, speed)[:, j])
-            if columns is not None:
-                columns[key] = column
-        times[:, c] = column
+    for (intra, speed), (cs, js) in sources.items():
+        times[:, cs] = tables.time_matrix(intra, speed)[:, js]
     return times

@@ -92,7 +92,6 @@ class HeuristicPlanner:
             )
         self.total_tokens = float(self.lengths.sum())
         self.probes = BEST_FIT_PROBES if self.lengths.shape[0] <= LARGE_BATCH else LARGE_BATCH_PROBES
-        self._columns: dict[tuple[int, bool, float], np.ndarray] = {}
 
     def _min_degree_index(self) -> np.ndarray:
         # The first size whose memory holds the sample (sizes are ascending).
@@ -151,9 +150,8 @@ class HeuristicPlanner:
     def _fluid_split(self) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
         """Samples that finish on their memory-minimal size within every target tried (all targets
         are at least the slowest sample's best time): their rank-seconds, once; and the others."""
-        rows = np.arange(self.cost.shape[0])
-        t_min = self.cost[rows, self.min_j]
-        lo = self._slowest_alone()
+        t_min = self._memory_minimal_times
+        lo = self._slowest_alone
         fixed = t_min + self.bj[self.min_j] <= lo
         rest = np.flatnonzero(~fixed)
         return (
@@ -168,18 +166,23 @@ class HeuristicPlanner:
         work = fixed_work + fluid_work(cost, min_j, fastest, self.t.degrees, self.bj, float(target))
         return work / max(target - self.b, 1e-12)
 
+    @cached_property
     def _slowest_alone(self) -> float:
         """The latest of the samples' earliest finishes (each alone on its fastest size)."""
         fastest = self._fastest
         return float((self.bj[fastest] + self.cost[np.arange(self.cost.shape[0]), fastest]).max())
 
+    @cached_property
+    def _memory_minimal_times(self) -> np.ndarray:
+        """[n] each sample's time on its memory-minimal size."""
+        return self.cost[np.arange(self.cost.shape[0]), self.min_j]
+
     def target_time(self, n_micro_batches: int) -> float:
         avail = n_micro_batches * self.t.n_ranks
-        rows = np.arange(self.cost.shape[0])
-        lo = self._slowest_alone()
+        lo = self._slowest_alone
         if self.fluid_ranks(lo) <= avail:
             return lo
-        t_min = self.cost[rows, self.min_j]
+        t_min = self._memory_minimal_times
         hi = float((self.bj[self.min_j] + t_min).max()) + float((t_min * self.t.degrees[self.min_j]).sum()) / avail
         while self.fluid_ranks(hi) > avail:
             hi *= 2
@@ -416,7 +419,7 @@ class HeuristicPlanner:
         n_long = g_size.shape[0]
         classes = classify(self.t, ranks)
         keys, group_class = classes.keys, classes.group_class
-        times = class_times(self.t, keys, self._columns)
+        times = class_times(self.t, keys)
         # A group's real load (its span may differ from the packing's assumption), summed in packing order.
         load = np.bincount(long_group, weights=times[long_idx, group_class[long_group]], minlength=len(ranks))
         if self.t.varying_group_constant:  # each group starts with its messages' time (b is every group's)
