@@ -132,7 +132,9 @@ def _numpy_matrix(tables: CostTables, intra: bool, speed: float) -> np.ndarray:
     compute = (p.quadratic * L * L + p.linear * L + tables.vision[:, None]) / d / speed + p.sample_constant / speed
     compute = np.where(d == 1, compute, compute + p.sample_step * (d - 1) / speed)
     placed = [intra and int(x) <= tables.node_size for x in tables.degrees]
-    bw = np.array([p.bandwidth(int(x), k) for x, k in zip(tables.degrees, placed)], dtype=np.float64)[None, :]
+    bw = np.array([p.bandwidth(int(x), k) for x, k in zip(tables.degrees, placed, strict=True)], dtype=np.float64)[
+        None, :
+    ]
     latency = np.array([p.latency(k) for k in placed])[None, :]
     share = (d - 1) / d if p.scheme == "ring" else 1.0 / d
     unit = (2 if p.scheme == "ring" else 1) * tables.degrees[None, :]

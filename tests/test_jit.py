@@ -246,3 +246,19 @@ def test_a_numba_that_will_not_import_leaves_the_python_forms() -> None:
     assert report["out"] == [[1.0]] and report["compiled"] is False
     if jit.HAVE_NUMBA:
         assert "numba is broken here" in report["error"]
+
+
+def test_the_column_gather_forms_agree() -> None:
+    import numpy as np
+
+    from optimizer.costs.time_kernels import gather_columns
+
+    matrix = np.random.default_rng(4).random((50, 12))
+    columns = np.array([3, 0, 11, 3, 7], dtype=np.int64)
+    forms = [gather_columns.python, gather_columns.py_func]
+    if jit.HAVE_NUMBA:
+        forms.append(gather_columns.dispatcher)
+    for form in forms:
+        out = np.empty((50, 5))
+        form(matrix, columns, out)
+        assert np.array_equal(out, matrix[:, columns])

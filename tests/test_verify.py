@@ -86,6 +86,27 @@ def test_plan_level_checks(problem):
     assert any("recomputed" in v for v in verify(tampered, problem).violations)
 
 
+def test_the_plans_own_sample_indices_are_checked_before_they_are_read(problem):
+    """verify reads Plan.sample_indices only when they name the ids the groups list: stale or wrong
+    indices send it to the id-by-id look-up, which judges the groups as they are."""
+    result = plan(problem)
+    assert result.sample_indices is not None
+    assert sorted(result.sample_indices) == list(range(len(problem.batch.samples)))
+    assert verify(result, problem).ok
+    assert verify(replace(result, sample_indices=tuple(reversed(result.sample_indices))), problem).ok
+    assert verify(replace(result, sample_indices=(99,) * len(result.sample_indices)), problem).ok
+    assert verify(replace(result, sample_indices=None), problem).ok
+    # A sample listed twice, its indices left as they were: caught either way.
+    groups = [g for mb in result.micro_batches for g in mb.groups]
+    first = groups[0]
+    doubled = replace(first, samples=first.samples + (groups[-1].samples[0],), lengths=first.lengths + (1,))
+    mb = result.micro_batches[0]
+    tampered = replace(
+        result, micro_batches=(replace(mb, groups=(doubled,) + mb.groups[1:]),) + result.micro_batches[1:]
+    )
+    assert any("more than once" in v for v in verify(tampered, problem).violations)
+
+
 # -- every message, word for word --------------------------------------------------------------
 
 

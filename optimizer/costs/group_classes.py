@@ -13,6 +13,7 @@ from itertools import chain
 import numpy as np
 
 from optimizer.costs.tables import CostTables
+from optimizer.costs.time_kernels import gather_columns
 
 ClassKey = tuple[int, bool, float]
 
@@ -97,10 +98,11 @@ def class_times(tables: CostTables, keys: list[ClassKey]) -> np.ndarray:
         cs, js = sources.setdefault((intra or degrees[j] > node, speed), ([], []))
         cs.append(c)
         js.append(j)
-    if len(sources) == 1:
-        ((intra, speed), (_, js)), = sources.items()
-        return np.ascontiguousarray(tables.time_matrix(intra, speed)[:, js])  # rows contiguous, as loops read them
     times = np.empty((tables.n_samples, len(keys)))
+    if len(sources) == 1:
+        (((intra, speed), (_, js)),) = sources.items()
+        gather_columns(tables.time_matrix(intra, speed), np.array(js, dtype=np.int64), times)
+        return times
     for (intra, speed), (cs, js) in sources.items():
         times[:, cs] = tables.time_matrix(intra, speed)[:, js]
     return times

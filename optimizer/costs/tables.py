@@ -12,8 +12,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import chain
-from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -23,7 +21,7 @@ from optimizer.costs.profile import CostProfile
 from optimizer.costs.time_kernels import fill_best_columns, fill_best_time, fill_time_matrices
 from optimizer.errors import InfeasibleError
 from optimizer.plan.sharding import padded_length
-from optimizer.problem.batch import Sample
+from optimizer.problem.batch import Batch, Sample
 from optimizer.problem.degrees import allowed_degrees, binding_rules, group_capacities
 from optimizer.problem.problem import Problem
 
@@ -69,18 +67,16 @@ def sample_time(
     return compute + comm
 
 
-def vision_work_array(profile: CostProfile, samples: Sequence[Sample]) -> np.ndarray:
+def vision_work_array(profile: CostProfile, batch: Batch) -> np.ndarray:
     """:func:`vision_work` of every sample, as an array (the same sums, image by image in order)."""
-    n = len(samples)
+    n = len(batch)
     if not (profile.vision_linear or profile.vision_quadratic):
         return np.zeros(n)
-    images = list(map(attrgetter("images"), samples))
-    counts = np.fromiter(map(len, images), dtype=np.int64, count=n)
-    flat = list(chain.from_iterable(images))
-    tokens = np.fromiter(map(attrgetter("tokens"), flat), dtype=np.float64, count=len(flat))
-    frames = np.fromiter(map(attrgetter("frames"), flat), dtype=np.float64, count=len(flat))
+    images = batch.images
+    tokens, frames = images.tokens.astype(np.float64), images.frames.astype(np.float64)
     work = frames * (profile.vision_linear * tokens + profile.vision_quadratic * tokens * tokens)
-    if len(flat) == n and n and counts.min() == 1:
+    counts = images.counts
+    if work.shape[0] == n and n and counts.min() == 1:
         return work
     # bincount adds each sample's images in order, starting from zero, as the scalar sum does.
     return np.bincount(np.repeat(np.arange(n), counts), weights=work, minlength=n)
@@ -108,7 +104,7 @@ class CostTables:
         cluster = problem.cluster
         samples = problem.batch.samples
         lengths = np.fromiter(problem.batch.lengths, dtype=np.int64, count=len(samples))
-        vision = vision_work_array(profile, samples)
+        vision = vision_work_array(profile, problem.batch)
         rank_node = np.asarray(cluster.rank_node, dtype=np.int64)
         gpu_names = [n.gpu.name for n in cluster.nodes]
         rank_speed = np.array([profile.speed_for(g) for g in gpu_names], dtype=np.float64)[rank_node]
@@ -346,7 +342,9 @@ class CostTables:
         the best placement of every size (wider sizes hold their spanning times there)."""
         p = self.profile
         fitting = [d for d in self.degrees.tolist() if d <= self.node_size]
-        return p.latency(True) <= p.latency(False) and all(p.bandwidth(d, True) >= p.bandwidth(d, False) for d in fitting)
+        return p.latency(True) <= p.latency(False) and all(
+            p.bandwidth(d, True) >= p.bandwidth(d, False) for d in fitting
+        )
 
     def best_placements(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """What :attr:`best_time` picks from: the intra- and inter-node matrices on the fastest GPU and,

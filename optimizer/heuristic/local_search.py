@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, pairwise
 
 import numpy as np
 
@@ -325,7 +325,12 @@ class LocalSearch:
         busy = groups[starts]  # the groups with samples, ascending
         mb_of = self.g_micro_batch[busy]
         by_micro_batch = np.argsort(mb_of, kind="stable")  # micro-batch by micro-batch, ascending ids within
-        busy, count, starts, mb_of = busy[by_micro_batch], count[by_micro_batch], starts[by_micro_batch], mb_of[by_micro_batch]
+        busy, count, starts, mb_of = (
+            busy[by_micro_batch],
+            count[by_micro_batch],
+            starts[by_micro_batch],
+            mb_of[by_micro_batch],
+        )
         ends = np.cumsum(count)
         samples = order[np.repeat(starts - (ends - count), count) + np.arange(groups.shape[0])]
         micro_batch = np.cumsum(np.r_[True, mb_of[1:] != mb_of[:-1]]) - 1  # empty micro-batches are dropped
@@ -345,6 +350,6 @@ class LocalSearch:
         )
         indices = tuple(samples.tolist())
         bounds = np.r_[0, ends].tolist()
-        pairs = [(r, indices[a:b]) for r, a, b in zip(ranks, bounds, bounds[1:])]
+        pairs = [(r, indices[a:b]) for r, (a, b) in zip(ranks, pairwise(bounds), strict=True)]
         cuts = np.r_[0, np.flatnonzero(micro_batch[1:] != micro_batch[:-1]) + 1, len(pairs)].tolist()
-        return Assignment.with_flat(tuple(tuple(pairs[a:b]) for a, b in zip(cuts, cuts[1:])), flat)
+        return Assignment.with_flat(tuple(tuple(pairs[a:b]) for a, b in pairwise(cuts)), flat)

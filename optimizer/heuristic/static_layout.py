@@ -65,9 +65,7 @@ def _layout(tables: CostTables, c: int) -> _Layout | None:
     order = np.argsort(keys)
     sort_ties_by_index(keys, order)  # as np.argsort(keys, kind="stable"), faster
     rest_min = np.minimum.accumulate(tables.lengths[order][::-1].astype(np.float64))[::-1].copy()
-    return _Layout(
-        c, n_groups, order, times, group_class, capacity * c, constant, rest_min
-    )
+    return _Layout(c, n_groups, order, times, group_class, capacity * c, constant, rest_min)
 
 
 def _balance(tables: CostTables, layout: _Layout, micro_batches: int) -> _Balanced | None:

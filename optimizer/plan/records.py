@@ -193,6 +193,10 @@ class Plan:
     """Why there is no ``static_baseline``: the rule that ruled out every static layout, or why none was computed."""
     model: str | None = None
     """The name of the model the plan was made for (its costs, memory and heads)."""
+    sample_indices: tuple[int, ...] | None = None
+    """The batch index of every sample the groups list, group after group in the plan's order, as the
+    planner knew them (None: not given). The verifier checks them against the ids and then reads them
+    instead of looking every id up; a plan whose groups were changed without them is looked up id by id."""
 
     def ulysses_size(self, d: int) -> int:
         """The Ulysses width of a group of ``d`` ranks (1 outside the hybrid scheme)."""

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import chain
+from operator import attrgetter
+
+import numpy as np
 
 from optimizer.errors import ProblemError
 
@@ -103,6 +107,21 @@ class Sample:
 
 
 @dataclass(frozen=True)
+class ImageArrays:
+    """The images of a batch as flat arrays: sample i's are ``start[i]:start[i + 1]`` of ``tokens``
+    (visual tokens per frame) and ``frames``, in the sample's order."""
+
+    start: np.ndarray
+    tokens: np.ndarray
+    frames: np.ndarray
+
+    @property
+    def counts(self) -> np.ndarray:
+        """[n] images per sample."""
+        return np.diff(self.start)
+
+
+@dataclass(frozen=True)
 class Batch:
     """A global batch. Sample ids are unique."""
 
@@ -137,6 +156,19 @@ class Batch:
     @cached_property
     def lengths(self) -> tuple[int, ...]:
         return tuple(s.length for s in self.samples)
+
+    @cached_property
+    def images(self) -> ImageArrays:
+        """Every sample's images as arrays (read once per batch by the cost tables and the verifier alike)."""
+        per_sample = list(map(attrgetter("images"), self.samples))
+        start = np.zeros(len(per_sample) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, per_sample), dtype=np.int64, count=len(per_sample)), out=start[1:])
+        both = np.fromiter(
+            chain.from_iterable(map(attrgetter("tokens", "frames"), chain.from_iterable(per_sample))),
+            dtype=np.int64,
+            count=2 * int(start[-1]),
+        )
+        return ImageArrays(start=start, tokens=both[0::2].copy(), frames=both[1::2].copy())
 
     @cached_property
     def index(self) -> dict[str, int]:

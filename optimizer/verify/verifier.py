@@ -165,12 +165,9 @@ class _Facts:
         self.lengths = np.fromiter(problem.batch.lengths, dtype=np.int64, count=len(samples))
         self.vision = np.zeros(len(samples))
         if profile.vision_linear or profile.vision_quadratic:
-            images = [s.images for s in samples]
-            flat = list(chain.from_iterable(images))
-            tokens = np.fromiter(map(attrgetter("tokens"), flat), dtype=np.int64, count=len(flat))
-            frames = np.fromiter(map(attrgetter("frames"), flat), dtype=np.int64, count=len(flat))
+            images = problem.batch.images
             vision_seconds(
-                tokens, frames, _offsets(images), profile.vision_linear, profile.vision_quadratic, self.vision
+                images.tokens, images.frames, images.start, profile.vision_linear, profile.vision_quadratic, self.vision
             )
         self.rank_node = np.asarray(cluster.rank_node, dtype=np.int64)
         names = [node.gpu.name for node in cluster.nodes]
@@ -414,9 +411,12 @@ def _close(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _sample_indices(plan: Plan, problem: Problem, report: Report) -> tuple[np.ndarray, np.ndarray]:
     """The batch indices of every group's samples, concatenated, and their offsets; unknown ids are
     reported and left out."""
-    index = problem.batch.index
     ids = [g.samples for mb in plan.micro_batches for g in mb.groups]
     offsets = _offsets(ids)
+    given = _given_indices(plan, problem, ids, int(offsets[-1]))
+    if given is not None:
+        return given, offsets
+    index = problem.batch.index
     try:
         # One pass of dictionary look-ups; a KeyError sends the plan to the per-group pass that names unknown ids.
         looked_up = map(index.__getitem__, chain.from_iterable(ids))
@@ -431,6 +431,20 @@ def _sample_indices(plan: Plan, problem: Problem, report: Report) -> tuple[np.nd
                 report.violations.append(f"{group_place(m, k)}: unknown samples {unknown[:5]}")
             known.append([index[s] for s in g.samples if s in index])
     return _ints(known)
+
+
+def _given_indices(plan: Plan, problem: Problem, ids: list[tuple[str, ...]], total: int) -> np.ndarray | None:
+    """The plan's own ``sample_indices`` when they name exactly the ids its groups list (each index in
+    range, the batch's sample there having that id), else None."""
+    if plan.sample_indices is None or len(plan.sample_indices) != total:
+        return None
+    given = np.array(plan.sample_indices, dtype=np.int64)
+    samples = problem.batch.samples
+    if total and (given.min() < 0 or given.max() >= len(samples)):
+        return None
+    batch_ids = np.fromiter(map(attrgetter("id"), samples), dtype=object, count=len(samples))
+    listed = np.fromiter(chain.from_iterable(ids), dtype=object, count=total)
+    return given if bool(np.all(batch_ids[given] == listed)) else None
 
 
 def verify(plan: Plan, problem: Problem) -> Report:
