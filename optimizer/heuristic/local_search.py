@@ -335,19 +335,7 @@ class LocalSearch:
         samples = order[np.repeat(starts - (ends - count), count) + np.arange(groups.shape[0])]
         micro_batch = np.cumsum(np.r_[True, mb_of[1:] != mb_of[:-1]]) - 1  # empty micro-batches are dropped
         ranks = [self.g_ranks[g] for g in busy.tolist()]
-        size = np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
-        flat_ranks = np.fromiter(chain.from_iterable(ranks), dtype=np.int64, count=int(size.sum()))
-        rank_start = np.zeros(len(ranks), dtype=np.int64)
-        np.cumsum(size[:-1], out=rank_start[1:])
-        flat = FlatGroups(
-            micro_batch=micro_batch,
-            size=size,
-            ranks=flat_ranks,
-            rank_start=rank_start,
-            samples=samples,
-            count=count,
-            first_rank=flat_ranks[rank_start],
-        )
+        flat = FlatGroups.of(micro_batch, ranks, samples, count)
         indices = tuple(samples.tolist())
         bounds = np.r_[0, ends].tolist()
         pairs = [(r, indices[a:b]) for r, (a, b) in zip(ranks, pairwise(bounds), strict=True)]

@@ -36,6 +36,22 @@ class FlatGroups:
     count: np.ndarray  # [G] samples per group
     first_rank: np.ndarray  # [G]
 
+    @classmethod
+    def of(
+        cls, micro_batch: np.ndarray, ranks: Sequence[Sequence[int]], samples: np.ndarray, count: np.ndarray
+    ) -> FlatGroups:
+        """The arrays of groups with ranks ``ranks`` (one sequence per group, -1 as the first rank of a
+        group without any) and samples ``samples`` (``count[g]`` for group g, one group after the other)."""
+        n = len(ranks)
+        size = np.fromiter(map(len, ranks), dtype=np.int64, count=n)
+        flat = np.fromiter(chain.from_iterable(ranks), dtype=np.int64, count=int(size.sum()))
+        rank_start = np.zeros(n, dtype=np.int64)
+        np.cumsum(size[:-1], out=rank_start[1:])
+        first_rank = (
+            flat[rank_start] if n and size.min() > 0 else np.array([r[0] if r else -1 for r in ranks], dtype=np.int64)
+        )
+        return cls(micro_batch, size, flat, rank_start, samples, count, first_rank)
+
 
 @dataclass(frozen=True)
 class Assignment:
@@ -66,27 +82,10 @@ class Assignment:
     def flat(self) -> FlatGroups:
         groups = [g for mb in self.micro_batches for g in mb]
         n = len(groups)
-        size = np.fromiter(map(len, (r for r, _ in groups)), dtype=np.int64, count=n)
         count = np.fromiter(map(len, (s for _, s in groups)), dtype=np.int64, count=n)
-        ranks = np.fromiter(chain.from_iterable(r for r, _ in groups), dtype=np.int64, count=int(size.sum()))
         samples = np.fromiter(chain.from_iterable(s for _, s in groups), dtype=np.int64, count=int(count.sum()))
-        rank_start = np.zeros(n, dtype=np.int64)
-        np.cumsum(size[:-1], out=rank_start[1:])
         micro_batch = np.repeat(np.arange(len(self.micro_batches)), [len(mb) for mb in self.micro_batches])
-        first_rank = (
-            ranks[rank_start]
-            if n and size.min() > 0
-            else np.array([r[0] if r else -1 for r, _ in groups], dtype=np.int64)
-        )
-        return FlatGroups(
-            micro_batch=micro_batch,
-            size=size,
-            ranks=ranks,
-            rank_start=rank_start,
-            samples=samples,
-            count=count,
-            first_rank=first_rank,
-        )
+        return FlatGroups.of(micro_batch, [r for r, _ in groups], samples, count)
 
 
 # -- the plan ---------------------------------------------------------------------------------

@@ -6,10 +6,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import chain
 from operator import attrgetter
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from optimizer.errors import ProblemError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MAX_TOKENS = 10**9
 """Largest token or frame count of one field (a billion: far above any sample, far below overflow)."""
@@ -118,7 +120,7 @@ class ImageArrays:
     @property
     def counts(self) -> np.ndarray:
         """[n] images per sample."""
-        return np.diff(self.start)
+        return self.start[1:] - self.start[:-1]
 
 
 @dataclass(frozen=True)
@@ -155,11 +157,13 @@ class Batch:
 
     @cached_property
     def lengths(self) -> tuple[int, ...]:
-        return tuple(s.length for s in self.samples)
+        return tuple(map(attrgetter("length"), self.samples))
 
     @cached_property
     def images(self) -> ImageArrays:
         """Every sample's images as arrays (read once per batch by the cost tables and the verifier alike)."""
+        import numpy as np  # the engine's dependency: the command line reads batches without it
+
         per_sample = list(map(attrgetter("images"), self.samples))
         start = np.zeros(len(per_sample) + 1, dtype=np.int64)
         np.cumsum(np.fromiter(map(len, per_sample), dtype=np.int64, count=len(per_sample)), out=start[1:])
