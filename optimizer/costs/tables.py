@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from optimizer.costs.cp_schemes import exchange, pad_unit, ulysses_width
-from optimizer.costs.profile import CostProfile
+from optimizer.costs.profile import Bandwidth, CostProfile
 from optimizer.costs.time_kernels import fill_best_columns, fill_best_time, fill_time_matrices
 from optimizer.errors import InfeasibleError
 from optimizer.plan.sharding import padded_length
@@ -80,6 +80,13 @@ def vision_work_array(profile: CostProfile, batch: Batch) -> np.ndarray:
         return work
     # bincount adds each sample's images in order, starting from zero, as the scalar sum does.
     return np.bincount(np.repeat(np.arange(n), counts), weights=work, minlength=n)
+
+
+def bandwidths(bandwidth: Bandwidth, sizes: np.ndarray) -> np.ndarray:
+    """:meth:`Bandwidth.at` of every size (the same search, by ``searchsorted``)."""
+    values = np.asarray(bandwidth.values, dtype=np.float64)
+    at = np.searchsorted(np.asarray(bandwidth.sizes, dtype=np.int64), sizes, side="left")
+    return values[np.minimum(at, values.shape[0] - 1)]
 
 
 @dataclass(frozen=True)
@@ -248,13 +255,12 @@ class CostTables:
         p = self.profile
         d = self.degrees.astype(np.float64)
         ex = exchange(p, d, self.ulysses_widths)
-        sizes = self.degrees.tolist()
-        node = self.node_size
+        fits = self.degrees <= self.node_size
         # A size wider than every node spans nodes whichever matrix asks: it gets the links across.
-        bw = np.array([p.bandwidth(x, False) for x in sizes], dtype=np.float64)
-        intra_bw = np.array([p.bandwidth(x, x <= node) for x in sizes], dtype=np.float64)
+        bw = bandwidths(p.inter_bandwidth, self.degrees)
+        intra_bw = np.where(fits, bandwidths(p.intra_bandwidth, self.degrees), bw)
         messages = p.messages_per_step * ex.steps + p.messages_fixed
-        intra_latency = np.where(self.degrees <= node, messages * p.latency(True), messages * p.latency(False))
+        intra_latency = np.where(fits, messages * p.latency(True), messages * p.latency(False))
         out = np.empty((self.n_samples, d.shape[0]))
         intra_out = np.empty_like(out)
         fill_time_matrices(
@@ -310,11 +316,10 @@ class CostTables:
     def _group_constants(self) -> tuple[np.ndarray, np.ndarray]:
         p = self.profile
         b = self.group_constant
-        inter, intra = (
-            np.array([b + p.group_exchange_time(int(d), span) for d in self.degrees.tolist()], dtype=np.float64)
-            for span in (False, True)
-        )
-        return inter, intra
+        d = self.degrees
+        # CostProfile.group_messages and group_exchange_time over every size at once (the same operations).
+        messages = np.where(d == 1, 0.0, p.group_messages_per_step * (d - 1) + p.group_messages_fixed)
+        return b + messages * p.latency(False), b + messages * p.latency(True)
 
     @cached_property
     def best_group_constants(self) -> np.ndarray:
@@ -341,9 +346,9 @@ class CostTables:
         message time grows with the latency and falls with the bandwidth). Then the intra-node matrix is
         the best placement of every size (wider sizes hold their spanning times there)."""
         p = self.profile
-        fitting = [d for d in self.degrees.tolist() if d <= self.node_size]
-        return p.latency(True) <= p.latency(False) and all(
-            p.bandwidth(d, True) >= p.bandwidth(d, False) for d in fitting
+        fitting = self.degrees[self.degrees <= self.node_size]
+        return p.latency(True) <= p.latency(False) and bool(
+            np.all(bandwidths(p.intra_bandwidth, fitting) >= bandwidths(p.inter_bandwidth, fitting))
         )
 
     def best_placements(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -7,6 +7,7 @@ reduction over its ranks, then one gather and one sum per time matrix.
 
 from __future__ import annotations
 
+import weakref
 from itertools import chain, pairwise
 from operator import attrgetter
 
@@ -44,11 +45,22 @@ def flat_group_times(tables: CostTables, flat: FlatGroups) -> tuple[np.ndarray, 
     return np.where(flat.count > 0, total + tables.group_constant, 0.0), intra
 
 
+def group_times(tables: CostTables, assignment: Assignment) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`flat_group_times` of the assignment's groups, kept with the assignment for these tables
+    (a plan's assignment is evaluated by the strategies, the planner and :func:`build_plan` in turn)."""
+    kept = assignment.__dict__.get("_group_times")
+    if kept is not None and kept[0]() is tables:
+        return kept[1]
+    times = flat_group_times(tables, assignment.flat)
+    assignment.__dict__["_group_times"] = (weakref.ref(tables), times)  # never keeps the tables alive
+    return times
+
+
 def assignment_step_time(tables: CostTables, assignment: Assignment) -> float:
     """Sum over micro-batches of the slowest group's predicted time: what planners compare (the
     profile's per-step constant is left out here and added by :func:`build_plan`)."""
     flat = assignment.flat
-    times, _ = flat_group_times(tables, flat)
+    times, _ = group_times(tables, assignment)
     slowest = np.zeros(len(assignment.micro_batches))
     np.maximum.at(slowest, flat.micro_batch, times)
     return sum(slowest.tolist())
@@ -62,7 +74,7 @@ def build_plan(
     static: StaticBaseline | None = None,
 ) -> Plan:
     flat = assignment.flat
-    times, intra = flat_group_times(tables, flat)
+    times, intra = group_times(tables, assignment)
     samples = tables.problem.batch.samples
     # Gathered by numpy (an object array for the ids): far fewer interpreter steps per sample than
     # indexing a list, which matters at tens of thousands of samples. Tuples: a group's slice is its field.
