@@ -306,3 +306,23 @@ def test_the_local_search_hands_over_the_flat_arrays_its_groups_give(workload):
     rebuilt = Assignment(given.micro_batches).flat
     for f in fields(rebuilt):
         assert np.array_equal(getattr(given.flat, f.name), getattr(rebuilt, f.name)), f.name
+
+
+def test_an_evaluated_assignment_pickles_and_keeps_its_times_per_tables():
+    import pickle
+
+    from optimizer.plan.evaluate import group_times
+
+    problem = problem_from_json(
+        {"batch": WORKLOADS["video"](40, seed=3), "cluster_preset": "h100-8x8", "model_preset": "qwen2-vl-7b"}
+    )
+    tables = CostTables.build(problem)
+    assignment = HeuristicPlanner(tables).plan()
+    first = group_times(tables, assignment)
+    assert group_times(tables, assignment) is first  # kept for these tables
+    other = CostTables.build(problem)
+    assert group_times(other, assignment) is not first  # recomputed for others, the same values
+    assert np.array_equal(group_times(other, assignment)[0], first[0])
+    copy = pickle.loads(pickle.dumps(assignment))
+    assert copy == assignment
+    assert assignment_step_time(tables, copy) == assignment_step_time(tables, assignment)

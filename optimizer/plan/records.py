@@ -71,6 +71,11 @@ class Assignment:
             )
         )
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What pickling keeps: the groups and their flat arrays, not the group times kept for one
+        set of cost tables (:func:`optimizer.plan.evaluate.group_times`: a weak reference)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_group_times"}
+
     @classmethod
     def with_flat(cls, micro_batches: tuple[tuple[GroupAssignment, ...], ...], flat: FlatGroups) -> Assignment:
         """An assignment whose :attr:`flat` arrays its maker already has (they must describe ``micro_batches``)."""
