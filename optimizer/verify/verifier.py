@@ -20,7 +20,9 @@ This module recomputes every time from the profile with the scalar formula
 A plan's groups are checked as flat arrays (all ranks, all sample indices, with offsets), in time
 linear in their size: one compiled pass recomputes every group, and invariants 1-5 are tested
 with array operations. Only when one of those tests fails does a per-group pass in Python name
-each violation, with its micro-batch and group.
+each violation, with its micro-batch and group. The batch indices of the samples come from the
+plan's own ``sample_indices`` once one comparison shows that the batch's ids at those indices are
+the ids the groups list; otherwise (absent, stale or wrong) each id is looked up.
 
 A plan file (the JSON of ``Plan.to_json``, read back) is checked field by field by
 :mod:`optimizer.verify.plan_document` with this module's recomputation; its violations name each
