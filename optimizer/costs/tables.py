@@ -287,8 +287,8 @@ class CostTables:
         )
         if self.problem.options.memory == "sample":
             # Sizes below the first that holds the sample alone, at the capacity every rank has.
-            fits = np.searchsorted(float(self.sample_capacity.min()) * self.degrees, self.lengths, side="left")
-            unfit = np.arange(d.shape[0])[None, :] < fits[:, None]
+            first = np.searchsorted(float(self.sample_capacity.min()) * self.degrees, self.lengths, side="left")
+            unfit = np.arange(d.shape[0])[None, :] < first[:, None]
             out[unfit] = UNFIT_S
             intra_out[unfit] = UNFIT_S
         return out, intra_out
