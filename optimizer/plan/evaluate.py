@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import weakref
 from itertools import chain, pairwise
-from operator import attrgetter
 
 import numpy as np
 
@@ -75,11 +74,9 @@ def build_plan(
 ) -> Plan:
     flat = assignment.flat
     times, intra = group_times(tables, assignment)
-    samples = tables.problem.batch.samples
     # Gathered by numpy (an object array for the ids): far fewer interpreter steps per sample than
     # indexing a list, which matters at tens of thousands of samples. Tuples: a group's slice is its field.
-    ids = np.fromiter(map(attrgetter("id"), samples), dtype=object, count=len(samples))
-    flat_ids = tuple(ids[flat.samples].tolist())
+    flat_ids = tuple(tables.problem.batch.ids[flat.samples].tolist())
     flat_lengths = tuple(tables.lengths[flat.samples].tolist())
     starts = np.zeros(flat.count.shape[0] + 1, dtype=np.int64)
     np.cumsum(flat.count, out=starts[1:])

@@ -175,5 +175,13 @@ class Batch:
         return ImageArrays(start=start, tokens=both[0::2].copy(), frames=both[1::2].copy())
 
     @cached_property
+    def ids(self) -> np.ndarray:
+        """The sample ids as an object array, in batch order (read once per batch by the plan builder
+        and the verifier)."""
+        import numpy as np  # the engine's dependency: the command line reads batches without it
+
+        return np.fromiter(map(attrgetter("id"), self.samples), dtype=object, count=len(self.samples))
+
+    @cached_property
     def index(self) -> dict[str, int]:
         return {s.id: i for i, s in enumerate(self.samples)}

@@ -441,12 +441,10 @@ def _given_indices(plan: Plan, problem: Problem, ids: list[tuple[str, ...]], tot
     if plan.sample_indices is None or len(plan.sample_indices) != total:
         return None
     given = np.array(plan.sample_indices, dtype=np.int64)
-    samples = problem.batch.samples
-    if total and (given.min() < 0 or given.max() >= len(samples)):
+    if total and (given.min() < 0 or given.max() >= len(problem.batch)):
         return None
-    batch_ids = np.fromiter(map(attrgetter("id"), samples), dtype=object, count=len(samples))
     listed = np.fromiter(chain.from_iterable(ids), dtype=object, count=total)
-    return given if bool(np.all(batch_ids[given] == listed)) else None
+    return given if bool(np.all(problem.batch.ids[given] == listed)) else None
 
 
 def verify(plan: Plan, problem: Problem) -> Report:
