@@ -299,10 +299,9 @@ class CostTables:
         one GPU type. Returns the number of matrix cells (samples x sizes) built here."""
         built = 0
         for speed in sorted({float(self.rank_speed.min()), float(self.rank_speed.max())}):
-            for intra in (True, False):
-                if (intra, speed) not in self._matrices:
-                    self.time_matrix(intra, speed)
-                    built += 2 * self.n_samples * int(self.degrees.shape[0])
+            if (True, speed) not in self._matrices:
+                self.time_matrix(True, speed)  # both placements at once (_compute_matrices)
+                built += 2 * self.n_samples * int(self.degrees.shape[0])
         return built
 
     # -- per-group constants ------------------------------------------------------------------
