@@ -262,7 +262,9 @@ def _solve_with(solver_name: str, model: SlotModel, time_limit_s: float, options
             solver = pulp.PULP_CBC_CMD(
                 msg=False,
                 timeLimit=limit,
-                threads=options.solver_workers,
+                # One worker: CBC's serial search, whose path does not depend on the machine's load;
+                # ``-threads 1`` runs its parallel search with one worker, paced by a waiting main thread.
+                threads=options.solver_workers if options.solver_workers > 1 else None,
                 warmStart=warm,
                 timeMode="elapsed",
                 logPath=log.name,
