@@ -115,21 +115,24 @@ def improve(
     back from every limit and raised to the worst lateness seen.
     """
     if whole_model_fits(tables):
-        return _whole(tables, options, hint, deadline - lateness_s, solve_model, on_improvement, clock)
+        return solve_whole(tables, options, hint, deadline - lateness_s, solve_model, on_improvement, clock)
     if hint is None:
         return SolveResult(None, "error", message="no starting plan, and the problem is too large for one whole model")
     return _lns(tables, options, hint, deadline, solve_model, on_improvement, clock, round_s, min_round_s, lateness_s)
 
 
-def _whole(
+def solve_whole(
     tables: CostTables,
     options: PlanOptions,
     hint: Assignment | None,
     deadline: float,
     solve_model: ModelSolver,
-    on_improvement: ImprovementCallback | None,
-    clock: Callable[[], float],
+    on_improvement: ImprovementCallback | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> SolveResult:
+    """The whole problem as one model (:func:`~solver_models.formulation.full_model`) solved by
+    ``solve_model`` from ``hint`` until ``deadline`` (in deterministic mode for the budget's share
+    DETERMINISTIC_WHOLE_SHARE); status ``optimal`` only where the model is exact (one GPU type)."""
     start = clock()
     if hint is not None:
         h_time = assignment_step_time(tables, hint)
