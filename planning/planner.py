@@ -49,6 +49,7 @@ from typing import Any
 
 from optimizer import jit
 from optimizer.bounds.lower_bounds import bound_parts, memory_proof, quick_bound_parts
+from optimizer.bounds.tightness import tightness_note
 from optimizer.costs.tables import CostTables
 from optimizer.errors import InfeasibleError, ProblemError
 from optimizer.gc_pause import collector_paused
@@ -437,6 +438,7 @@ def _with_details(run: _Run, result: Plan, bound: _Bound, strategies: dict[str, 
         **result.solver.details,
         "phases": run.laps.phases,
         "bound": binding,
+        **({"bound_tightness": note} if (note := tightness_note(binding)) else {}),
         "heuristic": strategies,
         "kernels": "compiled" if jit.loaded() else "python",
         **({"skipped": run.skipped} if run.skipped else {}),

@@ -43,6 +43,8 @@ def summary_text(plan: Plan, problem: Problem, max_groups: int = 12, model_note:
     if plan.static_baseline is None:
         why = plan.static_baseline_reason or skipped.get("static_baseline", "no reason recorded")
         lines.append(f"static layout: none ({why})")
+    if plan.solver.details.get("bound_tightness"):
+        lines.append(f"bound: {plan.solver.details['bound_tightness']}")
     if "tighter_bounds" in skipped:
         lines.append(f"lower bound: {skipped['tighter_bounds']}")
     s = plan.solver
