@@ -14,8 +14,10 @@ moved by factors of 3 to 10), a planning service on loopback (SQLite under ``--o
 3. evaluation runs of ``--eval-steps`` fresh batches (another seed: plans the fit never saw, made with the
    profile under test), planned with the starting profile and with each refitted one (``"profile":
    "learned:NAME"``): predicted against measured step time, mean and worst relative error, and the
-   measured step time itself (what the better model buys); the newest profile's evaluation is run twice,
-   and the spread of the same steps' measured times between the two runs is the timing noise.
+   measured step time itself (what the better model buys); with ``--eval-repeats K`` every evaluation is run
+   K times and each step's measured time is the median of the K; the newest profile's evaluation is run
+   again (K times as well), and the spread of the same steps' measured times between the two is the timing
+   noise.
 
 ``python -m bench.refit_trainer`` prints the table and writes ``refit_trainer.json`` under ``--out``.
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -105,15 +108,37 @@ def errors(summary: dict[str, Any], skip: int) -> dict[str, float]:
     }
 
 
+def median_run(repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run of the same steps from ``repeats`` (runs of the same batches): each step's measured time the
+    median over the runs whose plan of that step is the first run's (the same digest), its prediction the
+    first run's; ``spread`` is each step's mean distance of those runs' times from that median."""
+    steps = []
+    for rows in zip(*(r["steps"] for r in repeats), strict=True):
+        same = [r["measured_s"] for r in rows if r["digest"] == rows[0]["digest"]]
+        middle = statistics.median(same)
+        spread = sum(abs(x / middle - 1) for x in same) / len(same)
+        steps.append({**rows[0], "measured_s": middle, "repeats": len(same), "spread": spread})
+    return {**repeats[0], "steps": steps}
+
+
 def run_start(procs: int, start: str, server: LocalServer, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """The refit loop of one starting profile: feedback steps planned with the newest profile, a refit over all
     of them after each of ``--after`` steps, and an evaluation run of every profile."""
     tag = f"p{procs}-{Path(start).stem if start != 'analytical' else 'analytical'}"
     runs: dict[str, dict[str, Any]] = {}
 
-    def evaluate(profile: str, name: str) -> dict[str, float]:
+    def measured(profile: str, name: str) -> dict[str, Any]:
+        """The evaluation batches planned with ``profile``, run ``--eval-repeats`` times: their median run."""
         steps = args.eval_steps + args.skip
-        runs[name] = train(procs, profile, steps, args.eval_seed, server.url, work / f"{tag}-{name}.json", args)
+        return median_run(
+            [
+                train(procs, profile, steps, args.eval_seed, server.url, work / f"{tag}-{name}-r{k}.json", args)
+                for k in range(args.eval_repeats)
+            ]
+        )
+
+    def evaluate(profile: str, name: str) -> dict[str, float]:
+        runs[name] = measured(profile, name)
         return errors(runs[name], args.skip)
 
     evals: dict[str, Any] = {"before": evaluate(start, "eval")}
@@ -145,9 +170,7 @@ def run_start(procs: int, start: str, server: LocalServer, args: argparse.Namesp
     out = {"start": start, "feedback_steps": len(ids), "fits": fits, "eval": evals}
     if current != start:  # the newest profile's evaluation batches again: the timing noise of the same steps
         last = max(int(k) for k in evals if k != "before")
-        again = train(
-            procs, current, args.eval_steps + args.skip, args.eval_seed, server.url, work / f"{tag}-again.json", args
-        )
+        again = measured(current, "again")
         pairs = list(zip(runs[f"eval-{last}"]["steps"][args.skip :], again["steps"][args.skip :], strict=True))
         spread = [abs(b["measured_s"] / a["measured_s"] - 1) for a, b in pairs]
         out["repeat"] = {"mean_spread": sum(spread) / len(spread), "worst_spread": max(spread)}
@@ -159,6 +182,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--procs", default="4,6", help="process counts (default 4,6)")
     ap.add_argument("--after", default="10,20,50", help="refit after this many feedback steps (default 10,20,50)")
     ap.add_argument("--eval-steps", type=int, default=10, help="fresh steps per evaluation run (default 10)")
+    ap.add_argument(
+        "--eval-repeats",
+        type=int,
+        default=1,
+        help="runs of every evaluation; each step's measured time is their median (default 1)",
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--eval-seed", type=int, default=2)
     ap.add_argument("--samples", type=int, default=8)
