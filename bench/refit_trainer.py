@@ -211,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--timeout-s", type=float, default=900.0)
     ap.add_argument("--out", type=Path, default=Path("bench-out/refit-trainer"))
     args = ap.parse_args(argv)
+    if args.eval_repeats < 1:
+        ap.error(f"--eval-repeats must be at least 1, not {args.eval_repeats}")
     args.after = [int(x) for x in args.after.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     wrong = args.out / "wrong-profile.json"
