@@ -80,6 +80,8 @@ def train(
         f"--budget-ms={args.budget_ms}",
         f"--out={out}",
     ]
+    if not args.plan_ahead:
+        cmd.append("--no-plan-ahead")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DHP_")}
     env["OMP_NUM_THREADS"] = "1"
     t0 = time.perf_counter()
@@ -207,6 +209,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--max-error", type=float, default=3.0, help="the fit's worst-group threshold (default 3.0: CPU timings)"
     )
     ap.add_argument("--budget-ms", type=int, default=300)
+    ap.add_argument(
+        "--plan-ahead",
+        action="store_true",
+        help="plan each step while the previous one trains (the trainer's default; off here: on a CPU the "
+        "planner's search shares the cores the timed step runs on)",
+    )
     ap.add_argument("--min-r2", type=float, default=0.5, help="the fit's R^2 threshold (default 0.5: CPU timings)")
     ap.add_argument("--timeout-s", type=float, default=900.0)
     ap.add_argument("--out", type=Path, default=Path("bench-out/refit-trainer"))

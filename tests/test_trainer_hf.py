@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -148,5 +149,39 @@ def test_torchrun_trains_the_hf_model_planned_over_http_like_one_process(tmp_pat
         )  # routing: a rank loaded part of the batch
         stored = httpx.get(f"{server.url}/v1/plans/{steps[1]['plan_id']}/feedback", timeout=30).json()
         assert json.dumps(stored).count("measured_step_time_s") >= 1
+        # One step ahead: each plan was asked for before the previous step's feedback came in.
+        assert all(a < b for a, b in zip(*_created(server.url, steps), strict=True))
+    finally:
+        server.stop()
+
+
+def _created(url: str, steps: list[dict]) -> tuple[list[datetime], list[datetime]]:
+    """When the service stored each step's plan (steps 1 on) and the previous step's feedback."""
+    import httpx
+
+    def at(path: str, first: bool = False) -> datetime:
+        doc = httpx.get(f"{url}/v1/plans/{path}", timeout=30).json()
+        return datetime.fromisoformat((doc[0] if first else doc)["created_at"])
+
+    return [at(s["plan_id"]) for s in steps[1:]], [at(f"{s['plan_id']}/feedback", True) for s in steps[:-1]]
+
+
+def test_without_plan_ahead_each_plan_is_asked_for_after_the_previous_step(tmp_path):
+    from api.local_server import LocalServer, free_port
+
+    server = LocalServer(tmp_path / "data")
+    try:
+        out = tmp_path / "run.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port"]
+        cmd += [str(free_port()), "-m", "trainer.train_hf", "--steps", "3", "--service", server.url]
+        cmd += ["--no-plan-ahead", "--out", str(out)]
+        res = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}
+        )
+        assert res.returncode == 0, res.stderr[-3000:]
+        steps = json.loads(out.read_text())["steps"]
+        assert len(steps) == 3 and all(s["feedback_stored"] for s in steps)
+        plans, feedback = _created(server.url, steps)
+        assert all(f < p for p, f in zip(plans, feedback, strict=True))
     finally:
         server.stop()

@@ -5,7 +5,9 @@
     torchrun --nproc-per-node 4 -m trainer.train_hf --steps 10 --reference --out run.json
 
 Every step: rank 0 asks the planner for the plan of the next batch ahead (``plan_ahead``, so it is
-made while this step trains) and fetches this step's plan; the plan is broadcast from rank 0 and
+made while this step trains; with ``--no-plan-ahead`` only when the step is about to run, so that on a
+machine whose cores the planner shares the planning does not slow the step it times) and fetches this
+step's plan; the plan is broadcast from rank 0 and
 every rank checks its digest (:mod:`trainer.plan_sync`); each rank maps it to its work
 (:func:`trainer.apply.apply_plan`, with ``--tp``/``--pp`` in Megatron's order), loads only the
 samples of its groups through a DataLoader (:mod:`trainer.routing`), creates the plan's new
@@ -213,6 +215,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--budget-ms", type=int, default=300)
     ap.add_argument("--service", help="planning service URL; default: plan in this process")
     ap.add_argument(
+        "--no-plan-ahead",
+        dest="plan_ahead",
+        action="store_false",
+        help="ask for each step's plan when the step is about to run, not while the previous one trains "
+        "(for timing on a machine whose cores the planner shares with the trainer)",
+    )
+    ap.add_argument(
         "--reference",
         action="store_true",
         help="rank 0 also trains a single-process copy on the whole batch and compares",
@@ -363,10 +372,12 @@ def main(argv: list[str] | None = None) -> int:
         t_plan = time.perf_counter()
         doc = None
         if planner is not None:
+            if step and not args.plan_ahead:
+                planner.submit(step, make_request(lengths[step], args, doc_model, world, list(known), group_cost()))
             doc = planner.get(step)
             # The next request knows this step's groups too (they exist by the time it is applied).
             known.update(dict.fromkeys(tuple(sorted(c)) for c in doc.get("communicators", [])))
-            if step + 1 < args.steps:
+            if args.plan_ahead and step + 1 < args.steps:
                 planner.submit(
                     step + 1, make_request(lengths[step + 1], args, doc_model, world, list(known), group_cost())
                 )
