@@ -6,7 +6,9 @@ moved by factors of 3 to 10), a planning service on loopback (SQLite under ``--o
 ``trainer.train_hf`` under torchrun:
 
 1. feedback steps planned with the newest profile (the starting one, then each refit); the trainer posts
-   every step's time and per-group times (``POST /v1/plans/{id}/feedback``, its default with ``--service``);
+   every step's time and per-group times (``POST /v1/plans/{id}/feedback``, its default with ``--service``)
+   and asks for each plan when its step is about to run (``train_hf --no-plan-ahead``: on a CPU the search
+   would otherwise share the timed step's cores; ``--plan-ahead`` plans while the previous step trains);
 2. after 10, 20 and 50 of those steps (``--after``), ``POST /v1/profiles/fit`` over all of them (the plans
    of the starting profile and of its refits fit together);
    The first ``--skip`` steps of every run (one-time costs: allocations, the first communicators) are left
