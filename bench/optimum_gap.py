@@ -9,7 +9,9 @@ case is planned, as the problem the optimum was proven for (its micro-batch limi
 of ``bench.planners`` named, and scored as the engine evaluates plans: step time over the optimum, median
 and worst, and how often the optimum was reached (within :data:`TOLERANCE`). Each bound of the engine
 (:func:`optimizer.bounds.lower_bounds.bound_parts`; the largest is the engine's bound), the group-size LP
-(:mod:`solver_models.size_bound`) and the bound each dhp answer carries is scored as its value over the
+(:mod:`solver_models.size_bound`), the length-class LP (:mod:`solver_models.length_class_bound`, offline:
+no answer runs it; below the best dhp plan, :data:`CLASS_LIMIT_S` a case) and the bound each dhp answer
+carries is scored as its value over the
 optimum (1.0: tight). A bound above the optimum or a plan below it is a bug, counted apart. Cases whose
 proof did not close are listed with their gap and not scored. ``--write-tightness`` writes, for each bound
 that was the binding one (the largest of the engine's and the LP's) on some case, how far below the optimum
@@ -20,8 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
+import time
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -39,6 +43,8 @@ DHP = {
     "highs@1s": ("highs", 1000.0),
 }
 """dhp's calls: backend and budget over the fixture's own options (its micro-batch limit kept)."""
+CLASS_LIMIT_S = 60.0
+"""Seconds for the length-class LP of :mod:`solver_models.length_class_bound` per case (its rounds stop there)."""
 TOLERANCE = 1e-6
 """Relative distance within which a plan counts as the optimum, and a bound or plan as not crossing it."""
 
@@ -61,6 +67,7 @@ def score(fixtures: list[dict[str, Any]], baselines: list[str]) -> dict[str, Any
     from optimizer.problem.documents import problem_from_json
     from optimizer.verify.verifier import check_assignment
     from planning.planner import plan
+    from solver_models.length_class_bound import length_class_bound
     from solver_models.size_bound import size_bound
 
     rows = []
@@ -74,15 +81,22 @@ def score(fixtures: list[dict[str, Any]], baselines: list[str]) -> dict[str, Any
             found = outcome.assignment
             ok = found is not None and check_assignment(problem, found).ok
             row["plans"][name] = assignment_step_time(tables, found) / optimum if found is not None and ok else None
+        best_step = math.inf
         for name, (backend, budget_ms) in DHP.items():
             answer = plan(problem.with_options(backend=backend, time_budget_ms=budget_ms))
             row["plans"][name] = answer.predicted_step_time_s / optimum
             row["bounds"][f"{name}'s answer"] = answer.lower_bound_s / optimum
+            best_step = min(best_step, answer.predicted_step_time_s)
         engine = {part: value / optimum for part, value in bound_parts(tables).items()}
         lp = size_bound(tables)
         if lp is not None:
             engine["group_sizes"] = lp / optimum
+        classes = length_class_bound(
+            tables, best_step - problem.cost_profile.step_constant, deadline=time.perf_counter() + CLASS_LIMIT_S
+        )
         row["bounds"].update(engine)
+        if classes is not None:  # offline only: not a bound any answer names
+            row["bounds"]["length_classes"] = classes.bound_s / optimum
         row["binding"] = max(engine, key=engine.__getitem__)  # the bound a plan of this batch names
         rows.append(row)
         print(f"[{k}/{len(fixtures)}] {fx['name']}", file=sys.stderr, flush=True)

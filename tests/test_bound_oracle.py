@@ -61,6 +61,14 @@ def _cases():
         yield seed, tags, problem, tables
 
 
+def _solved_cases():
+    """The cases the oracle solves, with their optimum."""
+    for seed, tags, problem, tables in _cases():
+        optimum = brute_force_optimum(problem)
+        if not math.isinf(optimum):
+            yield seed, tags, problem, tables, optimum
+
+
 def _wrong_long_sample(tables: CostTables) -> float:
     """The long-sample part if the slow sample had to run on its least-area size (invalid: a plan
     may put it on a wider, costlier group that finishes sooner)."""
@@ -167,10 +175,7 @@ def test_group_size_lp_never_exceeds_the_optimum(monkeypatch):
     from solver_models import size_bound as sb
 
     checked = binding = wrong_caught = 0
-    for seed, tags, problem, tables in _cases():
-        optimum = brute_force_optimum(problem)
-        if math.isinf(optimum):
-            continue
+    for seed, tags, _, tables, optimum in _solved_cases():
         for upper in (math.inf, optimum * 1.5):
             value = sb.size_bound(tables, upper)
             assert value is not None, f"seed {seed} {tags}: no LP bound"
@@ -182,6 +187,34 @@ def test_group_size_lp_never_exceeds_the_optimum(monkeypatch):
             patched.setattr(sb, "HALF", 1 / 3)
             wrong = sb.size_bound(tables)
         wrong_caught += wrong is not None and wrong > optimum * (1 + 1e-9)
+        checked += 1
+    assert checked >= 150
+    assert binding >= 3, binding
+    assert wrong_caught >= 1
+
+
+def test_length_class_lp_never_exceeds_the_optimum(monkeypatch):
+    """The LP over micro-batch length classes (solver_models.length_class_bound) against the oracle,
+    under two incumbents; it is the largest bound on some instances, and a wrong variant (a class's
+    micro-batches charged their longest length, not their shortest) exceeds the optimum on some."""
+    pytest.importorskip("highspy")
+    from solver_models import length_class_bound as lc
+    from solver_models import size_bound as sb
+
+    checked = binding = wrong_caught = 0
+    for seed, tags, _, tables, optimum in _solved_cases():
+        for upper in (optimum * 1.5, optimum * 1.05):
+            found = lc.length_class_bound(tables, upper, rounds=4)
+            assert found is not None, f"seed {seed} {tags}: no class bound (upper {upper})"
+            assert found.bound_s <= optimum * (1 + 1e-9), (
+                f"seed {seed} {tags}: class bound {found.bound_s} above the optimum {optimum} (upper {upper})"
+            )
+        others = max([*bound_parts(tables).values(), sb.size_bound(tables) or 0.0])
+        binding += found.bound_s > others * 1.001
+        with monkeypatch.context() as patched:
+            patched.setattr(lc, "_charged", lambda low, high: high)
+            wrong = lc.length_class_bound(tables, optimum * 1.5, rounds=4)
+        wrong_caught += wrong is not None and wrong.bound_s > optimum * (1 + 1e-9)
         checked += 1
     assert checked >= 150
     assert binding >= 3, binding

@@ -1,0 +1,138 @@
+"""The length-class LP bound on the batches of a plan-quality grid where dhp is far above the bound.
+
+    .venv/bin/python -m bench.class_bound docs/results-bound/results.json --above 1.05 --ranks 64 --limit-s 120
+
+Reads the ``results.json`` a ``dhp bench --suite flexsp`` run wrote, takes its batches whose best dhp plan is
+more than ``--above`` times the grid's best bound (``bench.grid.best_bound``), on ``--ranks`` ranks and under
+``--profiles`` (default: all but mixed GPU types), rebuilds each batch as the grid did, and runs
+:func:`solver_models.length_class_bound.length_class_bound` below the best dhp plan for at most
+``--limit-s`` seconds. Prints, per batch, the plan over the bound before and with the class bound, and the
+medians; ``--out FILE`` keeps the rows as JSON. The class bound is offline: no answer runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.output import write_json
+
+PLANNERS = ("dhp-heuristic-default", "dhp-default", "dhp-1s")
+"""The grid's dhp planners; the best of their plans is the incumbent below which the LP is solved."""
+
+
+def rows_of(
+    results: dict[str, Any], above: float, ranks: list[int], profiles: list[str] | None
+) -> list[dict[str, Any]]:
+    """The grid's batches to try: best dhp plan over the bound above ``above``, on ``ranks``, under ``profiles``."""
+    out = []
+    for case in results["cases"]:
+        steps = [case.get(f"{p}_s") for p in PLANNERS if case.get(f"{p}_status") == "ok"]
+        steps = [s for s in steps if s is not None]
+        if not steps or case["ranks"] not in ranks:
+            continue
+        if profiles is not None and case["profile"] not in profiles:
+            continue
+        best = min(steps)
+        if best / case["lower_bound_s"] > above:
+            out.append(
+                {
+                    **{k: case[k] for k in ("profile", "workload", "ranks", "samples", "seed")},
+                    "plan_s": best,
+                    "bound_s": case["lower_bound_s"],
+                }
+            )
+    return out
+
+
+def run(row: dict[str, Any], limit_s: float) -> dict[str, Any]:
+    """The class bound of one batch below its best dhp plan."""
+    from bench.grid import make_problem, resolve_profile
+    from bench.workload_catalog import get_workload
+    from optimizer.costs.tables import CostTables
+    from solver_models.length_class_bound import length_class_bound
+
+    problem = make_problem(
+        get_workload(row["workload"]),
+        row["ranks"],
+        row["samples"],
+        row["seed"],
+        1000.0,
+        resolve_profile(row["profile"]),
+    )
+    tables = CostTables.build(problem)
+    step_constant = problem.cost_profile.step_constant
+    start = time.perf_counter()
+    found = length_class_bound(tables, row["plan_s"] - step_constant, deadline=start + limit_s)
+    seconds = time.perf_counter() - start
+    classes = None if found is None else found.bound_s + step_constant
+    best = max(row["bound_s"], classes or 0.0)
+    return {
+        **row,
+        "class_bound_s": classes,
+        "classes": None if found is None else found.classes,
+        "rounds": None if found is None else found.rounds,
+        "seconds": seconds,
+        "before": row["plan_s"] / row["bound_s"],
+        "after": row["plan_s"] / best,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.class_bound", description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", type=Path, help="a results.json of dhp bench --suite flexsp")
+    parser.add_argument("--above", type=float, default=1.05, help="plan over the bound above which a batch is tried")
+    parser.add_argument("--ranks", default="64", help="comma-separated rank counts to try (default 64)")
+    parser.add_argument("--profiles", default=None, help="comma-separated profiles (default: all but stress-mixed-gpu)")
+    parser.add_argument("--limit-s", type=float, default=120.0, help="seconds per batch (default 120)")
+    parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    try:
+        results = json.loads(args.results.read_text())
+        ranks = [int(r) for r in args.ranks.split(",")]
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}; give a results.json of dhp bench and --ranks like 64,256", file=sys.stderr)
+        return 2
+    if args.limit_s <= 0:
+        print("error: --limit-s must be above 0", file=sys.stderr)
+        return 2
+    profiles = args.profiles.split(",") if args.profiles else None
+    chosen = rows_of(results, args.above, ranks, profiles)
+    if profiles is None:
+        chosen = [r for r in chosen if r["profile"] != "stress-mixed-gpu"]
+    if not chosen:
+        print(f"no batch above {args.above} on {args.ranks} ranks", file=sys.stderr)
+        return 0
+    print(f"{len(chosen)} batches, at most {args.limit_s:.0f} s each", file=sys.stderr)
+    rows = []
+    print("| profile | workload | ranks | seed | plan over the bound | with the class bound | LP s | classes |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in chosen:
+        done = run(row, args.limit_s)
+        rows.append(done)
+        print(
+            f"| {done['profile']} | {done['workload']} | {done['ranks']} | {done['seed']} | {done['before']:.4f} | "
+            f"{done['after']:.4f} | {done['seconds']:.0f} | {done['classes'] or '-'} |",
+            flush=True,
+        )
+    before = statistics.median(r["before"] for r in rows)
+    after = statistics.median(r["after"] for r in rows)
+    print(
+        f"median {before:.4f} -> {after:.4f}; "
+        f"worst {max(r['before'] for r in rows):.4f} -> {max(r['after'] for r in rows):.4f}; "
+        f"raised on {sum(r['after'] < r['before'] * (1 - 1e-9) for r in rows)} of {len(rows)}"
+    )
+    if args.out is not None:
+        write_json(
+            args.out, {"command": " ".join(["python -m bench.class_bound", *(argv or sys.argv[1:])]), "rows": rows}
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

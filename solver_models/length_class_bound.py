@@ -1,0 +1,335 @@
+"""A lower bound that keeps each micro-batch's memory and time together: one LP over length classes.
+
+The bounds of :mod:`optimizer.bounds.lower_bounds` and the group-size LP of
+:mod:`solver_models.size_bound` pool every micro-batch's rank-time and memory. In a plan they come
+together: a group of d ranks in a micro-batch of length b + tau holds at most C d tokens *and* works
+at most d tau rank-seconds, so a micro-batch full of short samples (little work per token) leaves
+ranks idle while another runs long. When memory is tight that idle time decides the step.
+
+Notation as in :mod:`solver_models.size_bound`: N ranks, C the largest per-rank capacity, b the group
+constant, b_d >= b the least constant of size d and delta_d = b_d - b, t_i(d) the best time of sample
+i on size d (intra-node where d fits a node, fastest GPU), a_i(d) = d t_i(d), L_i its tokens; M the
+fewest micro-batches memory allows and K the most the options allow.
+
+**One micro-batch.** Take a micro-batch of a plan the verifier accepts, lasting b + tau, with z_id = 1
+when sample i runs in it on a group of size d, and n_d the ranks of its groups of size d. Then
+
+    sum_d z_id <= 1                                (a sample at most once)
+    sum_d n_d <= N                                 (the micro-batch's ranks)
+    sum_i L_i z_id <= C n_d                        (a group of size d holds at most C d tokens)
+    sum_i a_i(d) z_id <= (tau - delta_d) n_d       (a group of size d lasts b_d plus its samples' work)
+    d sum_{i: L_i > C d / 2} z_id <= n_d           (two samples of over half a group never share one)
+    z_id = 0 where b_d + t_i(d) > b + tau          (a sample finishes within its micro-batch)
+
+and every row still holds when tau is replaced by any larger length.
+
+**Length classes.** Lengths 0 = tau_0 < tau_1 < ... < tau_G cut (0, tau_G] into classes; class g holds
+the micro-batches with tau in (tau_{g-1}, tau_g]. Summing the rows above over a class's micro-batches,
+with x_g their count and Z_gid, N_gd the sums of z_id and n_d, gives the rows with tau_g for tau and
+x_g for the 1 and the N on their right (linear: tau_g is a number), and each of them costs at least
+b + tau_{g-1}. The LP
+
+    minimise   sum_g (b + tau_{g-1}) x_g
+    subject to the summed rows of every class,
+               sum_gd Z_gid >= 1 for every sample,     M <= sum_g x_g <= K
+
+is therefore at most the step time of every plan whose micro-batches are at most tau_G long (without
+the profile's per-step constant, which :func:`optimizer.plan.evaluate.build_plan` adds to the plan and
+its bound alike). With an incumbent of step time U, a better plan has every tau below U - M b and at
+most U / b micro-batches, so tau_G = U - M b and the answer is the least of U and the LP.
+
+Finer classes cost less rounding (a micro-batch is charged b + tau_{g-1}, not b + tau). So the LP is
+solved on a few classes spaced in log, then again with every class it used split in four, round after
+round while time allows; each round's LP is a bound (any cut of (0, tau_G] gives one) and the best is
+kept.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from optimizer.costs.tables import CostTables
+from solver_models.size_bound import HALF, _highs
+
+FIRST_CLASSES = 16
+"""Classes of the first round, spaced in log between the fastest finish of any sample and tau_G."""
+
+SPLIT = 4
+"""Each class a round's LP used is split into this many for the next round."""
+
+NEAR = tuple(1.0 + 0.01 * step for step in range(-8, 4))
+"""Factors on a hinted length where the first round puts class ends: 1% apart, from 8% below to 3% above."""
+
+SAFETY = 1e-6
+"""The LP's own feasibility tolerance, taken off its value so the bound stays a bound."""
+
+
+@dataclass(frozen=True)
+class ClassBound:
+    """The bound in seconds (micro-batches only), the classes of the LP that gave it, the rounds run,
+    and the seconds the LPs took."""
+
+    bound_s: float
+    classes: int
+    rounds: int
+    lp_s: float
+
+
+@dataclass(frozen=True)
+class _Data:
+    n: int
+    k: int
+    n_ranks: int
+    b: float
+    cap: float
+    deg: np.ndarray
+    delta: np.ndarray
+    lengths: np.ndarray
+    pair_sample: np.ndarray
+    pair_size: np.ndarray
+    pair_area: np.ndarray
+    pair_length: np.ndarray  # the least micro-batch length tau in which the pair's sample finishes
+    pair_heavy: np.ndarray
+
+
+def _data(tables: CostTables) -> _Data:
+    tables = tables.for_bounds
+    deg = tables.degrees.astype(np.float64)
+    t = tables.best_time
+    n, k = t.shape
+    b = float(tables.group_constant)
+    b_d = np.asarray(tables.best_group_constants, dtype=np.float64)
+    cap = float(tables.rank_capacity.max())
+    lengths = tables.lengths.astype(np.float64)
+    ii, jj = np.nonzero(np.arange(k)[None, :] >= tables.min_degree_index[:, None])
+    return _Data(
+        n=n,
+        k=k,
+        n_ranks=tables.n_ranks,
+        b=b,
+        cap=cap,
+        deg=deg,
+        delta=b_d - b,
+        lengths=lengths,
+        pair_sample=ii,
+        pair_size=jj,
+        pair_area=t[ii, jj] * deg[jj],
+        pair_length=b_d[jj] + t[ii, jj] - b,
+        pair_heavy=lengths[ii] > HALF * cap * deg[jj],
+    )
+
+
+def _charged(low: float, high: float) -> float:
+    """What a micro-batch of a class (low, high] is charged beyond b: the least length it may have."""
+    return low
+
+
+class _Rows:
+    """Rows gathered as (row, column, value) triplets, then handed to HiGHS in CSR form."""
+
+    def __init__(self) -> None:
+        self.row: list[np.ndarray] = []
+        self.col: list[np.ndarray] = []
+        self.val: list[np.ndarray] = []
+        self.lower: list[np.ndarray] = []
+        self.upper: list[np.ndarray] = []
+        self.count = 0
+
+    def add(
+        self, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, n_rows: int, lower: float, upper: float
+    ) -> None:
+        """``n_rows`` new rows; ``rows`` numbers them from 0."""
+        self.row.append(rows + self.count)
+        self.col.append(cols)
+        self.val.append(vals)
+        self.lower.append(np.full(n_rows, lower))
+        self.upper.append(np.full(n_rows, upper))
+        self.count += n_rows
+
+    def csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        row = np.concatenate(self.row)
+        order = np.argsort(row, kind="stable")
+        starts = np.searchsorted(row[order], np.arange(self.count)).astype(np.int32)
+        return (
+            np.concatenate(self.lower),
+            np.concatenate(self.upper),
+            starts,
+            np.concatenate(self.col)[order].astype(np.int32),
+            np.concatenate(self.val)[order].astype(np.float64),
+        )
+
+
+def _solve(
+    highspy, d: _Data, taus: list[float], m_low: int, m_high: int, limit_s: float
+) -> tuple[float, list[int]] | None:
+    """The LP of the module docstring on the classes ending at ``taus`` (ascending): its value and the
+    classes it uses, or None when HiGHS fails or runs past ``limit_s``."""
+    inf = highspy.kHighsInf
+    k = d.k
+    rows = _Rows()
+    cost: list[np.ndarray] = []
+    cover_cols: list[np.ndarray] = []
+    cover_rows: list[np.ndarray] = []
+    count_cols: list[int] = []
+    classes: list[int] = []
+    col = 0
+    below = 0.0
+    for g, tau in enumerate(taus):
+        sel = np.flatnonzero(d.pair_length <= tau)
+        floor, below = below, tau
+        if sel.shape[0] == 0:
+            continue  # such micro-batches hold nothing: they cost b each and cover no sample
+        ii, jj = d.pair_sample[sel], d.pair_size[sel]
+        z = col + np.arange(sel.shape[0])
+        n_col = col + sel.shape[0] + np.arange(k)
+        x = col + sel.shape[0] + k
+        col = x + 1
+        cost += [np.zeros(sel.shape[0] + k), np.array([d.b + _charged(floor, tau)])]
+        classes.append(g)
+        count_cols.append(x)
+        cover_cols.append(z)
+        cover_rows.append(ii)
+        # a sample at most once per micro-batch: sum_d Z_gid - x_g <= 0
+        samples, local = np.unique(ii, return_inverse=True)
+        rows.add(
+            np.concatenate([local, np.arange(samples.shape[0])]),
+            np.concatenate([z, np.full(samples.shape[0], x)]),
+            np.concatenate([np.ones(z.shape[0]), -np.ones(samples.shape[0])]),
+            samples.shape[0],
+            -inf,
+            0.0,
+        )
+        # ranks: sum_d N_gd - N x_g <= 0
+        rows.add(
+            np.zeros(k + 1, dtype=np.int64), np.append(n_col, x), np.append(np.ones(k), -float(d.n_ranks)), 1, -inf, 0.0
+        )
+        # memory and time per size: sum L Z - C N <= 0, sum a Z - (tau - delta_d) N <= 0
+        rows.add(
+            np.concatenate([jj, np.arange(k)]),
+            np.concatenate([z, n_col]),
+            np.concatenate([d.lengths[ii], np.full(k, -d.cap)]),
+            k,
+            -inf,
+            0.0,
+        )
+        rows.add(
+            np.concatenate([jj, np.arange(k)]),
+            np.concatenate([z, n_col]),
+            np.concatenate([d.pair_area[sel], -(tau - d.delta)]),
+            k,
+            -inf,
+            0.0,
+        )
+        heavy = d.pair_heavy[sel]
+        if heavy.any():
+            sizes = np.unique(jj[heavy])
+            slot = np.searchsorted(sizes, jj[heavy])
+            rows.add(
+                np.concatenate([slot, np.arange(sizes.shape[0])]),
+                np.concatenate([z[heavy], n_col[sizes]]),
+                np.concatenate([d.deg[jj[heavy]], -np.ones(sizes.shape[0])]),
+                sizes.shape[0],
+                -inf,
+                0.0,
+            )
+    sample_of = np.concatenate(cover_rows)
+    if np.bincount(sample_of, minlength=d.n).min() == 0:
+        return None  # some sample finishes in no class: no plan within tau_G
+    rows.add(sample_of, np.concatenate(cover_cols), np.ones(sample_of.shape[0]), d.n, 1.0, inf)
+    counts = np.asarray(count_cols)
+    rows.add(
+        np.zeros(counts.shape[0], dtype=np.int64), counts, np.ones(counts.shape[0]), 1, float(m_low), float(m_high)
+    )
+    lp = highspy.Highs()
+    lp.setOptionValue("output_flag", False)
+    lp.setOptionValue("threads", 1)
+    lp.setOptionValue("solver", "ipm")  # three times the dual simplex's speed on these LPs; crossover stays on
+    lp.setOptionValue("time_limit", max(limit_s, 1e-3))
+    lp.addCols(
+        col,
+        np.concatenate(cost),
+        np.zeros(col),
+        np.full(col, inf),
+        0,
+        np.zeros(0, np.int32),
+        np.zeros(0, np.int32),
+        np.zeros(0),
+    )
+    lower, upper, starts, index, values = rows.csr()
+    lp.addRows(rows.count, lower, upper, index.shape[0], starts, index, values)
+    lp.run()
+    if lp.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return None
+    solution = np.asarray(lp.getSolution().col_value)
+    used = [g for g, x in zip(classes, count_cols, strict=True) if solution[x] > 1e-9]
+    return float(lp.getInfo().objective_function_value) * (1 - SAFETY), used
+
+
+def _refined(taus: list[float], used: set[int]) -> set[float]:
+    """The next round's class ends: every class the LP used split in ``SPLIT``. (Merging the classes it
+    left unused keeps the LP smaller but lets it charge wide classes their short end: the bound stalls.)"""
+    out = set(taus)
+    for g in used:
+        low = taus[g - 1] if g else 0.0
+        out.update(low + (taus[g] - low) * f / SPLIT for f in range(1, SPLIT))
+    return out
+
+
+def length_class_bound(
+    tables: CostTables,
+    upper_s: float,
+    rounds: int = 8,
+    hints: tuple[float, ...] = (),
+    deadline: float | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> ClassBound | None:
+    """The bound of the module docstring below an incumbent of ``upper_s`` seconds (a verified plan's
+    step time less the per-step constant), at most ``upper_s``; None when HiGHS is missing, no round's
+    LP finishes before ``deadline`` (an instant of ``clock``), or the incumbent leaves no room. ``hints``:
+    micro-batch lengths tau of a good plan; the first round's classes are finer near them (``NEAR``)."""
+    highspy = _highs()
+    if highspy is None or not math.isfinite(upper_s):
+        return None
+    d = _data(tables)
+    m_low = max(1, math.ceil(float(d.lengths.sum()) / (d.n_ranks * d.cap) * (1 - 1e-12)))
+    m_high = min(int(tables.problem.options.micro_batch_limit), d.n)
+    if d.b > 0:
+        m_high = min(m_high, int(math.floor(upper_s / d.b)))
+    tau_high = upper_s - m_low * d.b
+    fastest = np.full(d.n, np.inf)
+    np.minimum.at(fastest, d.pair_sample, d.pair_length)
+    if m_low > m_high or not float(fastest.max()) <= tau_high:
+        return None
+    taus = sorted(
+        {float(x) for x in np.geomspace(max(float(fastest.min()), 1e-9), tau_high, FIRST_CLASSES)}
+        | {float(h * f) for h in hints for f in NEAR if 0 < h * f < tau_high}
+    )
+    best: ClassBound | None = None
+    started = clock()
+    done = 0
+    for done in range(1, rounds + 1):
+        left = math.inf if deadline is None else deadline - clock()
+        if left <= 0:
+            break
+        t0 = clock()
+        solved = _solve(highspy, d, taus, m_low, m_high, left)
+        if solved is None:
+            break
+        value, used = solved
+        if best is None or value > best.bound_s:
+            best = ClassBound(bound_s=min(value, upper_s), classes=len(taus), rounds=done, lp_s=clock() - started)
+        if value >= upper_s:
+            break
+        finer = _refined(taus, set(used))
+        grown = len(finer) / len(taus)
+        taus = sorted(finer)
+        if deadline is not None and clock() + (clock() - t0) * grown > deadline:
+            break  # the next round's LP, about as much larger as it has more classes, would not finish
+    if best is None:
+        return None
+    return ClassBound(bound_s=best.bound_s, classes=best.classes, rounds=done, lp_s=clock() - started)

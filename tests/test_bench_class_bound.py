@@ -1,0 +1,64 @@
+"""bench.class_bound: which grid batches it takes, and one run end to end on a small batch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import class_bound as cb
+from bench.grid import make_problem, resolve_profile
+from bench.workload_catalog import get_workload
+from optimizer.bounds.lower_bounds import lower_bound
+from optimizer.costs.tables import CostTables
+from planning.planner import plan
+
+pytest.importorskip("highspy")
+
+
+def _case(profile: str, ranks: int, plan_s: float, bound_s: float) -> dict:
+    return {
+        "profile": profile,
+        "workload": "mixed",
+        "ranks": ranks,
+        "samples": 32,
+        "seed": 0,
+        "lower_bound_s": bound_s,
+        "dhp-heuristic-default_status": "ok",
+        "dhp-heuristic-default_s": plan_s,
+        "dhp-default_status": "ok",
+        "dhp-default_s": plan_s * 1.01,
+        "dhp-1s_status": "timeout",
+        "dhp-1s_s": None,
+    }
+
+
+def test_takes_the_batches_far_above_their_bound_on_the_ranks_asked():
+    results = {"cases": [_case("a", 64, 1.10, 1.0), _case("b", 64, 1.01, 1.0), _case("c", 256, 1.2, 1.0)]}
+    rows = cb.rows_of(results, 1.05, [64], None)
+    assert [r["profile"] for r in rows] == ["a"]
+    assert rows[0]["plan_s"] == 1.10  # the best dhp plan, not the slower one
+    assert cb.rows_of(results, 1.05, [64, 256], ["c"])[0]["profile"] == "c"
+
+
+def test_raises_the_bound_of_a_memory_tight_batch(tmp_path, capsys):
+    problem = make_problem(get_workload("mixed"), 32, 32, 0, 200.0, resolve_profile("stress-group-constant"))
+    step = plan(problem.with_options(backend="heuristic", deterministic=True)).predicted_step_time_s
+    bound = lower_bound(CostTables.build(problem)) + problem.cost_profile.step_constant
+    source = tmp_path / "results.json"
+    source.write_text(json.dumps({"cases": [_case("stress-group-constant", 32, step, bound)]}))
+    out = tmp_path / "rows.json"
+    assert cb.main([str(source), "--above", "1.0", "--ranks", "32", "--limit-s", "30", "--out", str(out)]) == 0
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["class_bound_s"] is not None and row["class_bound_s"] <= step * (1 + 1e-9)
+    assert row["after"] <= row["before"]
+    assert "| stress-group-constant | mixed | 32 | 0 |" in capsys.readouterr().out
+
+
+def test_bad_arguments_say_what_to_fix(tmp_path, capsys):
+    assert cb.main([str(tmp_path / "missing.json")]) == 2
+    assert "give a results.json" in capsys.readouterr().err
+    source = tmp_path / "results.json"
+    source.write_text(json.dumps({"cases": []}))
+    assert cb.main([str(source), "--limit-s", "0"]) == 2
+    assert "--limit-s must be above 0" in capsys.readouterr().err
