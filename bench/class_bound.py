@@ -110,13 +110,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{len(chosen)} batches, at most {args.limit_s:.0f} s each", file=sys.stderr)
     rows = []
-    print("| profile | workload | ranks | seed | plan over the bound | with the class bound | LP s | classes |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| profile | workload | ranks | seed | bound s | class bound s | plan over the bound | with the class bound "
+        "| LP s | classes |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for row in chosen:
         done = run(row, args.limit_s)
         rows.append(done)
+        classes = done["class_bound_s"]
         print(
-            f"| {done['profile']} | {done['workload']} | {done['ranks']} | {done['seed']} | {done['before']:.4f} | "
+            f"| {done['profile']} | {done['workload']} | {done['ranks']} | {done['seed']} | {done['bound_s']:.3f} | "
+            f"{'-' if classes is None else f'{classes:.3f}'} | {done['before']:.4f} | "
             f"{done['after']:.4f} | {done['seconds']:.0f} | {done['classes'] or '-'} |",
             flush=True,
         )
