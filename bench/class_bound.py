@@ -102,7 +102,15 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --limit-s must be above 0", file=sys.stderr)
         return 2
     profiles = args.profiles.split(",") if args.profiles else None
-    chosen = rows_of(results, args.above, ranks, profiles)
+    try:
+        chosen = rows_of(results, args.above, ranks, profiles)
+    except (KeyError, TypeError, AttributeError) as exc:
+        print(
+            f"error: {args.results} is not a results.json of dhp bench --suite flexsp (missing {exc}); "
+            "give the one its --out folder holds",
+            file=sys.stderr,
+        )
+        return 2
     if profiles is None:
         chosen = [r for r in chosen if r["profile"] != "stress-mixed-gpu"]
     if not chosen:

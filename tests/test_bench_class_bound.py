@@ -62,3 +62,6 @@ def test_bad_arguments_say_what_to_fix(tmp_path, capsys):
     source.write_text(json.dumps({"cases": []}))
     assert cb.main([str(source), "--limit-s", "0"]) == 2
     assert "--limit-s must be above 0" in capsys.readouterr().err
+    source.write_text(json.dumps({"records": []}))
+    assert cb.main([str(source)]) == 2
+    assert "is not a results.json of dhp bench --suite flexsp" in capsys.readouterr().err
