@@ -24,12 +24,17 @@ when sample i runs in it on a group of size d, and n_d the ranks of its groups o
 and every row still holds when tau is replaced by any larger length.
 
 **Length classes.** Lengths 0 = tau_0 < tau_1 < ... < tau_G cut (0, tau_G] into classes; class g holds
-the micro-batches with tau in (tau_{g-1}, tau_g]. Summing the rows above over a class's micro-batches,
-with x_g their count and Z_gid, N_gd the sums of z_id and n_d, gives the rows with tau_g for tau and
-x_g for the 1 and the N on their right (linear: tau_g is a number), and each of them costs at least
-b + tau_{g-1}. The LP
+the micro-batches with tau in (l_g, u_g] = (tau_{g-1}, tau_g]. Over a class's micro-batches let x_g be
+their count, Z_gid and N_gd the sums of z_id and n_d, S_g the sum of their lengths tau and W_gd the sum
+of tau n_d. Then l_g x_g <= S_g <= u_g x_g, and as each micro-batch has l_g < tau <= u_g and
+0 <= n_d <= N (so that (tau - l_g)(N - n_d) >= 0),
 
-    minimise   sum_g (b + tau_{g-1}) x_g
+    W_gd <= u_g N_gd,    W_gd <= l_g N_gd + N (S_g - l_g x_g),    sum_d W_gd <= N S_g,
+
+and the rows above summed over the class hold with their right sides replaced: W_gd - delta_d N_gd
+for the time row, u_g in the finish rows, x_g for the 1 and the N. All of it is linear. The LP
+
+    minimise   sum_g (b x_g + S_g)
     subject to the summed rows of every class,
                sum_gd Z_gid >= 1 for every sample,     M <= sum_g x_g <= K
 
@@ -38,10 +43,11 @@ the profile's per-step constant, which :func:`optimizer.plan.evaluate.build_plan
 its bound alike). With an incumbent of step time U, a better plan has every tau below U - M b and at
 most U / b micro-batches, so tau_G = U - M b and the answer is the least of U and the LP.
 
-Finer classes cost less rounding (a micro-batch is charged b + tau_{g-1}, not b + tau). So the LP is
-solved on a few classes spaced in log, then again with every class it used split in four, round after
-round while time allows; each round's LP is a bound (any cut of (0, tau_G] gives one) and the best is
-kept.
+A class's micro-batches are credited up to u_g of each group's time while they may be as short as l_g,
+and a sample that finishes within u_g may sit in any of them: finer classes cost less of that. So the
+LP is solved on a few classes spaced in log, then again with every class it used split in four, round
+after round while time allows; each round's LP is a bound (any cut of (0, tau_G] gives one) and the
+best is kept.
 """
 
 from __future__ import annotations
@@ -125,7 +131,7 @@ def _data(tables: CostTables) -> _Data:
 
 
 def _charged(low: float, high: float) -> float:
-    """What a micro-batch of a class (low, high] is charged beyond b: the least length it may have."""
+    """The least length l_g a micro-batch of the class (low, high] is taken to have."""
     return low
 
 
@@ -164,6 +170,31 @@ class _Rows:
         )
 
 
+def _length_sum_rows(
+    rows: _Rows, x: int, lengths: int, w: np.ndarray, n: np.ndarray, low: float, high: float, n_ranks: float
+) -> None:
+    """The rows of a class (low, high] that tie S_g (column ``lengths``) and W_gd (columns ``w``) to x_g and
+    N_gd (columns ``n``): l x <= S <= u x, W_d <= u N_d, W_d <= l N_d + N (S - l x), sum_d W_d <= N S."""
+    inf = math.inf
+    k = w.shape[0]
+    pair = np.zeros(2, dtype=np.int64)
+    rows.add(pair, np.array([lengths, x]), np.array([1.0, -low]), 1, 0.0, inf)
+    rows.add(pair, np.array([lengths, x]), np.array([1.0, -high]), 1, -inf, 0.0)
+    per_size = np.arange(k)
+    rows.add(
+        np.tile(per_size, 2), np.concatenate([w, n]), np.concatenate([np.ones(k), np.full(k, -high)]), k, -inf, 0.0
+    )
+    rows.add(
+        np.tile(per_size, 4),
+        np.concatenate([w, n, np.full(k, lengths), np.full(k, x)]),
+        np.concatenate([np.ones(k), np.full(k, -low), np.full(k, -n_ranks), np.full(k, n_ranks * low)]),
+        k,
+        -inf,
+        0.0,
+    )
+    rows.add(np.zeros(k + 1, dtype=np.int64), np.append(w, lengths), np.append(np.ones(k), -n_ranks), 1, -inf, 0.0)
+
+
 def _solve(
     highspy, d: _Data, taus: list[float], m_low: int, m_high: int, limit_s: float
 ) -> tuple[float, list[int]] | None:
@@ -188,8 +219,11 @@ def _solve(
         z = col + np.arange(sel.shape[0])
         n_col = col + sel.shape[0] + np.arange(k)
         x = col + sel.shape[0] + k
-        col = x + 1
-        cost += [np.zeros(sel.shape[0] + k), np.array([d.b + _charged(floor, tau)])]
+        lengths = x + 1  # S_g
+        w_col = lengths + 1 + np.arange(k)  # W_gd
+        col = lengths + 1 + k
+        cost += [np.zeros(sel.shape[0] + k), np.array([d.b, 1.0]), np.zeros(k)]
+        _length_sum_rows(rows, x, lengths, w_col, n_col, _charged(floor, tau), tau, float(d.n_ranks))
         classes.append(g)
         count_cols.append(x)
         cover_cols.append(z)
@@ -208,7 +242,7 @@ def _solve(
         rows.add(
             np.zeros(k + 1, dtype=np.int64), np.append(n_col, x), np.append(np.ones(k), -float(d.n_ranks)), 1, -inf, 0.0
         )
-        # memory and time per size: sum L Z - C N <= 0, sum a Z - (tau - delta_d) N <= 0
+        # memory and time per size: sum L Z - C N <= 0, sum a Z - (W - delta_d N) <= 0
         rows.add(
             np.concatenate([jj, np.arange(k)]),
             np.concatenate([z, n_col]),
@@ -218,9 +252,9 @@ def _solve(
             0.0,
         )
         rows.add(
-            np.concatenate([jj, np.arange(k)]),
-            np.concatenate([z, n_col]),
-            np.concatenate([d.pair_area[sel], -(tau - d.delta)]),
+            np.concatenate([jj, np.arange(k), np.arange(k)]),
+            np.concatenate([z, n_col, w_col]),  # sum a Z + delta_d N - W <= 0
+            np.concatenate([d.pair_area[sel], d.delta, -np.ones(k)]),
             k,
             -inf,
             0.0,
