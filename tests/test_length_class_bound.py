@@ -1,9 +1,9 @@
 """The length-class LP bound (solver_models.length_class_bound).
 
-Its validity against the brute-force optimum is checked in tests/test_bound_oracle.py; here, on a proven
-mid-size optimum of tests/fixtures/optima.json: it rises above the engine's bounds and the group-size LP
-where memory-tight micro-batches idle, is near the optimum from its first classes, stays below the optimum, never falls with more rounds, and keeps
-to its deadline.
+Its validity against the brute-force optimum is checked in tests/test_bound_oracle.py; here, on proven
+mid-size optima of tests/fixtures/optima.json: it rises above the engine's bounds and the group-size LP
+where memory-tight micro-batches idle, is near the optimum from its first classes, stays below the
+optimum, never falls with more rounds, and keeps to its deadline.
 """
 
 from __future__ import annotations
