@@ -10,11 +10,12 @@ of ``bench.planners`` named, and scored as the engine evaluates plans: step time
 and worst, and how often the optimum was reached (within :data:`TOLERANCE`). Each bound of the engine
 (:func:`optimizer.bounds.lower_bounds.bound_parts`; the largest is the engine's bound), the group-size LP
 (:mod:`solver_models.size_bound`), the length-class LP (:mod:`solver_models.length_class_bound`, offline:
-no answer runs it; below the best dhp plan, :data:`CLASS_LIMIT_S` a case) and the bound each dhp answer
+no answer runs it; below the best dhp plan, :data:`CLASS_LIMIT_S` a case), the group-column LP
+(:mod:`solver_models.column_bound`, offline likewise) and the bound each dhp answer
 carries is scored as its value over the
 optimum (1.0: tight). A bound above the optimum or a plan below it is a bug, counted apart. Cases whose
 proof did not close are not scored; for each, its best plan over the solver's bound and over the
-length-class LP's. ``--write-tightness`` writes, for each bound
+length-class LP's and the group-column LP's. ``--write-tightness`` writes, for each bound
 that was the binding one (the largest of the engine's and the LP's) on some case, how far below the optimum
 it lay there: :mod:`optimizer.bounds.tightness` says it beside every plan that names that bound.
 """
@@ -68,6 +69,7 @@ def score(fixtures: list[dict[str, Any]], baselines: list[str]) -> dict[str, Any
     from optimizer.problem.documents import problem_from_json
     from optimizer.verify.verifier import check_assignment
     from planning.planner import plan
+    from solver_models.column_bound import column_bound
     from solver_models.length_class_bound import length_class_bound
     from solver_models.size_bound import size_bound
 
@@ -98,6 +100,11 @@ def score(fixtures: list[dict[str, Any]], baselines: list[str]) -> dict[str, Any
         row["bounds"].update(engine)
         if classes is not None:  # offline only: not a bound any answer names
             row["bounds"]["length_classes"] = classes.bound_s / optimum
+        columns = column_bound(
+            tables, best_step - problem.cost_profile.step_constant, deadline=time.perf_counter() + CLASS_LIMIT_S
+        )
+        if columns is not None:  # offline too
+            row["bounds"]["group_columns"] = columns.bound_s / optimum
         row["binding"] = max(engine, key=engine.__getitem__)  # the bound a plan of this batch names
         rows.append(row)
         print(f"[{k}/{len(fixtures)}] {fx['name']}", file=sys.stderr, flush=True)
@@ -110,18 +117,19 @@ def unproven_gaps(fixtures: list[dict[str, Any]]) -> list[dict[str, Any]]:
     the plan's share."""
     from optimizer.costs.tables import CostTables
     from optimizer.problem.documents import problem_from_json
+    from solver_models.column_bound import column_bound
     from solver_models.length_class_bound import length_class_bound
 
     rows = []
     for k, fx in enumerate(fixtures, 1):
         problem = problem_from_json(fx["request"])
+        tables = CostTables.build(problem)
         best = float(fx["best_s"])
+        step_constant = problem.cost_profile.step_constant
         started = time.perf_counter()
-        classes = length_class_bound(
-            CostTables.build(problem),
-            best - problem.cost_profile.step_constant,
-            deadline=started + CLASS_LIMIT_S,
-        )
+        classes = length_class_bound(tables, best - step_constant, deadline=started + CLASS_LIMIT_S)
+        class_s = time.perf_counter() - started
+        columns = column_bound(tables, best - step_constant, deadline=time.perf_counter() + CLASS_LIMIT_S)
         bound = fx.get("bound_s")
         rows.append(
             {
@@ -129,8 +137,10 @@ def unproven_gaps(fixtures: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "best_s": best,
                 "solver_wall_s": fx["solver"]["wall_s"],
                 "over_solver_bound": best / bound if bound else None,
-                "over_class_bound": best / (classes.bound_s + problem.cost_profile.step_constant) if classes else None,
-                "class_lp_s": time.perf_counter() - started,
+                "over_class_bound": best / (classes.bound_s + step_constant) if classes else None,
+                "class_lp_s": class_s,
+                "over_column_bound": best / (columns.bound_s + step_constant) if columns else None,
+                "column_lp_s": columns.seconds if columns else None,
             }
         )
         print(f"[{k}/{len(fixtures)}] {fx['name']} (not proven)", file=sys.stderr, flush=True)
@@ -161,13 +171,18 @@ def report(result: dict[str, Any], unproven: list[dict[str, Any]]) -> None:
             + (f"; above the optimum (a bug) {crossed}" if crossed else "")
         )
     if unproven:
-        print("not proven: best plan over the solver's bound, and over the length-class LP's")
+        print("not proven: best plan over the solver's bound, over the length-class LP's and the group-column LP's")
         for row in unproven:
             solver = f"{row['over_solver_bound']:.4f}" if row["over_solver_bound"] else "no bound"
             classes = row["over_class_bound"]
             print(
                 f"  {row['name']}: {solver} after {row['solver_wall_s']} s; "
                 + (f"{classes:.4f} in {row['class_lp_s']:.1f} s" if classes else "no class bound")
+                + (
+                    f"; {row['over_column_bound']:.4f} in {row['column_lp_s']:.1f} s"
+                    if row.get("over_column_bound")
+                    else "; no column bound"
+                )
             )
 
 

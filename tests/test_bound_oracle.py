@@ -10,6 +10,7 @@ variant of the long-sample part is caught on the same instances, so the check ca
 from __future__ import annotations
 
 import copy
+import functools
 import math
 
 import numpy as np
@@ -61,12 +62,15 @@ def _cases():
         yield seed, tags, problem, tables
 
 
+@functools.cache
 def _solved_cases():
-    """The cases the oracle solves, with their optimum."""
+    """The cases the oracle solves, with their optimum (enumerated once for all the tests here)."""
+    out = []
     for seed, tags, problem, tables in _cases():
         optimum = brute_force_optimum(problem)
         if not math.isinf(optimum):
-            yield seed, tags, problem, tables, optimum
+            out.append((seed, tags, problem, tables, optimum))
+    return tuple(out)
 
 
 def _wrong_long_sample(tables: CostTables) -> float:
@@ -218,4 +222,35 @@ def test_length_class_lp_never_exceeds_the_optimum(monkeypatch):
         checked += 1
     assert checked >= 150
     assert binding >= 3, binding
+    assert wrong_caught >= 1
+
+
+def test_column_generation_lp_never_exceeds_the_optimum(monkeypatch):
+    """The group-column LP (solver_models.column_bound) against the oracle, under two incumbents; it is
+    at least the length-class LP on the same classes, the largest bound on some instances, and a wrong
+    variant (each class's micro-batches charged their longest length) exceeds the optimum on some."""
+    pytest.importorskip("highspy")
+    from solver_models import column_bound as cb
+    from solver_models import length_class_bound as lc
+
+    checked = above_class = wrong_caught = 0
+    for seed, tags, _, tables, optimum in _solved_cases():
+        for upper in (optimum * 1.5, optimum * 1.05):
+            found = cb.column_bound(tables, upper)
+            assert found is not None, f"seed {seed} {tags}: no column bound (upper {upper})"
+            assert found.converged, f"seed {seed} {tags}: column generation did not converge"
+            assert found.bound_s <= optimum * (1 + 1e-9), (
+                f"seed {seed} {tags}: column bound {found.bound_s} above the optimum {optimum} (upper {upper})"
+            )
+        classes = lc.length_class_bound(tables, optimum * 1.05, rounds=1)
+        assert classes is not None
+        assert found.bound_s >= classes.bound_s * (1 - 1e-5), f"seed {seed} {tags}: below the class LP"
+        above_class += found.bound_s > classes.bound_s * 1.001
+        with monkeypatch.context() as patched:
+            patched.setattr(cb, "_lows", lambda highs: list(highs))
+            wrong = cb.column_bound(tables, optimum * 1.5)
+        wrong_caught += wrong is not None and wrong.bound_s > optimum * (1 + 1e-9)
+        checked += 1
+    assert checked >= 150
+    assert above_class >= 3, above_class
     assert wrong_caught >= 1
