@@ -6,8 +6,10 @@ Reads the ``results.json`` a ``dhp bench --suite flexsp`` run wrote, takes its b
 more than ``--above`` times the grid's best bound (``bench.grid.best_bound``), on ``--ranks`` ranks and under
 ``--profiles`` (default: all but mixed GPU types), rebuilds each batch as the grid did, and runs
 :func:`solver_models.length_class_bound.length_class_bound` below the best dhp plan for at most
-``--limit-s`` seconds. Prints, per batch, the plan over the bound before and with the class bound, and the
-medians; ``--out FILE`` keeps the rows as JSON. The class bound is offline: no answer runs it.
+``--limit-s`` seconds (``--bound columns``: :func:`solver_models.column_bound.column_bound`, its Lagrangian
+bound where generation has not converged by then). Prints, per batch, the plan over the bound before and with
+the class bound, and the medians; ``--out FILE`` keeps the rows as JSON. Both bounds are offline: no answer
+runs them.
 """
 
 from __future__ import annotations
@@ -50,12 +52,13 @@ def rows_of(
     return out
 
 
-def run(row: dict[str, Any], limit_s: float) -> dict[str, Any]:
-    """The class bound of one batch below its best dhp plan."""
+def run(row: dict[str, Any], limit_s: float, bound: str = "classes") -> dict[str, Any]:
+    """The class bound (``bound="columns"``: the group-column LP's) of one batch below its best dhp plan."""
     from bench.grid import make_problem, resolve_profile
     from bench.workload_catalog import get_workload
     from optimizer.costs.tables import CostTables
-    from solver_models.length_class_bound import length_class_bound
+    from solver_models.column_bound import ColumnBound, column_bound
+    from solver_models.length_class_bound import ClassBound, length_class_bound
 
     problem = make_problem(
         get_workload(row["workload"]),
@@ -68,14 +71,19 @@ def run(row: dict[str, Any], limit_s: float) -> dict[str, Any]:
     tables = CostTables.build(problem)
     step_constant = problem.cost_profile.step_constant
     start = time.perf_counter()
-    found = length_class_bound(tables, row["plan_s"] - step_constant, deadline=start + limit_s)
+    found: ColumnBound | ClassBound | None
+    if bound == "columns":
+        found = column_bound(tables, row["plan_s"] - step_constant, deadline=start + limit_s)
+    else:
+        found = length_class_bound(tables, row["plan_s"] - step_constant, deadline=start + limit_s)
     seconds = time.perf_counter() - start
     classes = None if found is None else found.bound_s + step_constant
     best = max(row["bound_s"], classes or 0.0)
     return {
         **row,
         "class_bound_s": classes,
-        "classes": None if found is None else found.classes,
+        "classes": None if found is None else getattr(found, "classes", None),
+        "converged": None if found is None else getattr(found, "converged", None),
         "rounds": None if found is None else found.rounds,
         "seconds": seconds,
         "before": row["plan_s"] / row["bound_s"],
@@ -90,6 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", default="64", help="comma-separated rank counts to try (default 64)")
     parser.add_argument("--profiles", default=None, help="comma-separated profiles (default: all but stress-mixed-gpu)")
     parser.add_argument("--limit-s", type=float, default=120.0, help="seconds per batch (default 120)")
+    parser.add_argument(
+        "--bound",
+        choices=("classes", "columns"),
+        default="classes",
+        help="the length-class LP (default) or the group-column LP of solver_models.column_bound",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = parser.parse_args(argv)
     try:
@@ -124,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for row in chosen:
-        done = run(row, args.limit_s)
+        done = run(row, args.limit_s, args.bound)
         rows.append(done)
         classes = done["class_bound_s"]
         print(

@@ -55,6 +55,20 @@ def test_raises_the_bound_of_a_memory_tight_batch(tmp_path, capsys):
     assert "| stress-group-constant | mixed | 32 | 0 |" in capsys.readouterr().out
 
 
+def test_the_group_column_bound_on_the_same_batch(tmp_path):
+    problem = make_problem(get_workload("mixed"), 32, 32, 0, 200.0, resolve_profile("stress-group-constant"))
+    step = plan(problem.with_options(backend="heuristic", deterministic=True)).predicted_step_time_s
+    bound = lower_bound(CostTables.build(problem)) + problem.cost_profile.step_constant
+    source = tmp_path / "results.json"
+    source.write_text(json.dumps({"cases": [_case("stress-group-constant", 32, step, bound)]}))
+    out = tmp_path / "rows.json"
+    argv = [str(source), "--above", "1.0", "--ranks", "32", "--limit-s", "30", "--bound", "columns", "--out", str(out)]
+    assert cb.main(argv) == 0
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["class_bound_s"] is not None and row["class_bound_s"] <= step * (1 + 1e-9)
+    assert row["converged"] is True
+
+
 def test_bad_arguments_say_what_to_fix(tmp_path, capsys):
     assert cb.main([str(tmp_path / "missing.json")]) == 2
     assert "give a results.json" in capsys.readouterr().err
