@@ -75,7 +75,7 @@ from typing import Any
 import numpy as np
 
 from optimizer.costs.tables import CostTables
-from solver_models.length_class_bound import FIRST_CLASSES, NEAR, SAFETY, _Data, _data, _refined
+from solver_models.length_class_bound import SAFETY, _Data, _refined, first_classes
 from solver_models.size_bound import HALF, _highs
 
 TIME_CELLS = 160
@@ -400,20 +400,10 @@ def column_bound(
     if highspy is None or not math.isfinite(upper_s):
         return None
     started = clock()
-    d = _data(tables)
-    m_low = max(1, math.ceil(float(d.lengths.sum()) / (d.n_ranks * d.cap) * (1 - 1e-12)))
-    m_high = min(int(tables.problem.options.micro_batch_limit), d.n)
-    if d.b > 0:
-        m_high = min(m_high, int(math.floor(upper_s / d.b)))
-    tau_high = upper_s - m_low * d.b
-    fastest = np.full(d.n, np.inf)
-    np.minimum.at(fastest, d.pair_sample, d.pair_length)
-    if m_low > m_high or not float(fastest.max()) <= tau_high:
+    setup = first_classes(tables, upper_s, hints)
+    if setup is None:
         return None
-    highs = sorted(
-        {float(x) for x in np.geomspace(max(float(fastest.min()), 1e-9), tau_high, FIRST_CLASSES)}
-        | {float(h * f) for h in hints for f in NEAR if 0 < h * f < tau_high}
-    )
+    d, m_low, m_high, highs = setup
     pool = _seeds(tables, d, groups)
     best: ColumnBound | None = None
     done = 0

@@ -314,6 +314,29 @@ def _refined(taus: list[float], used: set[int]) -> set[float]:
     return out
 
 
+def first_classes(
+    tables: CostTables, upper_s: float, hints: tuple[float, ...]
+) -> tuple[_Data, int, int, list[float]] | None:
+    """What a class LP below an incumbent of ``upper_s`` starts from: the tables' data, the fewest (M) and
+    most (K) micro-batches, and the first round's class ends (``FIRST_CLASSES`` in log up to tau_G, finer
+    near ``hints``); None when the incumbent leaves no room."""
+    d = _data(tables)
+    m_low = max(1, math.ceil(float(d.lengths.sum()) / (d.n_ranks * d.cap) * (1 - 1e-12)))
+    m_high = min(int(tables.problem.options.micro_batch_limit), d.n)
+    if d.b > 0:
+        m_high = min(m_high, int(math.floor(upper_s / d.b)))
+    tau_high = upper_s - m_low * d.b
+    fastest = np.full(d.n, np.inf)
+    np.minimum.at(fastest, d.pair_sample, d.pair_length)
+    if m_low > m_high or not float(fastest.max()) <= tau_high:
+        return None
+    taus = sorted(
+        {float(x) for x in np.geomspace(max(float(fastest.min()), 1e-9), tau_high, FIRST_CLASSES)}
+        | {float(h * f) for h in hints for f in NEAR if 0 < h * f < tau_high}
+    )
+    return d, m_low, m_high, taus
+
+
 def length_class_bound(
     tables: CostTables,
     upper_s: float,
@@ -329,20 +352,10 @@ def length_class_bound(
     highspy = _highs()
     if highspy is None or not math.isfinite(upper_s):
         return None
-    d = _data(tables)
-    m_low = max(1, math.ceil(float(d.lengths.sum()) / (d.n_ranks * d.cap) * (1 - 1e-12)))
-    m_high = min(int(tables.problem.options.micro_batch_limit), d.n)
-    if d.b > 0:
-        m_high = min(m_high, int(math.floor(upper_s / d.b)))
-    tau_high = upper_s - m_low * d.b
-    fastest = np.full(d.n, np.inf)
-    np.minimum.at(fastest, d.pair_sample, d.pair_length)
-    if m_low > m_high or not float(fastest.max()) <= tau_high:
+    setup = first_classes(tables, upper_s, hints)
+    if setup is None:
         return None
-    taus = sorted(
-        {float(x) for x in np.geomspace(max(float(fastest.min()), 1e-9), tau_high, FIRST_CLASSES)}
-        | {float(h * f) for h in hints for f in NEAR if 0 < h * f < tau_high}
-    )
+    d, m_low, m_high, taus = setup
     best: ClassBound | None = None
     started = clock()
     done = 0

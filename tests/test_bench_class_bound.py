@@ -41,12 +41,18 @@ def test_takes_the_batches_far_above_their_bound_on_the_ranks_asked():
     assert cb.rows_of(results, 1.05, [64, 256], ["c"])[0]["profile"] == "c"
 
 
-def test_raises_the_bound_of_a_memory_tight_batch(tmp_path, capsys):
+def _memory_tight_grid(tmp_path) -> tuple[float, object]:
+    """A results.json with one memory-tight batch, and its heuristic plan's step time."""
     problem = make_problem(get_workload("mixed"), 32, 32, 0, 200.0, resolve_profile("stress-group-constant"))
     step = plan(problem.with_options(backend="heuristic", deterministic=True)).predicted_step_time_s
     bound = lower_bound(CostTables.build(problem)) + problem.cost_profile.step_constant
     source = tmp_path / "results.json"
     source.write_text(json.dumps({"cases": [_case("stress-group-constant", 32, step, bound)]}))
+    return step, source
+
+
+def test_raises_the_bound_of_a_memory_tight_batch(tmp_path, capsys):
+    step, source = _memory_tight_grid(tmp_path)
     out = tmp_path / "rows.json"
     assert cb.main([str(source), "--above", "1.0", "--ranks", "32", "--limit-s", "30", "--out", str(out)]) == 0
     row = json.loads(out.read_text())["rows"][0]
@@ -56,11 +62,7 @@ def test_raises_the_bound_of_a_memory_tight_batch(tmp_path, capsys):
 
 
 def test_the_group_column_bound_on_the_same_batch(tmp_path):
-    problem = make_problem(get_workload("mixed"), 32, 32, 0, 200.0, resolve_profile("stress-group-constant"))
-    step = plan(problem.with_options(backend="heuristic", deterministic=True)).predicted_step_time_s
-    bound = lower_bound(CostTables.build(problem)) + problem.cost_profile.step_constant
-    source = tmp_path / "results.json"
-    source.write_text(json.dumps({"cases": [_case("stress-group-constant", 32, step, bound)]}))
+    step, source = _memory_tight_grid(tmp_path)
     out = tmp_path / "rows.json"
     argv = [str(source), "--above", "1.0", "--ranks", "32", "--limit-s", "30", "--bound", "columns", "--out", str(out)]
     assert cb.main(argv) == 0
