@@ -199,8 +199,7 @@ def _build(
         for j in range(k):
             row(-inf, 0.0, [(g * per + 2 + j, 1.0), (s, -N), (x, N * lows[g])])
     for g in range(g_count):
-        x, s = g * per, g * per + 1
-        row(-inf, 0.0, [*((g * per + 2 + j, 1.0) for j in range(k)), (s, -N)])
+        row(-inf, 0.0, [*((g * per + 2 + j, 1.0) for j in range(k)), (g * per + 1, -N)])
     once = len(lower)
     for g in range(g_count):  # (7)
         for _i in range(n):
@@ -347,6 +346,8 @@ class _Pricing:
     ) -> tuple[float, _Column | None]:
         """The least reduced cost of a column of class g and size j (at most the true least), and the column."""
         entry = self.room[g][j]
+        if entry is None:
+            return 0.0, None
         d = self.d
         deg = float(d.deg[j])
         const = (
@@ -357,8 +358,6 @@ class _Pricing:
             + mu * deg
             + eta * deg
         )
-        if entry is None:
-            return 0.0, None
         room, items = entry
         times = self.time[items, j]
         profit = pi[items] + deg * sigma * times + mu * d.lengths[items] / d.cap + eta * deg * self.heavy[items, j]
