@@ -54,12 +54,17 @@ every set that fits fits the grid too and the grid's best profit is at least the
 grid keeps may overrun the true rows by a few cells; it enters the master with its true coefficients
 (a relaxation: more columns never raise the LP, so the bound stays a bound).
 
-**The bound.** Each iteration adds the negative columns and solves the master again. When no class
-and size has a negative column the master is optimal over every column the grid admits and its value
-is a bound. Stopped at the deadline, the value plus N K times the least reduced cost per rank (a plan's
-groups use at most N K rank-micro-batches) is one (the Lagrangian bound). Every plan has a whole number
-of micro-batches and the LP's value is convex in the count, so when the LP's count is not whole the
-count is fixed to the whole numbers on either side and the lesser of their two LPs is a bound too.
+**The bound.** Each iteration adds the negative columns and solves the master again; pricing returns,
+besides each class and size's best column, up to ``DISJOINT`` more on the samples the ones before left
+out. The rows (7), n per class, are added only when the master's solution breaks one (most never bind).
+When no class and size has a negative column the master is optimal over every column the grid admits
+and its value is a bound. At any duals of the right signs the Lagrangian function is a bound too: the
+rows priced at their duals, plus the least that the master's other variables and every column can
+cost at those duals, given what every plan faster than the incumbent satisfies (see ``_lagrange``).
+Generation stops when the best of these is within ``CLOSE`` of the master's value, and answers it when
+the deadline stops generation first. Every plan has a whole number of micro-batches and the LP's value
+is convex in the count, so when the LP's count is not whole the count is fixed to the whole numbers on
+either side and the lesser of their two LPs is a bound too.
 Rounds after the first split the classes the LP used, as the class LP does; the first round's classes
 (``FIRST_CLASSES`` in log, finer near a plan's micro-batch lengths) are usually where it pays.
 """
@@ -74,7 +79,9 @@ from typing import Any
 
 import numpy as np
 
+from optimizer import jit
 from optimizer.costs.tables import CostTables
+from solver_models import knapsack_kernels
 from solver_models.length_class_bound import SAFETY, _Data, _refined, first_classes
 from solver_models.size_bound import HALF, _highs
 
@@ -90,6 +97,17 @@ columns on whatever the count, and never leaves a sample out where a column coul
 
 TOLERANCE = 1e-6
 """A column enters when its reduced cost is below minus this share of the master's value."""
+
+SIMPLEX = 1
+"""HiGHS's simplex strategy for the master's LPs after the first: the dual simplex (1). The first LP is
+solved by the primal simplex, on which the dual one stalled for minutes when seeded with a plan's groups
+(video-analytical-16x32-s0 of tests/fixtures/optima.json)."""
+
+DISJOINT = 8
+"""Per class and size, pricing returns up to this many more columns, each on samples the ones before left out."""
+
+CLOSE = 1e-4
+"""Generation stops when the best Lagrangian bound is within this share of the master's value."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +129,7 @@ class _Column:
     size: int  # index into the degrees
     samples: np.ndarray
     work: float  # w_c
+    length: float = 0.0  # the least micro-batch length tau of its class (a plan's group: its micro-batch's)
 
 
 @dataclass
@@ -119,6 +138,7 @@ class _Master:
 
     lp: Any
     optimal: Any  # HiGHS's optimal model status
+    timed_out: Any  # and its time-limit one
     n: int
     classes: int
     k: int
@@ -128,11 +148,17 @@ class _Master:
     work: int  # first row of (5), k per class
     w_high: int  # first row of W <= u N, k per class
     w_low: int  # first row of W <= l N + N (S - l x), k per class
-    once: int  # first row of (7), n per class
     memory: int  # first row of (8), k per class
     heavy: int  # first row of (9), k per class
+    row_low: np.ndarray  # every row's bounds, for the Lagrangian bound at any duals
+    row_high: np.ndarray
+    cost: np.ndarray  # the costs of the columns that are not groups: x, S, W per class, then the slacks
+    entries: tuple[np.ndarray, np.ndarray, np.ndarray]  # (row, column, value) of those columns
     columns: list[_Column] = field(default_factory=list)
     seen: set[tuple[int, int, bytes]] = field(default_factory=set)
+    once: dict[int, int] = field(default_factory=dict)  # the rows (7) so far, by class * n + sample
+    memberships: list[np.ndarray] = field(default_factory=list)  # per column, class * n + each sample
+    upper: float = math.inf  # the incumbent U: plans that matter have sum_g (b x_g + S_g) <= U
 
 
 def _build(
@@ -143,9 +169,7 @@ def _build(
     lp = highspy.Highs()
     lp.setOptionValue("output_flag", False)
     lp.setOptionValue("threads", 1)
-    # The dual simplex: the primal one, natural after added columns, stalled for minutes on the slack's
-    # large cost (one fixture seeded with its optimum's groups: 186 s against 0.45 s).
-    lp.setOptionValue("simplex_strategy", 1)
+    lp.setOptionValue("simplex_strategy", 4)  # the first LP: the primal simplex (see SIMPLEX)
     # columns: per class x, S, W_0..W_{k-1}; then one slack per sample
     per = 2 + k
     cost = np.zeros(g_count * per + n)
@@ -200,10 +224,6 @@ def _build(
             row(-inf, 0.0, [(g * per + 2 + j, 1.0), (s, -N), (x, N * lows[g])])
     for g in range(g_count):
         row(-inf, 0.0, [*((g * per + 2 + j, 1.0) for j in range(k)), (g * per + 1, -N)])
-    once = len(lower)
-    for g in range(g_count):  # (7)
-        for _i in range(n):
-            row(-inf, 0.0, [(g * per, -1.0)])
     memory = len(lower)
     for _g in range(g_count):  # (8): the column's tokens over C, less d
         for _j in range(k):
@@ -216,9 +236,11 @@ def _build(
     index = np.array([c for e in entries for c, _ in e], dtype=np.int32)
     value = np.array([v for e in entries for _, v in e], dtype=np.float64)
     lp.addRows(len(lower), np.array(lower), np.array(upper), index.shape[0], starts, index, value)
+    rows = np.repeat(np.arange(len(entries)), [len(e) for e in entries])
     return _Master(
         lp,
         highspy.HighsModelStatus.kOptimal,
+        highspy.HighsModelStatus.kTimeLimit,
         n,
         g_count,
         k,
@@ -228,30 +250,42 @@ def _build(
         work,
         w_high,
         w_low,
-        once,
         memory,
         heavy,
+        np.array(lower),
+        np.array(upper),
+        cost,
+        (rows, index, value),
     )
+
+
+def _coefficients(
+    master: _Master, d: _Data, lows: list[float], highs: list[float], c: _Column
+) -> tuple[list[int], list[float]]:
+    """The master's rows a column enters and its coefficients there."""
+    k, g, j = master.k, c.cls, c.size
+    deg = float(d.deg[j])
+    rows = [master.cover + int(i) for i in c.samples]
+    rows += [master.once[key] for key in (g * master.n + c.samples).tolist() if key in master.once]
+    vals = [1.0] * len(rows)
+    tokens = float(d.lengths[c.samples].sum())
+    heavy = int((d.lengths[c.samples] > HALF * d.cap * deg).sum())
+    rows += [master.rank + g, master.work + g * k + j, master.w_high + g * k + j, master.w_low + g * k + j]
+    vals += [deg, deg * c.work, -highs[g] * deg, -lows[g] * deg]
+    rows += [master.memory + g * k + j, master.heavy + g * k + j]
+    vals += [tokens / d.cap - deg, deg * (heavy - 1)]
+    return rows, vals
 
 
 def _add(master: _Master, d: _Data, lows: list[float], highs: list[float], cols: list[_Column]) -> None:
     if not cols:
         return
-    k = master.k
     starts, index, value = [], [], []
     at = 0
     for c in cols:
-        deg = float(d.deg[c.size])
-        g, j = c.cls, c.size
-        rows = [master.cover + int(i) for i in c.samples] + [master.once + g * master.n + int(i) for i in c.samples]
-        vals = [1.0] * len(rows)
-        tokens = float(d.lengths[c.samples].sum())
-        heavy = int((d.lengths[c.samples] > HALF * d.cap * deg).sum())
-        rows += [master.rank + g, master.work + g * k + j, master.w_high + g * k + j, master.w_low + g * k + j]
-        vals += [deg, deg * c.work, -highs[g] * deg, -lows[g] * deg]
-        rows += [master.memory + g * k + j, master.heavy + g * k + j]
-        vals += [tokens / d.cap - deg, deg * (heavy - 1)]
-        master.seen.add((g, j, c.samples.tobytes()))
+        rows, vals = _coefficients(master, d, lows, highs, c)
+        master.seen.add((c.cls, c.size, c.samples.tobytes()))
+        master.memberships.append(c.cls * master.n + c.samples)
         starts.append(at)
         index += rows
         value += vals
@@ -269,6 +303,56 @@ def _add(master: _Master, d: _Data, lows: list[float], highs: list[float], cols:
     master.columns += cols
 
 
+def _add_once_rows(master: _Master, primal: np.ndarray) -> int:
+    """Add the rows (7) the LP's solution breaks (a sample in more than x_g groups of class g): the master
+    starts without them, as most never bind and they would be n per class. Returns how many were added."""
+    if not master.columns:
+        return 0
+    fixed = master.cost.shape[0]
+    per = 2 + master.k
+    sizes = np.array([m.shape[0] for m in master.memberships])
+    keys = np.concatenate(master.memberships)
+    owner = np.repeat(np.arange(len(master.memberships)), sizes)
+    load = np.bincount(keys, weights=primal[fixed + owner], minlength=master.classes * master.n)
+    counts = primal[np.arange(master.classes) * per]
+    broken = np.flatnonzero(load > np.repeat(counts, master.n) + 1e-7)
+    broken = np.array([key for key in broken.tolist() if key not in master.once], dtype=np.int64)
+    if broken.size == 0:
+        return 0
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    starts: list[int] = []
+    index: list[int] = []
+    value: list[float] = []
+    first = master.lp.getNumRow()
+    for at, key in enumerate(broken.tolist()):
+        lo, hi = np.searchsorted(sorted_keys, [key, key + 1])
+        cols = (fixed + owner[order[lo:hi]]).tolist() + [(key // master.n) * per]
+        starts.append(len(index))
+        index += cols
+        value += [1.0] * (len(cols) - 1) + [-1.0]
+        master.once[key] = first + at
+    master.lp.addRows(
+        broken.size,
+        np.full(broken.size, -math.inf),
+        np.zeros(broken.size),
+        len(index),
+        np.array(starts, dtype=np.int32),
+        np.array(index, dtype=np.int32),
+        np.array(value, dtype=np.float64),
+    )
+    rows, cols, vals = master.entries
+    counted = np.array([(key // master.n) * per for key in broken.tolist()], dtype=np.int64)
+    master.entries = (
+        np.concatenate([rows, first + np.arange(broken.size)]),
+        np.concatenate([cols, counted]),
+        np.concatenate([vals, np.full(broken.size, -1.0)]),
+    )
+    master.row_low = np.concatenate([master.row_low, np.full(broken.size, -math.inf)])
+    master.row_high = np.concatenate([master.row_high, np.zeros(broken.size)])
+    return int(broken.size)
+
+
 def _knapsack(
     profit: np.ndarray, time_w: np.ndarray, mem_w: np.ndarray, time_room: float, mem_room: float
 ) -> tuple[float, np.ndarray]:
@@ -280,15 +364,8 @@ def _knapsack(
     a = np.minimum(a, R)
     m = np.minimum(m, Q)
     value = np.zeros((R + 1, Q + 1))
-    taken = np.zeros((profit.shape[0], R + 1, Q + 1), dtype=bool)
-    for item in range(profit.shape[0]):
-        ai, mi, p = int(a[item]), int(m[item]), float(profit[item])
-        shifted = value[: R + 1 - ai, : Q + 1 - mi] + p
-        target = value[ai:, mi:]
-        better = shifted > target
-        if better.any():
-            taken[item, ai:, mi:] = better
-            value[ai:, mi:] = np.where(better, shifted, target)
+    taken = np.zeros((profit.shape[0], R + 1, Q + 1), dtype=np.bool_)
+    knapsack_kernels.fill(profit.astype(np.float64), a, m, value, taken)
     r, q = R, Q
     chosen = []
     for item in range(profit.shape[0] - 1, -1, -1):
@@ -343,11 +420,12 @@ class _Pricing:
         mu: float,
         eta: float,
         low: float,
-    ) -> tuple[float, _Column | None]:
-        """The least reduced cost of a column of class g and size j (at most the true least), and the column."""
+    ) -> tuple[float, list[_Column]]:
+        """The least reduced cost of a column of class g and size j (at most the true least); the column, if
+        its reduced cost is negative, and up to ``DISJOINT`` more of negative reduced cost on other samples."""
         entry = self.room[g][j]
         if entry is None:
-            return 0.0, None
+            return 0.0, []
         d = self.d
         deg = float(d.deg[j])
         const = (
@@ -367,17 +445,30 @@ class _Pricing:
             # alone (its ranks still loosen the class's rows when const is negative).
             one = int(np.argmax(profit))
             column = _Column(g, j, items[one : one + 1], float(d.delta[j]) + float(times[one]))
-            return const - float(profit[one]), column
+            return const - float(profit[one]), [column]
         items, times, profit = items[keep], times[keep], profit[keep]
         tokens = d.lengths[items]
         mem_room = d.cap * deg
         bound = min(_fractional(profit, times, room), _fractional(profit, tokens, mem_room))
         if const - bound >= 0:
-            return const - bound, None
+            return const - bound, []
         best, chosen = _knapsack(profit, times, tokens, room, mem_room)
-        samples = items[chosen]
-        column = _Column(g, j, samples, float(d.delta[j]) + float(times[chosen].sum()))
-        return const - best, column
+        columns = [_Column(g, j, items[chosen], float(d.delta[j]) + float(times[chosen].sum()))]
+        least = const - best
+        left = np.ones(items.shape[0], dtype=bool)
+        for _ in range(DISJOINT):
+            # more columns from the samples the ones so far left out: the master needs many per class and
+            # size, and one knapsack costs far less than one more master LP
+            left[chosen] = False
+            rest = np.flatnonzero(left)
+            if rest.size == 0:
+                break
+            more, picked = _knapsack(profit[rest], times[rest], tokens[rest], room, mem_room)
+            if const - more >= 0 or picked.size == 0:
+                break
+            chosen = rest[picked]
+            columns.append(_Column(g, j, items[chosen], float(d.delta[j]) + float(times[chosen].sum())))
+        return least, columns
 
 
 def column_bound(
@@ -385,25 +476,27 @@ def column_bound(
     upper_s: float,
     rounds: int = 1,
     hints: tuple[float, ...] = (),
-    groups: Sequence[tuple[int, Sequence[int]]] = (),
+    micro_batches: Sequence[Sequence[tuple[int, Sequence[int]]]] = (),
     deadline: float | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> ColumnBound | None:
     """The bound of the module docstring below an incumbent of ``upper_s`` seconds (a verified plan's step
     time less the per-step constant), at most ``upper_s``; None when HiGHS is missing or the incumbent
     leaves no room. ``hints``: micro-batch lengths tau of a good plan, near which the first classes are
-    finer; ``groups``: (size, sample indices) of a good plan's groups, the first columns beside each sample
-    alone. Each of ``rounds`` splits the classes the last one used in ``SPLIT``; past ``deadline`` (an
-    instant of ``clock``) the round in hand stops with its Lagrangian bound."""
+    finer; ``micro_batches``: a good plan's micro-batches, each as its groups' (size, sample indices), whose
+    groups are the first columns beside each sample alone (each in the class of its micro-batch's length).
+    Each of ``rounds`` splits the classes the last one used in ``SPLIT``; past ``deadline`` (an instant of
+    ``clock``) the round in hand stops with its best Lagrangian bound."""
     highspy = _highs()
     if highspy is None or not math.isfinite(upper_s):
         return None
+    jit.load()  # pricing runs thousands of knapsacks
     started = clock()
     setup = first_classes(tables, upper_s, hints)
     if setup is None:
         return None
     d, m_low, m_high, highs = setup
-    pool = _seeds(tables, d, groups)
+    pool = _seeds(tables, d, micro_batches)
     best: ColumnBound | None = None
     done = 0
     all_converged = True
@@ -445,8 +538,9 @@ def _lows(highs: list[float]) -> list[float]:
     return [0.0, *highs[:-1]]
 
 
-def _seeds(tables: CostTables, d: _Data, groups: Sequence[tuple[int, Sequence[int]]]) -> list[_Column]:
-    """The first columns: every sample alone on its quickest size, and the given groups that fit."""
+def _seeds(tables: CostTables, d: _Data, micro_batches: Sequence[Sequence[tuple[int, Sequence[int]]]]) -> list[_Column]:
+    """The first columns: every sample alone on its quickest size, and the groups of the given micro-batches
+    that fit, each with its micro-batch's length (the longest of its groups' works)."""
     out = []
     for i in range(d.n):
         mine = d.pair_sample == i
@@ -454,14 +548,18 @@ def _seeds(tables: CostTables, d: _Data, groups: Sequence[tuple[int, Sequence[in
         out.append(_Column(-1, int(d.pair_size[best]), np.array([i]), float(d.pair_length[best])))
     t = tables.for_bounds.best_time
     lowest = tables.for_bounds.min_degree_index
-    for size, members in groups:
-        j = int(np.searchsorted(d.deg, size))
-        samples = np.asarray(sorted(members), dtype=np.int64)
-        if j >= d.k or d.deg[j] != size or samples.size == 0 or (lowest[samples] > j).any():
-            continue
-        if float(d.lengths[samples].sum()) > d.cap * size:
-            continue
-        out.append(_Column(-1, j, samples, float(d.delta[j]) + float(t[samples, j].sum())))
+    for groups in micro_batches:
+        mine = []
+        for size, members in groups:
+            j = int(np.searchsorted(d.deg, size))
+            samples = np.asarray(sorted(members), dtype=np.int64)
+            if j >= d.k or d.deg[j] != size or samples.size == 0 or (lowest[samples] > j).any():
+                continue
+            if float(d.lengths[samples].sum()) > d.cap * size:
+                continue
+            mine.append(_Column(-1, j, samples, float(d.delta[j]) + float(t[samples, j].sum())))
+        length = max((c.work for c in mine), default=0.0)
+        out += [_Column(-1, c.size, c.samples, c.work, length) for c in mine]
     return out
 
 
@@ -482,14 +580,15 @@ def _round(
     LP's: the bound, whether every generation converged, the LP's count, the classes it used, and the
     columns (class-free, for the next round)."""
     master = _build(highspy, d, lows, highs, m_low, m_high, big=SLACK * upper_s)
+    master.upper = upper_s
     pricing = _Pricing(tables, d, highs)
     placed = []
     for c in pool:
-        g = int(np.searchsorted(highs, c.work * (1 - 1e-12)))
+        g = int(np.searchsorted(highs, max(c.work, c.length) * (1 - 1e-12)))
         if g < len(highs):
-            placed.append(_Column(g, c.size, c.samples, c.work))
+            placed.append(_Column(g, c.size, c.samples, c.work, c.length))
     _add(master, d, lows, highs, placed)
-    generated = _generate(master, pricing, d, lows, highs, m_high, deadline, clock)
+    generated = _generate(master, pricing, d, lows, highs, deadline, clock)
     if generated is None:
         return None
     value, converged, count, used = generated
@@ -500,7 +599,8 @@ def _round(
             if not m_low <= whole <= m_high:
                 continue
             master.lp.changeRowBounds(master.count, float(whole), float(whole))
-            side = _generate(master, pricing, d, lows, highs, m_high, deadline, clock)
+            master.row_low[master.count] = master.row_high[master.count] = float(whole)
+            side = _generate(master, pricing, d, lows, highs, deadline, clock)
             if side is None:
                 sides.clear()
                 break
@@ -508,7 +608,7 @@ def _round(
             converged = converged and side[1]
         if sides:
             value = max(value, min(sides))
-    return value, converged, count, used, [_Column(-1, c.size, c.samples, c.work) for c in master.columns]
+    return value, converged, count, used, [_Column(-1, c.size, c.samples, c.work, c.length) for c in master.columns]
 
 
 def _generate(
@@ -517,61 +617,123 @@ def _generate(
     d: _Data,
     lows: list[float],
     highs: list[float],
-    m_high: int,
     deadline: float | None,
     clock: Callable[[], float],
 ) -> tuple[float, bool, float, set[int]] | None:
-    """Column generation on the master as it stands: its bound (the Lagrangian one when stopped at
-    ``deadline``), whether it converged, the micro-batch count and the classes of the last LP; None when
-    HiGHS fails on the first LP."""
+    """Column generation on the master as it stands: its bound (the best Lagrangian one, whole or stopped
+    at ``deadline``), whether it converged, the micro-batch count and the classes of the last LP; None when
+    HiGHS fails on the first LP. Generation stops when pricing finds no column of negative reduced cost, or
+    when the best Lagrangian bound is within ``CLOSE`` of the master's value (the tail of generation moves
+    the LP by less)."""
     lp = master.lp
     k = master.k
     best_bound = -math.inf
     while True:
+        if deadline is not None:  # one LP may take long: it stops at the deadline too
+            lp.setOptionValue("time_limit", max(deadline - clock(), 0.01))
         lp.run()
-        if lp.getModelStatus() != master.optimal:
+        lp.setOptionValue("simplex_strategy", SIMPLEX)  # after the first LP, see SIMPLEX
+        status = lp.getModelStatus()
+        if status != master.optimal and status != master.timed_out:
             lp.clearSolver()  # a warm start the simplex could not finish: solve afresh
             lp.run()
         if lp.getModelStatus() != master.optimal:
             return None if best_bound == -math.inf else (best_bound, False, math.nan, set())
-        value = float(lp.getInfo().objective_function_value)
         sol = lp.getSolution()
-        duals = np.asarray(sol.row_dual)
-        primal = np.asarray(sol.col_value)
-        counts = primal[np.arange(master.classes) * (2 + k)]
+        if _add_once_rows(master, np.asarray(sol.col_value)):
+            continue
+        value = float(lp.getInfo().objective_function_value)
+        duals = _signed(master, np.asarray(sol.row_dual))
+        counts = np.asarray(sol.col_value)[np.arange(master.classes) * (2 + k)]
         count = float(counts.sum())
         used = {int(g) for g in np.flatnonzero(counts > 1e-9)}
-        pi = duals[master.cover : master.cover + master.n]
-        once = duals[master.once : master.once + master.n * master.classes].reshape(master.classes, -1)
-        least_per_rank = 0.0
+        least, found = _price_all(master, pricing, d, lows, duals)
+        best_bound = max(best_bound, _lagrange(master, d, lows, highs, duals, least))
         new: list[_Column] = []
-        for g in range(master.classes):
-            rho = float(duals[master.rank + g])
-            for j in range(k):
-                at = g * k + j
-                reduced, column = pricing.price(
-                    g,
-                    j,
-                    pi + once[g],
-                    rho,
-                    float(duals[master.work + at]),
-                    float(duals[master.w_high + at]),
-                    float(duals[master.w_low + at]),
-                    float(duals[master.memory + at]),
-                    float(duals[master.heavy + at]),
-                    lows[g],
-                )
-                least_per_rank = min(least_per_rank, reduced / float(d.deg[j]))
-                if column is not None and reduced < -TOLERANCE * max(value, 1e-9):
-                    key = (g, j, column.samples.tobytes())
-                    if key not in master.seen:  # one already in the master is within the LP's tolerance
-                        master.seen.add(key)
-                        new.append(column)
-        # The Lagrangian bound: what the LP's duals prove whatever columns are still missing.
-        lagrange = value + d.n_ranks * m_high * least_per_rank
-        best_bound = max(best_bound, lagrange)
-        if not new:
+        for column in found:
+            rows, vals = _coefficients(master, d, lows, highs, column)
+            key = (column.cls, column.size, column.samples.tobytes())
+            # one already in the master is within the LP's tolerance
+            if -float(np.dot(duals[rows], vals)) < -TOLERANCE * max(value, 1e-9) and key not in master.seen:
+                master.seen.add(key)
+                new.append(column)
+        if not new or best_bound >= value * (1 - CLOSE):
             return best_bound, True, count, used
         if deadline is not None and clock() >= deadline:
             return best_bound, False, count, used
         _add(master, d, lows, highs, new)
+
+
+def _signed(master: _Master, duals: np.ndarray) -> np.ndarray:
+    """The duals with the signs their rows allow (>= 0 on rows with no upper bound, <= 0 on rows with no
+    lower one): the LP's own are so up to its tolerance, and the Lagrangian bound needs them exactly so."""
+    duals = np.where(np.isinf(master.row_high), np.maximum(duals, 0.0), duals)
+    return np.where(np.isinf(master.row_low), np.minimum(duals, 0.0), duals)
+
+
+def _price_all(
+    master: _Master, pricing: _Pricing, d: _Data, lows: list[float], duals: np.ndarray
+) -> tuple[np.ndarray, list[_Column]]:
+    """Per class, the least reduced cost per rank of a column at these duals (at most the true least, and at
+    most 0); and the column of least reduced cost of every class and size where it is negative."""
+    k = master.k
+    pi = duals[master.cover : master.cover + master.n]
+    flat = np.zeros(master.classes * master.n)
+    if master.once:
+        keys = np.fromiter(master.once.keys(), dtype=np.int64)
+        flat[keys] = duals[np.fromiter(master.once.values(), dtype=np.int64)]
+    once = flat.reshape(master.classes, -1)
+    least = np.zeros(master.classes)
+    found: list[_Column] = []
+    for g in range(master.classes):
+        rho = float(duals[master.rank + g])
+        for j in range(k):
+            at = g * k + j
+            reduced, columns = pricing.price(
+                g,
+                j,
+                pi + once[g],
+                rho,
+                float(duals[master.work + at]),
+                float(duals[master.w_high + at]),
+                float(duals[master.w_low + at]),
+                float(duals[master.memory + at]),
+                float(duals[master.heavy + at]),
+                lows[g],
+            )
+            least[g] = min(least[g], reduced / float(d.deg[j]))
+            if reduced < 0:
+                found += columns
+    return least, found
+
+
+def _lagrange(
+    master: _Master, d: _Data, lows: list[float], highs: list[float], duals: np.ndarray, least: np.ndarray
+) -> float:
+    """The Lagrangian bound at duals of the right signs: every row priced at the bound its dual's sign
+    picks, plus the least the rest can cost.
+
+    Besides the rows, a plan faster than the incumbent U satisfies sum_g x_g <= K, l_g x_g <= S_g <= u_g x_g,
+    0 <= W_gd <= u_g N x_g, d y summed over class g at most N x_g, slacks 0, and sum_g (b x_g + S_g) <= U.
+    So a micro-batch of class g lasting tau costs the rest at least rc(x_g) + tau rc(S_g) + u_g N sum_d
+    min(0, rc(W_gd)) + N ``least``_g (least at an end of the class, the cost being linear in tau), and
+    takes b + tau of U: the rest costs at least K times the least per micro-batch, and at least U times
+    the least per second of micro-batch, where these are negative (the greater of the two holds)."""
+    terms = np.where(duals > 0, np.nan_to_num(master.row_low, neginf=0.0), np.nan_to_num(master.row_high, posinf=0.0))
+    rows_part = float(np.dot(duals, terms))
+    rows, cols, vals = master.entries
+    reduced = master.cost - np.bincount(cols, weights=vals * duals[rows], minlength=master.cost.shape[0])
+    per = 2 + master.k
+    n_ranks = float(d.n_ranks)
+    per_batch = per_second = 0.0
+    for g in range(master.classes):
+        w = reduced[g * per + 2 : (g + 1) * per]
+        base = reduced[g * per] + highs[g] * n_ranks * float(np.minimum(w, 0.0).sum()) + n_ranks * float(least[g])
+        for tau in (lows[g], highs[g]):
+            each = base + tau * reduced[g * per + 1]
+            per_batch = min(per_batch, each)
+            if d.b + tau > 0:
+                per_second = min(per_second, each / (d.b + tau))
+            elif each < 0:
+                per_second = -math.inf
+    return rows_part + max(float(master.row_high[master.count]) * per_batch, master.upper * per_second)

@@ -225,6 +225,23 @@ def test_length_class_lp_never_exceeds_the_optimum(monkeypatch):
     assert wrong_caught >= 1
 
 
+def _ticks():
+    """A clock that moves one second each time it is read."""
+    ticks = iter(range(10**6))
+    return lambda: float(next(ticks))
+
+
+def _slowest_alone(tables, d, micro_batches):
+    """column_bound's first columns made poor: each sample alone on its slowest allowed size."""
+    from solver_models import column_bound as cb
+
+    out = []
+    for i in range(d.n):
+        slowest = int(np.argmax(np.where(d.pair_sample == i, d.pair_length, -np.inf)))
+        out.append(cb._Column(-1, int(d.pair_size[slowest]), np.array([i]), float(d.pair_length[slowest])))
+    return out
+
+
 def test_column_generation_lp_never_exceeds_the_optimum(monkeypatch):
     """The group-column LP (solver_models.column_bound) against the oracle, under two incumbents; it is
     at least the length-class LP on the same classes, the largest bound on some instances, and a wrong
@@ -233,7 +250,8 @@ def test_column_generation_lp_never_exceeds_the_optimum(monkeypatch):
     from solver_models import column_bound as cb
     from solver_models import length_class_bound as lc
 
-    checked = above_class = wrong_caught = 0
+    lagrange = cb._lagrange
+    checked = above_class = wrong_caught = lagrangian = wrong_lagrangian = 0
     for seed, tags, _, tables, optimum in _solved_cases():
         for upper in (optimum * 1.5, optimum * 1.05):
             found = cb.column_bound(tables, upper)
@@ -244,13 +262,30 @@ def test_column_generation_lp_never_exceeds_the_optimum(monkeypatch):
             )
         classes = lc.length_class_bound(tables, optimum * 1.05, rounds=1)
         assert classes is not None
-        assert found.bound_s >= classes.bound_s * (1 - 1e-5), f"seed {seed} {tags}: below the class LP"
+        assert found.bound_s >= classes.bound_s * (1 - cb.CLOSE), (
+            f"seed {seed} {tags}: below the class LP {found.bound_s} {classes.bound_s}"
+        )
         above_class += found.bound_s > classes.bound_s * 1.001
         with monkeypatch.context() as patched:
             patched.setattr(cb, "_lows", lambda highs: list(highs))
             wrong = cb.column_bound(tables, optimum * 1.5)
         wrong_caught += wrong is not None and wrong.bound_s > optimum * (1 + 1e-9)
+        # stopped after two pricings, from poor first columns (each sample alone on its slowest size): the
+        # Lagrangian bound, far below the master's value there
+        with monkeypatch.context() as patched:
+            patched.setattr(cb, "_seeds", _slowest_alone)
+            early = cb.column_bound(tables, optimum * 1.5, deadline=5.0, clock=_ticks())
+            assert early is None or early.bound_s <= optimum * (1 + 1e-9), (
+                f"seed {seed} {tags}: Lagrangian bound {early.bound_s} above the optimum {optimum}"
+            )
+            lagrangian += early is not None and not early.converged and early.bound_s > 0
+            # the missing columns' part left out: no longer a bound
+            patched.setattr(cb, "_lagrange", lambda *args: lagrange(*args[:-1], np.zeros_like(args[-1])))
+            wrong = cb.column_bound(tables, optimum * 1.5, deadline=5.0, clock=_ticks())
+            wrong_lagrangian += wrong is not None and wrong.bound_s > optimum * (1 + 1e-9)
         checked += 1
     assert checked >= 150
     assert above_class >= 3, above_class
     assert wrong_caught >= 1
+    assert lagrangian >= 10, lagrangian
+    assert wrong_lagrangian >= 1, wrong_lagrangian
