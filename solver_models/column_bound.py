@@ -629,8 +629,9 @@ def _generate(
     k = master.k
     best_bound = -math.inf
     while True:
-        if deadline is not None:  # one LP may take long: it stops at the deadline too
-            lp.setOptionValue("time_limit", max(deadline - clock(), 0.01))
+        if deadline is not None:  # one LP may take long: it stops at the deadline too (HiGHS's own clock
+            # counts every run of the model)
+            lp.setOptionValue("time_limit", lp.getRunTime() + max(deadline - clock(), 0.01))
         lp.run()
         lp.setOptionValue("simplex_strategy", SIMPLEX)  # after the first LP, see SIMPLEX
         status = lp.getModelStatus()
