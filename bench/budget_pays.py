@@ -3,14 +3,15 @@
     .venv/bin/python -m bench.budget_pays                      # 5 workloads x 2 seeds, 64 ranks, 2 profiles
     .venv/bin/python -m bench.budget_pays --profiles flexsp-gpt7b stress-slow-inter analytical \\
         --ranks 64 256 --seeds 3 --budgets-ms 200 1000 --deterministic --out bench-out/pays.json
+    .venv/bin/python -m bench.budget_pays --samples 512 ...     # 512 samples per batch, as dhp bench's grid
 
-Every batch of the grid (``bench.grid.make_problem``: a workload, a seed, a rank count, 8 samples per rank,
-a profile) is planned at each budget by the heuristic alone and by each backend named, in this process
-after the warm-up. Printed per profile and budget: each backend's plan time over the heuristic's alone
-(median, worst, and how many batches it made slower; ``heuristic-again``, the heuristic alone planned a
-second time, is the noise floor outside deterministic mode), and budget monotonicity: how many batches a
-backend planned slower at the larger budget than at the smaller one, and by how much at worst. With
-``--deterministic`` the plans are clock-free and both counts should be 0.
+Every batch of the grid (``bench.grid.make_problem``: a workload, a seed, a rank count, 8 samples per rank
+or ``--samples`` in all, a profile) is planned at each budget by the heuristic alone and by each backend
+named, in this process after the warm-up. Printed per profile and budget: each backend's plan time over
+the heuristic's alone (median, worst, and how many batches it made slower; ``heuristic-again``, the
+heuristic alone planned a second time, is the noise floor outside deterministic mode), and budget
+monotonicity: how many batches a backend planned slower at the larger budget than at the smaller one, and
+by how much at worst. With ``--deterministic`` the plans are clock-free and both counts should be 0.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", nargs="+", default=WORKLOADS)
     ap.add_argument("--ranks", type=int, nargs="+", default=[64])
     ap.add_argument("--samples-per-rank", type=int, default=8)
+    ap.add_argument(
+        "--samples", type=int, default=None, help="samples per batch whatever the ranks (as dhp bench --samples)"
+    )
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--budgets-ms", type=float, nargs="+", default=[200.0, 1000.0])
     ap.add_argument("--backends", nargs="+", default=["cpsat", "highs", "auto"])
@@ -63,9 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         for wl in args.workloads:
             for ranks in args.ranks:
                 for seed in range(args.seeds):
-                    problem = make_problem(
-                        get_workload(wl), ranks, ranks * args.samples_per_rank, seed, budgets[0], profile
-                    )
+                    samples = args.samples or ranks * args.samples_per_rank
+                    problem = make_problem(get_workload(wl), ranks, samples, seed, budgets[0], profile)
                     for budget in budgets:
                         for backend in ["heuristic", *args.backends, *(["heuristic-again"] if args.noise else [])]:
                             rows.append(
@@ -73,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                                     "profile": prof,
                                     "workload": wl,
                                     "ranks": ranks,
+                                    "samples": samples,
                                     "seed": seed,
                                     "budget_ms": budget,
                                     "backend": backend,
