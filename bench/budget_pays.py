@@ -11,7 +11,9 @@ named, in this process after the warm-up. Printed per profile and budget: each b
 the heuristic's alone (median, worst, and how many batches it made slower; ``heuristic-again``, the
 heuristic alone planned a second time, is the noise floor outside deterministic mode), and budget
 monotonicity: how many batches a backend planned slower at the larger budget than at the smaller one, and
-by how much at worst. With ``--deterministic`` the plans are clock-free and both counts should be 0.
+by how much at worst. With ``--deterministic`` the plans are clock-free and both counts should be 0. A batch
+that some planner refuses at some budget (no packing within ``--max-micro-batches``) is left out of the
+figures and listed as skipped, with the error.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from bench.grid import make_problem, resolve_profile
+from bench.grid import MAX_MICRO_BATCHES, make_problem, resolve_profile
 from bench.output import write_json
 from bench.workload_catalog import get_workload
+from optimizer.errors import PlannerError
 
 WORKLOADS = ["video", "long-text", "mixed", "image-sft", "anyres"]
 
@@ -45,6 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--samples", type=int, default=None, help="samples per batch whatever the ranks (as dhp bench --samples)"
     )
+    ap.add_argument(
+        "--max-micro-batches",
+        type=int,
+        default=MAX_MICRO_BATCHES,
+        help=f"options.max_micro_batches of every batch (default {MAX_MICRO_BATCHES}; dhp bench --suite flexsp: 512)",
+    )
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--budgets-ms", type=float, nargs="+", default=[200.0, 1000.0])
     ap.add_argument("--backends", nargs="+", default=["cpsat", "highs", "auto"])
@@ -62,37 +71,49 @@ def main(argv: list[str] | None = None) -> int:
     warm_up()
     budgets = sorted(args.budgets_ms)
     rows: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
     for prof in args.profiles:
         profile = resolve_profile(prof)
         for wl in args.workloads:
             for ranks in args.ranks:
                 for seed in range(args.seeds):
                     samples = args.samples or ranks * args.samples_per_rank
-                    problem = make_problem(get_workload(wl), ranks, samples, seed, budgets[0], profile)
-                    for budget in budgets:
-                        for backend in ["heuristic", *args.backends, *(["heuristic-again"] if args.noise else [])]:
-                            rows.append(
-                                {
-                                    "profile": prof,
-                                    "workload": wl,
-                                    "ranks": ranks,
-                                    "samples": samples,
-                                    "seed": seed,
-                                    "budget_ms": budget,
-                                    "backend": backend,
-                                    "step_s": plan_time(
-                                        problem, backend.removesuffix("-again"), budget, args.deterministic
-                                    ),
-                                }
-                            )
+                    problem = make_problem(
+                        get_workload(wl), ranks, samples, seed, budgets[0], profile, args.max_micro_batches
+                    )
+                    case = {"profile": prof, "workload": wl, "ranks": ranks, "samples": samples, "seed": seed}
+                    try:
+                        mine = [
+                            {
+                                **case,
+                                "budget_ms": budget,
+                                "backend": backend,
+                                "step_s": plan_time(
+                                    problem, backend.removesuffix("-again"), budget, args.deterministic
+                                ),
+                            }
+                            for budget in budgets
+                            for backend in ["heuristic", *args.backends, *(["heuristic-again"] if args.noise else [])]
+                        ]
+                    except PlannerError as exc:  # a batch no planner answers at a budget is left out, and said so
+                        skipped.append({**case, "error": str(exc)})
+                        print(f"{prof} {wl} {ranks} ranks seed {seed}: skipped ({exc})", file=sys.stderr, flush=True)
+                        continue
+                    rows += mine
                     print(f"{prof} {wl} {ranks} ranks seed {seed}: done", file=sys.stderr, flush=True)
     mode = "deterministic" if args.deterministic else "normal"
     print(f"mode: {mode}; {len(args.workloads)} workloads x {args.seeds} seeds x ranks {args.ranks}")
+    for case in skipped:
+        print(
+            f"skipped {case['profile']} {case['workload']} {case['ranks']} ranks seed {case['seed']}: {case['error']}"
+        )
     fields = ("profile", "workload", "ranks", "seed", "budget_ms", "backend")
     key = {tuple(r[f] for f in fields): r["step_s"] for r in rows}
     cases = sorted({k[:4] for k in key})
     for prof in args.profiles:
         mine = [c for c in cases if c[0] == prof]
+        if not mine:
+            continue
         for budget in budgets:
             for backend in [*args.backends, *(["heuristic-again"] if args.noise else [])]:
                 ratios = [key[(*c, budget, backend)] / key[(*c, budget, "heuristic")] for c in mine]
@@ -110,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                     + (f", by up to {100 * (max(worse) - 1):.2f}%" if worse else "")
                 )
     if args.out:
-        write_json(args.out, rows)
+        write_json(args.out, {"rows": rows, "skipped": skipped})
     return 0
 
 
