@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     case = {"profile": prof, "workload": wl, "ranks": ranks, "samples": samples, "seed": seed}
                     try:
-                        mine = [
+                        planned = [
                             {
                                 **case,
                                 "budget_ms": budget,
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                         skipped.append({**case, "error": str(exc)})
                         print(f"{prof} {wl} {ranks} ranks seed {seed}: skipped ({exc})", file=sys.stderr, flush=True)
                         continue
-                    rows += mine
+                    rows += planned
                     print(f"{prof} {wl} {ranks} ranks seed {seed}: done", file=sys.stderr, flush=True)
     mode = "deterministic" if args.deterministic else "normal"
     print(f"mode: {mode}; {len(args.workloads)} workloads x {args.seeds} seeds x ranks {args.ranks}")
