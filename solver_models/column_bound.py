@@ -676,7 +676,7 @@ def _price_all(
     master: _Master, pricing: _Pricing, d: _Data, lows: list[float], duals: np.ndarray
 ) -> tuple[np.ndarray, list[_Column]]:
     """Per class, the least reduced cost per rank of a column at these duals (at most the true least, and at
-    most 0); and the column of least reduced cost of every class and size where it is negative."""
+    most 0); and the columns pricing found of negative reduced cost (see :meth:`_Pricing.price`)."""
     k = master.k
     pi = duals[master.cover : master.cover + master.n]
     flat = np.zeros(master.classes * master.n)
