@@ -622,9 +622,9 @@ def _generate(
 ) -> tuple[float, bool, float, set[int]] | None:
     """Column generation on the master as it stands: its bound (the best Lagrangian one, whole or stopped
     at ``deadline``), whether it converged, the micro-batch count and the classes of the last LP; None when
-    HiGHS fails on the first LP. Generation stops when pricing finds no column of negative reduced cost, or
-    when the best Lagrangian bound is within ``CLOSE`` of the master's value (the tail of generation moves
-    the LP by less)."""
+    the first LP fails or reaches the deadline unsolved. Generation stops when pricing finds no column of
+    negative reduced cost, or when the best Lagrangian bound is within ``CLOSE`` of the master's value (the
+    tail of generation moves the LP by less)."""
     lp = master.lp
     k = master.k
     best_bound = -math.inf
