@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.grid import MAX_MICRO_BATCHES
 from bench.output import write_json
 
 PLANNERS = ("dhp-heuristic-default", "dhp-default", "dhp-1s")
@@ -31,7 +32,14 @@ PLANNERS = ("dhp-heuristic-default", "dhp-default", "dhp-1s")
 def rows_of(
     results: dict[str, Any], above: float, ranks: list[int], profiles: list[str] | None
 ) -> list[dict[str, Any]]:
-    """The grid's batches to try: best dhp plan over the bound above ``above``, on ``ranks``, under ``profiles``."""
+    """The grid's batches to try: best dhp plan over the bound above ``above``, on ``ranks``, under ``profiles``;
+    each row carries what rebuilding its batch as the grid did needs (the spec's micro-batch limit, and
+    whether groups could span the whole domain, as they can when FlexSP was among the planners)."""
+    spec = results.get("spec", {})
+    rules = {
+        "max_micro_batches": int(spec.get("max_micro_batches", MAX_MICRO_BATCHES)),
+        "whole_domain_groups": "flexsp" in spec.get("planners", ()),
+    }
     out = []
     for case in results["cases"]:
         steps = [case.get(f"{p}_s") for p in PLANNERS if case.get(f"{p}_status") == "ok"]
@@ -45,6 +53,7 @@ def rows_of(
             out.append(
                 {
                     **{k: case[k] for k in ("profile", "workload", "ranks", "samples", "seed")},
+                    **rules,
                     "plan_s": best,
                     "bound_s": case["lower_bound_s"],
                 }
@@ -67,6 +76,8 @@ def run(row: dict[str, Any], limit_s: float, bound: str = "classes") -> dict[str
         row["seed"],
         1000.0,
         resolve_profile(row["profile"]),
+        row.get("max_micro_batches", MAX_MICRO_BATCHES),
+        row.get("whole_domain_groups", False),
     )
     tables = CostTables.build(problem)
     step_constant = problem.cost_profile.step_constant

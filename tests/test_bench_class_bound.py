@@ -39,6 +39,18 @@ def test_takes_the_batches_far_above_their_bound_on_the_ranks_asked():
     assert [r["profile"] for r in rows] == ["a"]
     assert rows[0]["plan_s"] == 1.10  # the best dhp plan, not the slower one
     assert cb.rows_of(results, 1.05, [64, 256], ["c"])[0]["profile"] == "c"
+    assert rows[0]["whole_domain_groups"] is False and rows[0]["max_micro_batches"] == 16
+
+
+def test_rebuilds_the_batches_under_the_grids_rules():
+    """A grid run beside FlexSP let groups span the whole domain and allowed its own micro-batch limit: the
+    batch the LP bounds must be the one the grid planned, or its bound is of another problem."""
+    results = {
+        "spec": {"planners": ["dhp-default", "flexsp"], "max_micro_batches": 512},
+        "cases": [_case("a", 64, 1.10, 1.0)],
+    }
+    row = cb.rows_of(results, 1.05, [64], None)[0]
+    assert row["whole_domain_groups"] is True and row["max_micro_batches"] == 512
 
 
 def _memory_tight_grid(tmp_path) -> tuple[float, object]:
