@@ -15,18 +15,18 @@ for it. This strategy builds such a micro-batch on purpose:
    its memory and within T0 (work that costs no time: the micro-batch lasts T0 anyway, and its
    memory would otherwise stay idle); a sample that fits nowhere is left for later;
 3. the *rest*: the samples left are planned by the caller's planner as a batch of their own, in the
-   micro-batches after the head; or a second head is built from them the same way, and then the
-   rest after it.
+   micro-batches after the head; or another head is built from them the same way, and so on up to
+   :data:`HEADS` heads, with the rest after the last.
 
 Candidates are heads of 1 to :data:`HEAD_MAX` samples on rank budgets from their memory minimum to the whole domain (in
 :data:`BUDGET_STEPS` steps) with every fill size. They are ranked by T0 plus an estimate of the rest: first a quick one
 (the rest's fewest micro-batches by memory, two when it still holds samples that need groups across nodes beside others,
 times the constant, plus its samples' least rank-seconds over all ranks), then, for the :data:`SHORTLIST` best distinct
 ones, the larger of that and the rest's lower bound. The rest is planned for the best-ranked candidates (:data:`PLANNED`
-of them for the first head, fewer for the second) and for the best one of every micro-batch count of the rest, in the
+of them per head) and for the best one of every micro-batch count of the rest, in the
 order of their estimates, while the deadline allows and while a candidate's estimate is below the best plan found and
 the time left exceeds what the previous candidate took; each planned candidate is polished by the local search before it
-is compared. The second head is built after the best-ranked first head whose rest could be planned.
+is compared. Each next head is built after the best-ranked head before it whose rest could be planned.
 """
 
 from __future__ import annotations
@@ -54,8 +54,11 @@ BUDGET_STEPS = 8
 """Rank budgets tried per head, from its memory minimum to the whole domain."""
 SHORTLIST = 32
 """Candidates whose rest gets a lower bound, per head."""
-PLANNED = (2, 1)
-"""Candidates whose rest is planned, for the first head micro-batch and for a second one."""
+PLANNED = 2
+"""Candidates whose rest is planned, per head micro-batch (besides the best of each micro-batch count of the rest)."""
+HEADS = 6
+"""Most head micro-batches built one after another: on memory-tight batches whose long samples fill several
+micro-batches, each head of the next longest samples pays (gpt7b and gpt30b long-text batches on 64 ranks)."""
 
 RestPlanner = Callable[[CostTables, float | None], Assignment]
 
@@ -373,13 +376,13 @@ def long_head_plan(
     def expired() -> bool:
         return deadline is not None and time.perf_counter() > deadline
 
-    for planned in PLANNED:
+    for _ in range(HEADS):
         if rows.size < 3 or (cap is not None and len(prefix) + 2 > cap) or expired():
             break
         sub = tables if rows.size == n else tables.subset(rows)
         target = best_time if found is None else found[1]
         follow: tuple[float, tuple[GroupAssignment, ...], float, np.ndarray] | None = None
-        for estimate, t0, groups, rest in picks(LongHead(sub), target - prefix_time, deadline, planned):
+        for estimate, t0, groups, rest in picks(LongHead(sub), target - prefix_time, deadline, PLANNED):
             target = best_time if found is None else found[1]
             if prefix_time + estimate >= target * (1 - 1e-9) or expired():
                 break
