@@ -30,6 +30,11 @@ LP_SETUP_MS: measured on the 2-core development machine (a second process runnin
 on the slowest batches of the plan-quality grid (512 samples; several micro-batch counts solved),
 754 in the median. An LP larger than the time allows is not started: building it cannot be stopped,
 and HiGHS overshoots its time limit by up to 18 ms."""
+KINDS_COLUMNS_PER_MS = 50.0
+"""The same on clusters of several GPU kinds, whose LP has a waiting row per kind over the columns of
+every faster kind: 57 to 408 per ms, 119 in the median, on the 20 ``stress-mixed-gpu`` batches of the
+plan-quality grid (seeds 0 and 1, 512 samples, on the 2-core development machine, another process
+running)."""
 LP_SETUP_MS = 1.0
 NOT_ASKED = (
     "not computed: no exact backend follows and options.tight_bound is not set (the heuristic's plan takes "
@@ -61,8 +66,9 @@ def size_bound_within(
     allowed_ms = (due - clock()) * 1000.0
     if "highspy" not in sys.modules:
         allowed_ms -= HIGHS_LOAD_MS
-    from solver_models.size_bound import column_count, size_bound
+    from solver_models.size_bound import column_count, gpu_kinds, size_bound
 
-    if LP_SETUP_MS + column_count(tables) / COLUMNS_PER_MS > allowed_ms:
+    rate = COLUMNS_PER_MS if len(gpu_kinds(tables.for_bounds)) == 1 else KINDS_COLUMNS_PER_MS
+    if LP_SETUP_MS + column_count(tables) / rate > allowed_ms:
         return None
     return size_bound(tables, upper_s, clock() + allowed_ms / 1000.0, clock)

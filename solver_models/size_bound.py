@@ -6,33 +6,43 @@ model's heads allow) leaves 15 ranks' memory idle unless other samples join it, 
 (and, across nodes, far costlier) than theirs. When memory is tight and every micro-batch costs a
 large constant, that choice decides the plan; this LP makes it.
 
-Notation: N ranks, C the largest per-rank capacity, b the group constant, b_d >= b the least constant
-of a group of size d, t_i(d) the best time of sample i on a group of size d (intra-node where d fits
-a node, fastest GPU), L_i its tokens, d allowed for i when d >= i's memory minimum.
+Notation: N ranks, b the group constant, b_d >= b the least constant of a group of size d, L_i the
+tokens of sample i, d allowed for i when d >= i's memory minimum (at the roomiest rank).
 
-For a plan with M micro-batches and step time S:
+**Kinds of GPU.** Ranks come in kinds q (speed s_q, capacity C_q, N_q ranks), fastest first; when a
+faster kind never holds fewer tokens, a group is of the kind of its slowest rank: its samples run at
+that speed, it holds C_q tokens a rank, and its ranks are of kind q or faster. t^q_i(d) is sample i's
+time on such a group (the cheapest placement, as on the fastest GPU). When kinds are not so ordered,
+one kind stands for all: every rank as the fastest and roomiest (weaker, still a bound). On a cluster
+of one kind everything below reads with q dropped.
 
-- every rank of micro-batch m waits at least b (in a group of size d: b_d plus the group's work, the
-  work of sample i being t_i(d); idle: T_m >= b), so
-  N S >= N M b + sum_i d_i t_i(d_i) + sum_groups d (b_d - b);
-- the groups of one micro-batch hold at most N ranks: sum over all groups of their sizes <= N M;
-- a group of size d holds at most C d tokens, and two samples of more than C d / 2 tokens never share
-  one.
+For a plan with M micro-batches and step time S, micro-batch m lasting T_m = b + tau_m, every group
+of micro-batch m works at most tau_m besides its constant (a group of size d: b_d - b plus its work,
+the work of sample i being t^q_i(d)), so with tau = sum_m tau_m:
 
-LP_M relaxes the plan's choice of sizes and group counts: z_id >= 0 the share of sample i on groups of
-size d, g_d >= 0 the number of groups of size d (over all micro-batches):
+- the groups of kinds up to q sit on ranks of kinds up to q, whose N_{<=q} ranks each wait tau:
+  N_{<=q} tau >= their area, sum_i d_i t^q_i(d_i) plus sum_groups d (b_d - b);
+- and those groups hold at most N_{<=q} ranks per micro-batch: their sizes add up to at most N_{<=q} M;
+- a group of kind q and size d holds at most C_q d tokens, and two samples of more than C_q d / 2
+  tokens never share one.
 
-    minimise   sum_id d t_i(d) z_id + sum_d d (b_d - b) g_d
-    subject to sum_d z_id = 1                          (every sample somewhere)
-               C d g_d >= sum_i L_i z_id                (memory of the groups of size d)
-               g_d >= sum_{i: L_i > C d / 2} z_id       (samples over half a group never share one)
-               sum_d d g_d <= N M                       (ranks of M micro-batches)
+LP_M relaxes the plan's choice of kinds, sizes and group counts: z_qid >= 0 the share of sample i on
+groups of kind q and size d, g_qd >= 0 the number of such groups (over all micro-batches):
 
-so a plan with M micro-batches has S >= M b + LP_M / N. With an incumbent of step time U, a better
-plan has every micro-batch shorter than U - (M - 1) b, so z_id is dropped where b_d + t_i(d) exceeds
-that (LP_M infeasible: no better plan with M micro-batches). The bound is the least of M b + LP_M / N
-over the micro-batch counts memory and the options allow, and U; counts are tried upwards until
-M b plus the least area (over N) reaches the best found (LP_M never rises with M, M b does).
+    minimise   tau
+    subject to sum_qd z_qid = 1                                                   (every sample somewhere)
+               C_q d g_qd >= sum_i L_i z_qid                                       (memory)
+               g_qd >= sum_{i: L_i > C_q d / 2} z_qid                              (big samples never share)
+               sum_{p<=q} sum_d d g_pd <= N_{<=q} M                                (ranks of M micro-batches)
+               sum_{p<=q} (sum_id d t^p_i(d) z_pid + sum_d d (b_d - b) g_pd) <= N_{<=q} tau   (waiting)
+
+so a plan with M micro-batches has S >= M b + LP_M. With an incumbent of step time U, a better plan
+has every micro-batch shorter than U - (M - 1) b, so z_qid is dropped where b_d + t^q_i(d) exceeds that
+(LP_M infeasible: no better plan with M micro-batches). The bound is the least of M b + LP_M over the
+micro-batch counts memory (sum_q N_q C_q tokens a micro-batch) and the options allow, and U; counts are
+tried upwards until M b plus the least tau of any count (the fastest kind's least area over N, and the
+speed-weighted one of :mod:`optimizer.bounds.speed_bound`) reaches the best found: every larger count
+gives at least that.
 
 On the plan-quality grid (``docs/results-bound/report.md``: 180 batches of 512 samples, six
 profiles) it is the binding bound on 87 batches; on the tiny instances of
@@ -61,8 +71,37 @@ def _highs() -> Any:
 
 
 def column_count(tables: CostTables) -> int:
-    """Columns of the LP before the incumbent drops any: the (sample, size) pairs memory allows."""
-    return int((len(tables.degrees) - tables.min_degree_index).sum()) + len(tables.degrees)
+    """Columns of the LP before the incumbent drops any: per kind of GPU, the (sample, size) pairs memory
+    allows and the group counts."""
+    pairs = int((len(tables.degrees) - tables.min_degree_index).sum()) + len(tables.degrees)
+    return pairs * len(gpu_kinds(tables.for_bounds)) + 1
+
+
+def gpu_kinds(tables: CostTables) -> list[tuple[float, float, int]]:
+    """The ranks' kinds as (speed, capacity, count), fastest first, when a faster kind never holds fewer
+    tokens (a group is then of the kind of its slowest rank, in speed and in memory); otherwise one kind,
+    every rank counted as the fastest and roomiest (a weaker bound, still a bound)."""
+    pairs = np.stack([tables.rank_speed, tables.rank_capacity], axis=1)
+    unique, counts = np.unique(pairs, axis=0, return_counts=True)
+    order = np.lexsort((-unique[:, 1], -unique[:, 0]))
+    kinds = [(float(unique[o, 0]), float(unique[o, 1]), int(counts[o])) for o in order]
+    if any(kinds[q][1] < kinds[q + 1][1] for q in range(len(kinds) - 1)):
+        return [(float(tables.rank_speed.max()), float(tables.rank_capacity.max()), tables.n_ranks)]
+    return kinds
+
+
+def _kind_times(tables: CostTables, speed: float) -> np.ndarray:
+    """[n, D] each sample's time on each size for groups whose slowest rank has ``speed``: the cheapest
+    placement, as :attr:`CostTables.best_time` takes it on the fastest GPU."""
+    if speed == float(tables.rank_speed.max()):
+        return tables.best_time
+    from optimizer.costs.time_kernels import fill_best_time
+
+    intra = tables.time_matrix(True, speed)
+    inter = intra if tables.intra_never_slower else tables.time_matrix(False, speed)
+    out = np.empty_like(inter)
+    fill_best_time(intra, inter, tables.degrees <= tables.node_size, out)
+    return out
 
 
 def size_bound(
@@ -79,67 +118,103 @@ def size_bound(
     tables = tables.for_bounds
     b = float(tables.group_constant)
     n_ranks = tables.n_ranks
-    cap = float(tables.rank_capacity.max())
+    kinds = gpu_kinds(tables)
     deg = tables.degrees.astype(np.float64)
-    t = tables.best_time
     b_d = np.asarray(tables.best_group_constants, dtype=np.float64)
     lengths = tables.lengths.astype(np.float64)
-    n, k = t.shape
+    n, k = tables.best_time.shape
     valid = np.arange(k)[None, :] >= tables.min_degree_index[:, None]
-    area = np.where(valid, t * deg[None, :], np.inf)
-    finish = np.where(valid, b_d[None, :] + t, np.inf)
-    least_area = float(area.min(axis=1).sum())
-    m_low = max(1, math.ceil(float(lengths.sum()) / (n_ranks * cap) * (1 - 1e-12)))
+    # Per kind q: the area and the finish of each (sample, size) on groups of that kind.
+    areas = []
+    finishes = []
+    for speed, _, _ in kinds:
+        t = _kind_times(tables, speed)
+        areas.append(np.where(valid, t * deg[None, :], np.inf))
+        finishes.append(np.where(valid, b_d[None, :] + t, np.inf))
+    # The least tau any count can give: the fastest kind's area over every rank, and the slowest kind's
+    # weighted by each rank's speed (see optimizer.bounds.speed_bound), the stop of the loop over counts.
+    least = float(areas[0].min(axis=1).sum()) / n_ranks
+    if len(kinds) > 1:
+        slow = kinds[-1][0]
+        least = max(least, slow * float(areas[-1].min(axis=1).sum()) / float(tables.rank_speed.sum()))
+    memory = sum(cap * count for _, cap, count in kinds)
+    m_low = max(1, math.ceil(float(lengths.sum()) / memory * (1 - 1e-12)))
     m_high = min(int(tables.problem.options.micro_batch_limit), n)
     best = float(upper_s)
-    if m_low > m_high or not m_low * b + least_area / n_ranks < best:
+    if m_low > m_high or not m_low * b + least < best:
         return best if math.isfinite(best) else None
 
-    # Columns: z for every (sample, size) a plan better than the incumbent may use with m_low
-    # micro-batches (the widest set: larger counts only drop columns), then g per size. np.nonzero
-    # walks the matrix row by row, so the z columns come sorted by sample.
+    # Columns: z for every (kind, sample, size) a plan better than the incumbent may use with m_low
+    # micro-batches (the widest set: larger counts only drop columns), then g per (kind, size), then tau.
+    # np.nonzero walks each matrix row by row, so within a kind the z columns come sorted by sample.
     room = best - (m_low - 1) * b
-    ii, jj = np.nonzero(np.isfinite(finish) & (finish <= room))
-    per_sample = np.bincount(ii, minlength=n)
+    kq, ii, jj, z_area, z_finish = [], [], [], [], []
+    for q in range(len(kinds)):
+        i_q, j_q = np.nonzero(np.isfinite(finishes[q]) & (finishes[q] <= room))
+        kq.append(np.full(i_q.shape[0], q))
+        ii.append(i_q)
+        jj.append(j_q)
+        z_area.append(areas[q][i_q, j_q])
+        z_finish.append(finishes[q][i_q, j_q])
+    kq_a, ii_a, jj_a = np.concatenate(kq), np.concatenate(ii), np.concatenate(jj)
+    per_sample = np.bincount(ii_a, minlength=n)
     if not per_sample.all():  # a sample finishes nowhere in time: no better plan
         return best if math.isfinite(best) else None
-    n_z = ii.shape[0]
-    n_cols = n_z + k
-    cost = np.concatenate([area[ii, jj], deg * (b_d - b)])
+    n_z = ii_a.shape[0]
+    n_k = len(kinds)
+    g0 = n_z  # g of kind q and size j: column g0 + q * k + j
+    tau = n_z + n_k * k
+    n_cols = tau + 1
+    cost = np.zeros(n_cols)
+    cost[tau] = 1.0
     inf = highspy.kHighsInf
-    # Rows in CSR form: one per sample (its z sum to 1), then per size its memory row and its
-    # big-sample row (g_j at the head of each), then the rank row.
+    # Rows in CSR form: one per sample (its z sum to 1), then per kind and size its memory row and its
+    # big-sample row (g at the head of each), then per kind q the rank row and the time row of the kinds
+    # up to q (groups of kind q hold only ranks of kind q or faster).
     z = np.arange(n_z)
-    by_size = np.argsort(jj, kind="stable")
-    heavy = by_size[lengths[ii[by_size]] > HALF * cap * deg[jj[by_size]]]
-    size_count = np.bincount(jj, minlength=k)
-    heavy_count = np.bincount(jj[heavy], minlength=k)
-    g = n_z + np.arange(k)
-    index = [z]
+    by_sample = np.argsort(ii_a, kind="stable")
+    index = [z[by_sample]]
     values = [np.ones(n_z)]
-    mem_cols = np.split(by_size, np.cumsum(size_count)[:-1])
-    heavy_cols = np.split(heavy, np.cumsum(heavy_count)[:-1])
     row_len = list(per_sample)
     lo = [1.0] * n
     hi = [1.0] * n
-    for j in range(k):
-        index += [g[j : j + 1], mem_cols[j]]
-        values += [np.array([cap * deg[j]]), -lengths[ii[mem_cols[j]]]]
-        row_len.append(1 + mem_cols[j].shape[0])
-        lo.append(0.0)
-        hi.append(inf)
-        if heavy_count[j]:
-            index += [g[j : j + 1], heavy_cols[j]]
-            values += [np.ones(1), -np.ones(heavy_count[j])]
-            row_len.append(1 + int(heavy_count[j]))
+    group_extra = deg * (b_d - b)
+    for q, (_, cap, _) in enumerate(kinds):
+        mine = np.flatnonzero(kq_a == q)
+        by_size = mine[np.argsort(jj_a[mine], kind="stable")]
+        heavy = by_size[lengths[ii_a[by_size]] > HALF * cap * deg[jj_a[by_size]]]
+        mem_cols = np.split(by_size, np.cumsum(np.bincount(jj_a[by_size], minlength=k))[:-1])
+        heavy_cols = np.split(heavy, np.cumsum(np.bincount(jj_a[heavy], minlength=k))[:-1])
+        for j in range(k):
+            g = g0 + q * k + j
+            index += [np.array([g]), mem_cols[j]]
+            values += [np.array([cap * deg[j]]), -lengths[ii_a[mem_cols[j]]]]
+            row_len.append(1 + mem_cols[j].shape[0])
             lo.append(0.0)
             hi.append(inf)
-    rank_row = len(lo)
-    index.append(g)
-    values.append(deg.copy())
-    row_len.append(k)
-    lo.append(-inf)
-    hi.append(float(n_ranks * m_low))
+            if heavy_cols[j].shape[0]:
+                index += [np.array([g]), heavy_cols[j]]
+                values += [np.ones(1), -np.ones(heavy_cols[j].shape[0])]
+                row_len.append(1 + heavy_cols[j].shape[0])
+                lo.append(0.0)
+                hi.append(inf)
+    area_all = np.concatenate(z_area)
+    rank_rows = []
+    ranks_up_to = np.cumsum([count for _, _, count in kinds])
+    for q in range(n_k):
+        gs = g0 + np.arange((q + 1) * k)
+        rank_rows.append(len(lo))
+        index.append(gs)
+        values.append(np.tile(deg, q + 1))
+        row_len.append(gs.shape[0])
+        lo.append(-inf)
+        hi.append(float(ranks_up_to[q] * m_low))
+        zs = np.flatnonzero(kq_a <= q)
+        index += [zs, gs, np.array([tau])]
+        values += [area_all[zs], np.tile(group_extra, q + 1), np.array([-float(ranks_up_to[q])])]
+        row_len.append(zs.shape[0] + gs.shape[0] + 1)
+        lo.append(-inf)
+        hi.append(0.0)
 
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
@@ -166,10 +241,10 @@ def size_bound(
         flat_index,
         np.concatenate(values).astype(np.float64),
     )
-    z_finish = finish[ii, jj]
+    z_finish_all = np.concatenate(z_finish)
     dropped = np.zeros(n_z, dtype=bool)
     for m in range(m_low, m_high + 1):
-        if not m * b + least_area / n_ranks < best:
+        if not m * b + least < best:
             break
         if deadline is not None:
             left = deadline - clock()
@@ -177,12 +252,13 @@ def size_bound(
                 return None
             h.setOptionValue("time_limit", float(left))
         room = best - (m - 1) * b
-        newly = ~dropped & (z_finish > room)
+        newly = ~dropped & (z_finish_all > room)
         if newly.any():
             cols = np.flatnonzero(newly).astype(np.int32)
             h.changeColsBounds(cols.shape[0], cols, np.zeros(cols.shape[0]), np.zeros(cols.shape[0]))
             dropped |= newly
-        h.changeRowBounds(rank_row, -inf, float(n_ranks * m))
+        for q, row in enumerate(rank_rows):
+            h.changeRowBounds(row, -inf, float(ranks_up_to[q] * m))
         h.run()
         status = h.getModelStatus()
         if status == highspy.HighsModelStatus.kInfeasible:
@@ -190,6 +266,6 @@ def size_bound(
         if status != highspy.HighsModelStatus.kOptimal:
             return None
         # The LP's own feasibility tolerance (1e-7 relative) is taken off so the bound stays a bound.
-        value = (m * b + float(h.getInfo().objective_function_value) / n_ranks) * (1 - 1e-6)
+        value = (m * b + float(h.getInfo().objective_function_value)) * (1 - 1e-6)
         best = min(best, value)
     return best if math.isfinite(best) else None

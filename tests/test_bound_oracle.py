@@ -197,6 +197,30 @@ def test_group_size_lp_never_exceeds_the_optimum(monkeypatch):
     assert wrong_caught >= 1
 
 
+def test_group_size_lp_over_gpu_kinds_never_exceeds_the_optimum(monkeypatch):
+    """On clusters of two GPU kinds (a faster one with more memory) the LP counts each kind's ranks apart:
+    never above the oracle's optimum, and above the LP that counts every rank as the fastest and roomiest
+    on some instances, so the kinds' rows are checked."""
+    pytest.importorskip("highspy")
+    from solver_models import size_bound as sb
+
+    checked = raised = 0
+    for seed, tags, _, tables, optimum in _solved_cases():
+        if not tags["shape"].endswith("-mixed") or len(sb.gpu_kinds(tables.for_bounds)) < 2:
+            continue
+        value = sb.size_bound(tables)
+        assert value is not None and value <= optimum * (1 + 1e-9), f"seed {seed} {tags}: {value} > {optimum}"
+        with monkeypatch.context() as patched:
+            patched.setattr(
+                sb, "gpu_kinds", lambda t: [(float(t.rank_speed.max()), float(t.rank_capacity.max()), t.n_ranks)]
+            )
+            single = sb.size_bound(tables)
+        raised += single is not None and value > single * 1.001
+        checked += 1
+    assert checked >= 10, checked
+    assert raised >= 1
+
+
 def test_length_class_lp_never_exceeds_the_optimum(monkeypatch):
     """The LP over micro-batch length classes (solver_models.length_class_bound) against the oracle,
     under two incumbents; it is the largest bound on some instances, and a wrong variant (a class's

@@ -48,7 +48,12 @@ TIMING = re.compile(r"^[A-Z][A-Z0-9_]*(_MS|_S|SHARE|SAFETY|_BUDGETS|_LIMITS)$")
 ALGORITHM_OWN = {
     "planning/fixed_work.py": {"LOW_SHARE"},  # the estimate's spread, measured with the rates
     "planning/rates_cache.py": {"MAX_AGE_S"},  # how long measured rates are trusted
-    "planning/size_bound_step.py": {"HIGHS_LOAD_MS", "COLUMNS_PER_MS", "LP_SETUP_MS"},  # the LP's cost
+    "planning/size_bound_step.py": {
+        "HIGHS_LOAD_MS",
+        "COLUMNS_PER_MS",
+        "KINDS_COLUMNS_PER_MS",
+        "LP_SETUP_MS",
+    },  # the LP's cost
     "planning/solve_watch.py": {"POLL_S", "YOUNG_MARGIN_S", "EXIT_WAIT_S"},  # the waiting thread's collections
 }
 """The planning layer's timing constants outside the policy: each is a detail of the one module that uses it."""
