@@ -10,6 +10,12 @@ more than ``--above`` times the grid's best bound (``bench.grid.best_bound``), o
 bound where generation has not converged by then). Prints, per batch, the plan over the bound before and with
 the class bound, and the medians; ``--out FILE`` keeps the rows as JSON. Both bounds are offline: no answer
 runs them.
+
+``--reuse ROWS`` takes the bounds of an earlier ``--out`` for the batches it holds instead of solving again
+(a bound found below one incumbent holds for every plan: a slower one is above the incumbent, which is
+above the bound), so a grid run again after a planner change is judged against the bounds already paid
+for. Last, per profile, the median and worst plan over the bound at 1 s (``dhp-1s``) over every batch of
+the grid, with the grid's own bounds and with the raised ones.
 """
 
 from __future__ import annotations
@@ -59,6 +65,47 @@ def rows_of(
                 }
             )
     return out
+
+
+def key_of(row: dict[str, Any]) -> tuple[Any, ...]:
+    """What names one batch of a grid."""
+    return tuple(row[k] for k in ("profile", "workload", "ranks", "samples", "seed"))
+
+
+def reused(row: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with the class bound of an earlier run's row of the same batch."""
+    classes = earlier["class_bound_s"]
+    best = max(row["bound_s"], classes or 0.0)
+    keep = ("class_bound_s", "classes", "converged", "rounds", "seconds")
+    return {
+        **row,
+        **{k: earlier.get(k) for k in keep},
+        "before": row["plan_s"] / row["bound_s"],
+        "after": row["plan_s"] / best,
+    }
+
+
+def profile_summary(results: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """Per profile, the median and worst plan at 1 s over the grid's bound and over the raised one, every batch."""
+    raised = {key_of(r): r["class_bound_s"] for r in rows if r.get("class_bound_s") is not None}
+    per: dict[str, tuple[list[float], list[float]]] = {}
+    for case in results["cases"]:
+        step = case.get("dhp-1s_s") if case.get("dhp-1s_status") == "ok" else None
+        if step is None:
+            continue
+        before, after = per.setdefault(case["profile"], ([], []))
+        before.append(step / case["lower_bound_s"])
+        after.append(step / max(case["lower_bound_s"], raised.get(key_of(case), 0.0)))
+    lines = [
+        "| profile | batches | 1 s over the grid's bound (median / worst) | over the raised bound |",
+        "|---|---|---|---|",
+    ]
+    for profile, (before, after) in per.items():
+        lines.append(
+            f"| {profile} | {len(before)} | {statistics.median(before):.4f} / {max(before):.4f} | "
+            f"{statistics.median(after):.4f} / {max(after):.4f} |"
+        )
+    return lines
 
 
 def run(row: dict[str, Any], limit_s: float, bound: str = "classes") -> dict[str, Any]:
@@ -116,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the length-class LP (default) or the group-column LP of solver_models.column_bound",
     )
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    parser.add_argument("--reuse", type=Path, default=None, help="an earlier --out whose bounds are taken as they are")
     args = parser.parse_args(argv)
     try:
         results = json.loads(args.results.read_text())
@@ -123,6 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: {exc}; give a results.json of dhp bench and --ranks like 64,256", file=sys.stderr)
         return 2
+    earlier: dict[tuple[Any, ...], dict[str, Any]] = {}
+    if args.reuse is not None:
+        try:
+            earlier = {key_of(r): r for r in json.loads(args.reuse.read_text())["rows"]}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"error: --reuse {args.reuse}: {exc}; give a file an earlier --out wrote", file=sys.stderr)
+            return 2
     if args.limit_s <= 0:
         print("error: --limit-s must be above 0", file=sys.stderr)
         return 2
@@ -149,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for row in chosen:
-        done = run(row, args.limit_s, args.bound)
+        done = reused(row, earlier[key_of(row)]) if key_of(row) in earlier else run(row, args.limit_s, args.bound)
         rows.append(done)
         classes = done["class_bound_s"]
         print(
@@ -165,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         f"worst {max(r['before'] for r in rows):.4f} -> {max(r['after'] for r in rows):.4f}; "
         f"raised on {sum(r['after'] < r['before'] * (1 - 1e-9) for r in rows)} of {len(rows)}"
     )
+    print("\n".join(profile_summary(results, rows)))
     if args.out is not None:
         write_json(
             args.out, {"command": " ".join(["python -m bench.class_bound", *(argv or sys.argv[1:])]), "rows": rows}

@@ -28,8 +28,8 @@ def _case(profile: str, ranks: int, plan_s: float, bound_s: float) -> dict:
         "dhp-heuristic-default_s": plan_s,
         "dhp-default_status": "ok",
         "dhp-default_s": plan_s * 1.01,
-        "dhp-1s_status": "timeout",
-        "dhp-1s_s": None,
+        "dhp-1s_status": "ok" if profile == "stress-group-constant" else "timeout",
+        "dhp-1s_s": plan_s if profile == "stress-group-constant" else None,
     }
 
 
@@ -71,6 +71,35 @@ def test_raises_the_bound_of_a_memory_tight_batch(tmp_path, capsys):
     assert row["class_bound_s"] is not None and row["class_bound_s"] <= step * (1 + 1e-9)
     assert row["after"] <= row["before"]
     assert "| stress-group-constant | mixed | 32 | 0 |" in capsys.readouterr().out
+
+
+def test_an_earlier_runs_bounds_are_reused_and_the_grid_summed_per_profile(tmp_path, capsys):
+    step, source = _memory_tight_grid(tmp_path)
+    first = tmp_path / "first.json"
+    assert cb.main([str(source), "--above", "1.0", "--ranks", "32", "--limit-s", "30", "--out", str(first)]) == 0
+    bound = json.loads(first.read_text())["rows"][0]["class_bound_s"]
+    capsys.readouterr()
+    again = tmp_path / "again.json"
+    # a time limit no LP could meet: the bound can only come from the earlier run
+    argv = [
+        str(source),
+        "--above",
+        "1.0",
+        "--ranks",
+        "32",
+        "--limit-s",
+        "1e-9",
+        "--reuse",
+        str(first),
+        "--out",
+        str(again),
+    ]
+    assert cb.main(argv) == 0
+    assert json.loads(again.read_text())["rows"][0]["class_bound_s"] == bound
+    out = capsys.readouterr().out
+    assert "| stress-group-constant | 1 |" in out  # the per-profile summary over the grid's batches
+    assert cb.main([str(source), "--reuse", str(tmp_path / "missing.json")]) == 2
+    assert "give a file an earlier --out wrote" in capsys.readouterr().err
 
 
 def test_the_group_column_bound_on_the_same_batch(tmp_path):
