@@ -11,10 +11,10 @@ bound where generation has not converged by then). Prints, per batch, the plan o
 the class bound, and the medians; ``--out FILE`` keeps the rows as JSON. Both bounds are offline: no answer
 runs them.
 
-``--reuse ROWS`` takes the bounds of an earlier ``--out`` for the batches it holds instead of solving again
-(a bound found below one incumbent holds for every plan: a slower one is above the incumbent, which is
-above the bound), so a grid run again after a planner change is judged against the bounds already paid
-for. Last, per profile, the median and worst plan over the bound at 1 s (``dhp-1s``) over every batch of
+``--reuse ROWS`` takes the bounds of an earlier ``--out`` for the batches it holds under the same rules instead
+of solving again (a bound found below one incumbent holds for every plan: a slower one is above the
+incumbent, which is above the bound), so a grid run again after a planner change is judged against the
+bounds already paid for. Last, per profile, the median and worst plan over the bound at 1 s (``dhp-1s``) over every batch of
 the grid, with the grid's own bounds and with the raised ones.
 """
 
@@ -32,6 +32,8 @@ from bench.grid import MAX_MICRO_BATCHES
 from bench.output import write_json
 
 PLANNERS = ("dhp-heuristic-default", "dhp-default", "dhp-1s")
+RULES = ("max_micro_batches", "whole_domain_groups")
+"""What a batch is rebuilt under besides its name: an earlier bound is reused only under the same rules."""
 """The grid's dhp planners; the best of their plans is the incumbent below which the LP is solved."""
 
 
@@ -42,10 +44,13 @@ def rows_of(
     each row carries what rebuilding its batch as the grid did needs (the spec's micro-batch limit, and
     whether groups could span the whole domain, as they can when FlexSP was among the planners)."""
     spec = results.get("spec", {})
-    rules = {
-        "max_micro_batches": int(spec.get("max_micro_batches", MAX_MICRO_BATCHES)),
-        "whole_domain_groups": "flexsp" in spec.get("planners", ()),
-    }
+    rules = dict(
+        zip(
+            RULES,
+            (int(spec.get("max_micro_batches", MAX_MICRO_BATCHES)), "flexsp" in spec.get("planners", ())),
+            strict=True,
+        )
+    )
     out = []
     for case in results["cases"]:
         steps = [case.get(f"{p}_s") for p in PLANNERS if case.get(f"{p}_status") == "ok"]
@@ -204,7 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for row in chosen:
-        done = reused(row, earlier[key_of(row)]) if key_of(row) in earlier else run(row, args.limit_s, args.bound)
+        match = earlier.get(key_of(row))
+        if match is not None and all(match.get(k) == row[k] for k in RULES):
+            done = reused(row, match)
+        else:
+            done = run(row, args.limit_s, args.bound)
         rows.append(done)
         classes = done["class_bound_s"]
         print(

@@ -59,9 +59,8 @@ PLANNED = 2
 HEADS = 6
 """Most head micro-batches built one after another: on memory-tight batches whose long samples fill several
 micro-batches, each head of the next longest samples pays (gpt7b and gpt30b long-text batches on 64 ranks).
-Past the second, a head is begun only while the time left is at least the time the heads took so far: at
-200 ms they would use up what the polish of the plan after them needs (stress-group-constant, video, 256
-ranks, seed 0: 16.009 s unpolished against 15.79 s)."""
+Past the second, a head is begun only while the time left is at least the time the heads took so far, so
+that a budget leaves the polish of the plan after them its share."""
 
 RestPlanner = Callable[[CostTables, float | None], Assignment]
 
