@@ -90,20 +90,6 @@ def gpu_kinds(tables: CostTables) -> list[tuple[float, float, int]]:
     return kinds
 
 
-def _kind_times(tables: CostTables, speed: float) -> np.ndarray:
-    """[n, D] each sample's time on each size for groups whose slowest rank has ``speed``: the cheapest
-    placement, as :attr:`CostTables.best_time` takes it on the fastest GPU."""
-    if speed == float(tables.rank_speed.max()):
-        return tables.best_time
-    from optimizer.costs.time_kernels import fill_best_time
-
-    intra = tables.time_matrix(True, speed)
-    inter = intra if tables.intra_never_slower else tables.time_matrix(False, speed)
-    out = np.empty_like(inter)
-    fill_best_time(intra, inter, tables.degrees <= tables.node_size, out)
-    return out
-
-
 def size_bound(
     tables: CostTables,
     upper_s: float = math.inf,
@@ -128,7 +114,7 @@ def size_bound(
     areas = []
     finishes = []
     for speed, _, _ in kinds:
-        t = _kind_times(tables, speed)
+        t = tables.best_time_at(speed)
         areas.append(np.where(valid, t * deg[None, :], np.inf))
         finishes.append(np.where(valid, b_d[None, :] + t, np.inf))
     # The least tau any count can give: the fastest kind's area over every rank, and the slowest kind's

@@ -43,10 +43,7 @@ def speed_weighted_bound(tables: CostTables, fewest: int) -> float | None:
     if float(speeds.min()) == float(speeds.max()):
         return None
     slow = float(speeds.min())
-    inter = tables.time_matrix(False, slow)
-    fits = tables.degrees <= tables.node_size
-    times = np.where(fits[None, :], np.minimum(tables.time_matrix(True, slow), inter), inter)
-    area = times * tables.degrees.astype(np.float64)[None, :]
+    area = tables.best_time_at(slow) * tables.degrees.astype(np.float64)[None, :]
     too_small = np.arange(len(tables.degrees))[None, :] < tables.min_degree_index[:, None]
     area[too_small] = np.inf
     work = slow * float(area.min(axis=1).sum())

@@ -368,6 +368,15 @@ class CostTables:
         fill_best_time(intra, inter, fits, out)
         return out
 
+    def best_time_at(self, speed: float) -> np.ndarray:
+        """[n, D] :attr:`best_time` for groups whose slowest rank runs at ``speed`` (the cheapest placement
+        of each size at that speed)."""
+        if speed == float(self.rank_speed.max()):
+            return self.best_time
+        intra = self.time_matrix(True, speed)
+        inter = intra if self.intra_never_slower else self.time_matrix(False, speed)
+        return np.where((self.degrees <= self.node_size)[None, :], np.minimum(intra, inter), inter)
+
     def best_time_columns(self, columns: Sequence[int]) -> np.ndarray:
         """[len(columns), n] the columns ``columns`` of :attr:`best_time`, without building the whole
         table when it is not built yet."""
