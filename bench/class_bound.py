@@ -14,8 +14,8 @@ runs them.
 ``--reuse ROWS`` takes the bounds of an earlier ``--out`` for the batches it holds under the same rules instead
 of solving again (a bound found below one incumbent holds for every plan: a slower one is above the
 incumbent, which is above the bound), so a grid run again after a planner change is judged against the
-bounds already paid for. Last, per profile, the median and worst plan over the bound at 1 s (``dhp-1s``) over every batch of
-the grid, with the grid's own bounds and with the raised ones.
+bounds already paid for. Last, per profile, the median and worst plan over the bound at 1 s (``dhp-1s``)
+over every batch of the grid, with the grid's own bounds and with the raised ones.
 """
 
 from __future__ import annotations
