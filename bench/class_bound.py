@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.grid import MAX_MICRO_BATCHES
+from bench.grid import MAX_MICRO_BATCHES, whole_domain_groups
 from bench.output import write_json
 
 PLANNERS = ("dhp-heuristic-default", "dhp-default", "dhp-1s")
@@ -44,13 +44,10 @@ def rows_of(
     each row carries what rebuilding its batch as the grid did needs (the spec's micro-batch limit, and
     whether groups could span the whole domain, as they can when FlexSP was among the planners)."""
     spec = results.get("spec", {})
-    rules = dict(
-        zip(
-            RULES,
-            (int(spec.get("max_micro_batches", MAX_MICRO_BATCHES)), "flexsp" in spec.get("planners", ())),
-            strict=True,
-        )
-    )
+    rules = {
+        "max_micro_batches": int(spec.get("max_micro_batches", MAX_MICRO_BATCHES)),
+        "whole_domain_groups": whole_domain_groups(spec.get("planners", ())),
+    }
     out = []
     for case in results["cases"]:
         steps = [case.get(f"{p}_s") for p in PLANNERS if case.get(f"{p}_status") == "ok"]

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -186,6 +186,12 @@ def make_request(
     return doc
 
 
+def whole_domain_groups(planners: Sequence[str]) -> bool:
+    """Whether a grid run's groups may span the whole domain: when FlexSP is among its planners, whose
+    plans use such groups, every planner gets them."""
+    return "flexsp" in planners
+
+
 def make_problem(
     workload: Workload,
     ranks: int,
@@ -277,7 +283,14 @@ def run_cell(
     for seed in range(spec.seeds):
         base = {"workload": workload.name, "ranks": ranks, "samples": n, "seed": seed, "profile": profile}
         request = make_request(
-            workload, ranks, n, seed, spec.budget_ms, profile_doc, spec.max_micro_batches, "flexsp" in spec.planners
+            workload,
+            ranks,
+            n,
+            seed,
+            spec.budget_ms,
+            profile_doc,
+            spec.max_micro_batches,
+            whole_domain_groups(spec.planners),
         )
         cases: dict[str, RulesCase | str] = {}
         try:
