@@ -68,7 +68,8 @@ def size_bound_within(
         allowed_ms -= HIGHS_LOAD_MS
     from solver_models.size_bound import column_count, gpu_kinds, size_bound
 
-    rate = COLUMNS_PER_MS if len(gpu_kinds(tables.for_bounds)) == 1 else KINDS_COLUMNS_PER_MS
-    if LP_SETUP_MS + column_count(tables) / rate > allowed_ms:
+    kinds = len(gpu_kinds(tables.for_bounds))
+    rate = COLUMNS_PER_MS if kinds == 1 else KINDS_COLUMNS_PER_MS
+    if LP_SETUP_MS + column_count(tables, kinds) / rate > allowed_ms:
         return None
     return size_bound(tables, upper_s, clock() + allowed_ms / 1000.0, clock)

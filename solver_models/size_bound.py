@@ -70,11 +70,11 @@ def _highs() -> Any:
     return highs_module()
 
 
-def column_count(tables: CostTables) -> int:
-    """Columns of the LP before the incumbent drops any: per kind of GPU, the (sample, size) pairs memory
-    allows and the group counts."""
+def column_count(tables: CostTables, kinds: int) -> int:
+    """Columns of the LP before the incumbent drops any: per kind of GPU (``kinds``, the length of
+    :func:`gpu_kinds`), the (sample, size) pairs memory allows and the group counts."""
     pairs = int((len(tables.degrees) - tables.min_degree_index).sum()) + len(tables.degrees)
-    return pairs * len(gpu_kinds(tables.for_bounds)) + 1
+    return pairs * kinds + 1
 
 
 def gpu_kinds(tables: CostTables) -> list[tuple[float, float, int]]:
