@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
     warm_up()
     budgets = sorted(args.budgets_ms)
+    compared = [*args.backends, *(["heuristic-again"] if args.noise else [])]  # each against the heuristic alone
     rows: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
     for prof in args.profiles:
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                                 ),
                             }
                             for budget in budgets
-                            for backend in ["heuristic", *args.backends, *(["heuristic-again"] if args.noise else [])]
+                            for backend in ["heuristic", *compared]
                         ]
                     except PlannerError as exc:  # a batch no planner answers at a budget is left out, and said so
                         skipped.append({**case, "error": str(exc)})
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         if not mine:
             continue
         for budget in budgets:
-            for backend in [*args.backends, *(["heuristic-again"] if args.noise else [])]:
+            for backend in compared:
                 ratios = [key[(*c, budget, backend)] / key[(*c, budget, "heuristic")] for c in mine]
                 slower = sum(r > 1 + 1e-9 for r in ratios)
                 print(
