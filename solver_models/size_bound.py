@@ -20,9 +20,13 @@ For a plan with M micro-batches and step time S, micro-batch m lasting T_m = b +
 of micro-batch m works at most tau_m besides its constant (a group of size d: b_d - b plus its work,
 the work of sample i being t^q_i(d)), so with tau = sum_m tau_m:
 
-- the groups of kinds up to q sit on ranks of kinds up to q, whose N_{<=q} ranks each wait tau:
-  N_{<=q} tau >= their area, sum_i d_i t^q_i(d_i) plus sum_groups d (b_d - b);
-- and those groups hold at most N_{<=q} ranks per micro-batch: their sizes add up to at most N_{<=q} M;
+- a group of kind q holds at most N_{<=q} ranks (it sits on ranks of kind q or faster), and a group of
+  kind q and size d holds no sample of more than C_q d tokens;
+- a group of kind r and size d holds at least h^q_r(d) ranks of kinds up to q: all d when r <= q, and
+  d - N_{(q, r]} when r is slower (the ranks of kinds q+1 to r run out), for as long as it works;
+- the N_{<=q} ranks of kinds up to q each wait tau: N_{<=q} tau >= the share of every group's area on
+  them, sum_i h^q_r(d_i) t^r_i(d_i) plus sum_groups h^q_r(d) (b_d - b);
+- and they hold at most N_{<=q} group ranks per micro-batch: sum_groups h^q_r(d) <= N_{<=q} M;
 - a group of kind q and size d holds at most C_q d tokens, and two samples of more than C_q d / 2
   tokens never share one.
 
@@ -33,8 +37,8 @@ groups of kind q and size d, g_qd >= 0 the number of such groups (over all micro
     subject to sum_qd z_qid = 1                                                   (every sample somewhere)
                C_q d g_qd >= sum_i L_i z_qid                                       (memory)
                g_qd >= sum_{i: L_i > C_q d / 2} z_qid                              (big samples never share)
-               sum_{p<=q} sum_d d g_pd <= N_{<=q} M                                (ranks of M micro-batches)
-               sum_{p<=q} (sum_id d t^p_i(d) z_pid + sum_d d (b_d - b) g_pd) <= N_{<=q} tau   (waiting)
+               sum_rd h^q_r(d) g_rd <= N_{<=q} M                                   (ranks of M micro-batches)
+               sum_rd h^q_r(d) (sum_i t^r_i(d) z_rid + (b_d - b) g_rd) <= N_{<=q} tau      (waiting)
 
 so a plan with M micro-batches has S >= M b + LP_M. With an incumbent of step time U, a better plan
 has every micro-batch shorter than U - (M - 1) b, so z_qid is dropped where b_d + t^q_i(d) exceeds that
@@ -90,6 +94,21 @@ def gpu_kinds(tables: CostTables) -> list[tuple[float, float, int]]:
     return kinds
 
 
+def kind_fits(kinds: list[tuple[float, float, int]], q: int, deg: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """[n, D] whether a group of kind ``q`` (of :func:`gpu_kinds`) and each size may hold each sample: the
+    size fits on the ranks of kind q or faster, and the sample in the size's memory at kind q."""
+    ranks = sum(count for _, _, count in kinds[: q + 1])
+    return (deg[None, :] <= ranks) & (lengths[:, None] <= kinds[q][1] * deg[None, :])
+
+
+def held_ranks(kinds: list[tuple[float, float, int]], q: int, deg: np.ndarray) -> np.ndarray:
+    """[kinds, D] the ranks of kinds up to ``q`` that a group of each kind and size holds at least: all of
+    them for a kind up to q; for a slower kind r, those past the ranks of kinds q+1 to r."""
+    counts = np.array([count for _, _, count in kinds], dtype=np.float64)
+    beyond = np.concatenate([np.zeros(q + 1), np.cumsum(counts[q + 1 :])])
+    return np.maximum(0.0, deg[None, :] - beyond[:, None])
+
+
 def size_bound(
     tables: CostTables,
     upper_s: float = math.inf,
@@ -110,19 +129,25 @@ def size_bound(
     lengths = tables.lengths.astype(np.float64)
     n, k = tables.best_time.shape
     valid = np.arange(k)[None, :] >= tables.min_degree_index[:, None]
-    # Per kind q: the area and the finish of each (sample, size) on groups of that kind.
+    # Per kind q: the area and the finish of each (sample, size) on groups of that kind, where the size
+    # fits on the ranks of kind q or faster and the sample in the size's memory at kind q.
     areas = []
     finishes = []
-    for speed, _, _ in kinds:
+    for q, (speed, _, _) in enumerate(kinds):
         t = tables.best_time_at(speed)
-        areas.append(np.where(valid, t * deg[None, :], np.inf))
-        finishes.append(np.where(valid, b_d[None, :] + t, np.inf))
+        fits = valid & kind_fits(kinds, q, deg, lengths)
+        areas.append(np.where(fits, t * deg[None, :], np.inf))
+        finishes.append(np.where(fits, b_d[None, :] + t, np.inf))
+
     # The least tau any count can give: the fastest kind's area over every rank, and the slowest kind's
     # weighted by each rank's speed (see optimizer.bounds.speed_bound), the stop of the loop over counts.
-    least = float(areas[0].min(axis=1).sum()) / n_ranks
+    def least_area(speed: float) -> float:
+        return float(np.where(valid, tables.best_time_at(speed) * deg[None, :], np.inf).min(axis=1).sum())
+
+    least = least_area(kinds[0][0]) / n_ranks
     if len(kinds) > 1:
         slow = kinds[-1][0]
-        least = max(least, slow * float(areas[-1].min(axis=1).sum()) / float(tables.rank_speed.sum()))
+        least = max(least, slow * least_area(slow) / float(tables.rank_speed.sum()))
     memory = sum(cap * count for _, cap, count in kinds)
     m_low = max(1, math.ceil(float(lengths.sum()) / memory * (1 - 1e-12)))
     m_high = min(int(tables.problem.options.micro_batch_limit), n)
@@ -164,7 +189,6 @@ def size_bound(
     row_len = list(per_sample)
     lo = [1.0] * n
     hi = [1.0] * n
-    group_extra = deg * (b_d - b)
     for q, (_, cap, _) in enumerate(kinds):
         mine = np.flatnonzero(kq_a == q)
         by_size = mine[np.argsort(jj_a[mine], kind="stable")]
@@ -188,16 +212,22 @@ def size_bound(
     rank_rows = []
     ranks_up_to = np.cumsum([count for _, _, count in kinds])
     for q in range(n_k):
-        gs = g0 + np.arange((q + 1) * k)
+        held = held_ranks(kinds, q, deg)
+        gs = g0 + np.flatnonzero(held.ravel() > 0)
         rank_rows.append(len(lo))
         index.append(gs)
-        values.append(np.tile(deg, q + 1))
+        values.append(held.ravel()[gs - g0])
         row_len.append(gs.shape[0])
         lo.append(-inf)
         hi.append(float(ranks_up_to[q] * m_low))
-        zs = np.flatnonzero(kq_a <= q)
+        share = held[kq_a, jj_a] / deg[jj_a]
+        zs = np.flatnonzero(share > 0)
         index += [zs, gs, np.array([tau])]
-        values += [area_all[zs], np.tile(group_extra, q + 1), np.array([-float(ranks_up_to[q])])]
+        values += [
+            area_all[zs] * share[zs],
+            (held * (b_d - b)[None, :]).ravel()[gs - g0],
+            np.array([-float(ranks_up_to[q])]),
+        ]
         row_len.append(zs.shape[0] + gs.shape[0] + 1)
         lo.append(-inf)
         hi.append(0.0)

@@ -199,12 +199,13 @@ def test_group_size_lp_never_exceeds_the_optimum(monkeypatch):
 
 def test_group_size_lp_over_gpu_kinds_never_exceeds_the_optimum(monkeypatch):
     """On clusters of two GPU kinds (a faster one with more memory) the LP counts each kind's ranks apart:
-    never above the oracle's optimum, and above the LP that counts every rank as the fastest and roomiest
-    on some instances, so the kinds' rows are checked."""
+    never above the oracle's optimum; above the LP that counts every rank as the fastest and roomiest on
+    some instances, so the kinds' rows are checked; and above the LP whose groups of the slow kind may be
+    wider than its ranks or hold more than its memory, and use none of the fast ranks, on some."""
     pytest.importorskip("highspy")
     from solver_models import size_bound as sb
 
-    checked = raised = 0
+    checked = raised = spans = 0
     for seed, tags, _, tables, optimum in _solved_cases():
         if not tags["shape"].endswith("-mixed") or len(sb.gpu_kinds(tables.for_bounds)) < 2:
             continue
@@ -216,9 +217,19 @@ def test_group_size_lp_over_gpu_kinds_never_exceeds_the_optimum(monkeypatch):
             )
             single = sb.size_bound(tables)
         raised += single is not None and value > single * 1.001
+        with monkeypatch.context() as patched:
+            patched.setattr(sb, "kind_fits", lambda kinds, q, deg, lengths: np.ones((len(lengths), len(deg)), bool))
+            patched.setattr(
+                sb,
+                "held_ranks",
+                lambda kinds, q, deg: np.array([deg * (r <= q) for r in range(len(kinds))], dtype=np.float64),
+            )
+            loose = sb.size_bound(tables)
+        spans += loose is not None and value > loose * 1.001
         checked += 1
     assert checked >= 10, checked
     assert raised >= 1
+    assert spans >= 1, spans
 
 
 def test_length_class_lp_never_exceeds_the_optimum(monkeypatch):
