@@ -30,11 +30,11 @@ LP_SETUP_MS: measured on the 2-core development machine (a second process runnin
 on the slowest batches of the plan-quality grid (512 samples; several micro-batch counts solved),
 754 in the median. An LP larger than the time allows is not started: building it cannot be stopped,
 and HiGHS overshoots its time limit by up to 18 ms."""
-KINDS_COLUMNS_PER_MS = 50.0
-"""The same on clusters of several GPU kinds, whose LP has a waiting row per kind over the columns of
-every faster kind: 57 to 408 per ms, 119 in the median, on the 20 ``stress-mixed-gpu`` batches of the
-plan-quality grid (seeds 0 and 1, 512 samples, on the 2-core development machine, another process
-running)."""
+KINDS_COLUMNS_PER_MS = 35.0
+"""The same on clusters of several GPU kinds, whose LP has a rank row and a waiting row per kind over
+the columns of every kind: 40 to 452 per ms, 127 in the median, on the 20 ``stress-mixed-gpu`` batches
+of the plan-quality grid (seeds 0 and 1, 512 samples, on the 2-core development machine, nothing else
+running); set below the least of them."""
 LP_SETUP_MS = 1.0
 NOT_ASKED = (
     "not computed: no exact backend follows and options.tight_bound is not set (the heuristic's plan takes "
