@@ -27,8 +27,10 @@ the work of sample i being t^q_i(d)), so with tau = sum_m tau_m:
 - the N_{<=q} ranks of kinds up to q each wait tau: N_{<=q} tau >= the share of every group's area on
   them, sum_i h^q_r(d_i) t^r_i(d_i) plus sum_groups h^q_r(d) (b_d - b);
 - and they hold at most N_{<=q} group ranks per micro-batch: sum_groups h^q_r(d) <= N_{<=q} M;
-- a group of kind q and size d holds at most C_q d tokens, and two samples of more than C_q d / 2
-  tokens never share one.
+- a group of kind q and size d holds at most C_q d tokens, two samples of more than C_q d / 2
+  tokens never share one, and the samples it holds weigh at most 1 in quarters, u(x) of a sample
+  with x of the group's memory being 1 past 3/4, 2/3 past 1/2, 1/3 past 1/4 and 0 below
+  (:func:`quarters`).
 
 LP_M relaxes the plan's choice of kinds, sizes and group counts: z_qid >= 0 the share of sample i on
 groups of kind q and size d, g_qd >= 0 the number of such groups (over all micro-batches):
@@ -37,6 +39,7 @@ groups of kind q and size d, g_qd >= 0 the number of such groups (over all micro
     subject to sum_qd z_qid = 1                                                   (every sample somewhere)
                C_q d g_qd >= sum_i L_i z_qid                                       (memory)
                g_qd >= sum_{i: L_i > C_q d / 2} z_qid                              (big samples never share)
+               g_qd >= sum_i u(L_i / (C_q d)) z_qid                                (quarters)
                sum_rd h^q_r(d) g_rd <= N_{<=q} M                                   (ranks of M micro-batches)
                sum_rd h^q_r(d) (sum_i t^r_i(d) z_rid + (b_d - b) g_rd) <= N_{<=q} tau      (waiting)
 
@@ -92,6 +95,15 @@ def gpu_kinds(tables: CostTables) -> list[tuple[float, float, int]]:
     if any(kinds[q][1] < kinds[q + 1][1] for q in range(len(kinds) - 1)):
         return [(float(tables.rank_speed.max()), float(tables.rank_capacity.max()), tables.n_ranks)]
     return kinds
+
+
+def quarters(share: np.ndarray) -> np.ndarray:
+    """Each sample's weight in its group's quarters row, from its share of the group's memory: 1 past
+    three quarters, 2/3 past a half, 1/3 past a quarter, else 0. A group holds samples whose weights add
+    up to at most 1 (four samples past a quarter, or one past three quarters with another past a
+    quarter, never fit; this is the dual-feasible function floor(4x)/3 of bin packing, rounded down at
+    its steps)."""
+    return np.floor(np.minimum(share, 1.0) * 4.0 - 1e-12).clip(0.0, 3.0) / 3.0
 
 
 def kind_fits(kinds: list[tuple[float, float, int]], q: int, deg: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -206,6 +218,14 @@ def size_bound(
                 index += [np.array([g]), heavy_cols[j]]
                 values += [np.ones(1), -np.ones(heavy_cols[j].shape[0])]
                 row_len.append(1 + heavy_cols[j].shape[0])
+                lo.append(0.0)
+                hi.append(inf)
+            weight = quarters(lengths[ii_a[mem_cols[j]]] / (cap * deg[j]))
+            counted = weight > 0
+            if counted.any():
+                index += [np.array([g]), mem_cols[j][counted]]
+                values += [np.ones(1), -weight[counted]]
+                row_len.append(1 + int(counted.sum()))
                 lo.append(0.0)
                 hi.append(inf)
     area_all = np.concatenate(z_area)
