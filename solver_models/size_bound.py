@@ -44,12 +44,15 @@ groups of kind q and size d, g_qd >= 0 the number of such groups (over all micro
                sum_rd h^q_r(d) (sum_i t^r_i(d) z_rid + (b_d - b) g_rd) <= N_{<=q} tau      (waiting)
 
 so a plan with M micro-batches has S >= M b + LP_M. With an incumbent of step time U, a better plan
-has every micro-batch shorter than U - (M - 1) b, so z_qid is dropped where b_d + t^q_i(d) exceeds that
-(LP_M infeasible: no better plan with M micro-batches). The bound is the least of M b + LP_M over the
-micro-batch counts memory (sum_q N_q C_q tokens a micro-batch) and the options allow, and U; counts are
-tried upwards until M b plus the least tau of any count (the fastest kind's least area over N, and the
-speed-weighted one of :mod:`optimizer.bounds.speed_bound`) reaches the best found: every larger count
-gives at least that.
+with M micro-batches puts sample i on no group that would bring it to U: i's micro-batch lasts at
+least b_d + t^q_i(d), and the others at least (M - 1) b plus w_i (:func:`others_wait`: the least area
+e_j of the samples that i's micro-batch cannot hold, over N; its memory less L_i holds at most the
+most least area that fits by area per token). So z_qid is dropped where b_d + t^q_i(d) + w_i exceeds
+U - (M - 1) b (LP_M infeasible: no better plan with M micro-batches). The bound is the least of
+M b + LP_M over the micro-batch counts memory (sum_q N_q C_q tokens a micro-batch) and the options
+allow, and U; counts are tried upwards until M b plus the least tau of any count (the fastest kind's
+least area over N, and the speed-weighted one of :mod:`optimizer.bounds.speed_bound`) reaches the
+best found: every larger count gives at least that.
 
 On the plan-quality grid (``docs/results-bound/report.md``: 180 batches of 512 samples, six
 profiles) it is the binding bound on 115 batches; on the tiny instances of
@@ -65,6 +68,7 @@ from typing import Any
 
 import numpy as np
 
+from optimizer.bounds.long_sample import OtherFill
 from optimizer.costs.tables import CostTables
 
 HALF = 0.5
@@ -104,6 +108,18 @@ def quarters(share: np.ndarray) -> np.ndarray:
     quarter, never fit; this is the dual-feasible function floor(4x)/3 of bin packing, rounded down at
     its steps)."""
     return np.floor(np.minimum(share, 1.0) * 4.0 - 1e-12).clip(0.0, 3.0) / 3.0
+
+
+def others_wait(tables: CostTables, least: np.ndarray) -> np.ndarray:
+    """[n] per sample i, the least time the micro-batches without i take beyond their constants: the
+    least area of the samples that i's micro-batch cannot hold (all memory but i's tokens, filled with the
+    most least-area per token) over the ranks."""
+    lengths = tables.lengths.astype(np.float64)
+    others = OtherFill(lengths, least)
+    memory = float(tables.rank_capacity.sum())
+    total = float(least.sum())
+    fill = np.array([others.without(i, memory - float(lengths[i])) for i in range(lengths.shape[0])])
+    return np.maximum(0.0, total - least - fill) / tables.n_ranks
 
 
 def kind_fits(kinds: list[tuple[float, float, int]], q: int, deg: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -171,6 +187,9 @@ def size_bound(
     # micro-batches (the widest set: larger counts only drop columns), then g per (kind, size), then tau.
     # np.nonzero walks each matrix row by row, so within a kind the z columns come sorted by sample.
     room = best - (m_low - 1) * b
+    if math.isfinite(best):
+        wait = others_wait(tables, np.where(valid, tables.best_time * deg[None, :], np.inf).min(axis=1))
+        finishes = [f + wait[:, None] for f in finishes]
     kq, ii, jj, z_area, z_finish = [], [], [], [], []
     for q in range(len(kinds)):
         i_q, j_q = np.nonzero(np.isfinite(finishes[q]) & (finishes[q] <= room))
@@ -297,6 +316,14 @@ def size_bound(
             h.changeRowBounds(row, -inf, float(ranks_up_to[q] * m))
         h.run()
         status = h.getModelStatus()
+        if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kInfeasible):
+            # The simplex without presolve can end undecided on an LP that a tight incumbent has nearly
+            # emptied (kUnknown); presolve settles it.
+            h.clearSolver()
+            h.setOptionValue("presolve", "on")
+            h.run()
+            h.setOptionValue("presolve", "off")
+            status = h.getModelStatus()
         if status == highspy.HighsModelStatus.kInfeasible:
             continue  # no plan better than the incumbent with m micro-batches
         if status != highspy.HighsModelStatus.kOptimal:

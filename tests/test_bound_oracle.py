@@ -172,15 +172,16 @@ def test_raised_bound_stays_below_verified_plans(profile, workload, ranks, seed)
 
 
 def test_group_size_lp_never_exceeds_the_optimum(monkeypatch):
-    """The LP bound of solver_models.size_bound, without and with an incumbent, against the oracle;
-    it is the largest bound on some instances, and a wrong variant (samples over a third of a group
-    never share it) exceeds the optimum on some, so the check can fail."""
+    """The LP bound of solver_models.size_bound, without and with an incumbent (one just above the
+    optimum among them, which drops the most columns), against the oracle; it is the largest bound on
+    some instances, and wrong variants (samples over a third of a group never share it; the micro-batch
+    of a sample holds none of the others' work) exceed the optimum on some, so the check can fail."""
     pytest.importorskip("highspy")
     from solver_models import size_bound as sb
 
-    checked = binding = wrong_caught = 0
+    checked = binding = wrong_caught = wait_caught = 0
     for seed, tags, _, tables, optimum in _solved_cases():
-        for upper in (math.inf, optimum * 1.5):
+        for upper in (math.inf, optimum * 1.5, optimum * (1 + 1e-6)):
             value = sb.size_bound(tables, upper)
             assert value is not None, f"seed {seed} {tags}: no LP bound"
             assert value <= optimum * (1 + 1e-9), (
@@ -191,10 +192,15 @@ def test_group_size_lp_never_exceeds_the_optimum(monkeypatch):
             patched.setattr(sb, "HALF", 1 / 3)
             wrong = sb.size_bound(tables)
         wrong_caught += wrong is not None and wrong > optimum * (1 + 1e-9)
+        with monkeypatch.context() as patched:  # as if i's micro-batch held none of the others' work
+            patched.setattr(sb, "others_wait", lambda t, least: (float(least.sum()) - least) / t.n_ranks, raising=True)
+            wrong = sb.size_bound(tables, optimum * (1 + 1e-6))
+        wait_caught += wrong is not None and wrong > optimum * (1 + 1e-9)
         checked += 1
     assert checked >= 150
     assert binding >= 3, binding
     assert wrong_caught >= 1
+    assert wait_caught >= 1
 
 
 def test_group_size_lp_over_gpu_kinds_never_exceeds_the_optimum(monkeypatch):

@@ -72,6 +72,20 @@ def test_the_quarters_weights_never_overfill_a_group():
     assert sb.quarters(np.full(4, 0.26)).sum() > 1
 
 
+def test_an_incumbent_drops_the_sizes_that_would_leave_the_others_too_little_time(monkeypatch):
+    """Below a plan's step time, the LP drops a sample's sizes whose micro-batch and the others' least work
+    reach it (FlexSP's 7B fit, mixed workload on 256 ranks: 4.98 s without the others' work, 5.06 s with
+    it, under a plan of 5.34 s, when measured)."""
+    problem = make_problem(WORKLOADS["mixed"], 256, 512, 0, 1000.0, resolve_profile("flexsp-gpt7b"))
+    tables = CostTables.build(problem)
+    upper = verify(plan(problem.with_options(deterministic=True)), problem).step_time_s
+    with_wait = sb.size_bound(tables, upper)
+    monkeypatch.setattr(sb, "others_wait", lambda t, least: np.zeros_like(least))
+    without = sb.size_bound(tables, upper)
+    assert with_wait is not None and without is not None
+    assert without * 1.003 < with_wait <= upper
+
+
 def test_answers_nothing_past_its_deadline():
     tables = CostTables.build(_case())
     assert sb.size_bound(tables, deadline=0.0, clock=lambda: 1.0) is None
