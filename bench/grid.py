@@ -5,7 +5,8 @@ from the same :class:`~optimizer.problem.problem.Problem`. Its answer is evaluat
 :func:`optimizer.plan.evaluate.assignment_step_time` and verified with
 :func:`optimizer.verify.verifier.check_assignment` (an answer that fails verification is recorded as
 invalid and never counted). Recorded per planner and batch: predicted step time, speedup over
-static at its best, ratio to the best lower bound proven (:func:`best_bound`), planning wall times (one
+static at its best, ratio to the best lower bound proven (:func:`best_bound`, its LP run again below
+the fastest verified plan of the batch once every planner has planned it), planning wall times (one
 warm-up call on the cell's first batch, then ``repeats`` timed calls per batch) and peak Python
 memory of one extra call under :mod:`tracemalloc` (kept apart so tracing does not slow the timed
 calls). The real FlexSP solver and Megatron-Core's scheduler (planners of :data:`CALLED_ONCE`) are
@@ -237,15 +238,16 @@ def _peak_mb(fn: Callable[[], Outcome]) -> float:
     return peak / 2**20
 
 
-def best_bound(tables: CostTables) -> tuple[float, str]:
+def best_bound(tables: CostTables, upper_s: float = math.inf) -> tuple[float, str]:
     """The best lower bound the project proves for the batch, without a time limit, and where it
     comes from: the engine's (:func:`optimizer.bounds.lower_bounds.lower_bound`, ``engine``) or the
     group-size LP of :mod:`solver_models.size_bound` (``group_sizes``) when HiGHS is installed and the
-    LP is higher."""
+    LP is higher. ``upper_s``: the step time of a plan of the batch, below which the LP drops the
+    choices no better plan makes (a bound found so holds for every plan)."""
     bound = lower_bound(tables)
     from solver_models.size_bound import size_bound
 
-    lp = size_bound(tables)
+    lp = size_bound(tables, upper_s)
     return (lp, "group_sizes") if lp is not None and lp > bound else (bound, "engine")
 
 
@@ -365,11 +367,32 @@ def run_cell(
                     row.update(status="invalid", step_time_s=step, note="; ".join(report.violations[:3]))
             rows.append(row)
             tick()
+        _raise_bounds(cases, rows)
         ref = steps.get("static-best")
         for row in rows:
             if ref is not None and row.get("status") == "ok":
                 row["speedup_over_static_best"] = ref / row["step_time_s"]
             yield row
+
+
+def _raise_bounds(cases: dict[str, RulesCase | str], rows: list[dict[str, Any]]) -> None:
+    """Each rules case's bound again, below the fastest verified plan made under those rules, written into
+    its rows (with their ratios) where it is higher."""
+    for rules, case in cases.items():
+        if isinstance(case, str):
+            continue
+        mine = [row for row in rows if row["rules"] == rules and row.get("status") == "ok"]
+        if not mine:
+            continue
+        bound, source = best_bound(case.tables, min(row["step_time_s"] for row in mine))
+        if bound <= case.bound:
+            continue
+        for row in rows:
+            if row["rules"] != rules or "lower_bound_s" not in row:
+                continue
+            row.update(lower_bound_s=bound, bound_source=source)
+            if row.get("status") == "ok":
+                row["ratio_to_bound"] = row["step_time_s"] / bound
 
 
 def run_grid(spec: GridSpec, progress: Callable[[int], Any] | None = None) -> dict[str, Any]:

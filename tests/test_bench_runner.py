@@ -215,3 +215,25 @@ def test_bench_scores_against_the_best_bound_proven(monkeypatch):
     assert value > engine * 1.01
     monkeypatch.setattr(size_bound, "_highs", lambda: None)
     assert best_bound(tables) == (engine, "engine")
+
+
+def test_bench_raises_each_rules_bound_below_its_fastest_plan():
+    """After the planners, a rules case's bound is proven again below its fastest verified plan and written
+    into that case's rows with their ratios; rows of other rules and failed rows keep theirs."""
+    pytest.importorskip("highspy")
+    from bench.grid import _raise_bounds, best_bound, rules_case
+
+    problem = make_problem(get_workload("mixed"), 256, 512, 0, 200.0, resolve_profile("flexsp-gpt7b"))
+    case = rules_case(problem, "default")
+    step = case.bound * 1.06  # the plan's step time at 1 s when measured: 1.064 times the bound
+    rows = [
+        {"rules": "default", "status": "ok", "step_time_s": step, "lower_bound_s": case.bound},
+        {"rules": "default", "status": "error", "lower_bound_s": case.bound},
+        {"rules": "megatron", "status": "ok", "step_time_s": step / 2, "lower_bound_s": 1.0},
+    ]
+    _raise_bounds({"default": case, "megatron": "infeasible"}, rows)
+    raised, source = best_bound(case.tables, step)
+    assert raised > case.bound
+    assert rows[0]["lower_bound_s"] == rows[1]["lower_bound_s"] == raised and rows[0]["bound_source"] == source
+    assert rows[0]["ratio_to_bound"] == pytest.approx(step / raised)
+    assert rows[2] == {"rules": "megatron", "status": "ok", "step_time_s": step / 2, "lower_bound_s": 1.0}
