@@ -55,7 +55,7 @@ least area over N, and the speed-weighted one of :mod:`optimizer.bounds.speed_bo
 best found: every larger count gives at least that.
 
 On the plan-quality grid (``docs/results-bound/report.md``: 180 batches of 512 samples, six
-profiles) it is the binding bound on 115 batches; on the tiny instances of
+profiles) it is the binding bound on 151 batches; on the tiny instances of
 ``tests/test_bound_oracle.py`` it is never above their brute-force optimum (the test checks it).
 """
 
