@@ -72,14 +72,20 @@ class Choice:
 
 
 def choose_backend(
-    tables: CostTables, requested: str, remaining_ms: float, backends: Backends, reserve: float | None = None
+    tables: CostTables,
+    requested: str,
+    remaining_ms: float,
+    backends: Backends,
+    reserve: float | None = None,
+    deterministic: bool = False,
 ) -> Choice:
     """The backend for ``requested``; ``auto`` picks by size and time left.
 
     ``auto``: the heuristic alone when less than MIN_SOLVER_MS would be left to a solver, or, for
     problems too large for one whole model, less than MIN_SEARCH_MS (a neighbourhood search needs a
     few rounds to pay off); else the first of AUTO_ORDER that is installed and whose loading leaves
-    MIN_SOLVER_MS of solving. When it picks the heuristic alone, the choice says why.
+    MIN_SOLVER_MS of solving. When it picks the heuristic alone, the choice says why. ``deterministic``:
+    loading counts nothing (whether a library is loaded yet is the process's history, not the input).
     """
     if requested != "auto":
         return Choice(requested)
@@ -94,7 +100,7 @@ def choose_backend(
     )
     whole = whole_model_fits(tables)
     loads = sorted(
-        (b.load_ms(), name)
+        (0.0 if deterministic else b.load_ms(), name)
         for name in AUTO_ORDER
         if (b := backends.get(name)) is not None and b.available() and not busy(name)
     )
@@ -122,7 +128,7 @@ def choose_backend(
             refused.append(f"{name} is not installed")
         elif busy(name):
             refused.append(f"{name} is still running solves stopped at earlier deadlines")
-        elif solver_ms - backend.load_ms() < MIN_SOLVER_MS:
+        elif not deterministic and solver_ms - backend.load_ms() < MIN_SOLVER_MS:
             refused.append(
                 f"{name} would first load {LIBRARIES.get(name, 'its library')} (about {backend.load_ms():.0f} ms)"
             )
@@ -136,9 +142,10 @@ def choose_backend(
     return Choice("heuristic", NoSolve(why, instead="plan again once the stopped solves have ended"))
 
 
-def no_time_for(name: str, solver_ms: float, backends: Backends) -> NoSolve | None:
-    """Why ``name`` cannot run in ``solver_ms`` milliseconds, or None when it can."""
-    cost = _load_ms(backends, name)
+def no_time_for(name: str, solver_ms: float, backends: Backends, deterministic: bool = False) -> NoSolve | None:
+    """Why ``name`` cannot run in ``solver_ms`` milliseconds, or None when it can (``deterministic``: loading
+    counts nothing, as in :func:`choose_backend`)."""
+    cost = 0.0 if deterministic else _load_ms(backends, name)
     if solver_ms < MIN_SOLVER_MS:
         loading = f" after loading {LIBRARIES.get(name, 'its library')} (about {cost:.0f} ms)" if cost else ""
         return NoSolve(

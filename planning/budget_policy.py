@@ -186,10 +186,23 @@ class PhaseBudget:
         return self.deterministic or self.deadline.clock() <= self.tight_bounds_by
 
     def solver_window(self, tables: CostTables, eval_ms: float) -> SolveWindow:
-        """The exact backend's window once the heuristic's plan took ``eval_ms`` to evaluate."""
+        """The exact backend's window once the heuristic's plan took ``eval_ms`` to evaluate; in deterministic
+        mode a whole budget from now, however long the heuristic took (the backend runs a fixed amount of work,
+        and the window only bounds the wait for it)."""
         reserve = reserve_ms(tables, eval_ms)
-        due = self.deadline.due - reserve / 1000.0
+        if self.deterministic:
+            due = self.deadline.clock() + self.deadline.budget_ms / 1000.0
+        else:
+            due = self.deadline.due - reserve / 1000.0
         return SolveWindow(due, due + self.hard_stop_after_s, reserve)
+
+    def solver_ms(self, window: SolveWindow) -> float:
+        """Milliseconds an exact backend has to solve in: what the deadline leaves before ``window``'s reserve;
+        in deterministic mode the whole budget, whatever the clock says (so whether a backend starts depends
+        on the input alone)."""
+        if self.deterministic:
+            return self.deadline.budget_ms
+        return self.deadline.left_ms() - window.reserve_ms
 
     def size_bound_due(self, window: SolveWindow, solver_follows: bool) -> float | None:
         """When the group-size LP must end, starting now: SIZE_BOUND_SHARE of the time up to the solver's

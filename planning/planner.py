@@ -302,8 +302,15 @@ def _backend(run: _Run, first: _First, window: SolveWindow) -> Choice:
     """The exact backend for step 3 (``heuristic``: none), chosen once; none after a rescue (the whole model ran)."""
     if first.rescued:
         return Choice("heuristic")
-    left_ms = run.budget.deadline.left_ms()
-    return choose_backend(run.tables, run.problem.options.backend, left_ms, run.backends, window.reserve_ms)
+    deterministic = run.problem.options.deterministic
+    return choose_backend(
+        run.tables,
+        run.problem.options.backend,
+        run.budget.solver_ms(window) + window.reserve_ms,
+        run.backends,
+        window.reserve_ms,
+        deterministic,
+    )
 
 
 def _group_size_bound(
@@ -339,7 +346,7 @@ def _exact_solve(
         if choice.skip is None:
             return first.hint, stats
         return first.hint, replace(stats, fallback_reason=_no_solver(run, "auto", choice.skip, window))
-    skip = no_time_for(backend, run.budget.deadline.left_ms() - window.reserve_ms, run.backends)
+    skip = no_time_for(backend, run.budget.solver_ms(window), run.backends, run.problem.options.deterministic)
     if skip:
         why = _no_solver(run, backend, skip, window)
         return first.hint, replace(stats, backend=backend, status="fallback", fallback_reason=why)

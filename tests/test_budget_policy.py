@@ -151,6 +151,9 @@ def test_deterministic_plans_read_no_clock():
         assert budget.reuse_due is None
         assert window.hard_stop == pytest.approx(window.due + DETERMINISTIC_WAIT_BUDGETS * 0.4)
         assert budget.rescue.hard_stop == pytest.approx(budget.rescue.due + DETERMINISTIC_WAIT_BUDGETS * 0.4)
+        # the solver gets the whole budget from now, however late the heuristic ended
+        assert window.due == pytest.approx(clock.now + 0.4)
+        assert budget.solver_ms(window) == 400.0
 
 
 def test_the_deterministic_wait_outlasts_cp_sat_s_own_wall_clock_caps():

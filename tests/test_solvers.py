@@ -225,6 +225,21 @@ def test_deterministic_mode_repeats(have):
     assert first.to_json(shards=False)["micro_batches"] == second.to_json(shards=False)["micro_batches"]
 
 
+def test_deterministic_mode_starts_its_backend_however_late_the_clock(have):
+    """Whether a deterministic plan's backend runs depends on the input alone: with a deadline long gone
+    before planning began (a heuristic that overran its budget on a slow or busy machine), the backend
+    still runs and the plan is the one a fresh deadline gives."""
+    from planning.deadline import Deadline
+
+    problem = tiny_problem(7, 2, 3, 6, 3, backend="cpsat")
+    fresh = plan(problem)
+    late = plan(problem, deadline=Deadline.after_ms(problem.options.budget_ms, start=time.perf_counter() - 60.0))
+    assert late.solver.backend == fresh.solver.backend == "cpsat"
+    assert late.solver.status == fresh.solver.status
+    assert "no solver ran" not in (late.solver.fallback_reason or "")
+    assert late.to_json(shards=False)["micro_batches"] == fresh.to_json(shards=False)["micro_batches"]
+
+
 def test_full_model_maps_the_hint_completely():
     problem = tiny_problem(0, 2, 3, 6, 2)
     tables = CostTables.build(problem)
