@@ -85,7 +85,7 @@ def choose_backend(
     problems too large for one whole model, less than MIN_SEARCH_MS (a neighbourhood search needs a
     few rounds to pay off); else the first of AUTO_ORDER that is installed and whose loading leaves
     MIN_SOLVER_MS of solving. When it picks the heuristic alone, the choice says why. ``deterministic``:
-    loading counts nothing (whether a library is loaded yet is the process's history, not the input).
+    every library counts as not loaded yet (whether it is loaded is the process's history, not the input).
     """
     if requested != "auto":
         return Choice(requested)
@@ -99,8 +99,15 @@ def choose_backend(
         "verifying the plan: none for a solver"
     )
     whole = whole_model_fits(tables)
+
+    def load_ms(backend: Backend) -> float:
+        # a backend may say what loading costs a process that has not loaded it (cold_load_ms); one that
+        # does not is counted by what load_ms says now
+        cold = getattr(backend, "cold_load_ms", backend.load_ms)
+        return float(cold()) if deterministic else backend.load_ms()
+
     loads = sorted(
-        (0.0 if deterministic else b.load_ms(), name)
+        (load_ms(b), name)
         for name in AUTO_ORDER
         if (b := backends.get(name)) is not None and b.available() and not busy(name)
     )
@@ -128,9 +135,9 @@ def choose_backend(
             refused.append(f"{name} is not installed")
         elif busy(name):
             refused.append(f"{name} is still running solves stopped at earlier deadlines")
-        elif not deterministic and solver_ms - backend.load_ms() < MIN_SOLVER_MS:
+        elif solver_ms - load_ms(backend) < MIN_SOLVER_MS:
             refused.append(
-                f"{name} would first load {LIBRARIES.get(name, 'its library')} (about {backend.load_ms():.0f} ms)"
+                f"{name} would first load {LIBRARIES.get(name, 'its library')} (about {load_ms(backend):.0f} ms)"
             )
         else:
             return Choice(name)
@@ -144,7 +151,7 @@ def choose_backend(
 
 def no_time_for(name: str, solver_ms: float, backends: Backends, deterministic: bool = False) -> NoSolve | None:
     """Why ``name`` cannot run in ``solver_ms`` milliseconds, or None when it can (``deterministic``: loading
-    counts nothing, as in :func:`choose_backend`)."""
+    counts nothing: the backend was asked for by name, or ``auto`` chose it counting its library unloaded)."""
     cost = 0.0 if deterministic else _load_ms(backends, name)
     if solver_ms < MIN_SOLVER_MS:
         loading = f" after loading {LIBRARIES.get(name, 'its library')} (about {cost:.0f} ms)" if cost else ""

@@ -178,6 +178,10 @@ class CpSatBackend:
 
         return 0.0 if "ortools.sat.python.cp_model" in sys.modules else CPSAT_IMPORT_MS
 
+    def cold_load_ms(self) -> float:
+        """What loading OR-Tools costs a process that has not loaded it (whatever this one has)."""
+        return CPSAT_IMPORT_MS
+
     def solve(
         self,
         tables: CostTables,

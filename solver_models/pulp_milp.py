@@ -414,6 +414,10 @@ class PulpBackend:
     def load_ms(self) -> float:
         return 0.0 if "pulp" in sys.modules else PULP_IMPORT_MS
 
+    def cold_load_ms(self) -> float:
+        """What loading PuLP costs a process that has not loaded it (whatever this one has)."""
+        return PULP_IMPORT_MS
+
     def solve(
         self,
         tables: CostTables,

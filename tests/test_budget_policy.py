@@ -153,7 +153,7 @@ def test_deterministic_plans_read_no_clock():
         assert budget.rescue.hard_stop == pytest.approx(budget.rescue.due + DETERMINISTIC_WAIT_BUDGETS * 0.4)
         # the solver gets the whole budget from now, however late the heuristic ended
         assert window.due == pytest.approx(clock.now + 0.4)
-        assert budget.solver_ms(window) == 400.0
+        assert budget.solver_ms(window) == pytest.approx(400.0)
 
 
 def test_the_deterministic_wait_outlasts_cp_sat_s_own_wall_clock_caps():
@@ -180,6 +180,32 @@ class Recorder:
     def solve(self, tables, options, hint, deadline, on_improvement=None):
         self.deadlines.append(deadline)
         return SolveResult(hint, "feasible")
+
+
+class Library(Recorder):
+    """A backend whose library may be loaded in this process or not."""
+
+    def __init__(self, name: str, cold_ms: float, loaded: bool) -> None:
+        super().__init__()
+        self.name, self.cold_ms, self.loaded = name, cold_ms, loaded
+
+    def load_ms(self) -> float:
+        return 0.0 if self.loaded else self.cold_ms
+
+    def cold_load_ms(self) -> float:
+        return self.cold_ms
+
+
+def test_deterministic_auto_counts_every_library_unloaded():
+    """Whether OR-Tools is loaded in this process changes auto's pick in normal mode, never in deterministic
+    mode: there every library counts as not loaded, so a short budget never picks the slowest to load."""
+    tables = CostTables.build(problem("auto", 200.0))
+    for loaded in (False, True):
+        backends = {"cpsat": Library("cpsat", 400.0, loaded), "highs": Library("highs", 100.0, False)}
+        picked = backends_module.choose_backend(tables, "auto", 200.0, backends, 10.0, deterministic=True)
+        assert picked.name == "highs"
+        normal = backends_module.choose_backend(tables, "auto", 200.0, backends, 10.0)
+        assert normal.name == ("cpsat" if loaded else "highs")
 
 
 def test_the_backend_is_handed_the_policy_s_one_deadline(monkeypatch):
