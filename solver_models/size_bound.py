@@ -169,13 +169,14 @@ def size_bound(
 
     # The least tau any count can give: the fastest kind's area over every rank, and the slowest kind's
     # weighted by each rank's speed (see optimizer.bounds.speed_bound), the stop of the loop over counts.
-    def least_area(speed: float) -> float:
-        return float(np.where(valid, tables.best_time_at(speed) * deg[None, :], np.inf).min(axis=1).sum())
+    def least_areas(speed: float) -> np.ndarray:
+        return np.where(valid, tables.best_time_at(speed) * deg[None, :], np.inf).min(axis=1)
 
-    least = least_area(kinds[0][0]) / n_ranks
+    fastest = least_areas(kinds[0][0])  # each sample's least area on the fastest GPU (kinds[0] is the fastest)
+    least = float(fastest.sum()) / n_ranks
     if len(kinds) > 1:
         slow = kinds[-1][0]
-        least = max(least, slow * least_area(slow) / float(tables.rank_speed.sum()))
+        least = max(least, slow * float(least_areas(slow).sum()) / float(tables.rank_speed.sum()))
     memory = sum(cap * count for _, cap, count in kinds)
     m_low = max(1, math.ceil(float(lengths.sum()) / memory * (1 - 1e-12)))
     m_high = min(int(tables.problem.options.micro_batch_limit), n)
@@ -188,7 +189,7 @@ def size_bound(
     # np.nonzero walks each matrix row by row, so within a kind the z columns come sorted by sample.
     room = best - (m_low - 1) * b
     if math.isfinite(best):
-        wait = others_wait(tables, np.where(valid, tables.best_time * deg[None, :], np.inf).min(axis=1))
+        wait = others_wait(tables, fastest)
         finishes = [f + wait[:, None] for f in finishes]
     kq, ii, jj, z_area, z_finish = [], [], [], [], []
     for q in range(len(kinds)):
