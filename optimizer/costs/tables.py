@@ -350,14 +350,14 @@ class CostTables:
             np.all(bandwidths(p.intra_bandwidth, fitting) >= bandwidths(p.inter_bandwidth, fitting))
         )
 
-    def best_placements(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """What :attr:`best_time` picks from: the intra- and inter-node matrices on the fastest GPU and,
-        per size, whether it fits a node (see :func:`optimizer.costs.time_kernels.best_placement`).
+    def best_placements(self, speed: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What :attr:`best_time` picks from: the intra- and inter-node matrices on the fastest GPU (or at
+        ``speed``) and, per size, whether it fits a node (see :func:`optimizer.costs.time_kernels.best_placement`).
         When :attr:`intra_never_slower`, the intra-node matrix stands for both (the loops that pick then
         read one matrix instead of two)."""
-        fast = float(self.rank_speed.max())
-        intra = self.time_matrix(True, fast)
-        inter = intra if self.intra_never_slower else self.time_matrix(False, fast)
+        at = float(self.rank_speed.max()) if speed is None else speed
+        intra = self.time_matrix(True, at)
+        inter = intra if self.intra_never_slower else self.time_matrix(False, at)
         return intra, inter, self.degrees <= self.node_size
 
     @cached_property
@@ -373,9 +373,10 @@ class CostTables:
         of each size at that speed)."""
         if speed == float(self.rank_speed.max()):
             return self.best_time
-        intra = self.time_matrix(True, speed)
-        inter = intra if self.intra_never_slower else self.time_matrix(False, speed)
-        return np.where((self.degrees <= self.node_size)[None, :], np.minimum(intra, inter), inter)
+        intra, inter, fits = self.best_placements(speed)
+        out = np.empty_like(inter)
+        fill_best_time(intra, inter, fits, out)
+        return out
 
     def best_time_columns(self, columns: Sequence[int]) -> np.ndarray:
         """[len(columns), n] the columns ``columns`` of :attr:`best_time`, without building the whole
