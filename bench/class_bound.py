@@ -32,9 +32,9 @@ from bench.grid import MAX_MICRO_BATCHES, whole_domain_groups
 from bench.output import write_json
 
 PLANNERS = ("dhp-heuristic-default", "dhp-default", "dhp-1s")
+"""The grid's dhp planners; the best of their plans is the incumbent below which the LP is solved."""
 RULES = ("max_micro_batches", "whole_domain_groups")
 """What a batch is rebuilt under besides its name: an earlier bound is reused only under the same rules."""
-"""The grid's dhp planners; the best of their plans is the incumbent below which the LP is solved."""
 
 
 def rows_of(
