@@ -85,7 +85,9 @@ def choose_backend(
     problems too large for one whole model, less than MIN_SEARCH_MS (a neighbourhood search needs a
     few rounds to pay off); else the first of AUTO_ORDER that is installed and whose loading leaves
     MIN_SOLVER_MS of solving. When it picks the heuristic alone, the choice says why. ``deterministic``:
-    every library counts as not loaded yet (whether it is loaded is the process's history, not the input).
+    every library counts as not loaded yet (whether it is loaded is the process's history, not the input),
+    and only backends with deterministic limits qualify (one that stops on the clock answers by the
+    machine's speed).
     """
     if requested != "auto":
         return Choice(requested)
@@ -106,10 +108,13 @@ def choose_backend(
         cold = getattr(backend, "cold_load_ms", backend.load_ms)
         return float(cold()) if deterministic else backend.load_ms()
 
+    def repeatable(backend: Backend) -> bool:
+        return not deterministic or bool(getattr(backend, "deterministic_limits", False))
+
     loads = sorted(
         (load_ms(b), name)
         for name in AUTO_ORDER
-        if (b := backends.get(name)) is not None and b.available() and not busy(name)
+        if (b := backends.get(name)) is not None and b.available() and not busy(name) and repeatable(b)
     )
     # The solver time that lets auto start one: its least, and the quickest to load of those that can start.
     need = max(MIN_SOLVER_MS if whole else MIN_SEARCH_MS, MIN_SOLVER_MS + loads[0][0]) if loads else None
@@ -133,6 +138,8 @@ def choose_backend(
         backend = backends.get(name)
         if backend is None or not backend.available():
             refused.append(f"{name} is not installed")
+        elif not repeatable(backend):
+            refused.append(f"{name} stops on the clock, so its plans are not deterministic")
         elif busy(name):
             refused.append(f"{name} is still running solves stopped at earlier deadlines")
         elif solver_ms - load_ms(backend) < MIN_SOLVER_MS:
@@ -142,10 +149,20 @@ def choose_backend(
         else:
             return Choice(name)
     why = f"{left}, and {', '.join(refused)}"
-    if loads:  # more time lets the quickest to load start
-        return Choice("heuristic", NoSolve(why, need, "plan from a running service (it loads the solvers at start-up)"))
+    if loads:  # more time lets the quickest to load start (a running service's loaded libraries, unless deterministic)
+        instead = None if deterministic else "plan from a running service (it loads the solvers at start-up)"
+        return Choice("heuristic", NoSolve(why, need, instead))
     if all("not installed" in r for r in refused):
         return Choice("heuristic", NoSolve(why, instead="install one: pip install 'dhp-planner[solver]'"))
+    if deterministic and all("not installed" in r or "on the clock" in r for r in refused):
+        return Choice(
+            "heuristic",
+            NoSolve(
+                why,
+                instead="install OR-Tools (pip install 'dhp-planner[solver]'), or ask for a backend by name "
+                "(its plan then depends on the machine's speed)",
+            ),
+        )
     return Choice("heuristic", NoSolve(why, instead="plan again once the stopped solves have ended"))
 
 

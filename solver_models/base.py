@@ -1,7 +1,8 @@
 """The backend interface every exact formulation implements.
 
 ``available()`` says whether the library is installed, ``load_ms()`` what loading it would still cost
-in this process (the planning layer chooses a backend from both, never from ``sys.modules``), and
+in this process (the planning layer chooses a backend from both, never from ``sys.modules``),
+``deterministic_limits`` whether its answer in deterministic mode depends on the input alone, and
 ``solve(tables, options, hint, deadline, on_improvement)`` solves:
 
 - ``tables``: the cost tables of the problem (the only view of the problem a formulation gets);
@@ -43,6 +44,9 @@ class SolveResult:
 
 class Backend(Protocol):
     name: str
+    deterministic_limits: bool
+    """True when, in deterministic mode, every solve stops at a limit of the solver's work rather than the
+    clock, so that its answer depends on the input alone (deterministic ``auto`` picks only such backends)."""
 
     def available(self) -> bool:
         """True when the solver library can be imported (found without loading it)."""

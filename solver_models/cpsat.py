@@ -160,6 +160,8 @@ CPSAT_IMPORT_MS = 400.0
 
 class CpSatBackend:
     name = "cpsat"
+    deterministic_limits = True
+    """In deterministic mode every solve stops at a deterministic limit (DETERMINISTIC_TIME_SHARE), not the clock."""
 
     def available(self) -> bool:
         """Whether OR-Tools is installed, found without loading it (loading takes a few hundred ms)."""

@@ -393,6 +393,11 @@ development machine; this leaves room for a busy machine."""
 
 
 class PulpBackend:
+    deterministic_limits = False
+    """HiGHS has no limit on its work at the root node but the clock (its node limit starts after the
+    root, and its callbacks report no LP iterations there), and CBC runs under its time limit alone: a
+    round's answer depends on how fast the machine ran it, in deterministic mode too."""
+
     def __init__(self, solver_name: str) -> None:
         self.name = solver_name
 

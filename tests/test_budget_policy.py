@@ -183,11 +183,13 @@ class Recorder:
 
 
 class Library(Recorder):
-    """A backend whose library may be loaded in this process or not."""
+    """A backend whose library may be loaded in this process or not, and whose solves stop at deterministic
+    limits in deterministic mode or on the clock."""
 
-    def __init__(self, name: str, cold_ms: float, loaded: bool) -> None:
+    def __init__(self, name: str, cold_ms: float, loaded: bool, deterministic_limits: bool = True) -> None:
         super().__init__()
         self.name, self.cold_ms, self.loaded = name, cold_ms, loaded
+        self.deterministic_limits = deterministic_limits
 
     def load_ms(self) -> float:
         return 0.0 if self.loaded else self.cold_ms
@@ -206,6 +208,31 @@ def test_deterministic_auto_counts_every_library_unloaded():
         assert picked.name == "highs"
         normal = backends_module.choose_backend(tables, "auto", 200.0, backends, 10.0)
         assert normal.name == ("cpsat" if loaded else "highs")
+
+
+def test_deterministic_auto_picks_only_backends_with_deterministic_limits():
+    """A backend that stops on the clock answers by the machine's speed: deterministic auto passes it over,
+    says why, and names the fixes; normal auto and a request by name still run it."""
+    tables = CostTables.build(problem("auto", 2000.0))
+    clocked = {"cpsat": Library("cpsat", 400.0, True, False), "highs": Library("highs", 100.0, True, False)}
+    picked = backends_module.choose_backend(tables, "auto", 2000.0, clocked, 10.0, deterministic=True)
+    assert picked.name == "heuristic"
+    assert "highs stops on the clock" in picked.skip.why and "cpsat stops on the clock" in picked.skip.why
+    assert "install OR-Tools" in picked.skip.instead and "by name" in picked.skip.instead
+    assert backends_module.choose_backend(tables, "auto", 2000.0, clocked, 10.0).name == "cpsat"
+    assert backends_module.choose_backend(tables, "highs", 2000.0, clocked, 10.0, deterministic=True).name == "highs"
+    mixed = {**clocked, "cpsat": Library("cpsat", 400.0, False, True)}
+    assert backends_module.choose_backend(tables, "auto", 2000.0, mixed, 10.0, deterministic=True).name == "cpsat"
+    short = backends_module.choose_backend(tables, "auto", 200.0, mixed, 10.0, deterministic=True)
+    assert short.name == "heuristic" and short.skip.need_ms is not None
+    assert short.skip.instead is None  # a running service's loaded OR-Tools counts for nothing here
+
+
+def test_only_cp_sat_of_the_built_in_backends_has_deterministic_limits():
+    from solver_models.base import builtin_backends
+
+    limits = {name: b.deterministic_limits for name, b in builtin_backends().items()}
+    assert limits == {"cpsat": True, "highs": False, "cbc": False}
 
 
 def test_the_backend_is_handed_the_policy_s_one_deadline(monkeypatch):
