@@ -136,8 +136,9 @@ class PlanOptions:
         flag="--deterministic",
         help="the plan depends on the input alone: no planning step reads the clock (the heuristic runs all its "
         "strategies, CP-SAT works to deterministic limits derived from the budget), so every rank planning the "
-        "same batch gets the same plan; a loaded machine may take longer than the budget. HiGHS and CBC have "
-        "no deterministic limits: their rounds still stop on the clock",
+        "same batch gets the same plan; a loaded machine may take longer than the budget. `auto` then picks only "
+        "CP-SAT (or the heuristic alone); HiGHS and CBC, asked for by name, have no deterministic limits: their "
+        "rounds still stop on the clock",
         hint="use a JSON boolean.",
     )
     tight_bound: bool = _option(
