@@ -377,7 +377,7 @@ def test_micro_batch_counts_filled_beyond_max_fill_are_tried_last():
     rest = tables.subset(np.sort(np.argsort(-tables.lengths, kind="stable")[24:]))
     planner = HeuristicPlanner(rest)
     counts = planner.micro_batch_counts()
-    full = [n for n in counts[:-1] if planner.total_tokens / (n * rest.n_ranks * planner.capacity) > packing.MAX_FILL]
+    full = [n for n in counts[:-1] if planner.memory_fill(n) > packing.MAX_FILL]
     assert full == counts[:1]
     tried: list[int] = []
     pack = planner._pack_raising

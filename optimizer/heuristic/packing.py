@@ -133,6 +133,11 @@ class HeuristicPlanner:
         least = min(least, most)
         return list(range(least, min(most, max(least + EXTRA_MICRO_BATCHES, self.t.n_samples)) + 1))
 
+    def memory_fill(self, n_micro_batches: int) -> float:
+        """The share of the memory of ``n_micro_batches`` micro-batches (at the smallest per-rank capacity)
+        the batch's tokens fill."""
+        return self.total_tokens / (n_micro_batches * self.t.n_ranks * self.capacity)
+
     # -- 2. target time ---------------------------------------------------------------------
     @cached_property
     def _fastest(self) -> np.ndarray:
@@ -465,8 +470,7 @@ class HeuristicPlanner:
                     best, best_time = search, step
 
         for n_micro_batches in counts:
-            fill = self.total_tokens / (n_micro_batches * self.t.n_ranks * self.capacity)
-            if fill > MAX_FILL and n_micro_batches != counts[-1]:
+            if self.memory_fill(n_micro_batches) > MAX_FILL and n_micro_batches != counts[-1]:
                 full.append(n_micro_batches)
                 continue
             target = self.target_time(n_micro_batches)
