@@ -118,7 +118,7 @@ def others_wait(tables: CostTables, least: np.ndarray) -> np.ndarray:
     others = OtherFill(lengths, least)
     memory = float(tables.rank_capacity.sum())
     total = float(least.sum())
-    fill = np.array([others.without(i, memory - float(lengths[i])) for i in range(lengths.shape[0])])
+    fill = others.without(np.arange(lengths.shape[0]), memory - lengths)
     return np.maximum(0.0, total - least - fill) / tables.n_ranks
 
 

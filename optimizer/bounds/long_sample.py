@@ -60,28 +60,25 @@ class OtherFill:
         self.cum_tokens = np.cumsum(self.tokens)
         self.cum_value = np.cumsum(self.value)
 
-    def _whole(self, budget: float) -> int:
-        """How many samples, in order, fit whole within ``budget`` tokens."""
-        return int(np.searchsorted(self.cum_tokens, budget, side="right"))
+    def _all(self, budget: np.ndarray) -> np.ndarray:
+        """The knapsack of every sample within each of ``budget``'s token budgets: the samples that fit
+        whole, in order, and a share of the next."""
+        n = self.order.shape[0]
+        whole = np.searchsorted(self.cum_tokens, budget, side="right")
+        before = np.maximum(whole - 1, 0)
+        taken = np.where(whole > 0, self.cum_value[before], 0.0)
+        room = budget - np.where(whole > 0, self.cum_tokens[before], 0.0)
+        nxt = np.minimum(whole, n - 1)
+        return taken + np.where(whole < n, self.value[nxt] * room / self.tokens[nxt], 0.0)
 
-    def _all(self, budget: float) -> float:
-        whole = self._whole(budget)
-        taken = float(self.cum_value[whole - 1]) if whole else 0.0
-        if whole < self.order.shape[0]:
-            room = budget - (float(self.cum_tokens[whole - 1]) if whole else 0.0)
-            taken += float(self.value[whole]) * room / float(self.tokens[whole])
-        return taken
-
-    def without(self, h: int, budget: float) -> float:
-        """The knapsack of every sample but ``h`` within ``budget`` tokens. When h comes after the last
-        (partly) taken sample it changes nothing; else the others take what all samples take within
-        ``budget`` plus h's tokens, h (then taken whole) left out."""
-        if budget <= 0:
-            return 0.0
-        pos = int(self.position[h])
-        if pos > self._whole(budget):
-            return self._all(budget)
-        return self._all(budget + float(self.tokens[pos])) - float(self.value[pos])
+    def without(self, rows: np.ndarray, budget: np.ndarray) -> np.ndarray:
+        """For each sample h of ``rows``, the knapsack of every sample but h within its entry of ``budget``
+        tokens. When h comes after the last (partly) taken sample it changes nothing; else the others take
+        what all samples take within the budget plus h's tokens, h (then taken whole) left out."""
+        pos = self.position[rows]
+        after = pos > np.searchsorted(self.cum_tokens, budget, side="right")
+        fill = np.where(after, self._all(budget), self._all(budget + self.tokens[pos]) - self.value[pos])
+        return np.where(budget > 0, fill, 0.0)
 
 
 def long_sample_bound(tables: CostTables, fewest: int, fastest: np.ndarray, least_area: np.ndarray) -> float | None:
@@ -102,13 +99,13 @@ def long_sample_bound(tables: CostTables, fewest: int, fastest: np.ndarray, leas
     total = float(least_area.sum())
     others = OtherFill(lengths, least_area)
     best: float | None = None
-    for h in candidates.tolist():
+    fills = others.without(candidates, capacity - lengths[candidates])
+    for h, fill in zip(candidates.tolist(), fills.tolist(), strict=True):
         j0 = int(tables.min_degree_index[h])
         row_intra, row_inter = intra[h, j0:], inter[h, j0:]
         t = np.where(fits[j0:] & (row_intra < row_inter), row_intra, row_inter)
         area = degrees[j0:] * t
         wait = n_ranks * (constants[j0:] - b + t)
-        fill = others.without(h, capacity - float(lengths[h]))
         head = float(np.min(area + np.maximum(0.0, wait - area - fill)))
         if head > float(least_area[h]) * (1 + 1e-9):
             value = fewest * b + (total - float(least_area[h]) + head) / n_ranks
