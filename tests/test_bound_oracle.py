@@ -22,6 +22,7 @@ from bench.grid import make_problem, resolve_profile
 from bench.workload_catalog import WORKLOADS
 from optimizer.bounds.long_sample import OtherFill, long_sample_bound
 from optimizer.bounds.lower_bounds import _extremes, bound_parts, fewest_micro_batches
+from optimizer.bounds.two_micro_batches import _heads, two_micro_batch_bound
 from optimizer.costs.tables import CostTables
 from optimizer.errors import PlannerError
 from optimizer.problem.documents import problem_from_json
@@ -146,6 +147,88 @@ def test_long_sample_part_matches_a_plain_greedy_reading():
             assert best <= floor * (1 + 1e-9)
         else:
             assert floor * (1 - 1e-12) <= got <= best * (1 + 1e-12)
+
+
+def test_two_micro_batch_part_binds_and_its_wrong_variant_is_caught(monkeypatch):
+    """The two-micro-batch part is the largest on some oracle instances (so the check above tests it),
+    and a wrong variant, where each micro-batch takes half the other samples' work its memory allows,
+    exceeds the optimum on some (so the check can fail)."""
+    binding = wrong_caught = 0
+    real = OtherFill._all
+
+    def halved(self: OtherFill, budget: np.ndarray) -> np.ndarray:
+        return 0.5 * real(self, budget)
+
+    for _, _, _, tables, optimum in _solved_cases():
+        parts = bound_parts(tables)
+        if "two_micro_batches" not in parts:
+            continue
+        others = max(v for k, v in parts.items() if k != "two_micro_batches")
+        binding += parts["two_micro_batches"] > others * 1.001
+        t = tables.for_bounds
+        fastest, least, _ = _extremes(t)
+        with monkeypatch.context() as patched:
+            patched.setattr(OtherFill, "_all", halved)
+            wrong = two_micro_batch_bound(t, fewest_micro_batches(t), fastest, least)
+        wrong_caught += wrong is not None and wrong > optimum * (1 + 1e-9)
+    assert binding >= 10, binding
+    assert wrong_caught >= 1, wrong_caught
+
+
+def test_two_micro_batch_part_is_the_least_over_a_grid_of_lengths():
+    """The part's exact minimum over the micro-batch lengths against a plain search: every split of the
+    heads, the first length on a fine grid (with every point where a head's least area falls) and the
+    second the least on the same grid that gives both micro-batches room for the other samples' work."""
+    checked = 0
+    for _, _, _, tables in list(_cases())[:120]:
+        t = tables.for_bounds
+        if fewest_micro_batches(t) != 2:
+            continue
+        fastest, least, _ = _extremes(t)
+        got = two_micro_batch_bound(t, 2, fastest, least)
+        heads = _heads(t, fastest).tolist()
+        rest = [i for i in range(t.n_samples) if i not in heads]
+        b, n, q = t.group_constant, float(t.n_ranks), float(t.rank_capacity.sum())
+        lengths = t.lengths.astype(float)
+        intra, inter, fits = t.best_placements()
+        sizes = []  # per head: (finish over b, area) on each allowed size
+        for h in heads:
+            row = []
+            for j in range(int(t.min_degree_index[h]), len(t.degrees)):
+                time = float(intra[h, j]) if fits[j] and intra[h, j] < inter[h, j] else float(inter[h, j])
+                row.append((float(t.best_group_constants[j]) - b + time, float(t.degrees[j]) * time))
+            sizes.append(row)
+        work = float(least[rest].sum())
+        top = 3 * (work + sum(min(a for _, a in row) for row in sizes)) / n + max(p for row in sizes for p, _ in row)
+        grid = np.unique(np.concatenate([np.linspace(0.0, top, 3001), [p for row in sizes for p, _ in row]]))
+        fill = OtherFill(lengths[rest], least[rest]) if rest else None
+        best = math.inf
+        for split in range(1 << (len(heads) - 1)):
+            side = [0] + [(split >> (j - 1)) & 1 ^ 1 for j in range(1, len(heads))]
+            rooms = []
+            for m in (0, 1):
+                held = sum(lengths[h] for h, s in zip(heads, side, strict=True) if s == m)
+                cap = float(fill._all(np.array([q - held]))[0]) if fill is not None and held <= q else 0.0
+                if held > q:
+                    cap = -math.inf
+                area = np.zeros_like(grid)
+                for row, s in zip(sizes, side, strict=True):
+                    if s == m:
+                        area = area + np.array([min((a for p, a in row if p <= tau), default=math.inf) for tau in grid])
+                room = np.where((n * grid >= area) & np.isfinite(area), np.minimum(n * grid - area, cap), -math.inf)
+                rooms.append(np.maximum.accumulate(room))
+            for i, tau in enumerate(grid):
+                if rooms[0][i] == -math.inf:
+                    continue
+                k = np.searchsorted(rooms[1], work - max(0.0, min(rooms[0][i], work)) - 1e-12)
+                if k < len(grid):
+                    best = min(best, tau + grid[k])
+        value = min(2 * b + best, 3 * b + float(least.sum()) / n)
+        step = top / 3000
+        assert got <= value * (1 + 1e-9), (got, value)
+        assert got >= value - 2 * step - 1e-9, (got, value)
+        checked += 1
+    assert checked >= 20, checked
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from optimizer.bounds.lower_bounds import (
     single_sample_bound,
 )
 from optimizer.bounds.speed_bound import speed_weighted_bound
+from optimizer.bounds.two_micro_batches import two_micro_batch_bound
 from optimizer.costs.tables import CostTables
 from optimizer.heuristic.strategies import heuristic_plan
 from optimizer.plan.evaluate import assignment_step_time
@@ -97,7 +98,8 @@ def test_bound_equals_the_numpy_reference():
         assert (speed is None) == bool(np.all(tables.rank_speed == tables.rank_speed[0]))
         fastest, least, _ = _extremes(tables)
         longest = long_sample_bound(tables, fewest_micro_batches(tables), fastest, least)
-        assert lower_bound(tables) == max(got, micro_batch_bound(tables), longest or 0.0, speed or 0.0)
+        split = two_micro_batch_bound(tables, fewest_micro_batches(tables), fastest, least)
+        assert lower_bound(tables) == max(got, micro_batch_bound(tables), longest or 0.0, split or 0.0, speed or 0.0)
         floor = got * 1.3
         assert area_bound(tables, floor=floor) == pytest.approx(reference_area(tables, floor=floor), rel=1e-12, abs=0.0)
         checked += 1
@@ -165,6 +167,41 @@ def test_long_sample_bound_by_hand():
     assert lower_bound(tables) == pytest.approx(4.3, rel=1e-12)
     # The optimum (brute force) is 4.45 s: 1.11 times the micro-batch bound, 1.035 times this one.
     assert brute_force_optimum(problem) == pytest.approx(4.45, rel=1e-9)
+
+
+def test_two_micro_batch_bound_by_hand():
+    """Bound 6 against a hand computation: two ranks of 100 tokens, b = 1 s, attention only; a sample of
+    150 tokens (both ranks, 2.7 s), one of 100 (2 s alone, 1.3 s on both ranks) and two of 50 (0.5 s
+    alone)."""
+    profile = {
+        "time": {"quadratic": 2e-4, "linear": 0.0, "sample_constant": 0.0, "group_constant": 1.0},
+        "comm": {"scheme": "ring", "bytes_per_token": 6.0, "bandwidth_bytes_per_s": {"intra": 1e3, "inter": 1e3}},
+        "capacity_tokens_per_rank": 100,
+    }
+    samples = [{"id": f"s{i}", "text_tokens": x} for i, x in enumerate([150, 100, 50, 50])]
+    problem = problem_from_json(
+        {
+            "batch": {"samples": samples},
+            "cluster": {"nodes": 1, "gpus_per_node": 2},
+            "model_preset": "llama3-8b",
+            "profile": profile,
+            "options": {"max_micro_batches": 4},
+        }
+    )
+    tables = CostTables.build(problem)
+    fastest, least, _ = _extremes(tables)
+    # Two micro-batches at least (350 tokens, 200 per micro-batch) and 8.4 rank-seconds of least area:
+    # 1 s + S', 2 S' >= 2 x 1 s + 8.4 s.
+    assert fewest_micro_batches(tables) == 2
+    assert micro_batch_bound(tables) == pytest.approx(6.2, rel=1e-4)
+    # The two long samples cannot share a micro-batch (250 tokens): the 150's lasts 2.7 s, its ranks
+    # full. The other holds the 100 and both 50s (1 rank-second): the 100 alone on a rank keeps that
+    # micro-batch 2 s; on both ranks it takes 2.6 rank-seconds, and (2.6 + 1) / 2 = 1.8 s. 2 + 2.7 + 1.8.
+    # Three micro-batches take 3 + 8.4 / 2 = 7.2 s at least.
+    assert two_micro_batch_bound(tables, 2, fastest, least) == pytest.approx(6.5, rel=1e-12)
+    assert lower_bound(tables) == pytest.approx(6.5, rel=1e-12)
+    # The optimum (brute force) is 6.7 s: the 100 alone on one rank, both 50s on the other.
+    assert brute_force_optimum(problem) == pytest.approx(6.7, rel=1e-9)
 
 
 def test_speed_weighted_bound_holds_for_plans_on_mixed_gpus():
