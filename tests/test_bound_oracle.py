@@ -20,9 +20,9 @@ from oracle_instances import instance
 
 from bench.grid import make_problem, resolve_profile
 from bench.workload_catalog import WORKLOADS
+from optimizer.bounds.few_micro_batches import _heads, few_micro_batch_bound
 from optimizer.bounds.long_sample import OtherFill, long_sample_bound
 from optimizer.bounds.lower_bounds import _extremes, bound_parts, fewest_micro_batches
-from optimizer.bounds.two_micro_batches import _heads, two_micro_batch_bound
 from optimizer.costs.tables import CostTables
 from optimizer.errors import PlannerError
 from optimizer.problem.documents import problem_from_json
@@ -149,8 +149,8 @@ def test_long_sample_part_matches_a_plain_greedy_reading():
             assert floor * (1 - 1e-12) <= got <= best * (1 + 1e-12)
 
 
-def test_two_micro_batch_part_binds_and_its_wrong_variant_is_caught(monkeypatch):
-    """The two-micro-batch part is the largest on some oracle instances (so the check above tests it),
+def test_few_micro_batch_part_binds_and_its_wrong_variant_is_caught(monkeypatch):
+    """The few-micro-batch part is the largest on some oracle instances (so the check above tests it),
     and a wrong variant, where each micro-batch takes half the other samples' work its memory allows,
     exceeds the optimum on some (so the check can fail)."""
     binding = wrong_caught = 0
@@ -161,31 +161,33 @@ def test_two_micro_batch_part_binds_and_its_wrong_variant_is_caught(monkeypatch)
 
     for _, _, _, tables, optimum in _solved_cases():
         parts = bound_parts(tables)
-        if "two_micro_batches" not in parts:
+        if "few_micro_batches" not in parts:
             continue
-        others = max(v for k, v in parts.items() if k != "two_micro_batches")
-        binding += parts["two_micro_batches"] > others * 1.001
+        others = max(v for k, v in parts.items() if k != "few_micro_batches")
+        binding += parts["few_micro_batches"] > others * 1.001
         t = tables.for_bounds
         fastest, least, _ = _extremes(t)
         with monkeypatch.context() as patched:
             patched.setattr(OtherFill, "_all", halved)
-            wrong = two_micro_batch_bound(t, fewest_micro_batches(t), fastest, least)
+            wrong = few_micro_batch_bound(t, fewest_micro_batches(t), fastest, least)
         wrong_caught += wrong is not None and wrong > optimum * (1 + 1e-9)
     assert binding >= 10, binding
     assert wrong_caught >= 1, wrong_caught
 
 
-def test_two_micro_batch_part_is_the_least_over_a_grid_of_lengths():
-    """The part's exact minimum over the micro-batch lengths against a plain search: every split of the
-    heads, the first length on a fine grid (with every point where a head's least area falls) and the
-    second the least on the same grid that gives both micro-batches room for the other samples' work."""
-    checked = 0
+def test_few_micro_batch_part_on_two_against_a_grid_of_lengths():
+    """On batches of two micro-batches at the fewest, the part's minimum over the two lengths (the larger
+    of two sums of per-micro-batch minima) against a plain search of the least sum itself: every split of
+    the heads, the first length on a fine grid (with every point where a head's least area falls) and
+    the second the least on the same grid that gives both micro-batches room for the other samples' work.
+    Never above it (a relaxation), within half a per cent, and equal to it within the grid's step on most."""
+    checked = close = 0
     for _, _, _, tables in list(_cases())[:120]:
         t = tables.for_bounds
         if fewest_micro_batches(t) != 2:
             continue
         fastest, least, _ = _extremes(t)
-        got = two_micro_batch_bound(t, 2, fastest, least)
+        got = few_micro_batch_bound(t, 2, fastest, least)
         heads = _heads(t, fastest).tolist()
         rest = [i for i in range(t.n_samples) if i not in heads]
         b, n, q = t.group_constant, float(t.n_ranks), float(t.rank_capacity.sum())
@@ -226,9 +228,11 @@ def test_two_micro_batch_part_is_the_least_over_a_grid_of_lengths():
         value = min(2 * b + best, 3 * b + float(least.sum()) / n)
         step = top / 3000
         assert got <= value * (1 + 1e-9), (got, value)
-        assert got >= value - 2 * step - 1e-9, (got, value)
+        assert got >= value * 0.995, (got, value)
+        close += got >= value - 2 * step - 1e-9
         checked += 1
     assert checked >= 20, checked
+    assert close >= 0.75 * checked, (close, checked)
 
 
 @pytest.mark.parametrize(

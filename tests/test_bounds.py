@@ -8,6 +8,7 @@ from oracle import brute_force_optimum
 
 from bench.grid import make_problem
 from bench.workload_catalog import WORKLOADS
+from optimizer.bounds.few_micro_batches import few_micro_batch_bound
 from optimizer.bounds.long_sample import long_sample_bound
 from optimizer.bounds.lower_bounds import (
     _extremes,
@@ -18,7 +19,6 @@ from optimizer.bounds.lower_bounds import (
     single_sample_bound,
 )
 from optimizer.bounds.speed_bound import speed_weighted_bound
-from optimizer.bounds.two_micro_batches import two_micro_batch_bound
 from optimizer.costs.tables import CostTables
 from optimizer.heuristic.strategies import heuristic_plan
 from optimizer.plan.evaluate import assignment_step_time
@@ -98,7 +98,7 @@ def test_bound_equals_the_numpy_reference():
         assert (speed is None) == bool(np.all(tables.rank_speed == tables.rank_speed[0]))
         fastest, least, _ = _extremes(tables)
         longest = long_sample_bound(tables, fewest_micro_batches(tables), fastest, least)
-        split = two_micro_batch_bound(tables, fewest_micro_batches(tables), fastest, least)
+        split = few_micro_batch_bound(tables, fewest_micro_batches(tables), fastest, least)
         assert lower_bound(tables) == max(got, micro_batch_bound(tables), longest or 0.0, split or 0.0, speed or 0.0)
         floor = got * 1.3
         assert area_bound(tables, floor=floor) == pytest.approx(reference_area(tables, floor=floor), rel=1e-12, abs=0.0)
@@ -169,7 +169,7 @@ def test_long_sample_bound_by_hand():
     assert brute_force_optimum(problem) == pytest.approx(4.45, rel=1e-9)
 
 
-def test_two_micro_batch_bound_by_hand():
+def test_few_micro_batch_bound_by_hand():
     """Bound 6 against a hand computation: two ranks of 100 tokens, b = 1 s, attention only; a sample of
     150 tokens (both ranks, 2.7 s), one of 100 (2 s alone, 1.3 s on both ranks) and two of 50 (0.5 s
     alone)."""
@@ -198,7 +198,7 @@ def test_two_micro_batch_bound_by_hand():
     # full. The other holds the 100 and both 50s (1 rank-second): the 100 alone on a rank keeps that
     # micro-batch 2 s; on both ranks it takes 2.6 rank-seconds, and (2.6 + 1) / 2 = 1.8 s. 2 + 2.7 + 1.8.
     # Three micro-batches take 3 + 8.4 / 2 = 7.2 s at least.
-    assert two_micro_batch_bound(tables, 2, fastest, least) == pytest.approx(6.5, rel=1e-12)
+    assert few_micro_batch_bound(tables, 2, fastest, least) == pytest.approx(6.5, rel=1e-12)
     assert lower_bound(tables) == pytest.approx(6.5, rel=1e-12)
     # The optimum (brute force) is 6.7 s: the 100 alone on one rank, both 50s on the other.
     assert brute_force_optimum(problem) == pytest.approx(6.7, rel=1e-9)

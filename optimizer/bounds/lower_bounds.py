@@ -23,8 +23,8 @@ micro-batches; the profile's per-step constant is added to the plan and its boun
 4. Mixed GPU types: rank-seconds weighted by each rank's speed (:mod:`optimizer.bounds.speed_bound`).
 5. The micro-batch of a slow sample: its ranks wait for it unless memory lets other samples fill
    them, or it runs on a larger, costlier group (:mod:`optimizer.bounds.long_sample`).
-6. Two micro-batches at the fewest: how the slowest samples split between them, each micro-batch's
-   memory capping the work it can take off the other (:mod:`optimizer.bounds.two_micro_batches`).
+6. A few micro-batches at the fewest: how the slowest samples split among them, each micro-batch's
+   memory capping the work it can take off the others (:mod:`optimizer.bounds.few_micro_batches`).
 The solver backends add LP-relaxation bounds on top of these.
 """
 
@@ -36,9 +36,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from optimizer.bounds.bound_kernels import area_frontiers, area_search, sample_extremes
+from optimizer.bounds.few_micro_batches import few_micro_batch_bound
 from optimizer.bounds.long_sample import long_sample_bound
 from optimizer.bounds.speed_bound import speed_weighted_bound
-from optimizer.bounds.two_micro_batches import two_micro_batch_bound
 from optimizer.costs.tables import CostTables
 from optimizer.problem.degrees import group_capacities
 
@@ -164,9 +164,9 @@ def bound_parts(tables: CostTables) -> dict[str, float]:
     slow = long_sample_bound(tables, fewest, extremes[0], extremes[1])
     if slow is not None:
         parts["long_sample"] = slow
-    split = two_micro_batch_bound(tables, fewest, extremes[0], extremes[1])
+    split = few_micro_batch_bound(tables, fewest, extremes[0], extremes[1])
     if split is not None:
-        parts["two_micro_batches"] = split
+        parts["few_micro_batches"] = split
     speed = speed_weighted_bound(tables, fewest)  # mixed GPU types only
     if speed is not None:
         parts["speed"] = speed
