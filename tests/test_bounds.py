@@ -135,18 +135,16 @@ def test_micro_batch_bound_is_the_stronger_when_the_per_micro_batch_constant_dom
     assert lower_bound(tables) <= plan_time <= 10.2 + 1e-9
 
 
-def test_long_sample_bound_by_hand():
-    """Bound 5 against a hand computation: two ranks of 100 tokens, b = 1 s, attention only; one slow
-    sample that fills a rank (2 s alone, 1 s + 0.3 s of transfer on both ranks), three of 50 tokens
-    (0.5 s alone) and four of 25 (0.125 s alone)."""
+def _two_ranks(lengths: list[int]):
+    """Samples of these token counts on two ranks of 100 tokens each, b = 1 s, attention only (2e-4 s per
+    token squared on one rank; on both, half of it plus 6 bytes a token over 1 kB/s of ring transfer)."""
     profile = {
         "time": {"quadratic": 2e-4, "linear": 0.0, "sample_constant": 0.0, "group_constant": 1.0},
         "comm": {"scheme": "ring", "bytes_per_token": 6.0, "bandwidth_bytes_per_s": {"intra": 1e3, "inter": 1e3}},
         "capacity_tokens_per_rank": 100,
     }
-    lengths = [100, 50, 50, 50, 25, 25, 25, 25]
     samples = [{"id": f"s{i}", "text_tokens": x} for i, x in enumerate(lengths)]
-    problem = problem_from_json(
+    return problem_from_json(
         {
             "batch": {"samples": samples},
             "cluster": {"nodes": 1, "gpus_per_node": 2},
@@ -155,6 +153,13 @@ def test_long_sample_bound_by_hand():
             "options": {"max_micro_batches": 4},
         }
     )
+
+
+def test_long_sample_bound_by_hand():
+    """Bound 5 against a hand computation: two ranks of 100 tokens, b = 1 s, attention only; one slow
+    sample that fills a rank (2 s alone, 1 s + 0.3 s of transfer on both ranks), three of 50 tokens
+    (0.5 s alone) and four of 25 (0.125 s alone)."""
+    problem = _two_ranks([100, 50, 50, 50, 25, 25, 25, 25])
     tables = CostTables.build(problem)
     fastest, least, _ = _extremes(tables)
     # Two micro-batches at least (350 tokens, 200 per micro-batch) and 4 rank-seconds of least area:
@@ -173,21 +178,7 @@ def test_few_micro_batch_bound_by_hand():
     """Bound 6 against a hand computation: two ranks of 100 tokens, b = 1 s, attention only; a sample of
     150 tokens (both ranks, 2.7 s), one of 100 (2 s alone, 1.3 s on both ranks) and two of 50 (0.5 s
     alone)."""
-    profile = {
-        "time": {"quadratic": 2e-4, "linear": 0.0, "sample_constant": 0.0, "group_constant": 1.0},
-        "comm": {"scheme": "ring", "bytes_per_token": 6.0, "bandwidth_bytes_per_s": {"intra": 1e3, "inter": 1e3}},
-        "capacity_tokens_per_rank": 100,
-    }
-    samples = [{"id": f"s{i}", "text_tokens": x} for i, x in enumerate([150, 100, 50, 50])]
-    problem = problem_from_json(
-        {
-            "batch": {"samples": samples},
-            "cluster": {"nodes": 1, "gpus_per_node": 2},
-            "model_preset": "llama3-8b",
-            "profile": profile,
-            "options": {"max_micro_batches": 4},
-        }
-    )
+    problem = _two_ranks([150, 100, 50, 50])
     tables = CostTables.build(problem)
     fastest, least, _ = _extremes(tables)
     # Two micro-batches at least (350 tokens, 200 per micro-batch) and 8.4 rank-seconds of least area:
