@@ -224,10 +224,13 @@ def test_compiled_matrices_equal_numpy_to_the_bit(case):
         _numpy_matrix(tables, False, fast),
     )
     some = [len(tables.degrees) - 1, 0, len(tables.degrees) // 2]
+    rows = np.array([tables.n_samples - 1, 0, tables.n_samples // 2])
     assert np.array_equal(tables.best_time_columns(some), expected[:, some].T)  # before the table exists
+    assert np.array_equal(tables.best_time_rows(rows), expected[rows])
     assert "best_time" not in tables.__dict__
     assert np.array_equal(tables.best_time, expected)
     assert np.array_equal(tables.best_time_columns(some), expected[:, some].T)
+    assert np.array_equal(tables.best_time_rows(rows), expected[rows])
     from optimizer.costs.tables import vision_work
 
     assert np.array_equal(tables.vision, [vision_work(tables.profile, s) for s in tables.problem.batch.samples])

@@ -117,8 +117,7 @@ def few_micro_batch_bound(tables: CostTables, fewest: int, fastest: np.ndarray, 
     n_ranks = float(tables.n_ranks)
     capacity = float(tables.rank_capacity.sum())
     lengths = tables.lengths.astype(np.float64)
-    intra, inter, fits = tables.best_placements()
-    time = np.where(fits[None, :] & (intra[heads] < inter[heads]), intra[heads], inter[heads])
+    time = tables.best_time_rows(heads)
     allowed = np.arange(len(tables.degrees))[None, :] >= tables.min_degree_index[heads][:, None]
     phi = np.where(allowed, tables.best_group_constants[None, :] - b + time, np.inf)
     area = np.where(allowed, tables.degrees.astype(np.float64)[None, :] * time, np.inf)

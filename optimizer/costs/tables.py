@@ -387,6 +387,16 @@ class CostTables:
         fill_best_columns(*self.best_placements(), np.asarray(columns, dtype=np.int64), out)
         return out
 
+    def best_time_rows(self, rows: np.ndarray) -> np.ndarray:
+        """[len(rows), D] the rows ``rows`` of :attr:`best_time`, without building the whole table when it
+        is not built yet."""
+        if "best_time" in self.__dict__:
+            return self.best_time[rows]
+        intra, inter, fits = self.best_placements()
+        out = np.empty((len(rows), len(self.degrees)))
+        fill_best_time(intra[rows], inter[rows], fits, out)
+        return out
+
     @cached_property
     def min_degree_index(self) -> np.ndarray:
         """[n] index into ``degrees`` of the smallest size on which each sample fits in memory (alone, at
