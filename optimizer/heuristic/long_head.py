@@ -316,7 +316,7 @@ class LongHead:
             seen.add(key)
             if len(seen) > SHORTLIST or late():
                 break
-            estimate = t0 + max(lower_bound(self.tables.subset(rest)), self.rest_estimate(rest))
+            estimate = t0 + max(lower_bound(self.tables.subset(rest), splits=False), self.rest_estimate(rest))
             if estimate < limit:
                 out.append((estimate, t0, groups, rest))
         return sorted(out, key=lambda c: c[0])

@@ -81,7 +81,7 @@ def segmented(
                     head_a = plan_one(head_t, deadline)
                     head_time = assignment_step_time(head_t, head_a)
                     target = rest_time if best is None else min(rest_time, best[0])
-                    if head_time + lower_bound(tail_t) >= target * (1 - 1e-9):
+                    if head_time + lower_bound(tail_t, splits=False) >= target * (1 - 1e-9):
                         continue  # the rest cannot make up for this head
                     tail_a = plan_one(tail_t, deadline)
                     if fixed_mbs + len(head_a.micro_batches) + len(tail_a.micro_batches) > limit:

@@ -133,7 +133,7 @@ def heuristic_plan(
         return best
     best_time = math.inf if best is None else assignment_step_time(tables, best)
     if bound is None:
-        bound = lower_bound(tables)
+        bound = lower_bound(tables, splits=False)
     if best is not None and best_time <= bound * (1 + GOOD_ENOUGH):
         return best
 
