@@ -154,7 +154,7 @@ def test_few_micro_batch_part_binds_and_its_wrong_variant_is_caught(monkeypatch)
     and a wrong variant, where each micro-batch takes half the other samples' work its memory allows,
     exceeds the optimum on some (so the check can fail)."""
     binding = wrong_caught = 0
-    real = OtherFill._all
+    real = OtherFill.within
 
     def halved(self: OtherFill, budget: np.ndarray) -> np.ndarray:
         return 0.5 * real(self, budget)
@@ -168,7 +168,7 @@ def test_few_micro_batch_part_binds_and_its_wrong_variant_is_caught(monkeypatch)
         t = tables.for_bounds
         fastest, least, _ = _extremes(t)
         with monkeypatch.context() as patched:
-            patched.setattr(OtherFill, "_all", halved)
+            patched.setattr(OtherFill, "within", halved)
             wrong = few_micro_batch_bound(t, fewest_micro_batches(t), fastest, least)
         wrong_caught += wrong is not None and wrong > optimum * (1 + 1e-9)
     assert binding >= 10, binding
@@ -210,7 +210,7 @@ def test_few_micro_batch_part_on_two_against_a_grid_of_lengths():
             rooms = []
             for m in (0, 1):
                 held = sum(lengths[h] for h, s in zip(heads, side, strict=True) if s == m)
-                cap = float(fill._all(np.array([q - held]))[0]) if fill is not None and held <= q else 0.0
+                cap = float(fill.within(np.array([q - held]))[0]) if fill is not None and held <= q else 0.0
                 if held > q:
                     cap = -math.inf
                 area = np.zeros_like(grid)

@@ -129,14 +129,14 @@ def few_micro_batch_bound(tables: CostTables, fewest: int, fastest: np.ndarray, 
     k = len(heads)
     sets = (np.arange(1, 1 << k)[:, None] >> np.arange(k)[None, :]) & 1 == 1
     held = sets @ lengths[heads]
-    caps = others._all(np.maximum(capacity - held, 0.0)) if others is not None else np.zeros(len(sets))
+    caps = others.within(np.maximum(capacity - held, 0.0)) if others is not None else np.zeros(len(sets))
     a = np.where(sets[:, :, None], per_head[None], 0.0).sum(axis=1)
     length = np.maximum(points[None, :], a / n_ranks)
     room = np.minimum(caps[:, None], np.maximum(0.0, n_ranks * points[None, :] - a))
     shortest = length.min(axis=1)
     waited = (length - room / n_ranks).min(axis=1)
     fits = (held <= capacity) & np.isfinite(shortest)
-    empty_cap = float(others._all(np.array([capacity]))[0]) if others is not None else 0.0
+    empty_cap = float(others.within(np.array([capacity]))[0]) if others is not None else 0.0
     best = np.inf
     for labels in partitions(k, fewest):
         blocks = [sum(1 << i for i, part in enumerate(labels) if part == m) - 1 for m in range(max(labels) + 1)]

@@ -47,9 +47,9 @@ CANDIDATES = 4
 
 
 class OtherFill:
-    """Fractional knapsack of the samples by least area per token, sorted once: :meth:`without` is the
-    most least-area the samples other than h bring within a token budget (an upper bound on F_h of
-    the module docstring)."""
+    """Fractional knapsack of the samples by least area per token, sorted once: :meth:`within` is the
+    most least-area the samples bring within token budgets, :meth:`without` the same for the samples
+    other than h (an upper bound on F_h of the module docstring)."""
 
     def __init__(self, lengths: np.ndarray, area: np.ndarray) -> None:
         self.order = np.argsort(-(area / lengths), kind="stable")
@@ -60,7 +60,7 @@ class OtherFill:
         self.cum_tokens = np.cumsum(self.tokens)
         self.cum_value = np.cumsum(self.value)
 
-    def _all(self, budget: np.ndarray) -> np.ndarray:
+    def within(self, budget: np.ndarray) -> np.ndarray:
         """The knapsack of every sample within each of ``budget``'s token budgets: the samples that fit
         whole, in order, and a share of the next."""
         n = self.order.shape[0]
@@ -77,7 +77,7 @@ class OtherFill:
         what all samples take within the budget plus h's tokens, h (then taken whole) left out."""
         pos = self.position[rows]
         after = pos > np.searchsorted(self.cum_tokens, budget, side="right")
-        fill = np.where(after, self._all(budget), self._all(budget + self.tokens[pos]) - self.value[pos])
+        fill = np.where(after, self.within(budget), self.within(budget + self.tokens[pos]) - self.value[pos])
         return np.where(budget > 0, fill, 0.0)
 
 
