@@ -23,10 +23,16 @@ Candidates are heads of 1 to :data:`HEAD_MAX` samples on rank budgets from their
 (the rest's fewest micro-batches by memory, two when it still holds samples that need groups across nodes beside others,
 times the constant, plus its samples' least rank-seconds over all ranks), then, for the :data:`SHORTLIST` best distinct
 ones, the larger of that and the rest's lower bound. The rest is planned for the best-ranked candidates (:data:`PLANNED`
-of them per head) and for the best one of every micro-batch count of the rest, in the
-order of their estimates, while the deadline allows and while a candidate's estimate is below the best plan found and
-the time left exceeds what the previous candidate took; each planned candidate is polished by the local search before it
+of them per head) and for the best one of every micro-batch count of the rest, in the order of their estimates, while
+the deadline allows, while a candidate's estimate is below the best plan found and while the time left exceeds what the
+previous candidate took; each planned candidate is polished by the local search before it
 is compared. Each next head is built after the best-ranked head before it whose rest could be planned.
+
+A second pass, run when time is left after the first, does the same with wider picks: the candidates ranked up to
+:data:`PLANNED_WIDER` (for the first head, those the first pass left out), then the one among the :data:`QUICK`
+best-ranked whose rest packs fastest by the whole-batch packing alone (the bound ranks rests by what they need at
+least, and rests that need about the same can pack quite differently). It comes second so that a budget that ends
+within the first pass gets the first pass's plans, deeper heads included, as they were.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -45,7 +51,9 @@ from optimizer.heuristic.chunks import join_parts
 from optimizer.heuristic.heap_kernels import pop, push
 from optimizer.heuristic.local_search import POLISH_ROUNDS, LocalSearch
 from optimizer.heuristic.pace import Pace
+from optimizer.heuristic.packing import HeuristicPlanner
 from optimizer.jit import compiled
+from optimizer.plan.evaluate import assignment_step_time
 from optimizer.plan.records import Assignment, GroupAssignment
 
 HEAD_MAX = 12
@@ -55,7 +63,12 @@ BUDGET_STEPS = 8
 SHORTLIST = 32
 """Candidates whose rest gets a lower bound, per head."""
 PLANNED = 2
-"""Candidates whose rest is planned, per head micro-batch (besides the best of each micro-batch count of the rest)."""
+"""Candidates whose rest is planned per head micro-batch in the first pass, best estimate first (besides the best of
+each micro-batch count of the rest)."""
+PLANNED_WIDER = 4
+"""The same in the second pass, which plans those the first left out, and the quickest packing among :data:`QUICK`."""
+QUICK = 8
+"""Best-ranked candidates whose rest is also packed by the whole-batch packing alone, the fastest of them planned."""
 HEADS = 6
 """Most head micro-batches built one after another: on memory-tight batches whose long samples fill several
 micro-batches, each head of the next longest samples pays (gpt7b and gpt30b long-text batches on 64 ranks).
@@ -63,6 +76,8 @@ Past the second, a head is begun only while the time left is at least the time t
 that a budget leaves the polish of the plan after them its share."""
 
 RestPlanner = Callable[[CostTables, float | None], Assignment]
+Candidate = tuple[float, float, list[GroupAssignment], np.ndarray]
+"""(estimate, the head's time T0, the first micro-batch's groups, the rest's sample rows)."""
 
 
 @compiled
@@ -273,13 +288,11 @@ class LongHead:
         """Every sample's time on a group of d ranks (within a node or not; the slowest GPU)."""
         return self._matrix(intra)[:, self.tables.degree_index[d]]
 
-    def ranked(
-        self, limit: float, deadline: float | None
-    ) -> list[tuple[float, float, list[GroupAssignment], np.ndarray]]:
+    def ranked(self, limit: float, deadline: float | None) -> list[Candidate]:
         """Candidates as (estimate, T0, groups, rest rows), best estimate first; only those whose
         estimate (T0 plus the rest's lower bound) is below ``limit``. The :data:`SHORTLIST` best by a
         quicker estimate (:meth:`rest_estimate`) get the rest's lower bound."""
-        quick: list[tuple[float, float, list[GroupAssignment], np.ndarray]] = []
+        quick: list[Candidate] = []
 
         def late() -> bool:
             return deadline is not None and time.perf_counter() > deadline
@@ -326,6 +339,22 @@ class LongHead:
         samples' least rank-seconds spread over every rank."""
         return self.rest_count(rest) * self.tables.group_constant + float(self._area[rest].sum()) / self.tables.n_ranks
 
+    def quickest_rest(self, candidates: list[Candidate], deadline: float | None) -> int | None:
+        """Which of ``candidates`` has the least T0 plus its rest's step time under the whole-batch packing
+        (:class:`optimizer.heuristic.packing.HeuristicPlanner`); None when none packs by the deadline."""
+        best: tuple[float, int] | None = None
+        for i, (_, t0, _, rest) in enumerate(candidates):
+            if deadline is not None and time.perf_counter() > deadline:
+                break
+            sub = self.tables.subset(rest)
+            try:
+                step = t0 + assignment_step_time(sub, HeuristicPlanner(sub).plan(deadline))
+            except InfeasibleError:
+                continue
+            if best is None or step < best[0]:
+                best = (step, i)
+        return None if best is None else best[1]
+
     def rest_count(self, rest: np.ndarray) -> int:
         """The micro-batches :meth:`rest_estimate` counts for the rest."""
         tables = self.tables
@@ -341,28 +370,50 @@ class LongHead:
         return sorted({min(n, step * i) for i in range(1, BUDGET_STEPS + 1)})
 
 
-def picks(
-    head: LongHead, limit: float, deadline: float | None, planned: int
-) -> list[tuple[float, float, list[GroupAssignment], np.ndarray]]:
-    """The candidates whose rest is planned, best estimate first: the ``planned`` best, and the best of
-    every micro-batch count of the rest (the count is the plan's largest discrete choice, and the
-    estimates of different counts err differently)."""
-    ranked = head.ranked(limit, deadline)
+def picks(head: LongHead, ranked: list[Candidate], planned: int) -> list[int]:
+    """Which of the ``ranked`` candidates (best estimate first) to plan, in that order: the ``planned`` best, and the
+    best of every micro-batch count of the rest (the count is the plan's largest discrete choice, and the estimates
+    of different counts err differently)."""
     counts: set[int] = set()
-    out = []
+    chosen = []
     for i, cand in enumerate(ranked):
         count = head.rest_count(cand[3])
         if i < planned or count not in counts:
-            out.append(cand)
+            chosen.append(i)
         counts.add(count)
-    return out
+    return chosen
+
+
+def candidates(
+    head: LongHead, limit: float, deadline: float | None, wider: bool, first_head: bool
+) -> Iterator[Candidate]:
+    """The candidates to plan, in order: the :func:`picks` of the ranking with :data:`PLANNED` best; with ``wider``
+    those with :data:`PLANNED_WIDER` best (on the ``first_head``, only those the first pass did not plan: its ranking
+    is the first pass's), then the one among the :data:`QUICK` best-ranked whose rest packs fastest, when the picks
+    left it out (its packings are made only when the caller asks for it)."""
+    ranked = head.ranked(limit, deadline)
+    if not wider:
+        yield from (ranked[i] for i in picks(head, ranked, PLANNED))
+        return
+    done = set(picks(head, ranked, PLANNED)) if first_head else set()
+    chosen = picks(head, ranked, PLANNED_WIDER)
+    yield from (ranked[i] for i in chosen if i not in done)
+    quickest = head.quickest_rest(ranked[:QUICK], deadline)
+    if quickest is not None and quickest not in chosen:
+        yield ranked[quickest]
 
 
 def long_head_plan(
-    tables: CostTables, plan_rest: RestPlanner, best_time: float, deadline: float | None, whole_s: float = 0.0
+    tables: CostTables,
+    plan_rest: RestPlanner,
+    best_time: float,
+    deadline: float | None,
+    whole_s: float = 0.0,
+    wider: bool = False,
 ) -> tuple[Assignment, float] | None:
     """The best plan of the module docstring's candidates that beats ``best_time``, or None
-    (``whole_s``: seconds one plan of the whole batch took, the estimate of a first rest's time)."""
+    (``whole_s``: seconds one plan of the whole batch took, the estimate of a first rest's time; ``wider``: the
+    second pass, which plans the candidates the first left out)."""
     if tables.n_samples < 3 or tables.problem.options.micro_batch_limit < 2:
         return None
     n = tables.n_samples
@@ -388,7 +439,7 @@ def long_head_plan(
         sub = tables if rows.size == n else tables.subset(rows)
         target = best_time if found is None else found[1]
         follow: tuple[float, tuple[GroupAssignment, ...], float, np.ndarray] | None = None
-        for estimate, t0, groups, rest in picks(LongHead(sub), target - prefix_time, deadline, PLANNED):
+        for estimate, t0, groups, rest in candidates(LongHead(sub), target - prefix_time, deadline, wider, not prefix):
             target = best_time if found is None else found[1]
             if prefix_time + estimate >= target * (1 - 1e-9) or expired():
                 break

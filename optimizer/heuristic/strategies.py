@@ -194,11 +194,13 @@ def heuristic_plan(
         )
         if best_time < before:
             polish()
-    if long_head and not expired():
+    for wider in (False, True) if long_head else ():
+        if expired():
+            break
         found = long_head_plan(
-            tables, lambda sub, d: heuristic_plan(sub, d, long_head=False), best_time, deadline, whole_s
+            tables, lambda sub, d: heuristic_plan(sub, d, long_head=False), best_time, deadline, whole_s, wider
         )
-        keep("long head", *(found or (None,)))
+        keep("long head, wider" if wider else "long head", *(found or (None,)))
         if found is not None and best_time <= found[1]:
             polish()
     return best
