@@ -144,7 +144,15 @@ def _counting(monkeypatch) -> list[int]:
 
 
 def test_the_heuristic_alone_runs_no_lp_unless_asked(monkeypatch):
+    from optimizer.heuristic import long_head
+    from planning.planner import warm_up
+
+    warm_up()  # the warm-up's own plans run the LP; counted from here, only this test's are
     calls = _counting(monkeypatch)
+    # Without the long head's second pass, which searches until the deadline: both plans then get the
+    # same search however much time the LP takes (deterministic mode would run the LP unasked).
+    monkeypatch.setattr(long_head, "PLANNED_WIDER", long_head.PLANNED)
+    monkeypatch.setattr(long_head, "QUICK", 0)
     problem = _case(1000.0, backend="heuristic")
     result = plan(problem)
     assert calls == []
