@@ -7,7 +7,6 @@ The store's schema is brought to the newest migration when the app is created.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import threading
@@ -35,6 +34,7 @@ from api.service.settings import Settings
 from api.store import Store
 from api.store.migrate import upgrade
 from api.store.repository import utcnow
+from optimizer.gc_pause import freeze_long_lived
 from planning.planner import warm_up_service as warm_up
 
 log = logging.getLogger("api")
@@ -82,9 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await asyncio.to_thread(warm_up)
         # Plan-ahead requests an earlier process accepted and never answered are solved now, beside new requests.
         threading.Thread(target=_resume, args=(service, started_at), name="dhp-resume", daemon=True).start()
-        # What exists at start-up lives as long as the process: keep it out of every garbage collection.
-        gc.collect()
-        gc.freeze()
+        freeze_long_lived()  # what exists at start-up lives as long as the process (optimizer.gc_pause)
         yield
         service.pool.shutdown()
         store.close()

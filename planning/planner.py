@@ -52,7 +52,7 @@ from optimizer.bounds.lower_bounds import bound_parts, memory_proof, quick_bound
 from optimizer.bounds.tightness import tightness_note
 from optimizer.costs.tables import CostTables
 from optimizer.errors import InfeasibleError, ProblemError
-from optimizer.gc_pause import collector_paused
+from optimizer.gc_pause import collector_paused, freeze_long_lived
 from optimizer.heuristic.roomy_ranks import roomy_plan
 from optimizer.heuristic.static_layout import best_static, no_static_reason
 from optimizer.heuristic.strategies import heuristic_plan
@@ -510,11 +510,11 @@ def warm_up_service() -> list[str]:
     (for a long-running process, at start-up); returns the solver modules now loaded. The process
     keeps the memory it frees from then on (:mod:`planning.allocator`).
 
-    Then everything loaded so far is frozen out of the cyclic collector (``gc.freeze``): code and
-    libraries live as long as the process, and a full collection that walks them (60 to 130 ms once
-    OR-Tools, HiGHS and PuLP are loaded, measured on the 2-core development machine) would stall every
-    planning thread past its budget."""
-    import gc
+    Then everything loaded so far is frozen out of the cyclic collector
+    (:func:`optimizer.gc_pause.freeze_long_lived`), the solver libraries too: code and libraries live as
+    long as the process, and a full collection that walks them (60 to 130 ms once OR-Tools, HiGHS and
+    PuLP are loaded, measured on the 2-core development machine) would stall every planning thread past
+    its budget."""
     import importlib
 
     from planning.allocator import retain_freed_memory
@@ -531,6 +531,5 @@ def warm_up_service() -> list[str]:
     from solver_models import available_backends
 
     available_backends()
-    gc.collect()
-    gc.freeze()
+    freeze_long_lived()
     return loaded

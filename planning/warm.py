@@ -13,7 +13,9 @@ while that runs pauses it after its current request (:func:`warmed`). ``dhp plan
 its process, skips it (``plan(warm=False)``): its budget counts from the process's start, and its plan
 runs the kernels' Python forms or loads the compiled ones it runs, as :mod:`planning.kernel_choice`
 decides. The fixed work's rates on this machine (:mod:`planning.fixed_work`), which the planner's budget
-decisions read, are measured or read from disk within it.
+decisions read, are measured or read from disk within it. Last, what is loaded by then is frozen out of
+the cyclic collector (:func:`optimizer.gc_pause.freeze_long_lived`), so that no full collection walks it
+within a later plan's budget.
 """
 
 from __future__ import annotations
@@ -179,6 +181,7 @@ def _warm_up(plan: Callable[[Any], Any]) -> float:
     global last_error
     start = time.perf_counter()
     from optimizer import jit
+    from optimizer.gc_pause import freeze_long_lived
     from optimizer.problem.documents import problem_from_json
 
     jit.load()  # a process that warms up plans again: the compiled kernels pay (optimizer.jit)
@@ -204,5 +207,7 @@ def _warm_up(plan: Callable[[Any], Any]) -> float:
         fixed_work.rates()  # measured by now (the first plan's budget check asks for them); never raises
     if fixed_work.last_error:
         errors.append(f"measuring the fixed work: {fixed_work.last_error}")
+    with _request():
+        freeze_long_lived()  # what is loaded by now lives as long as the process (optimizer.gc_pause)
     last_error = "; ".join(errors) or None
     return (time.perf_counter() - start) * 1000.0

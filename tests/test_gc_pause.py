@@ -100,3 +100,44 @@ def test_the_solver_wait_collects_the_middle_generation_before_its_threshold() -
         )  # the middle generation was collected here, not when the plan resumes the collector
     finally:
         gc.enable()
+
+
+def test_a_pause_that_loads_a_module_freezes_what_is_alive(tmp_path, monkeypatch) -> None:
+    """A library loaded by a plan lives as long as the process: the pause keeps it out of later full collections."""
+    import importlib
+
+    (tmp_path / "dhp_freshly_loaded.py").write_text("TABLE = [{'k': i} for i in range(1000)]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    gc.unfreeze()
+    try:
+        with collector_paused():
+            assert gc.get_freeze_count() == 0
+            with collector_paused():
+                module = importlib.import_module("dhp_freshly_loaded")
+            assert gc.get_freeze_count() == 0  # only the outermost pause freezes
+        assert gc.get_freeze_count() > len(module.TABLE)
+        assert all(x is not module.TABLE for x in gc.get_objects())  # out of the collector's generations
+        before = gc.get_freeze_count()
+        with collector_paused():
+            [{"k": i} for i in range(1000)]
+        assert gc.get_freeze_count() == before  # nothing loaded: nothing frozen
+    finally:
+        gc.unfreeze()
+        monkeypatch.delitem(__import__("sys").modules, "dhp_freshly_loaded")
+
+
+def test_the_warm_up_leaves_full_collections_only_what_is_made_after_it() -> None:
+    """In a fresh process: after the warm-up, a full collection walks almost nothing (module docstring)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import gc\n"
+        "from planning.planner import warm_up\n"
+        "warm_up()\n"
+        "print(gc.get_freeze_count(), len(gc.get_objects()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    frozen, tracked = map(int, out.stdout.split()[-2:])
+    assert frozen > 20_000
+    assert tracked < frozen / 20
