@@ -423,3 +423,39 @@ def test_the_rest_that_packs_fastest_is_planned_though_its_bound_ranks_it_lower(
         assert plan is not None and check_assignment(problem, plan[0]).ok
         found[quick] = plan[1]
     assert found[long_head.QUICK] < min(first[1], found[0]) * 0.95
+
+
+def test_groups_within_nodes_pay_on_mixed_gpus_where_the_packings_cross_nodes(monkeypatch):
+    """On a cluster of H100s and A100s the packings price every group at the A100's speed, where crossing nodes
+    costs little; the plan with every group inside a node is then faster: on a bench anyres batch under
+    ``stress-mixed-gpu`` (128 samples on 64 ranks, seed 1) by more than 3% (deterministic: no deadline)."""
+    from bench.grid import make_problem, resolve_profile
+    from bench.workload_catalog import get_workload
+    from optimizer import jit
+    from optimizer.heuristic import strategies
+
+    jit.load()  # the compiled kernels: two whole heuristic runs
+    problem = make_problem(get_workload("anyres"), 64, 128, 1, 1000.0, resolve_profile("stress-mixed-gpu"), 512)
+    tables = CostTables.build(problem)
+    local = strategies.within_nodes(tables)
+    assert local is not None and int(local.degrees[-1]) == tables.node_size
+    report: dict = {}
+    plan = heuristic_plan(tables, report=report)
+    assert report["strategy"] == "within nodes" and check_assignment(problem, plan).ok
+    assert all(len({int(tables.rank_node[r]) for r in ranks}) == 1 for mb in plan.micro_batches for ranks, _ in mb)
+    monkeypatch.setattr(strategies, "within_nodes", lambda tables: None)
+    across = heuristic_plan(tables)
+    assert assignment_step_time(tables, plan) < assignment_step_time(tables, across) * 0.97
+
+
+def test_groups_stay_free_to_cross_nodes_on_one_gpu_type_or_with_samples_longer_than_a_node():
+    from bench.grid import make_problem, resolve_profile
+    from bench.workload_catalog import get_workload
+    from optimizer.heuristic.strategies import within_nodes
+
+    one_type = make_problem(get_workload("anyres"), 64, 64, 1, 1000.0, resolve_profile("flexsp-gpt7b"), 512)
+    assert within_nodes(CostTables.build(one_type)) is None
+    long = make_problem(get_workload("video"), 64, 64, 0, 1000.0, resolve_profile("stress-mixed-gpu"), 512)
+    tables = CostTables.build(long)
+    assert float(tables.lengths.max()) > float(tables.rank_capacity.min()) * tables.node_size
+    assert within_nodes(tables) is None

@@ -14,6 +14,12 @@
    on wide groups, its other ranks and its groups' idle time filled with the next samples up to
    memory, and the rest planned by strategies 1-4; for memory-tight batches under a large
    per-micro-batch constant, where the fewest micro-batches pay most.
+6. *Within nodes* (:func:`within_nodes`): on a cluster of GPUs of different speeds whose every sample fits
+   one node, strategies 1-5 again with every group inside a node. The packings price every group at the
+   slowest GPU's speed, where crossing nodes adds little to a sample's time (its communication is not
+   slowed, its compute is), and so they choose groups across nodes that cost the fast GPUs far more:
+   under ``stress-mixed-gpu`` a 27,000-token sample takes 14% more rank-seconds on 16 A100s than on 8,
+   and 41% more on 16 H100s than on 8.
 
 The best plan so far is polished by the local search over the whole batch (moves and swaps across
 micro-batches) after the chunks, and again after the segments or the long head when they won.
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from typing import Any
 
 from optimizer.bounds.lower_bounds import fewest_micro_batches, lower_bound
@@ -56,6 +63,19 @@ def floors(tables: CostTables) -> tuple[int, ...]:
     """Group-size floors tried on the whole batch: 1, then the allowed powers of two up to a node."""
     allowed = set(tables.degrees.tolist())
     return (1, *(d for d in (2, 4, 8, 16) if d <= tables.node_size and d in allowed))
+
+
+def within_nodes(tables: CostTables) -> CostTables | None:
+    """The tables with every group within a node, on a cluster of GPUs of different speeds whose every sample
+    fits a node at the smallest rank memory; else None."""
+    node = tables.node_size
+    if float(tables.rank_speed.min()) == float(tables.rank_speed.max()) or int(tables.degrees[-1]) <= node:
+        return None
+    if float(tables.lengths.max()) > float(tables.rank_capacity.min()) * node:
+        return None
+    problem = replace(tables.problem, options=replace(tables.problem.options, max_degree=node))
+    problem.__dict__["ulysses_widths"] = tables.problem.ulysses_widths  # chosen on the whole domain, as for a subset
+    return CostTables.build(problem)
 
 
 def plan_piece(tables: CostTables, deadline: float | None, tried: tuple[int, ...]) -> Assignment:
@@ -194,6 +214,9 @@ def heuristic_plan(
         )
         if best_time < before:
             polish()
+    local = within_nodes(tables) if long_head else None
+    if local is not None and not expired():
+        keep("within nodes", heuristic_plan(local, deadline, bound))
     for wider in (False, True) if long_head else ():
         if expired():
             break
