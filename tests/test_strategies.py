@@ -459,3 +459,35 @@ def test_groups_stay_free_to_cross_nodes_on_one_gpu_type_or_with_samples_longer_
     tables = CostTables.build(long)
     assert float(tables.lengths.max()) > float(tables.rank_capacity.min()) * tables.node_size
     assert within_nodes(tables) is None
+
+
+def test_a_batch_that_only_groups_across_nodes_hold_is_still_planned_on_mixed_gpus():
+    """Three samples of 2.6 ranks' memory each fit a 4-rank node one at a time, and one micro-batch only when
+    a group spans both nodes: planning within nodes finds nothing, and the plan across nodes stands."""
+    profile = {
+        "time": {"quadratic": 5e-9, "linear": 1.8e-4, "sample_constant": 0.0, "group_constant": 0.05},
+        "comm": {"scheme": "ulysses", "bytes_per_token": 2e6, "bandwidth_bytes_per_s": {"intra": 1e11, "inter": 1e10}},
+        "capacity_tokens_per_rank": 2600,
+        "speed_by_gpu": {"A100-80GB": 0.6},
+    }
+    problem = problem_from_json(
+        {
+            "cluster": {
+                "nodes": [{"count": 1, "gpus": 4, "gpu": "H100-SXM"}, {"count": 1, "gpus": 4, "gpu": "A100-80GB"}]
+            },
+            "model_preset": "llama3-8b",
+            "profile": profile,
+            "batch": {"samples": [{"id": f"s{i}", "text_tokens": 6760} for i in range(3)]},
+            "options": {"max_micro_batches": 1},
+        }
+    )
+    tables = CostTables.build(problem)
+    from optimizer.heuristic.strategies import within_nodes
+
+    local = within_nodes(tables)
+    assert local is not None
+    with pytest.raises(InfeasibleError):
+        heuristic_plan(local)
+    plan = heuristic_plan(tables)
+    assert check_assignment(problem, plan).ok
+    assert [len(ranks) for mb in plan.micro_batches for ranks, _ in mb] == [8]

@@ -40,7 +40,7 @@ from typing import Any
 
 from optimizer.bounds.lower_bounds import fewest_micro_batches, lower_bound
 from optimizer.costs.tables import CostTables
-from optimizer.errors import InfeasibleError
+from optimizer.errors import InfeasibleError, ProblemError
 from optimizer.heuristic.chunks import best_chunked
 from optimizer.heuristic.few_samples import few_samples_plan
 from optimizer.heuristic.local_search import POLISH_ROUNDS, LocalSearch
@@ -73,9 +73,14 @@ def within_nodes(tables: CostTables) -> CostTables | None:
         return None
     if float(tables.lengths.max()) > float(tables.rank_capacity.min()) * node:
         return None
-    problem = replace(tables.problem, options=replace(tables.problem.options, max_degree=node))
-    problem.__dict__["ulysses_widths"] = tables.problem.ulysses_widths  # chosen on the whole domain, as for a subset
-    return CostTables.build(problem)
+    try:
+        problem = replace(tables.problem, options=replace(tables.problem.options, max_degree=node))
+        problem.__dict__["ulysses_widths"] = (
+            tables.problem.ulysses_widths
+        )  # chosen on the whole domain, as for a subset
+        return CostTables.build(problem)
+    except ProblemError:  # sizes up to a node that the size rules do not allow
+        return None
 
 
 def plan_piece(tables: CostTables, deadline: float | None, tried: tuple[int, ...]) -> Assignment:
@@ -216,7 +221,10 @@ def heuristic_plan(
             polish()
     local = within_nodes(tables) if long_head else None
     if local is not None and not expired():
-        keep("within nodes", heuristic_plan(local, deadline, bound))
+        try:
+            keep("within nodes", heuristic_plan(local, deadline, bound))
+        except InfeasibleError:
+            lap("within nodes")  # memory that only groups across nodes pool: the plan in hand stands
     for wider in (False, True) if long_head else ():
         if expired():
             break
