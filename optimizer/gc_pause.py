@@ -10,8 +10,8 @@ objects with reference cycles, which must not pile up for the whole budget); :fu
 lets the collector run fully for a stretch inside a pause.
 
 What is alive once a process has warmed up (code, the numerical and solver libraries, their caches)
-lives as long as the process, yet every full collection walks it: 30 to 35 ms on an idle machine once
-the planner's kernels are loaded, 86 ms seen right after a 1 s plan on a busy one (the 2-core
+lives as long as the process, yet every full collection walks it: 30 to 35 ms once the planner's
+kernels are loaded, 86 ms seen as a 1 s plan ended beside its stopped solver's thread (the 2-core
 development machine), enough to carry a plan past its budget when it falls as the pause ends.
 :func:`freeze_long_lived` (called at the end of the warm-up) moves it out of the collector's reach for
 good (``gc.freeze``), after which a full collection walks only what was made since: under 0.1 ms

@@ -75,9 +75,8 @@ def within_nodes(tables: CostTables) -> CostTables | None:
         return None
     try:
         problem = replace(tables.problem, options=replace(tables.problem.options, max_degree=node))
-        problem.__dict__["ulysses_widths"] = (
-            tables.problem.ulysses_widths
-        )  # chosen on the whole domain, as for a subset
+        # A hybrid group's Ulysses width is chosen on the whole domain, as for a subset.
+        problem.__dict__["ulysses_widths"] = tables.problem.ulysses_widths
         return CostTables.build(problem)
     except ProblemError:  # sizes up to a node that the size rules do not allow
         return None
