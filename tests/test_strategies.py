@@ -459,28 +459,34 @@ def test_groups_stay_free_to_cross_nodes_on_one_gpu_type_or_with_samples_longer_
     tables = CostTables.build(long)
     assert float(tables.lengths.max()) > float(tables.rank_capacity.min()) * tables.node_size
     assert within_nodes(tables) is None
+    # Under the sample rule a rank's memory holds one sample at a time: a sample longer than a node still needs
+    # a group across nodes, though the micro-batch's tokens are not capped.
+    one_at_a_time = problem_from_json({**_two_kinds([12000, 3000, 2000]), "options": {"memory": "sample"}})
+    tables = CostTables.build(one_at_a_time)
+    assert within_nodes(tables) is None
+    assert check_assignment(one_at_a_time, heuristic_plan(tables)).ok
 
 
-def test_a_batch_that_only_groups_across_nodes_hold_is_still_planned_on_mixed_gpus():
-    """Three samples of 2.6 ranks' memory each fit a 4-rank node one at a time, and one micro-batch only when
-    a group spans both nodes: planning within nodes finds nothing, and the plan across nodes stands."""
+def _two_kinds(lengths: list[int]) -> dict:
+    """A request on one node of 4 H100s and one of 4 A100s (at 0.6 of the speed), 2,600 tokens a rank."""
     profile = {
         "time": {"quadratic": 5e-9, "linear": 1.8e-4, "sample_constant": 0.0, "group_constant": 0.05},
         "comm": {"scheme": "ulysses", "bytes_per_token": 2e6, "bandwidth_bytes_per_s": {"intra": 1e11, "inter": 1e10}},
         "capacity_tokens_per_rank": 2600,
         "speed_by_gpu": {"A100-80GB": 0.6},
     }
-    problem = problem_from_json(
-        {
-            "cluster": {
-                "nodes": [{"count": 1, "gpus": 4, "gpu": "H100-SXM"}, {"count": 1, "gpus": 4, "gpu": "A100-80GB"}]
-            },
-            "model_preset": "llama3-8b",
-            "profile": profile,
-            "batch": {"samples": [{"id": f"s{i}", "text_tokens": 6760} for i in range(3)]},
-            "options": {"max_micro_batches": 1},
-        }
-    )
+    return {
+        "cluster": {"nodes": [{"count": 1, "gpus": 4, "gpu": "H100-SXM"}, {"count": 1, "gpus": 4, "gpu": "A100-80GB"}]},
+        "model_preset": "llama3-8b",
+        "profile": profile,
+        "batch": {"samples": [{"id": f"s{i}", "text_tokens": n} for i, n in enumerate(lengths)]},
+    }
+
+
+def test_a_batch_that_only_groups_across_nodes_hold_is_still_planned_on_mixed_gpus():
+    """Three samples of 2.6 ranks' memory each fit a 4-rank node one at a time, and one micro-batch only when
+    a group spans both nodes: planning within nodes finds nothing, and the plan across nodes stands."""
+    problem = problem_from_json({**_two_kinds([6760] * 3), "options": {"max_micro_batches": 1}})
     tables = CostTables.build(problem)
     from optimizer.heuristic.strategies import within_nodes
 

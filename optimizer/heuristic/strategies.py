@@ -67,18 +67,18 @@ def floors(tables: CostTables) -> tuple[int, ...]:
 
 def within_nodes(tables: CostTables) -> CostTables | None:
     """The tables with every group within a node, on a cluster of GPUs of different speeds whose every sample
-    fits a node at the smallest rank memory; else None."""
+    fits a node at the smallest rank memory (a sample's own, under either memory rule); else None."""
     node = tables.node_size
     if float(tables.rank_speed.min()) == float(tables.rank_speed.max()) or int(tables.degrees[-1]) <= node:
         return None
-    if float(tables.lengths.max()) > float(tables.rank_capacity.min()) * node:
+    if float(tables.lengths.max()) > float(tables.sample_capacity.min()) * node:
         return None
     try:
         problem = replace(tables.problem, options=replace(tables.problem.options, max_degree=node))
         # A hybrid group's Ulysses width is chosen on the whole domain, as for a subset.
         problem.__dict__["ulysses_widths"] = tables.problem.ulysses_widths
         return CostTables.build(problem)
-    except ProblemError:  # sizes up to a node that the size rules do not allow
+    except (ProblemError, InfeasibleError):  # sizes up to a node that the size rules do not allow
         return None
 
 
