@@ -193,6 +193,16 @@ class CostTables:
         out._matrices.update({key: m[rows] for key, m in self._matrices.items()})
         return out
 
+    def rebuilt(self, **options: Any) -> CostTables:
+        """The tables of the same batch built again with ``options`` replacing planner options (e.g. a smaller
+        ``max_degree``: the sizes, and so the matrices, change). The hybrid groups' Ulysses widths stay those
+        chosen here, as in :meth:`subset`."""
+        from dataclasses import replace
+
+        problem = replace(self.problem, options=replace(self.problem.options, **options))
+        problem.__dict__["ulysses_widths"] = self.problem.ulysses_widths
+        return CostTables.build(problem)
+
     @cached_property
     def for_bounds(self) -> CostTables:
         """The tables lower bounds read: these, except under the sample rule on ranks of different

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
 from typing import Any
 
 from optimizer.bounds.lower_bounds import fewest_micro_batches, lower_bound
@@ -74,10 +73,7 @@ def within_nodes(tables: CostTables) -> CostTables | None:
     if float(tables.lengths.max()) > float(tables.sample_capacity.min()) * node:
         return None
     try:
-        problem = replace(tables.problem, options=replace(tables.problem.options, max_degree=node))
-        # A hybrid group's Ulysses width is chosen on the whole domain, as for a subset.
-        problem.__dict__["ulysses_widths"] = tables.problem.ulysses_widths
-        return CostTables.build(problem)
+        return tables.rebuilt(max_degree=node)
     except (ProblemError, InfeasibleError):  # sizes up to a node that the size rules do not allow
         return None
 
