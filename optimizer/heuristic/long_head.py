@@ -41,6 +41,7 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -76,8 +77,6 @@ Past the second, a head is begun only while the time left is at least the time t
 that a budget leaves the polish of the plan after them its share."""
 
 RestPlanner = Callable[[CostTables, float | None], Assignment]
-Candidate = tuple[float, float, list[GroupAssignment], np.ndarray]
-"""(estimate, the head's time T0, the first micro-batch's groups, the rest's sample rows)."""
 
 
 @compiled
@@ -128,6 +127,52 @@ def fill_groups(
         out_group[k] = best
         placed += 1
     return placed
+
+
+@dataclass(frozen=True)
+class Head:
+    """The longest samples each alone on a group: the groups, each one's time and the ranks they use (a mask)."""
+
+    groups: list[GroupAssignment]
+    times: np.ndarray
+    used: np.ndarray
+
+    @property
+    def time(self) -> float:
+        """T0: the slowest head group's time."""
+        return float(self.times.max())
+
+
+@dataclass(frozen=True)
+class Filled:
+    """A head and its fill: the head's groups, the filling groups' ranks (one row each), the samples after the
+    head (longest first) and the group each went to (-1: left for the rest, its index past the filling groups:
+    a head group)."""
+
+    heads: list[GroupAssignment]
+    fills: np.ndarray
+    after: np.ndarray
+    group: np.ndarray
+
+    @property
+    def rest(self) -> np.ndarray:
+        """The rows left for the rest, longest first."""
+        return self.after[self.group < 0]
+
+    def groups(self) -> list[GroupAssignment]:
+        """The first micro-batch's groups: the filling groups that took a sample, then the head's."""
+        everyone = [tuple(r) for r in self.fills.tolist()] + [r for r, _ in self.heads]
+        members: list[list[int]] = [[] for _ in everyone]
+        for h, (_, samples) in enumerate(self.heads):
+            members[len(self.fills) + h] += samples
+        for s, g in zip(self.after.tolist(), self.group.tolist(), strict=True):
+            if g >= 0:
+                members[g].append(s)
+        return [(r, tuple(m)) for r, m in zip(everyone, members, strict=True) if m]
+
+
+Candidate = tuple[float, float, Filled, np.ndarray]
+"""(estimate, the head's time T0, the first micro-batch (:meth:`Filled.groups`), the rest's sample rows)."""
 
 
 class LongHead:
@@ -220,45 +265,44 @@ class LongHead:
             d *= 2
         return out
 
-    def head(self, k: int, sizes: tuple[int, ...]) -> tuple[list[GroupAssignment], float, np.ndarray] | None:
-        """The head's groups (the k longest samples on groups of ``sizes``), its time T0 and which ranks it uses."""
+    def head(self, k: int, sizes: tuple[int, ...]) -> Head | None:
+        """The head's groups (the k longest samples on groups of ``sizes``), their times and which ranks they use."""
         placed = self._place(list(sizes))
         if placed is None:
             return None
         heads: list[GroupAssignment] = [
             (ranks, (int(s),)) for ranks, s in zip(placed, self.order[:k].tolist(), strict=True)
         ]
-        t0 = max(self.tables.group_time(samples, ranks) for ranks, samples in heads)
+        times = np.array([self.tables.group_time(samples, ranks) for ranks, samples in heads])
         used = np.zeros(self.tables.n_ranks, dtype=bool)
         for ranks, _ in heads:
             used[list(ranks)] = True
-        return heads, t0, used
+        return Head(heads, times, used)
 
-    def fill(
-        self, heads: list[GroupAssignment], t0: float, used: np.ndarray, fill: int
-    ) -> tuple[list[GroupAssignment], np.ndarray]:
-        """The first micro-batch's groups and the rest's sample rows when the ranks the head leaves free
-        form groups of ``fill`` ranks (see the module docstring)."""
+    def fill(self, head: Head, fill: int) -> Filled:
+        """Where the next samples go when the ranks the head leaves free form groups of ``fill`` ranks (see
+        the module docstring); :meth:`Filled.groups` lists the first micro-batch's groups."""
         tables = self.tables
         b = tables.group_constant
+        heads, t0 = head.groups, head.time
         rest = self.order[len(heads) :]
-        free = np.flatnonzero(~used)
+        free = np.flatnonzero(~head.used)
         node = tables.rank_node[free]
         first = np.searchsorted(node, node, side="left")  # nodes hold consecutive ranks
         place = np.arange(free.size) - first
         whole = np.bincount(node, minlength=int(tables.rank_node.max()) + 1)[node] // fill * fill
-        fills = list(map(tuple, free[place < whole].reshape(-1, fill).tolist()))
+        fills = free[place < whole].reshape(-1, fill)
         columns = [self._column(fill, True)] + [self._column(len(r), tables.group_span(r)[0]) for r, _ in heads]
-        everyone = fills + [r for r, _ in heads]
+        sizes = np.array([fill] * len(fills) + [len(r) for r, _ in heads], dtype=np.float64)
         if tables.homogeneous:
-            capacity = np.array([len(r) for r in everyone], dtype=np.float64) * float(tables.rank_capacity[0])
+            capacity = sizes * float(tables.rank_capacity[0])
         else:
-            capacity = np.array([len(r) * float(tables.rank_capacity[list(r)].min()) for r in everyone])
-        load = np.zeros(len(everyone))
-        tokens = np.zeros(len(everyone))
-        for h, (ranks, samples) in enumerate(heads):
-            load[len(fills) + h] = tables.group_time(samples, ranks) - b
-            tokens[len(fills) + h] = float(tables.lengths[samples[0]])
+            least = [float(tables.rank_capacity[f].min()) for f in fills]
+            capacity = sizes * np.array(least + [float(tables.rank_capacity[list(r)].min()) for r, _ in heads])
+        load = np.zeros(sizes.size)
+        load[len(fills) :] = head.times - b
+        tokens = np.zeros(sizes.size)
+        tokens[len(fills) :] = [float(tables.lengths[samples[0]]) for _, samples in heads]
         out = np.empty(rest.size, dtype=np.int64)
         fill_groups(
             rest,
@@ -271,13 +315,7 @@ class LongHead:
             t0 - b,
             out,
         )
-        members: list[list[int]] = [[] for _ in everyone]
-        for h, (_, samples) in enumerate(heads):
-            members[len(fills) + h] += samples
-        for s, g in zip(rest.tolist(), out.tolist(), strict=True):
-            if g >= 0:
-                members[g].append(s)
-        return [(r, tuple(m)) for r, m in zip(everyone, members, strict=True) if m], rest[out < 0]
+        return Filled(heads, fills, rest, out)
 
     def _matrix(self, intra: bool) -> np.ndarray:
         if intra not in self._times:
@@ -289,7 +327,7 @@ class LongHead:
         return self._matrix(intra)[:, self.tables.degree_index[d]]
 
     def ranked(self, limit: float, deadline: float | None) -> list[Candidate]:
-        """Candidates as (estimate, T0, groups, rest rows), best estimate first; only those whose
+        """Candidates as (estimate, T0, first micro-batch, rest rows), best estimate first; only those whose
         estimate (T0 plus the rest's lower bound) is below ``limit``. The :data:`SHORTLIST` best by a
         quicker estimate (:meth:`rest_estimate`) get the rest's lower bound."""
         quick: list[Candidate] = []
@@ -312,17 +350,18 @@ class LongHead:
                 head = self.head(k, sizes)
                 if head is None:
                     continue
-                heads, t0, used = head
+                t0 = head.time
                 for fill in self.fill_sizes():
                     if late():
                         break
-                    groups, rest = self.fill(heads, t0, used, fill)
-                    if rest.size and t0 + self.rest_estimate(rest) < limit:
-                        quick.append((t0 + self.rest_estimate(rest), t0, groups, rest))
+                    filled = self.fill(head, fill)
+                    rest = filled.rest
+                    if rest.size and (quick_estimate := t0 + self.rest_estimate(rest)) < limit:
+                        quick.append((quick_estimate, t0, filled, rest))
         quick.sort(key=lambda c: c[0])
         out = []
         seen: set[tuple[float, int, int]] = set()
-        for _, t0, groups, rest in quick:
+        for _, t0, filled, rest in quick:
             key = (t0, rest.size, hash(rest.tobytes()))  # fill sizes that leave the same rest
             if key in seen:
                 continue
@@ -331,7 +370,7 @@ class LongHead:
                 break
             estimate = t0 + max(lower_bound(self.tables.subset(rest), splits=False), self.rest_estimate(rest))
             if estimate < limit:
-                out.append((estimate, t0, groups, rest))
+                out.append((estimate, t0, filled, rest))
         return sorted(out, key=lambda c: c[0])
 
     def rest_estimate(self, rest: np.ndarray) -> float:
@@ -439,7 +478,7 @@ def long_head_plan(
         sub = tables if rows.size == n else tables.subset(rows)
         target = best_time if found is None else found[1]
         follow: tuple[float, tuple[GroupAssignment, ...], float, np.ndarray] | None = None
-        for estimate, t0, groups, rest in candidates(LongHead(sub), target - prefix_time, deadline, wider, not prefix):
+        for estimate, t0, filled, rest in candidates(LongHead(sub), target - prefix_time, deadline, wider, not prefix):
             target = best_time if found is None else found[1]
             if prefix_time + estimate >= target * (1 - 1e-9) or expired():
                 break
@@ -451,7 +490,7 @@ def long_head_plan(
             except InfeasibleError:
                 pace.done()
                 continue
-            first = tuple((ranks, tuple(int(rows[s]) for s in samples)) for ranks, samples in groups)
+            first = tuple((ranks, tuple(int(rows[s]) for s in samples)) for ranks, samples in filled.groups())
             joined = join_parts([(np.arange(n), Assignment((*prefix, first))), (rows[rest], rest_plan)])
             search = LocalSearch(tables, joined, max_rounds=POLISH_ROUNDS)  # the parts were planned apart
             search.run(deadline)
