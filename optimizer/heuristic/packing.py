@@ -37,6 +37,7 @@ from optimizer.heuristic.local_search import LocalSearch, Packing
 from optimizer.heuristic.lpt_kernels import lpt_place
 from optimizer.heuristic.memory_first_kernels import memory_first
 from optimizer.heuristic.placement import place_groups, spread_over_micro_batches
+from optimizer.plan.evaluate import assignment_step_time
 from optimizer.plan.records import Assignment
 
 EXTRA_MICRO_BATCHES = 2
@@ -334,25 +335,27 @@ class HeuristicPlanner:
         return np.lexsort((np.arange(self.lengths.shape[0]), -self.lengths))
 
     def _fewest_memory_first(self, counts: list[int], deadline: float | None = None) -> Assignment | None:
-        """The memory-first packing at the first of ``counts`` that holds the batch, found in a few tries:
-        the first four in order, then ever further (6, 10, 18, ... places in) until one packs, then the
-        gap before it is halved (a count that packs leaves room at the next ones, so this is the count a
-        scan in order finds; that scan took 33 tries of 30 ms on 8 ranks x 1,754 samples). Should no
-        count tried so pack, every count not tried yet is tried in order: no packing is missed.
+        """The memory-first packing with the fewest micro-batches of ``counts``, found in a few tries.
 
-        With a ``deadline``, one pass that opens micro-batches as it needs them (``spread=False``) comes
-        first and bounds the search to fewer micro-batches than it used; the search stops at the
-        deadline with the fewest micro-batches packed so far (each try costs a pass over the batch:
-        14 ms at 6 ranks x 1,362 samples, and such a batch needed 13 tries)."""
+        First one pass that opens micro-batches as it needs them (``spread=False``); it bounds the search
+        to fewer micro-batches than it used. Then the spread packings (``spread=True``): the first four
+        counts in order, then ever further (6, 10, 18, ... places in) until one packs, then the gap before
+        it is halved (a count that packs leaves room at the next ones, so this is the count a scan in order
+        finds; that scan took 33 tries of 30 ms on 8 ranks x 1,754 samples). Should no count tried so pack,
+        every count not tried yet is tried in order: no packing is missed. The faster of the spread
+        packing found and the first pass's is returned: at one count, either can be the faster (gpt7b-like
+        long-text batch on 64 ranks at group-size floor 2, both 6 micro-batches: 35.3 s with the first pass,
+        42.6 s spread, ``stress-group-constant``).
+
+        With a ``deadline`` the search stops there with the fewest micro-batches packed so far (each try
+        costs a pass over the batch: 14 ms at 6 ranks x 1,362 samples, and such a batch needed 13 tries)."""
         tried: dict[int, Assignment | None] = {}
-        quick = None
-        if deadline is not None:
-            quick = self.pack_memory_first(counts[-1], spread=False)
-            if quick is not None:
-                used = len(quick.micro_batches)
-                counts = [c for c in counts if c < used]
-                if not counts or time.perf_counter() > deadline:
-                    return quick
+        quick = self.pack_memory_first(counts[-1], spread=False)
+        if quick is not None:
+            used = len(quick.micro_batches)
+            counts = [c for c in counts if c < used]
+            if not counts or (deadline is not None and time.perf_counter() > deadline):
+                return quick
 
         def at(k: int) -> Assignment | None:
             if k not in tried:
@@ -380,7 +383,10 @@ class HeuristicPlanner:
                 failed = mid
             else:
                 k = mid
-        return at(k)
+        found = at(k)
+        if quick is None or found is None:
+            return found or quick
+        return min((found, quick), key=lambda a: assignment_step_time(self.t, a))
 
     def _place(
         self, g_size: np.ndarray, g_load: np.ndarray, n_micro_batches: int
