@@ -78,6 +78,10 @@ class FlexSPSettings:
     """Most processes its pools start (and SCIP solves at once)."""
     mb_option_num: int = 5
     bucket_num: int = 16
+    reuse: str | None = None
+    """An earlier ``dhp bench --suite flexsp`` run's results.json (``--flexsp-from``): FlexSP's record of each batch
+    is taken from it instead of running the solver. Its answers do not depend on dhp's planner, and that run
+    verified and scored them under the same profiles; a run of FlexSP's whole grid takes hours."""
     timeout_s: float = 7200.0
     """Wall-clock limit of one whole solve; the child processes are ended past it."""
     cache: str | None = None
@@ -110,6 +114,7 @@ class FlexSPSettings:
             "bucket_num": self.bucket_num,
             "timeout_s": self.timeout_s,
             "cache": self.cache,
+            "reuse": self.reuse,
         }
 
 
@@ -126,8 +131,39 @@ def missing(settings: FlexSPSettings) -> str | None:
     return None
 
 
+def stored_records(settings: FlexSPSettings) -> dict[tuple[str, str, int, int, int], dict[str, Any]]:
+    """FlexSP's records in the run ``settings.reuse`` names, by batch (profile, workload, ranks, samples, seed);
+    a ProblemError naming the flag when the file cannot be read or FlexSP ran there with other settings."""
+    path = Path(settings.reuse or "")
+    hint = "give the results.json of an earlier `dhp bench --suite flexsp` run."
+    try:
+        doc = json.loads(path.read_text())
+        stored = doc["spec"]["flexsp"]
+        records = doc["records"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        why = f"cannot read FlexSP's answers from {path}: {exc}"
+        raise ProblemError(why, field="--flexsp-from", hint=hint) from exc
+    for key in ("time_limit_s", "mb_option_num", "bucket_num"):
+        if stored.get(key) != getattr(settings, key):
+            fix = f"--flexsp-time-limit {stored.get(key)}, as that run" if key == "time_limit_s" else "a run of these"
+            raise ProblemError(
+                f"{path} ran FlexSP with {key} {stored.get(key)}, this run with {getattr(settings, key)}",
+                field="--flexsp-from",
+                hint=f"give {fix} (its settings are in that file's spec.flexsp).",
+            )
+    return {
+        (r.get("profile", "analytical"), r["workload"], r["ranks"], r["samples"], r["seed"]): r
+        for r in records
+        if r.get("planner") == "flexsp"
+    }
+
+
 def require(settings: FlexSPSettings) -> None:
-    """Raise a ProblemError naming the flag to fix when FlexSP cannot run."""
+    """Raise a ProblemError naming the flag to fix when FlexSP cannot run (or, with ``reuse``, its answers cannot be
+    read)."""
+    if settings.reuse is not None:
+        stored_records(settings)
+        return
     why = missing(settings)
     if why is not None:
         field = "--flexsp-src" if "source" in why else "pyscipopt"

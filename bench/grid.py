@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bench.flexsp_real import FlexSPSettings
+from bench.flexsp_real import FlexSPSettings, stored_records
 from bench.planners import NAMES, Outcome, Planner, default_planners, planner_for, rules_of, under_rules
 from bench.workload_catalog import Workload, get_workload
 from optimizer.bounds.lower_bounds import lower_bound
@@ -281,6 +281,7 @@ def run_cell(
     saying so."""
     workload = get_workload(workload_name)
     profile_doc = resolve_profile(profile)
+    stored = stored_records(spec.flexsp) if "flexsp" in spec.planners and spec.flexsp.reuse else None
     planners: dict[str, Planner] = {}  # made once per cell, from its first request (cluster, model, profile)
     for seed in range(spec.seeds):
         base = {"workload": workload.name, "ranks": ranks, "samples": n, "seed": seed, "profile": profile}
@@ -314,6 +315,13 @@ def run_cell(
             case = cases[rules]
             if isinstance(case, str):
                 rows.append({**base, "planner": name, "rules": rules, "status": "infeasible", "note": case})
+                tick()
+                continue
+            if name == "flexsp" and stored is not None:
+                kept = reused(stored.get((profile, workload.name, ranks, n, seed)), {**base, "rules": rules}, case)
+                if kept.get("status") == "ok":
+                    steps[name] = kept["step_time_s"]
+                rows.append(kept)
                 tick()
                 continue
             if name not in planners:
@@ -373,6 +381,19 @@ def run_cell(
             if ref is not None and row.get("status") == "ok":
                 row["speedup_over_static_best"] = ref / row["step_time_s"]
             yield row
+
+
+def reused(record: dict[str, Any] | None, base: dict[str, Any], case: RulesCase) -> dict[str, Any]:
+    """FlexSP's row of a batch from an earlier run's ``record`` (:attr:`FlexSPSettings.reuse`), its ratio to this run's
+    bound; skipped when that run did not have the batch."""
+    row = {**base, "planner": "flexsp", "lower_bound_s": case.bound, "bound_source": case.bound_source}
+    if record is None:
+        return {**row, "status": "skipped", "note": "skipped: not in the run given by --flexsp-from"}
+    kept = ("status", "note", "wall_ms", "details", "micro_batches", "step_time_s", "verified_step_time_s")
+    row.update({k: record[k] for k in kept if k in record}, reused=True)
+    if row.get("status") == "ok":
+        row["ratio_to_bound"] = row["step_time_s"] / case.bound if case.bound > 0 else 1.0
+    return row
 
 
 def _raise_bounds(cases: dict[str, RulesCase | str], rows: list[dict[str, Any]]) -> None:

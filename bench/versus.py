@@ -328,7 +328,9 @@ def write(doc: dict[str, Any], out: Path, command: str, plots: bool = True) -> t
         f"Workloads {', '.join(spec['workloads'])}; ranks {', '.join(map(str, spec['ranks']))}; "
         f"samples {', '.join(map(str, spec['samples']))}; {spec['seeds']} seeds; "
         f"profiles {', '.join(spec['profiles'])}. FlexSP: SCIP limit {spec['flexsp']['time_limit_s']:g} s per MILP, "
-        f"at most {spec['flexsp']['workers']} processes, source {spec['flexsp']['src']}. Ran {doc['elapsed_s']:.0f} s.",
+        f"at most {spec['flexsp']['workers']} processes, source {spec['flexsp']['src']}"
+        + (f"; its answers taken from the earlier run {spec['flexsp']['reuse']}" if spec["flexsp"].get("reuse") else "")
+        + f". Ran {doc['elapsed_s']:.0f} s.",
         "",
         "Every step time is the verifier's (`optimizer.verify.verifier.check_assignment`) under the case's profile. "
         "dhp plans with the engine's default options (micro-batches as the defaults allow, "

@@ -170,3 +170,56 @@ def test_quick_suite_runs_flexsp_and_dhp_scored_by_the_verifier(tmp_path, capsys
         tables, FlexSPSettings(time_limit_s=2.0, cache=str(tmp_path / "empty"))
     )  # other inputs: not in that cache
     assert not other.details.get("cached")
+
+
+def _earlier_run(path: Path, time_limit_s: float = 1.0, step_s: float = 10.0) -> Path:
+    """An earlier flexsp-suite run's results.json holding FlexSP's record of the quick suite's batch."""
+    record = {
+        "profile": "flexsp-gpt7b",
+        "workload": "video",
+        "ranks": 16,
+        "samples": 32,
+        "seed": 0,
+        "planner": "flexsp",
+        "rules": "default",
+        "status": "ok",
+        "step_time_s": step_s,
+        "verified_step_time_s": step_s,
+        "micro_batches": 3,
+        "wall_ms": [4321.0],
+        "details": {"solve_wall_s": 4.3},
+    }
+    spec = {"flexsp": {"time_limit_s": time_limit_s, "mb_option_num": 5, "bucket_num": 16}}
+    path.write_text(json.dumps({"spec": spec, "records": [record]}))
+    return path
+
+
+def test_flexsp_answers_are_taken_from_an_earlier_run_without_the_solver(tmp_path):
+    """--flexsp-from: FlexSP's record comes from the earlier run (no solver, here no source either), scored against
+    this run's bound and compared with this run's dhp plans."""
+    earlier = _earlier_run(tmp_path / "earlier.json")
+    out = tmp_path / "r"
+    argv = ["bench", "--suite", "flexsp", "--quick", "--out", str(out), "--flexsp-src", str(tmp_path / "nowhere")]
+    assert main([*argv, "--flexsp-from", str(earlier)]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    recs = {r["planner"]: r for r in doc["records"]}
+    flexsp = recs["flexsp"]
+    assert flexsp["reused"] is True and flexsp["status"] == "ok" and flexsp["step_time_s"] == 10.0
+    assert flexsp["wall_ms"] == [4321.0]
+    assert flexsp["ratio_to_bound"] == pytest.approx(10.0 / flexsp["lower_bound_s"])
+    (case,) = doc["cases"]
+    assert case["dhp_over_flexsp"] == pytest.approx(recs["dhp-default"]["step_time_s"] / 10.0)
+    assert doc["spec"]["flexsp"]["reuse"] == str(earlier)
+    assert "taken from the earlier run" in (out / "report.md").read_text()
+
+
+def test_flexsp_answers_of_other_settings_or_an_unreadable_file_are_refused(tmp_path, capsys):
+    out = str(tmp_path / "r")
+    earlier = _earlier_run(tmp_path / "earlier.json", time_limit_s=2.0)
+    assert main(["bench", "--suite", "flexsp", "--quick", "--out", out, "--flexsp-from", str(earlier)]) == 2
+    err = capsys.readouterr().err
+    assert "time_limit_s 2.0" in err and "--flexsp-time-limit 2.0" in err
+    missing_file = str(tmp_path / "none.json")
+    assert main(["bench", "--suite", "flexsp", "--quick", "--out", out, "--flexsp-from", missing_file]) == 2
+    err = capsys.readouterr().err
+    assert "--flexsp-from" in err and "none.json" in err

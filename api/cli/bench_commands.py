@@ -106,6 +106,13 @@ def register(subparsers: Any) -> None:
         ),
     )
     b.add_argument(
+        "--flexsp-from",
+        help=(
+            "results.json of an earlier flexsp-suite run: FlexSP's answers are taken from it, batch by batch, instead "
+            "of running the solver (same FlexSP settings; FlexSP does not depend on dhp's planner)"
+        ),
+    )
+    b.add_argument(
         "--planners", type=_csv, help="comma-separated planners (default: all; dhp-auto only with an exact backend)"
     )
     b.add_argument("--no-memory", action="store_true", help="skip the tracemalloc peak-memory call")
@@ -180,6 +187,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         time_limit_s=limit,
         workers=2 if args.flexsp_workers is None else args.flexsp_workers,
         cache=args.flexsp_cache,
+        reuse=args.flexsp_from,
     )
     if "flexsp" in kwargs.get("planners", ()) and not args.scaling_only:
         require(kwargs["flexsp"])
