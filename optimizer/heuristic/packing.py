@@ -343,9 +343,9 @@ class HeuristicPlanner:
         it is halved (a count that packs leaves room at the next ones, so this is the count a scan in order
         finds; that scan took 33 tries of 30 ms on 8 ranks x 1,754 samples). Should no count tried so pack,
         every count not tried yet is tried in order: no packing is missed. The faster of the spread
-        packing found and the first pass's is returned: at one count, either can be the faster (gpt7b-like
-        long-text batch on 64 ranks at group-size floor 2, both 6 micro-batches: 35.3 s with the first pass,
-        42.6 s spread, ``stress-group-constant``).
+        packing found and the first pass's is returned: at one count, either can be the faster (the bench
+        grid's long-text batch of seed 2 on 64 ranks under ``stress-group-constant``, group-size floor 2: both
+        6 micro-batches, 35.3 s by the first pass, 42.6 s spread).
 
         With a ``deadline`` the search stops there with the fewest micro-batches packed so far (each try
         costs a pass over the batch: 14 ms at 6 ranks x 1,362 samples, and such a batch needed 13 tries)."""
