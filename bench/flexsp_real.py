@@ -43,6 +43,7 @@ FlexSP may choose is a valid Ulysses size for us too.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import json
@@ -131,9 +132,11 @@ def missing(settings: FlexSPSettings) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=4)
 def stored_records(settings: FlexSPSettings) -> dict[tuple[str, str, int, int, int], dict[str, Any]]:
     """FlexSP's records in the run ``settings.reuse`` names, by batch (profile, workload, ranks, samples, seed);
-    a ProblemError naming the flag when the file cannot be read or FlexSP ran there with other settings."""
+    a ProblemError naming the flag when the file cannot be read or FlexSP ran there with other settings. Read once
+    per settings: every cell of a grid asks for it."""
     path = Path(settings.reuse or "")
     hint = "give the results.json of an earlier `dhp bench --suite flexsp` run."
     try:
