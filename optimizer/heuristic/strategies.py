@@ -5,17 +5,21 @@
    nothing else runs (that keeps planning in milliseconds).
 2. *Group-size floors*: the whole batch again with every group at least 2, 4 or 8 ranks wide
    (within a node), which pools memory when micro-batches are memory-tight (cheap: tried first).
-3. *Sorted chunks* (:mod:`optimizer.heuristic.chunks`): the batch, longest first, cut into micro-batches of
+3. *Static layout* (:func:`optimizer.heuristic.static_layout.best_static`): one group size for the whole
+   batch, scored from its groups' loads (cheap beside a packing). Where it is the fastest plan so far, the
+   local search below starts from it: equal groups are sometimes what the packings miss (on the bench grid,
+   anyres batches on 64 ranks).
+4. *Sorted chunks* (:mod:`optimizer.heuristic.chunks`): the batch, longest first, cut into micro-batches of
    balanced tokens, each planned on its own; for cost models with a large per-micro-batch constant
    and slow links across nodes, where the longest samples should share micro-batches of their own.
-4. *Segments* (:mod:`optimizer.heuristic.segments`): the longest samples split off, with micro-batches of
+5. *Segments* (:mod:`optimizer.heuristic.segments`): the longest samples split off, with micro-batches of
    their own, and the rest planned again.
-5. *Long head* (:mod:`optimizer.heuristic.long_head`): a micro-batch (or two) led by the longest samples
+6. *Long head* (:mod:`optimizer.heuristic.long_head`): a micro-batch (or two) led by the longest samples
    on wide groups, its other ranks and its groups' idle time filled with the next samples up to
-   memory, and the rest planned by strategies 1-4; for memory-tight batches under a large
+   memory, and the rest planned by strategies 1-5; for memory-tight batches under a large
    per-micro-batch constant, where the fewest micro-batches pay most.
-6. *Within nodes* (:func:`within_nodes`): on a cluster of GPUs of different speeds whose every sample fits
-   one node, strategies 1-5 again with every group inside a node. The packings price every group at the
+7. *Within nodes* (:func:`within_nodes`): on a cluster of GPUs of different speeds whose every sample fits
+   one node, strategies 1-6 again with every group inside a node. The packings price every group at the
    slowest GPU's speed, where crossing nodes adds little to a sample's time (its communication is not
    slowed, its compute is), and so they choose groups across nodes that cost the fast GPUs far more:
    under ``stress-mixed-gpu`` a 27,000-token sample takes 14% more rank-seconds on 16 A100s than on 8,
@@ -184,6 +188,9 @@ def heuristic_plan(
             continue  # this floor leaves no packing; the plan in hand stands
         if best_time < before:
             floor_of_best = floor
+    if not expired():  # one group size for the whole batch; the polish below may improve on it when it wins
+        static = best_static(tables)
+        keep("static layout", *((static[1], static[0].predicted_step_time_s) if static is not None else (None,)))
     if not expired():
         chunked = best_chunked(
             tables,
