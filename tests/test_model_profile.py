@@ -19,6 +19,7 @@ from trainer.model_profile import (  # noqa: E402
     from_model_preset,
     inter_node_terms,
     model_dims,
+    unseparated,
 )
 from trainer.profiler import ProfileSettings  # noqa: E402
 
@@ -71,7 +72,14 @@ def test_the_grid_is_cut_to_the_budget_longest_lengths_first():
 def test_two_depths_extrapolate_linearly_and_inter_terms_follow_the_cluster():
     one = {"time": {"quadratic": 1e-9, "linear": 3e-6, "group_constant": 2e-3}}
     two = {"time": {"quadratic": 2e-9, "linear": 4e-6, "group_constant": 1e-3}}
-    assert extrapolate(one, two, 10) == pytest.approx({"quadratic": 1e-8, "linear": 1.2e-5, "group_constant": 0.0})
+    # group_constant: the 2-block fit is below the 1-block one (noise), so it is scaled, not drawn through zero
+    assert extrapolate(one, two, 10) == pytest.approx({"quadratic": 1e-8, "linear": 1.2e-5, "group_constant": 5e-3})
+    assert unseparated(one, two) == ["group_constant"]
+    noisy = {"time": {"quadratic": 0.5e-9, "linear": 2e-6, "group_constant": 1e-3}}  # a busy machine's 2 blocks
+    far = extrapolate(one, noisy, 32)
+    assert far == pytest.approx({"quadratic": 8e-9, "linear": 3.2e-5, "group_constant": 1.6e-2})
+    assert all(v > 0 for v in far.values())
+    assert unseparated({"time": {"step_constant": 0.0}}, {"time": {"step_constant": 0.0}}) == []  # nothing to scale
     profile = {
         "comm": {"bandwidth_bytes_per_s": {"intra": 1e9, "inter": 1e9}, "latency_s": {"intra": 1e-5, "inter": 1e-5}}
     }
@@ -102,6 +110,7 @@ def test_dhp_profile_hf_config_writes_a_profile_of_the_whole_depth(tmp_path, cap
     report = json.loads(report_path.read_text())
     assert report["model"]["layers"] == 6 and set(report["depths"]) == {"1", "2"}
     assert report["depths"]["2"]["held_out_mean_error"] is not None
+    assert isinstance(report["scaled_from_the_deeper_fit"], list)
     assert profile["comm"]["group_messages"] == {"per_step": 18.0, "fixed": 6.0}  # 3 x 6 layers, 6 layers
     assert profile["comm"]["bandwidth_bytes_per_s"]["inter"] == 5e10  # h100-8x8's inter-node bandwidth
     problem = problem_from_json(
@@ -113,3 +122,20 @@ def test_dhp_profile_hf_config_writes_a_profile_of_the_whole_depth(tmp_path, cap
         }
     )
     assert problem.cost_profile.linear + problem.cost_profile.quadratic > 0
+
+
+def test_a_profile_whose_fits_put_no_time_on_the_tokens_is_refused_with_the_flags_to_change(
+    tmp_path, capsys, monkeypatch
+):
+    import trainer.model_profile as model_profile
+
+    flat = {"time": {"quadratic": 0.0, "linear": 0.0, "group_constant": 1e-3}, "comm": {}}
+    monkeypatch.setattr(model_profile, "measure_profile", lambda *a, **k: (flat, {}))
+    out = tmp_path / "profile.json"
+    argv = ["profile", "--hf-config", str(small_config(tmp_path)), "--budget-s", "120", "--lengths", "32,64"]
+    argv += ["--degrees", "1", "--mixes", "1", "--repeats", "1", "--device", "cpu", "--no-comm", "--bandwidth", "1e9"]
+    argv += ["--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "no time on the tokens" in err and "--repeats" in err and "Traceback" not in err
+    assert not out.exists()

@@ -216,12 +216,23 @@ def fit_budget(
 # -- measuring and extrapolating ------------------------------------------------------------------
 
 
+def unseparated(shallow: dict[str, Any], deep: dict[str, Any]) -> list[str]:
+    """The time terms the 2-block fit does not put above the 1-block fit: timing noise (a busy machine, too
+    few repeats) hides what one more block adds, so their growth with the depth is not measured."""
+    return [
+        key for key, a in shallow["time"].items() if float(a) > 0.0 and float(deep["time"].get(key, 0.0)) <= float(a)
+    ]
+
+
 def extrapolate(shallow: dict[str, Any], deep: dict[str, Any], layers: int) -> dict[str, float]:
-    """The time terms at ``layers`` blocks from those at 1 and 2 blocks (linear in the depth, non-negative)."""
+    """The time terms at ``layers`` blocks from those at 1 and 2 blocks: linear in the depth; a term of
+    :func:`unseparated` is the 2-block fit's scaled to the depth, as if all of it grew with the blocks (a
+    line through the two fits would fall, to zero at worst: a model that costs nothing)."""
     out = {}
+    flat = unseparated(shallow, deep)
     for key, a in shallow["time"].items():
-        b = deep["time"].get(key, 0.0)
-        out[key] = max(0.0, float(a) + (layers - 1) * (float(b) - float(a)))
+        b = float(deep["time"].get(key, 0.0))
+        out[key] = max(0.0, b) * layers / DEPTHS[1] if key in flat else float(a) + (layers - 1) * (b - float(a))
     return out
 
 
@@ -268,6 +279,20 @@ def profile_model(
     (shallow, r1), (deep, r2) = results
     profile = json.loads(json.dumps(deep))
     profile["time"] = extrapolate(shallow, deep, dims.layers)
+    if profile["time"].get("linear", 0.0) + profile["time"].get("quadratic", 0.0) <= 0.0:
+        raise ProblemError(
+            "the fits put no time on the tokens at either depth: the timings are noise (the grid's runs are too "
+            "short for this machine's load)",
+            field="--lengths",
+            hint="give longer --lengths, more --repeats, or run on an idle machine.",
+        )
+    flat = unseparated(shallow, deep)
+    if flat:
+        progress(
+            f"{', '.join(flat)}: the {DEPTHS[1]}-block fit is not above the {DEPTHS[0]}-block one (timing noise); "
+            f"scaled from {DEPTHS[1]} blocks to {dims.layers} instead. On an idle machine, or with more --repeats, "
+            "the two depths separate"
+        )
     full = replace(dims.config, layers=dims.layers)
     bpt, _ = comm_terms(full, getattr(torch, settings.dtype), dims.kv_heads)
     g1, g0 = group_messages(full)
@@ -285,6 +310,7 @@ def profile_model(
         "estimate_s": est,
         "elapsed_s": elapsed,
         "cut_to_fit_budget": cut,
+        "scaled_from_the_deeper_fit": flat,
         "lengths": list(fitted.lengths),
         "degrees": list(fitted.degrees),
         "mixes": list(fitted.mixes),
