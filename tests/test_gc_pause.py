@@ -113,13 +113,14 @@ def test_a_pause_that_loads_a_module_freezes_what_is_alive(tmp_path, monkeypatch
         with collector_paused():
             with collector_paused():
                 module = importlib.import_module("dhp_freshly_loaded")
-            assert gc.get_freeze_count() == before  # only the outermost pause freezes
+            # only the outermost pause freezes (frozen objects freed meanwhile, by another thread say, lower the count)
+            assert gc.get_freeze_count() <= before
         assert gc.get_freeze_count() > before + len(module.TABLE)
         assert all(x is not module.TABLE for x in gc.get_objects())  # out of the collector's generations
         before = gc.get_freeze_count()
         with collector_paused():
             [{"k": i} for i in range(1000)]
-        assert gc.get_freeze_count() == before  # nothing loaded: nothing frozen
+        assert gc.get_freeze_count() <= before  # nothing loaded: nothing frozen
     finally:
         monkeypatch.delitem(__import__("sys").modules, "dhp_freshly_loaded")
 
