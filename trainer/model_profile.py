@@ -281,8 +281,8 @@ def profile_model(
     profile["time"] = extrapolate(shallow, deep, dims.layers)
     if profile["time"].get("linear", 0.0) + profile["time"].get("quadratic", 0.0) <= 0.0:
         raise ProblemError(
-            "the fits put no time on the tokens at either depth: the timings are noise (the grid's runs are too "
-            "short for this machine's load)",
+            f"the {DEPTHS[1]}-block fit puts no time on the tokens (its linear and quadratic terms are 0): the "
+            "timings are noise (the grid's runs are too short for this machine's load)",
             field="--lengths",
             hint="give longer --lengths, more --repeats, or run on an idle machine.",
         )
