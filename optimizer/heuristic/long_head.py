@@ -26,7 +26,9 @@ ones, the larger of that and the rest's lower bound. The rest is planned for the
 of them per head) and for the best one of every micro-batch count of the rest, in the order of their estimates, while
 the deadline allows, while a candidate's estimate is below the best plan found and while the time left exceeds what the
 previous candidate took; each planned candidate is polished by the local search before it
-is compared. Each next head is built after the best-ranked head before it whose rest could be planned.
+is compared. Each next head is built after the best-ranked head before it whose rest could be planned; when
+another first head's plan (its rest planned at once) was faster than that one's, the heads after it are built
+too: the estimate that ranks them can misjudge which first head pays, and the rest's plan tells.
 
 A second pass, run when time is left after the first, does the same with wider picks: the candidates ranked up to
 :data:`PLANNED_WIDER` (for the first head, those the first pass left out), then the one among the :data:`QUICK`
@@ -75,6 +77,9 @@ HEADS = 6
 micro-batches, each head of the next longest samples pays (gpt7b and gpt30b long-text batches on 64 ranks).
 Past the second, a head is begun only while the time left is at least the time the heads took so far, so
 that a budget leaves the polish of the plan after them its share."""
+CHAINS = 2
+"""Chains of heads built per pass: after the best-estimated first head, then after the first head that planned
+fastest when that is another one."""
 
 RestPlanner = Callable[[CostTables, float | None], Assignment]
 
@@ -455,55 +460,95 @@ def long_head_plan(
     second pass, which plans the candidates the first left out)."""
     if tables.n_samples < 3 or tables.problem.options.micro_batch_limit < 2:
         return None
-    n = tables.n_samples
-    cap = tables.problem.options.max_micro_batches
-    rows = np.arange(n)
-    prefix: list[tuple[GroupAssignment, ...]] = []
-    prefix_time = 0.0
-    found: tuple[Assignment, float] | None = None
-    pace = Pace(deadline, whole_s)  # a rest started just before the deadline would run past it
     if deadline is not None and time.perf_counter() + whole_s > deadline:
         return None  # ranking the candidates alone takes about one plan of the whole batch
+    chain = _Chain(tables, plan_rest, best_time, deadline, whole_s, wider)
+    firsts = chain.run(Start((), 0.0, np.arange(tables.n_samples)))
+    fastest = min(firsts[1:], key=lambda f: f[0], default=None)
+    if CHAINS > 1 and fastest is not None and fastest[0] < firsts[0][0] * (1 - 1e-9):
+        _, first, t0, rest = fastest
+        chain.run(Start((first,), t0, rest))
+    return chain.found
 
-    def expired() -> bool:
-        return deadline is not None and time.perf_counter() > deadline
 
-    started = time.perf_counter()
-    for level in range(HEADS):
-        if rows.size < 3 or (cap is not None and len(prefix) + 2 > cap) or expired():
-            break
-        if level >= 2 and deadline is not None and deadline - time.perf_counter() < time.perf_counter() - started:
-            break  # a third head and more only while at most half the time is gone: the polish after needs some
+@dataclass(frozen=True)
+class Start:
+    """Where a chain of heads starts: the head micro-batches so far, their time, and the rows left after them."""
 
-        sub = tables if rows.size == n else tables.subset(rows)
-        target = best_time if found is None else found[1]
-        follow: tuple[float, tuple[GroupAssignment, ...], float, np.ndarray] | None = None
-        for estimate, t0, filled, rest in candidates(LongHead(sub), target - prefix_time, deadline, wider, not prefix):
-            target = best_time if found is None else found[1]
-            if prefix_time + estimate >= target * (1 - 1e-9) or expired():
+    prefix: tuple[tuple[GroupAssignment, ...], ...]
+    time: float
+    rows: np.ndarray
+
+
+Planned = tuple[float, tuple[GroupAssignment, ...], float, np.ndarray]
+"""(the whole plan's step time, the head's micro-batch, T0, the rest's rows) of a candidate whose rest planned."""
+
+
+class _Chain:
+    """Heads built one after another (the module docstring's step 3), the best plan found over every chain run."""
+
+    def __init__(
+        self,
+        tables: CostTables,
+        plan_rest: RestPlanner,
+        best_time: float,
+        deadline: float | None,
+        whole_s: float,
+        wider: bool,
+    ) -> None:
+        self.tables, self.plan_rest, self.best_time = tables, plan_rest, best_time
+        self.deadline, self.wider = deadline, wider
+        self.pace = Pace(deadline, whole_s)  # a rest started just before the deadline would run past it
+        self.found: tuple[Assignment, float] | None = None
+        self.started = time.perf_counter()
+
+    def expired(self) -> bool:
+        return self.deadline is not None and time.perf_counter() > self.deadline
+
+    def run(self, start: Start) -> list[Planned]:
+        """The chain from ``start``; the candidates of its first head whose rest planned, best-estimated first."""
+        tables, deadline = self.tables, self.deadline
+        n = tables.n_samples
+        cap = tables.problem.options.max_micro_batches
+        prefix, prefix_time, rows = list(start.prefix), start.time, start.rows
+        firsts: list[Planned] = []
+        for level in range(len(prefix), HEADS):
+            if rows.size < 3 or (cap is not None and len(prefix) + 2 > cap) or self.expired():
                 break
-            if not pace.room():
+            elapsed = time.perf_counter() - self.started
+            if level >= 2 and deadline is not None and deadline - time.perf_counter() < elapsed:
+                break  # a third head and more only while at most half the time is gone: the polish after needs some
+
+            sub = tables if rows.size == n else tables.subset(rows)
+            target = self.best_time if self.found is None else self.found[1]
+            planned: list[Planned] = []
+            for estimate, t0, filled, rest in candidates(
+                LongHead(sub), target - prefix_time, deadline, self.wider, not prefix
+            ):
+                target = self.best_time if self.found is None else self.found[1]
+                if prefix_time + estimate >= target * (1 - 1e-9) or self.expired():
+                    break
+                if not self.pace.room():
+                    break
+                options = {} if cap is None else {"max_micro_batches": cap - len(prefix) - 1}
+                try:
+                    rest_plan = self.plan_rest(tables.subset(rows[rest], **options), deadline)
+                except InfeasibleError:
+                    self.pace.done()
+                    continue
+                first = tuple((ranks, tuple(int(rows[s]) for s in samples)) for ranks, samples in filled.groups())
+                joined = join_parts([(np.arange(n), Assignment((*prefix, first))), (rows[rest], rest_plan)])
+                search = LocalSearch(tables, joined, max_rounds=POLISH_ROUNDS)  # the parts were planned apart
+                search.run(deadline)
+                joined, step = search.assignment(), search.step_time()
+                self.pace.done()
+                planned.append((step, first, prefix_time + t0, rows[rest]))
+                if step < target * (1 - 1e-9):
+                    self.found = (joined, step)
+            if level == len(start.prefix):
+                firsts = planned
+            if not planned:
                 break
-            options = {} if cap is None else {"max_micro_batches": cap - len(prefix) - 1}
-            try:
-                rest_plan = plan_rest(tables.subset(rows[rest], **options), deadline)
-            except InfeasibleError:
-                pace.done()
-                continue
-            first = tuple((ranks, tuple(int(rows[s]) for s in samples)) for ranks, samples in filled.groups())
-            joined = join_parts([(np.arange(n), Assignment((*prefix, first))), (rows[rest], rest_plan)])
-            search = LocalSearch(tables, joined, max_rounds=POLISH_ROUNDS)  # the parts were planned apart
-            search.run(deadline)
-            joined, step = search.assignment(), search.step_time()
-            pace.done()
-            if follow is None:  # the next head follows the best-estimated candidate that planned
-                follow = (step, first, t0, rest)
-            if step < target * (1 - 1e-9):
-                found = (joined, step)
-        if follow is None:
-            break
-        _, first, t0, rest = follow
-        prefix.append(first)
-        prefix_time += t0
-        rows = rows[rest]
-    return found
+            _, first, prefix_time, rows = planned[0]  # the next head follows the best-estimated candidate that planned
+            prefix.append(first)
+        return firsts
