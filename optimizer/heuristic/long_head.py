@@ -463,16 +463,16 @@ def long_head_plan(
     if deadline is not None and time.perf_counter() + whole_s > deadline:
         return None  # ranking the candidates alone takes about one plan of the whole batch
     chain = _Chain(tables, plan_rest, best_time, deadline, whole_s, wider)
-    firsts = chain.run(Start((), 0.0, np.arange(tables.n_samples)))
+    firsts = chain.run(_Start((), 0.0, np.arange(tables.n_samples)))
     fastest = min(firsts[1:], key=lambda f: f[0], default=None)
     if CHAINS > 1 and fastest is not None and fastest[0] < firsts[0][0] * (1 - 1e-9):
         _, first, t0, rest = fastest
-        chain.run(Start((first,), t0, rest))
+        chain.run(_Start((first,), t0, rest))
     return chain.found
 
 
 @dataclass(frozen=True)
-class Start:
+class _Start:
     """Where a chain of heads starts: the head micro-batches so far, their time, and the rows left after them."""
 
     prefix: tuple[tuple[GroupAssignment, ...], ...]
@@ -480,8 +480,9 @@ class Start:
     rows: np.ndarray
 
 
-Planned = tuple[float, tuple[GroupAssignment, ...], float, np.ndarray]
-"""(the whole plan's step time, the head's micro-batch, T0, the rest's rows) of a candidate whose rest planned."""
+_Planned = tuple[float, tuple[GroupAssignment, ...], float, np.ndarray]
+"""A candidate whose rest planned: (the whole plan's step time, the head's micro-batch, the time of the heads so far
+with its T0, the rows of the rest)."""
 
 
 class _Chain:
@@ -505,13 +506,13 @@ class _Chain:
     def expired(self) -> bool:
         return self.deadline is not None and time.perf_counter() > self.deadline
 
-    def run(self, start: Start) -> list[Planned]:
+    def run(self, start: _Start) -> list[_Planned]:
         """The chain from ``start``; the candidates of its first head whose rest planned, best-estimated first."""
         tables, deadline = self.tables, self.deadline
         n = tables.n_samples
         cap = tables.problem.options.max_micro_batches
         prefix, prefix_time, rows = list(start.prefix), start.time, start.rows
-        firsts: list[Planned] = []
+        firsts: list[_Planned] = []
         for level in range(len(prefix), HEADS):
             if rows.size < 3 or (cap is not None and len(prefix) + 2 > cap) or self.expired():
                 break
@@ -521,7 +522,7 @@ class _Chain:
 
             sub = tables if rows.size == n else tables.subset(rows)
             target = self.best_time if self.found is None else self.found[1]
-            planned: list[Planned] = []
+            planned: list[_Planned] = []
             for estimate, t0, filled, rest in candidates(
                 LongHead(sub), target - prefix_time, deadline, self.wider, not prefix
             ):
