@@ -182,13 +182,18 @@ def test_the_measured_rates_fit_the_calibration_batches():
 
 
 def _plain_static_balance(order, lengths, times, group_class, limit, micro_batches, constant):
-    """The static balancing's rule, plainly: each sample to the least-loaded (load, bin) bin with memory room."""
+    """The static balancing's rule, plainly: each sample to the bin with memory room that would finish it first
+    (load plus the class's constant plus the sample's time on the class), ties to the lower bin."""
     n_groups = len(group_class)
     load = [0.0] * (micro_batches * n_groups)
     tokens = [0.0] * len(load)
     out = [-1] * len(lengths)
     for i in order:
-        fits = [(load[b], b) for b in range(len(load)) if tokens[b] + lengths[i] <= limit[b % n_groups]]
+        fits = [
+            (load[b] + constant[group_class[b % n_groups]] + times[group_class[b % n_groups], i], b)
+            for b in range(len(load))
+            if tokens[b] + lengths[i] <= limit[b % n_groups]
+        ]
         if not fits:
             return None
         _, b = min(fits)
@@ -209,6 +214,7 @@ def test_the_static_balancing_places_as_the_plain_rule(seed):
     )
     lengths = rng.integers(1, 900, n).astype(np.int64)
     times = rng.random((classes, n))
+    constant = rng.random(classes)
     group_class = rng.integers(0, classes, n_groups).astype(np.int64)
     limit = rng.integers(400, 2500, n_groups).astype(np.float64)
     order = (
@@ -217,10 +223,10 @@ def test_the_static_balancing_places_as_the_plain_rule(seed):
     rest_min = np.minimum.accumulate(lengths[order][::-1].astype(np.float64))[::-1].copy()
     out_bin, load, mb_time = np.empty(n, dtype=np.int64), np.empty(micro_batches * n_groups), np.empty(micro_batches)
     ok = balance_static(
-        order, lengths, times, group_class, limit, micro_batches, np.zeros(classes), out_bin, load, mb_time, rest_min
+        order, lengths, times, group_class, limit, micro_batches, constant, out_bin, load, mb_time, rest_min
     )
     want = _plain_static_balance(
-        order.tolist(), lengths.tolist(), times, group_class.tolist(), limit.tolist(), micro_batches, None
+        order.tolist(), lengths.tolist(), times, group_class.tolist(), limit.tolist(), micro_batches, constant
     )
     assert ok == (want is not None)
     if want is not None:

@@ -1,15 +1,19 @@
 """The static layout's balancing, compiled (see :mod:`optimizer.jit`).
 
 ``micro_batches`` x G static groups form bins; bin ``m * G + k`` is group k in micro-batch m. Each
-sample, in the given order, goes to the least-loaded bin, by (load, bin), whose group has memory
-room for it. Two heaps find that bin: the bins in play by (load, bin), and the bins set aside (too
-full for some sample already placed) by their room, roomiest first. Before a sample is placed,
-every set-aside bin with room for it comes back into play; then bins without room for it are set
-aside from the top of the first heap until the top has room. A bin moves only when a sample
-longer than its room comes (or after one is placed), so on a batch in roughly decreasing length
-order the work is O(n log bins), where popping every full bin for every sample would be
-O(n bins) on memory-tight batches. A bin that even the shortest sample still to come would not
-fit is dropped: no later sample can go there.
+sample, in the given order, goes to the bin whose group has memory room for it and would finish it
+first: its load plus its class's group constant plus the sample's time on its class, ties to the
+lower bin. Where the layout's groups are of one class (one GPU type, every group within a node or
+every one spanning nodes) that is the least-loaded bin; on GPUs of several speeds a fast group
+takes more work than a slow one (LPT on related machines). Per class, two heaps find the class's
+candidate: the bins in play by (load, bin), and the bins set aside (too full for some sample
+already placed) by their room, roomiest first. Before a sample is placed, every set-aside bin with
+room for it comes back into play; then bins without room for it are set aside from the top of the
+first heap until the top has room. A bin moves only when a sample longer than its room comes (or
+after one is placed), so on a batch in roughly decreasing length order the work is
+O(n classes log bins), where popping every full bin for every sample would be O(n bins) on
+memory-tight batches. A bin that even the shortest sample still to come would not fit is dropped:
+no later sample can go there.
 
 :func:`sort_ties_by_index` turns a quick (unstable) sort into the stable one, and
 :func:`members_by_bin` lists each bin's samples in placement order.
@@ -47,41 +51,59 @@ def balance_static(
     """
     n_groups = group_class.shape[0]
     n_bins = micro_batches * n_groups
-    # In play: a min-heap by (load, bin). Set aside: a min-heap by (-room, bin), the roomiest on top.
+    n_classes = times.shape[0]
+    # Per class, two heaps in one segment of the arrays (class c's starts at base[c]): in play by
+    # (load, bin); set aside by (-room, bin), the roomiest on top.
+    per_class = np.zeros(n_classes, dtype=np.int64)
+    for k in range(n_groups):
+        per_class[group_class[k]] += micro_batches
+    base = np.zeros(n_classes, dtype=np.int64)
+    for c in range(1, n_classes):
+        base[c] = base[c - 1] + per_class[c - 1]
     h1 = np.empty(n_bins)
     h2 = np.zeros(n_bins)
     hid = np.empty(n_bins, dtype=np.int64)
     w1 = np.empty(n_bins)
     w2 = np.zeros(n_bins)
     wid = np.empty(n_bins, dtype=np.int64)
+    size = np.zeros(n_classes, dtype=np.int64)
+    waiting = np.zeros(n_classes, dtype=np.int64)
     tokens = np.zeros(n_bins)
     count = np.zeros(n_bins, dtype=np.int64)
-    size = 0
-    waiting = 0
     for g in range(n_bins):
         load[g] = 0.0
-        size = push(h1, h2, hid, 0, size, 0.0, 0.0, g)
+        c = group_class[g % n_groups]
+        size[c] = push(h1, h2, hid, base[c], size[c], 0.0, 0.0, g)
     for pos in range(order.shape[0]):
         i = order[pos]
         li = float(lengths[i])
-        while waiting > 0 and tokens[wid[0]] + li <= limit[wid[0] % n_groups]:
-            _, _, g, waiting = pop(w1, w2, wid, 0, waiting)
-            size = push(h1, h2, hid, 0, size, load[g], 0.0, g)
-        while size > 0 and tokens[hid[0]] + li > limit[hid[0] % n_groups]:
-            _, _, g, size = pop(h1, h2, hid, 0, size)
-            # It cannot take this sample; it may take a later one (rest_min[pos] <= li: those are the later ones).
-            if tokens[g] + rest_min[pos] <= limit[g % n_groups]:
-                waiting = push(w1, w2, wid, 0, waiting, tokens[g] - limit[g % n_groups], 0.0, g)
-        if size == 0:
+        best_c = -1
+        best_finish = 0.0
+        for c in range(n_classes):
+            b = base[c]
+            while waiting[c] > 0 and tokens[wid[b]] + li <= limit[wid[b] % n_groups]:
+                _, _, g, waiting[c] = pop(w1, w2, wid, b, waiting[c])
+                size[c] = push(h1, h2, hid, b, size[c], load[g], 0.0, g)
+            while size[c] > 0 and tokens[hid[b]] + li > limit[hid[b] % n_groups]:
+                _, _, g, size[c] = pop(h1, h2, hid, b, size[c])
+                # It cannot take this sample; it may take a later one (rest_min[pos] <= li: those are the later ones).
+                if tokens[g] + rest_min[pos] <= limit[g % n_groups]:
+                    waiting[c] = push(w1, w2, wid, b, waiting[c], tokens[g] - limit[g % n_groups], 0.0, g)
+            if size[c] > 0:
+                finish = h1[b] + group_constant[c] + times[c, i]
+                if best_c < 0 or finish < best_finish or (finish == best_finish and hid[b] < hid[base[best_c]]):
+                    best_c, best_finish = c, finish
+        if best_c < 0:
             return False
-        ld, _, g, size = pop(h1, h2, hid, 0, size)
+        b = base[best_c]
+        ld, _, g, size[best_c] = pop(h1, h2, hid, b, size[best_c])
         out_bin[i] = g
         tokens[g] += li
         count[g] += 1
-        ld += times[group_class[g % n_groups], i]
+        ld += times[best_c, i]
         load[g] = ld
         if pos + 1 < order.shape[0] and tokens[g] + rest_min[pos + 1] <= limit[g % n_groups]:
-            size = push(h1, h2, hid, 0, size, ld, 0.0, g)
+            size[best_c] = push(h1, h2, hid, b, size[best_c], ld, 0.0, g)
     for m in range(micro_batches):
         slowest = 0.0
         for k in range(n_groups):

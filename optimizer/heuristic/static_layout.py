@@ -2,8 +2,9 @@
 
 *Static at its best*: one power-of-two context-parallel size c for the whole batch, the domain cut
 into floor(N / c) contiguous groups of c ranks, the samples balanced over the groups longest first
-(each to the least-loaded group with memory room) and spread over as many micro-batches as memory
-requires; the best c and micro-batch count for this batch are kept. This is what a well-tuned
+(each to the group with memory room that would finish it first: on GPUs of several speeds a fast
+group takes more) and spread over as many micro-batches as memory requires; the best c and
+micro-batch count for this batch are kept. This is what a well-tuned
 static Megatron or DeepSpeed mesh achieves on the batch.
 """
 

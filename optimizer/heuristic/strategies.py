@@ -6,9 +6,10 @@
 2. *Group-size floors*: the whole batch again with every group at least 2, 4 or 8 ranks wide
    (within a node), which pools memory when micro-batches are memory-tight (cheap: tried first).
 3. *Static layout* (:func:`optimizer.heuristic.static_layout.best_static`): one group size for the whole
-   batch, scored from its groups' loads (cheap beside a packing). Where it is the fastest plan so far, the
-   local search below starts from it: equal groups are sometimes what the packings miss (on the bench grid,
-   anyres batches on 64 ranks).
+   batch, scored from its groups' loads (cheap beside a packing); each sample goes to the group that would
+   finish it first, so on GPUs of several speeds its groups of a node's size are what strategy 7 looks
+   for. Where it is the fastest plan so far, the local search below starts from it: equal groups are
+   sometimes what the packings miss (on the bench grid, anyres batches on 64 ranks).
 4. *Sorted chunks* (:mod:`optimizer.heuristic.chunks`): the batch, longest first, cut into micro-batches of
    balanced tokens, each planned on its own; for cost models with a large per-micro-batch constant
    and slow links across nodes, where the longest samples should share micro-batches of their own.
