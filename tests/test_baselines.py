@@ -10,7 +10,7 @@ import pytest
 from bench.grid import make_problem, resolve_profile
 from bench.workload_catalog import WORKLOADS
 from optimizer.costs.tables import CostTables
-from optimizer.heuristic.static_layout import best_static, static_assignment
+from optimizer.heuristic.static_layout import best_kind_layout, best_static, static_assignment
 from optimizer.plan.evaluate import assignment_step_time
 from optimizer.plan.records import Assignment, StaticBaseline
 from optimizer.problem.documents import problem_from_json
@@ -160,3 +160,29 @@ def test_on_gpus_of_two_speeds_a_fast_group_takes_more_work():
             on_fast = bool(tables.rank_speed[list(ranks)].min() == fast)
             tokens[on_fast].append(float(tables.lengths[list(samples)].sum()))
     assert np.mean(tokens[True]) > 1.5 * np.mean(tokens[False])
+
+
+def test_on_gpus_of_two_kinds_each_kind_gets_its_own_group_size():
+    # stress-mixed-gpu image-sft, 512 samples on 64 ranks, seed 1. An H100 rank holds 6,449 tokens and an A100
+    # rank 4,300: the best layout of one size for all takes 7.08 s (groups of 8); H100 ranks alone and A100
+    # ranks in groups of 8 take 6.82 s.
+    problem = make_problem(WORKLOADS["image-sft"], 64, 512, 1, 1000.0, resolve_profile("stress-mixed-gpu"), 512)
+    tables = CostTables.build(problem)
+    static = best_static(tables)
+    found = best_kind_layout(tables)
+    assert static is not None and found is not None
+    step, assignment = found
+    assert step == assignment_step_time(tables, assignment)
+    assert step < 0.97 * static[0].predicted_step_time_s
+    fast = float(tables.rank_speed.max())
+    sizes = {
+        bool(tables.rank_speed[list(ranks)].min() == fast): len(ranks)
+        for micro_batch in assignment.micro_batches
+        for ranks, _ in micro_batch
+    }
+    assert sizes == {True: 1, False: 8}
+
+
+def test_a_layout_per_kind_needs_two_kinds():
+    problem = make_problem(WORKLOADS["image-sft"], 64, 128, 1, 1000.0, resolve_profile("flexsp-gpt7b"), 512)
+    assert best_kind_layout(CostTables.build(problem)) is None

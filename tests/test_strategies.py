@@ -497,8 +497,9 @@ def test_the_rest_that_packs_fastest_is_planned_though_its_bound_ranks_it_lower(
 
 def test_groups_within_nodes_pay_on_mixed_gpus_where_the_packings_cross_nodes(monkeypatch):
     """On a cluster of H100s and A100s the packings price every group at the A100's speed, where crossing nodes
-    costs little. Two strategies keep every group inside a node: the static layout of groups of 8 (a fast group
-    takes more work than a slow one) and the packings run again within nodes. On a bench anyres batch under
+    costs little. Three strategies keep every group inside a node here: the static layout of groups of 8 (a fast
+    group takes more work than a slow one), the layouts of one size per GPU kind and the packings run again
+    within nodes. On a bench anyres batch under
     ``stress-mixed-gpu`` (128 samples on 64 ranks, seed 1) the plan has every group inside a node and is more than
     3% faster than the packings across nodes alone (deterministic: no deadline)."""
     from bench.grid import make_problem, resolve_profile
@@ -516,6 +517,7 @@ def test_groups_within_nodes_pay_on_mixed_gpus_where_the_packings_cross_nodes(mo
     assert all(len({int(tables.rank_node[r]) for r in ranks}) == 1 for mb in plan.micro_batches for ranks, _ in mb)
     monkeypatch.setattr(strategies, "within_nodes", lambda tables: None)
     monkeypatch.setattr(strategies, "best_static", lambda tables: None)
+    monkeypatch.setattr(strategies, "best_kind_layout", lambda tables, deadline: None)
     across = heuristic_plan(tables)
     assert assignment_step_time(tables, plan) < assignment_step_time(tables, across) * 0.97
 

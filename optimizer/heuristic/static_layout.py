@@ -11,6 +11,7 @@ static Megatron or DeepSpeed mesh achieves on the batch.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,10 +31,11 @@ class _Layout:
     n_groups: int
     order: np.ndarray  # samples longest first (by their time on group 0), ties in index order
     times: np.ndarray  # [classes, n] each sample's time on a group of each class
-    group_class: np.ndarray  # [G] class of each group: its (intra-node?, slowest speed)
+    group_class: np.ndarray  # [G] class of each group: its (intra-node?, slowest speed), and size where sizes differ
     limit: np.ndarray  # [G] tokens each group holds per micro-batch
     constant: np.ndarray  # [classes] group constant of each class
     rest_min: np.ndarray  # [n] the shortest length among order[p:], for every p
+    groups: tuple[tuple[int, ...], ...] | None = None  # each group's ranks (None: contiguous groups of c)
 
 
 @dataclass(frozen=True)
@@ -62,11 +64,17 @@ def _layout(tables: CostTables, c: int) -> _Layout | None:
     for k in range(spans.shape[1]):
         times[k] = tables.time_matrix(bool(spans[0, k]), float(spans[1, k]))[:, j]
         constant[k] = tables.group_constants(bool(spans[0, k]))[j]
-    keys = -times[group_class[0]]
+    order, rest_min = _longest_first(tables, times[group_class[0]])
+    return _Layout(c, n_groups, order, times, group_class, capacity * c, constant, rest_min)
+
+
+def _longest_first(tables: CostTables, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The samples by decreasing ``times``, ties in index order, and the shortest length from each place on."""
+    keys = -times
     order = np.argsort(keys)
     sort_ties_by_index(keys, order)  # as np.argsort(keys, kind="stable"), faster
     rest_min = np.minimum.accumulate(tables.lengths[order][::-1].astype(np.float64))[::-1].copy()
-    return _Layout(c, n_groups, order, times, group_class, capacity * c, constant, rest_min)
+    return order, rest_min
 
 
 def _balance(tables: CostTables, layout: _Layout, micro_batches: int) -> _Balanced | None:
@@ -103,7 +111,7 @@ def _assignment(layout: _Layout, balanced: _Balanced) -> Assignment:
     flat = members.tolist()
     bounds = ends.tolist()
     c = layout.c
-    ranks = [tuple(range(k * c, (k + 1) * c)) for k in range(layout.n_groups)]
+    ranks = layout.groups or [tuple(range(k * c, (k + 1) * c)) for k in range(layout.n_groups)]
     mbs = []
     start = 0
     for m in range(balanced.micro_batches):
@@ -186,6 +194,72 @@ def best_static(
     return StaticBaseline(
         degree=layout.c, micro_batches=balanced.used_micro_batches, predicted_step_time_s=balanced.step_time
     ), _assignment(layout, balanced)
+
+
+KIND_EXTRA_MICRO_BATCHES = 3
+"""Micro-batch counts a layout per GPU kind tries beyond the least its memory allows."""
+
+
+def _kind_layout(tables: CostTables, sizes: dict[float, int]) -> _Layout | None:
+    """Groups of ``sizes[speed]`` consecutive ranks of each GPU kind (ranks of one speed, in rank order;
+    the remainder of a kind idles), or None if a kind gets no group."""
+    groups: list[tuple[int, ...]] = []
+    speeds = tables.rank_speed
+    for speed, c in sizes.items():
+        ranks = np.flatnonzero(speeds == speed).tolist()
+        if len(ranks) < c:
+            return None
+        groups += [tuple(ranks[k * c : (k + 1) * c]) for k in range(len(ranks) // c)]
+    spans = [tables.group_span(g) for g in groups]
+    rows = np.array(
+        [(float(tables.degree_index[len(g)]), float(i), sp) for g, (i, sp, _) in zip(groups, spans, strict=True)]
+    )
+    keys, _, group_class = unique_rows(rows)
+    times = np.empty((keys.shape[0], tables.n_samples))
+    constant = np.empty(keys.shape[0])
+    for k, (j, intra, speed) in enumerate(keys.tolist()):
+        times[k] = tables.time_matrix(bool(intra), float(speed))[:, int(j)]
+        constant[k] = tables.group_constants(bool(intra))[int(j)]
+    limit = np.array([cap * len(g) for g, (_, _, cap) in zip(groups, spans, strict=True)])
+    order, rest_min = _longest_first(tables, times[group_class[0]])
+    return _Layout(0, len(groups), order, times, group_class, limit, constant, rest_min, tuple(groups))
+
+
+def best_kind_layout(tables: CostTables, deadline: float | None = None) -> tuple[float, Assignment] | None:
+    """On a cluster of GPUs of two speeds, the fastest layout of one allowed power-of-two size per kind
+    (two different sizes; one size for all is :func:`best_static`'s), balanced as the static layout is
+    over the least micro-batch count its memory allows and the next KIND_EXTRA_MICRO_BATCHES: (step time,
+    plan), or None when there are not two kinds or no such layout holds the batch.
+
+    The sizes that pay differ by kind: under ``stress-mixed-gpu`` an H100 rank holds 6,449 tokens and an
+    A100 rank 4,300, so H100 ranks run image samples alone while A100 ranks need groups of several. With a
+    ``deadline`` the search stops there with the best layout found."""
+    speeds = sorted(set(tables.rank_speed.tolist()), reverse=True)
+    if len(speeds) != 2:
+        return None
+    total = float(tables.lengths.sum())
+    longest = float(tables.lengths.max())
+    most = tables.problem.options.micro_batch_limit
+    counts = {sp: int((tables.rank_speed == sp).sum()) for sp in speeds}
+    options = {sp: [c for c in tables.degrees.tolist() if c & (c - 1) == 0 and c <= counts[sp]] for sp in speeds}
+    best: tuple[_Layout, _Balanced] | None = None
+    for fast in options[speeds[0]]:
+        for slow in options[speeds[1]]:
+            if fast == slow:
+                continue
+            if deadline is not None and time.perf_counter() > deadline:
+                break
+            layout = _kind_layout(tables, {speeds[0]: fast, speeds[1]: slow})
+            if layout is None or longest > float(layout.limit.max()):
+                continue
+            least = max(1, math.ceil(total / float(layout.limit.sum()) - 1e-12))
+            for mb in range(least, min(most, least + KIND_EXTRA_MICRO_BATCHES) + 1):
+                balanced = _balance(tables, layout, mb)
+                if balanced is not None and (best is None or balanced.step_time < best[1].step_time):
+                    best = (layout, balanced)
+    if best is None:
+        return None
+    return best[1].step_time, _assignment(*best)
 
 
 def _size_rule(tables: CostTables, c: int, longest: int, cap: float) -> str:

@@ -9,7 +9,9 @@
    batch, scored from its groups' loads (cheap beside a packing); each sample goes to the group that would
    finish it first, so on GPUs of several speeds its groups of a node's size are what strategy 7 looks
    for. Where it is the fastest plan so far, the local search below starts from it: equal groups are
-   sometimes what the packings miss (on the bench grid, anyres batches on 64 ranks).
+   sometimes what the packings miss (on the bench grid, anyres batches on 64 ranks). On GPUs of two speeds,
+   also layouts of one size per kind (:func:`optimizer.heuristic.static_layout.best_kind_layout`): H100 ranks
+   with memory to run image samples alone beside A100 ranks in groups of several.
 4. *Sorted chunks* (:mod:`optimizer.heuristic.chunks`): the batch, longest first, cut into micro-batches of
    balanced tokens, each planned on its own; for cost models with a large per-micro-batch constant
    and slow links across nodes, where the longest samples should share micro-batches of their own.
@@ -51,7 +53,7 @@ from optimizer.heuristic.local_search import POLISH_ROUNDS, LocalSearch
 from optimizer.heuristic.long_head import long_head_plan
 from optimizer.heuristic.packing import FAST_ROUNDS, GOOD_ENOUGH, HeuristicPlanner
 from optimizer.heuristic.segments import segmented
-from optimizer.heuristic.static_layout import best_static
+from optimizer.heuristic.static_layout import best_kind_layout, best_static
 from optimizer.plan.evaluate import assignment_step_time
 from optimizer.plan.records import Assignment
 
@@ -192,6 +194,9 @@ def heuristic_plan(
     if not expired():  # one group size for the whole batch; the polish below may improve on it when it wins
         static = best_static(tables)
         keep("static layout", *((static[1], static[0].predicted_step_time_s) if static is not None else (None,)))
+    if not expired():  # on GPUs of two speeds, one size per kind
+        per_kind = best_kind_layout(tables, deadline)
+        keep("layout per GPU kind", *((per_kind[1], per_kind[0]) if per_kind is not None else (None,)))
     if not expired():
         chunked = best_chunked(
             tables,
