@@ -200,15 +200,13 @@ KIND_EXTRA_MICRO_BATCHES = 3
 """Micro-batch counts a layout per GPU kind tries beyond the least its memory allows."""
 
 
-def _kind_layout(tables: CostTables, sizes: dict[float, int]) -> _Layout | None:
+def _kind_layout(tables: CostTables, sizes: dict[float, int]) -> _Layout:
     """Groups of ``sizes[speed]`` consecutive ranks of each GPU kind (ranks of one speed, in rank order;
-    the remainder of a kind idles), or None if a kind gets no group."""
+    the remainder of a kind idles)."""
     groups: list[tuple[int, ...]] = []
     speeds = tables.rank_speed
     for speed, c in sizes.items():
         ranks = np.flatnonzero(speeds == speed).tolist()
-        if len(ranks) < c:
-            return None
         groups += [tuple(ranks[k * c : (k + 1) * c]) for k in range(len(ranks) // c)]
     spans = [tables.group_span(g) for g in groups]
     rows = np.array(
@@ -250,7 +248,7 @@ def best_kind_layout(tables: CostTables, deadline: float | None = None) -> tuple
             if deadline is not None and time.perf_counter() > deadline:
                 break
             layout = _kind_layout(tables, {speeds[0]: fast, speeds[1]: slow})
-            if layout is None or longest > float(layout.limit.max()):
+            if longest > float(layout.limit.max()):
                 continue
             least = max(1, math.ceil(total / float(layout.limit.sum()) - 1e-12))
             for mb in range(least, min(most, least + KIND_EXTRA_MICRO_BATCHES) + 1):
