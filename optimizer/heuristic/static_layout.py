@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from optimizer.costs.group_classes import unique_rows
+from optimizer.costs.group_classes import class_times, classify, unique_rows
 from optimizer.costs.tables import CostTables
 from optimizer.heuristic.static_kernels import balance_static, members_by_bin, sort_ties_by_index
 from optimizer.plan.records import Assignment, StaticBaseline
@@ -208,17 +208,11 @@ def _kind_layout(tables: CostTables, sizes: dict[float, int]) -> _Layout:
     for speed, c in sizes.items():
         ranks = np.flatnonzero(speeds == speed).tolist()
         groups += [tuple(ranks[k * c : (k + 1) * c]) for k in range(len(ranks) // c)]
-    spans = [tables.group_span(g) for g in groups]
-    rows = np.array(
-        [(float(tables.degree_index[len(g)]), float(i), sp) for g, (i, sp, _) in zip(groups, spans, strict=True)]
-    )
-    keys, _, group_class = unique_rows(rows)
-    times = np.empty((keys.shape[0], tables.n_samples))
-    constant = np.empty(keys.shape[0])
-    for k, (j, intra, speed) in enumerate(keys.tolist()):
-        times[k] = tables.time_matrix(bool(intra), float(speed))[:, int(j)]
-        constant[k] = tables.group_constants(bool(intra))[int(j)]
-    limit = np.array([cap * len(g) for g, (_, _, cap) in zip(groups, spans, strict=True)])
+    classes = classify(tables, groups)
+    group_class = classes.group_class
+    times = np.ascontiguousarray(class_times(tables, classes.keys).T)
+    constant = np.array([tables.group_constants(intra)[j] for j, intra, _ in classes.keys])
+    limit = classes.capacity * np.fromiter(map(len, groups), dtype=np.float64, count=len(groups))
     order, rest_min = _longest_first(tables, times[group_class[0]])
     return _Layout(0, len(groups), order, times, group_class, limit, constant, rest_min, tuple(groups))
 
