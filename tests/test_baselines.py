@@ -10,6 +10,7 @@ import pytest
 from bench.grid import make_problem, resolve_profile
 from bench.workload_catalog import WORKLOADS
 from optimizer.costs.tables import CostTables
+from optimizer.heuristic import static_layout
 from optimizer.heuristic.static_layout import best_kind_layout, best_static, static_assignment
 from optimizer.plan.evaluate import assignment_step_time
 from optimizer.plan.records import Assignment, StaticBaseline
@@ -181,6 +182,30 @@ def test_on_gpus_of_two_kinds_each_kind_gets_its_own_group_size():
         for ranks, _ in micro_batch
     }
     assert sizes == {True: 1, False: 8}
+
+
+def test_a_layout_per_kind_may_hold_wide_groups_of_the_fast_kind(monkeypatch):
+    # stress-mixed-gpu mixed, 512 samples on 256 ranks (128 H100, 128 A100), seed 2. The longest samples (79,000
+    # and 62,000 tokens) need groups across nodes, which one size per kind would give every H100 rank: the best
+    # such layout took 6.40 s (H100 groups of 64, A100 groups of 4). H100 groups of 8 beside two of 32, A100
+    # groups of 4, take 6.13 s.
+    problem = make_problem(WORKLOADS["mixed"], 256, 512, 2, 1000.0, resolve_profile("stress-mixed-gpu"), 512)
+    tables = CostTables.build(problem)
+    found = best_kind_layout(tables)
+    monkeypatch.setattr(static_layout, "WIDE_GROUPS", ())
+    plain = best_kind_layout(tables)
+    assert found is not None and plain is not None
+    step, assignment = found
+    assert step == assignment_step_time(tables, assignment)
+    assert step < 0.97 * plain[0]
+    fast = float(tables.rank_speed.max())
+    fast_sizes: set[int] = set()
+    for micro_batch in assignment.micro_batches:
+        wide = [len(ranks) for ranks, _ in micro_batch if len(ranks) > tables.node_size]
+        assert 1 <= len(wide) <= 2
+        assert all(tables.rank_speed[list(ranks)].min() == fast for ranks, _ in micro_batch if len(ranks) in wide)
+        fast_sizes |= {len(ranks) for ranks, _ in micro_batch if tables.rank_speed[list(ranks)].min() == fast}
+    assert tables.node_size in fast_sizes
 
 
 def test_a_layout_per_kind_needs_two_kinds():

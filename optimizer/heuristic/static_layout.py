@@ -198,15 +198,23 @@ def best_static(
 
 KIND_EXTRA_MICRO_BATCHES = 3
 """Micro-batch counts a layout per GPU kind tries beyond the least its memory allows."""
+WIDE_GROUPS = (1, 2)
+"""How many wide groups of the fast kind a layout per kind with groups of a node's size on its fast kind tries."""
 
 
-def _kind_layout(tables: CostTables, sizes: dict[float, int]) -> _Layout:
+def _kind_layout(tables: CostTables, sizes: dict[float, int], wide: tuple[int, int] = (0, 0)) -> _Layout:
     """Groups of ``sizes[speed]`` consecutive ranks of each GPU kind (ranks of one speed, in rank order;
-    the remainder of a kind idles)."""
+    the remainder of a kind idles); with ``wide`` = (count, size), the fastest kind's first ranks form
+    ``count`` groups of ``size`` before its groups of ``sizes[speed]``."""
     groups: list[tuple[int, ...]] = []
     speeds = tables.rank_speed
+    fastest = float(speeds.max())
     for speed, c in sizes.items():
         ranks = np.flatnonzero(speeds == speed).tolist()
+        if speed == fastest and wide[0]:
+            count, size = wide
+            groups += [tuple(ranks[k * size : (k + 1) * size]) for k in range(count)]
+            ranks = ranks[count * size :]
         groups += [tuple(ranks[k * c : (k + 1) * c]) for k in range(len(ranks) // c)]
     classes = classify(tables, groups)
     group_class = classes.group_class
@@ -224,34 +232,58 @@ def best_kind_layout(tables: CostTables, deadline: float | None = None) -> tuple
     plan), or None when there are not two kinds or no such layout holds the batch.
 
     The sizes that pay differ by kind: under ``stress-mixed-gpu`` an H100 rank holds 6,449 tokens and an
-    A100 rank 4,300, so H100 ranks run image samples alone while A100 ranks need groups of several. With a
+    A100 rank 4,300, so H100 ranks run image samples alone while A100 ranks need groups of several. Layouts
+    with the fast kind in groups of a node's size and the slow kind in groups of at most a node are also tried
+    with WIDE_GROUPS wide groups of the fast kind (one size, whole nodes, at most half the fast ranks): a
+    batch's longest samples need groups across nodes, which one size per kind gives every fast rank. With a
     ``deadline`` the search stops there with the best layout found."""
     speeds = sorted(set(tables.rank_speed.tolist()), reverse=True)
     if len(speeds) != 2:
         return None
-    total = float(tables.lengths.sum())
-    longest = float(tables.lengths.max())
-    most = tables.problem.options.micro_batch_limit
     counts = {sp: int((tables.rank_speed == sp).sum()) for sp in speeds}
     options = {sp: [c for c in tables.degrees.tolist() if c & (c - 1) == 0 and c <= counts[sp]] for sp in speeds}
+    node = tables.node_size
     best: tuple[_Layout, _Balanced] | None = None
+
+    def balanced_best(layout: _Layout) -> None:
+        nonlocal best
+        found = _fewest_balanced(tables, layout)
+        if found is not None and (best is None or found.step_time < best[1].step_time):
+            best = (layout, found)
+
     for fast in options[speeds[0]]:
         for slow in options[speeds[1]]:
             if fast == slow:
                 continue
             if deadline is not None and time.perf_counter() > deadline:
                 break
-            layout = _kind_layout(tables, {speeds[0]: fast, speeds[1]: slow})
-            if longest > float(layout.limit.max()):
-                continue
-            least = max(1, math.ceil(total / float(layout.limit.sum()) - 1e-12))
-            for mb in range(least, min(most, least + KIND_EXTRA_MICRO_BATCHES) + 1):
-                balanced = _balance(tables, layout, mb)
-                if balanced is not None and (best is None or balanced.step_time < best[1].step_time):
-                    best = (layout, balanced)
+            balanced_best(_kind_layout(tables, {speeds[0]: fast, speeds[1]: slow}))
+    wide_sizes = [c for c in options[speeds[0]] if node < c <= counts[speeds[0]] // 2]
+    fast = max((c for c in options[speeds[0]] if c <= node), default=0)
+    for slow in (c for c in options[speeds[1]] if c <= node) if fast else ():
+        for size in wide_sizes:
+            for count in WIDE_GROUPS:
+                if count * size > counts[speeds[0]] // 2 or (deadline is not None and time.perf_counter() > deadline):
+                    break
+                balanced_best(_kind_layout(tables, {speeds[0]: fast, speeds[1]: slow}, (count, size)))
     if best is None:
         return None
     return best[1].step_time, _assignment(*best)
+
+
+def _fewest_balanced(tables: CostTables, layout: _Layout) -> _Balanced | None:
+    """The fastest balance of ``layout`` over the least micro-batch count its memory allows and the next
+    KIND_EXTRA_MICRO_BATCHES, or None when none holds the batch."""
+    if float(tables.lengths.max()) > float(layout.limit.max()):
+        return None
+    most = tables.problem.options.micro_batch_limit
+    least = max(1, math.ceil(float(tables.lengths.sum()) / float(layout.limit.sum()) - 1e-12))
+    best: _Balanced | None = None
+    for mb in range(least, min(most, least + KIND_EXTRA_MICRO_BATCHES) + 1):
+        balanced = _balance(tables, layout, mb)
+        if balanced is not None and (best is None or balanced.step_time < best.step_time):
+            best = balanced
+    return best
 
 
 def _size_rule(tables: CostTables, c: int, longest: int, cap: float) -> str:

@@ -11,7 +11,8 @@
    for. Where it is the fastest plan so far, the local search below starts from it: equal groups are
    sometimes what the packings miss (on the bench grid, anyres batches on 64 ranks). On GPUs of two speeds,
    also layouts of one size per kind (:func:`optimizer.heuristic.static_layout.best_kind_layout`): H100 ranks
-   with memory to run image samples alone beside A100 ranks in groups of several.
+   with memory to run image samples alone beside A100 ranks in groups of several; and of a node's size on the
+   fast kind beside one or two wide fast groups, for the longest samples.
 4. *Sorted chunks* (:mod:`optimizer.heuristic.chunks`): the batch, longest first, cut into micro-batches of
    balanced tokens, each planned on its own; for cost models with a large per-micro-batch constant
    and slow links across nodes, where the longest samples should share micro-batches of their own.
