@@ -26,18 +26,15 @@ ones, the larger of that and the rest's lower bound. The rest is planned for the
 of them per head) and for the best one of every micro-batch count of the rest, in the order of their estimates, while
 the deadline allows, while a candidate's estimate is below the best plan found and while the time left exceeds what the
 previous candidate took; each planned candidate is polished by the local search before it
-is compared. For the first head, the one among the :data:`QUICK` best-ranked whose rest packs fastest by the
-whole-batch packing alone is planned second (the bound ranks rests by what they need at least, and rests that need
-about the same can pack quite differently). The second head is built after the first head whose plan (its rest
-planned at once) was fastest, and each next head after the best-ranked head before it whose rest could be planned;
-when the best-ranked first head is another, the heads after it are built too, once that chain is done: the estimate
-that ranks first heads can misjudge which one pays, and the rest's plan tells; a budget that ends within the first
-chain gets the chain of the fastest.
+is compared. Each next head is built after the best-ranked head before it whose rest could be planned; when
+another first head's plan (its rest planned at once) was faster than that one's, the heads after it are built
+too: the estimate that ranks them can misjudge which first head pays, and the rest's plan tells.
 
 A second pass, run when time is left after the first, does the same with wider picks: the candidates ranked up to
-:data:`PLANNED_WIDER` (for the first head, those the first pass left out), then, for the heads after the first, the
-one whose rest packs fastest. It comes second so that a budget that ends within the first pass gets the first pass's
-plans, deeper heads included, as they were.
+:data:`PLANNED_WIDER` (for the first head, those the first pass left out), then the one among the :data:`QUICK`
+best-ranked whose rest packs fastest by the whole-batch packing alone (the bound ranks rests by what they need at
+least, and rests that need about the same can pack quite differently). It comes second so that a budget that ends
+within the first pass gets the first pass's plans, deeper heads included, as they were.
 """
 
 from __future__ import annotations
@@ -81,8 +78,8 @@ micro-batches, each head of the next longest samples pays (gpt7b and gpt30b long
 Past the second, a head is begun only while the time left is at least the time the heads took so far, so
 that a budget leaves the polish of the plan after them its share."""
 CHAINS = 2
-"""Chains of heads built per pass: after the first head that planned fastest, then after the best-estimated first head
-when that is another one."""
+"""Chains of heads built per pass: after the best-estimated first head, then after the first head that planned
+fastest when that is another one."""
 
 RestPlanner = Callable[[CostTables, float | None], Assignment]
 
@@ -434,30 +431,17 @@ def picks(head: LongHead, ranked: list[Candidate], planned: int) -> list[int]:
 def candidates(
     head: LongHead, limit: float, deadline: float | None, wider: bool, first_head: bool
 ) -> Iterator[Candidate]:
-    """The candidates to plan, in order: the :func:`picks` of the ranking with :data:`PLANNED` best, on the
-    ``first_head`` with the one among the :data:`QUICK` best-ranked whose rest packs fastest second; with ``wider``
+    """The candidates to plan, in order: the :func:`picks` of the ranking with :data:`PLANNED` best; with ``wider``
     those with :data:`PLANNED_WIDER` best (on the ``first_head``, only those the first pass did not plan: its ranking
-    is the first pass's), then, after the first head, the one whose rest packs fastest, when the picks left it out
-    (its packings are made only when the caller asks for the candidate)."""
+    is the first pass's), then the one among the :data:`QUICK` best-ranked whose rest packs fastest, when the picks
+    left it out (its packings are made only when the caller asks for it)."""
     ranked = head.ranked(limit, deadline)
-    first = picks(head, ranked, PLANNED)
     if not wider:
-        for n, i in enumerate(first):
-            yield ranked[i]
-            if n == 0 and first_head:  # packed once the best-ranked has planned: a budget may end before
-                quickest = head.quickest_rest(ranked[:QUICK], deadline)
-                if quickest is not None and quickest not in first:
-                    yield ranked[quickest]
+        yield from (ranked[i] for i in picks(head, ranked, PLANNED))
         return
+    done = set(picks(head, ranked, PLANNED)) if first_head else set()
     chosen = picks(head, ranked, PLANNED_WIDER)
-    if first_head:
-        done = set(first)
-        quickest = head.quickest_rest(ranked[:QUICK], deadline)
-        if quickest is not None:
-            done.add(quickest)
-        yield from (ranked[i] for i in chosen if i not in done)
-        return
-    yield from (ranked[i] for i in chosen)
+    yield from (ranked[i] for i in chosen if i not in done)
     quickest = head.quickest_rest(ranked[:QUICK], deadline)
     if quickest is not None and quickest not in chosen:
         yield ranked[quickest]
@@ -482,7 +466,7 @@ def long_head_plan(
     firsts = chain.run(_Start((), 0.0, np.arange(tables.n_samples)))
     fastest = min(firsts[1:], key=lambda f: f[0], default=None)
     if CHAINS > 1 and fastest is not None and fastest[0] < firsts[0][0] * (1 - 1e-9):
-        _, first, t0, rest = firsts[0]  # the first chain followed the fastest; now the best-estimated
+        _, first, t0, rest = fastest
         chain.run(_Start((first,), t0, rest))
     return chain.found
 
@@ -566,9 +550,6 @@ class _Chain:
                 firsts = planned
             if not planned:
                 break
-            # The second head follows the first head that planned fastest (a chain begun after a given first head
-            # keeps it); the heads after it the best-estimated candidate that planned.
-            follow = min(planned, key=lambda c: c[0]) if level == 0 else planned[0]
-            _, first, prefix_time, rows = follow
+            _, first, prefix_time, rows = planned[0]  # the next head follows the best-estimated candidate that planned
             prefix.append(first)
         return firsts
