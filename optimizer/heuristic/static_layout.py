@@ -258,14 +258,14 @@ def best_kind_layout(tables: CostTables, deadline: float | None = None) -> tuple
             if deadline is not None and time.perf_counter() > deadline:
                 break
             balanced_best(_kind_layout(tables, {speeds[0]: fast, speeds[1]: slow}))
-    wide_sizes = [c for c in options[speeds[0]] if node < c <= counts[speeds[0]] // 2]
-    fast = max((c for c in options[speeds[0]] if c <= node), default=0)
-    for slow in (c for c in options[speeds[1]] if c <= node) if fast else ():
-        for size in wide_sizes:
-            for count in WIDE_GROUPS:
-                if count * size > counts[speeds[0]] // 2 or (deadline is not None and time.perf_counter() > deadline):
+    half = counts[speeds[0]] // 2  # the most fast ranks wide groups take
+    in_node = max((c for c in options[speeds[0]] if c <= node), default=0)
+    for slow in (c for c in options[speeds[1]] if c <= node) if in_node else ():
+        for size in (c for c in options[speeds[0]] if node < c <= half):
+            for count in (k for k in WIDE_GROUPS if k * size <= half):
+                if deadline is not None and time.perf_counter() > deadline:
                     break
-                balanced_best(_kind_layout(tables, {speeds[0]: fast, speeds[1]: slow}, (count, size)))
+                balanced_best(_kind_layout(tables, {speeds[0]: in_node, speeds[1]: slow}, (count, size)))
     if best is None:
         return None
     return best[1].step_time, _assignment(*best)
