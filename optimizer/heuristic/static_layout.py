@@ -199,7 +199,7 @@ def best_static(
 KIND_EXTRA_MICRO_BATCHES = 3
 """Micro-batch counts a layout per GPU kind tries beyond the least its memory allows."""
 WIDE_GROUPS = (1, 2)
-"""How many wide groups of the fast kind a layout per kind with groups of a node's size on its fast kind tries."""
+"""The numbers of wide fast groups :func:`best_kind_layout` tries beside fast groups of a node's size."""
 
 
 def _kind_layout(tables: CostTables, sizes: dict[float, int], wide: tuple[int, int] = (0, 0)) -> _Layout:
