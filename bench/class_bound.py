@@ -4,18 +4,19 @@
 
 Reads the ``results.json`` a ``dhp bench --suite flexsp`` run wrote, takes its batches whose best dhp plan is
 more than ``--above`` times the grid's best bound (``bench.grid.best_bound``), on ``--ranks`` ranks and under
-``--profiles`` (default: all but mixed GPU types), rebuilds each batch as the grid did, and runs
+``--profiles`` (default: all), rebuilds each batch as the grid did, and runs
 :func:`solver_models.length_class_bound.length_class_bound` below the best dhp plan for at most
 ``--limit-s`` seconds (``--bound columns``: :func:`solver_models.column_bound.column_bound`, its Lagrangian
 bound where generation has not converged by then). Prints, per batch, the plan over the bound before and with
 the class bound, and the medians; ``--out FILE`` keeps the rows as JSON. Both bounds are offline: no answer
 runs them.
 
-``--reuse ROWS`` takes the bounds of an earlier ``--out`` for the batches it holds under the same rules instead
-of solving again (a bound found below one incumbent holds for every plan: a slower one is above the
-incumbent, which is above the bound), so a grid run again after a planner change is judged against the
-bounds already paid for. Last, per profile, the median and worst plan over the bound at 1 s (``dhp-1s``)
-over every batch of the grid, with the grid's own bounds and with the raised ones.
+``--reuse ROWS [ROWS ...]`` takes the bounds of earlier ``--out`` files (of runs side by side, say) for the
+batches they hold under the same rules instead of solving again (a bound found below one incumbent holds for
+every plan: a slower one is above the incumbent, which is above the bound), so a grid run again after a
+planner change is judged against the bounds already paid for. Last, per profile, the median and worst plan
+over the bound at 1 s (``dhp-1s``) over every batch of the grid, with the grid's own bounds and with the
+raised ones.
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("results", type=Path, help="a results.json of dhp bench --suite flexsp")
     parser.add_argument("--above", type=float, default=1.05, help="plan over the bound above which a batch is tried")
     parser.add_argument("--ranks", default="64", help="comma-separated rank counts to try (default 64)")
-    parser.add_argument("--profiles", default=None, help="comma-separated profiles (default: all but stress-mixed-gpu)")
+    parser.add_argument("--profiles", default=None, help="comma-separated profiles (default: all)")
     parser.add_argument("--limit-s", type=float, default=120.0, help="seconds per batch (default 120)")
     parser.add_argument(
         "--bound",
@@ -165,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         help="the length-class LP (default) or the group-column LP of solver_models.column_bound",
     )
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
-    parser.add_argument("--reuse", type=Path, default=None, help="an earlier --out whose bounds are taken as they are")
+    parser.add_argument(
+        "--reuse", type=Path, nargs="+", default=[], help="earlier --out files whose bounds are taken as they are"
+    )
     args = parser.parse_args(argv)
     try:
         results = json.loads(args.results.read_text())
@@ -174,11 +177,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}; give a results.json of dhp bench and --ranks like 64,256", file=sys.stderr)
         return 2
     earlier: dict[tuple[Any, ...], dict[str, Any]] = {}
-    if args.reuse is not None:
+    for path in args.reuse:
         try:
-            earlier = {key_of(r): r for r in json.loads(args.reuse.read_text())["rows"]}
+            earlier.update({key_of(r): r for r in json.loads(path.read_text())["rows"]})
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            print(f"error: --reuse {args.reuse}: {exc}; give a file an earlier --out wrote", file=sys.stderr)
+            print(f"error: --reuse {path}: {exc}; give files an earlier --out wrote", file=sys.stderr)
             return 2
     if args.limit_s <= 0:
         print("error: --limit-s must be above 0", file=sys.stderr)
@@ -193,8 +196,6 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if profiles is None:
-        chosen = [r for r in chosen if r["profile"] != "stress-mixed-gpu"]
     if not chosen:
         print(f"no batch above {args.above} on {args.ranks} ranks", file=sys.stderr)
         return 0

@@ -492,7 +492,7 @@ def column_bound(
         return None
     jit.load()  # pricing runs thousands of knapsacks
     started = clock()
-    setup = first_classes(tables, upper_s, hints)
+    setup = first_classes(tables, upper_s, hints, by_kind=False)  # its columns are of one kind
     if setup is None:
         return None
     d, m_low, m_high, highs = setup

@@ -19,9 +19,23 @@ when sample i runs in it on a group of size d, and n_d the ranks of its groups o
     sum_i L_i z_id <= C n_d                        (a group of size d holds at most C d tokens)
     sum_i a_i(d) z_id <= (tau - delta_d) n_d       (a group of size d lasts b_d plus its samples' work)
     d sum_{i: L_i > C d / 2} z_id <= n_d           (two samples of over half a group never share one)
+    d z_id <= n_d                                  (a group holding a sample is in the micro-batch whole)
     z_id = 0 where b_d + t_i(d) > b + tau          (a sample finishes within its micro-batch)
 
-and every row still holds when tau is replaced by any larger length.
+and every row still holds when tau is replaced by any larger length. The whole-group row is kept only
+where d >= 2 and L_i > C d / 8 (``WHOLE_SHARE``): without it the LP may run a long sample on a sliver
+of a wide group, finishing it as soon as the whole group would while paying only its area; on short
+samples it seldom binds, and kept for every pair it makes the LP much larger.
+
+**Kinds of GPU.** On ranks of several kinds (:func:`solver_models.size_bound.gpu_kinds`: speed s_q,
+capacity C_q, N_q ranks, fastest first) a group is of the kind of its slowest rank, as in the
+group-size LP: d above runs over (kind q, size) pairs, t_i(d) and a_i(d) are taken at s_q, C at C_q,
+and a pair exists only where the size fits on the N_{<=q} ranks of kind q or faster and the sample in
+its memory. The rank row becomes one row per kind q: sum_{r,d} h^q_r(d) n_rd <= N_{<=q}, with
+h^q_r(d) the share of a group of kind r and size d that sits on ranks of kinds up to q (1 when
+r <= q; for a slower r, what the ranks of kinds q+1 to r cannot hold, over d). On one kind, or kinds
+whose faster one holds fewer tokens, everything reads as one kind with every rank the fastest and
+roomiest.
 
 **Length classes.** Lengths 0 = tau_0 < tau_1 < ... < tau_G cut (0, tau_G] into classes; class g holds
 the micro-batches with tau in (l_g, u_g] = (tau_{g-1}, tau_g]. Over a class's micro-batches let x_g be
@@ -30,6 +44,8 @@ of tau n_d. Then l_g x_g <= S_g <= u_g x_g, and as each micro-batch has l_g < ta
 0 <= n_d <= N (so that (tau - l_g)(N - n_d) >= 0),
 
     W_gd <= u_g N_gd,    W_gd <= l_g N_gd + N (S_g - l_g x_g),    sum_d W_gd <= N S_g,
+
+(over kinds: N_{<=q} for N in the middle row, and the last per kind with the weights h^q),
 
 and the rows above summed over the class hold with their right sides replaced: W_gd - delta_d N_gd
 for the time row, u_g in the finish rows, x_g for the 1 and the N. All of it is linear. The LP
@@ -60,7 +76,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from optimizer.costs.tables import CostTables
-from solver_models.size_bound import HALF, _highs
+from solver_models.size_bound import HALF, _highs, gpu_kinds, held_ranks, kind_fits
 
 FIRST_CLASSES = 16
 """Classes of the first round, spaced in log between the fastest finish of any sample and tau_G."""
@@ -70,6 +86,10 @@ SPLIT = 4
 
 NEAR = tuple(1.0 + 0.01 * step for step in range(-8, 4))
 """Factors on a hinted length where the first round puts class ends: 1% apart, from 8% below to 3% above."""
+
+WHOLE_SHARE = 1 / 8
+"""A sample of more than this share of a group's memory (groups of 2 ranks or more) gets the whole-group
+row there: a micro-batch that runs it on such a group holds the group's every rank."""
 
 SAFETY = 1e-6
 """The LP's own feasibility tolerance, taken off its value so the bound stays a bound."""
@@ -101,9 +121,20 @@ class _Data:
     pair_area: np.ndarray
     pair_length: np.ndarray  # the least micro-batch length tau in which the pair's sample finishes
     pair_heavy: np.ndarray
+    memory: float  # tokens one micro-batch holds on every rank
+    # Group columns c = q * k + j: groups of GPU kind q (of size_bound.gpu_kinds) and size index j.
+    pair_col: np.ndarray
+    col_deg: np.ndarray
+    col_delta: np.ndarray
+    col_cap: np.ndarray
+    col_ranks: np.ndarray  # N_{<=q}: the ranks a group of the column's kind may sit on
+    held: np.ndarray  # [kinds, columns] the share of a column's group ranks of kinds up to q holds at least
+    kind_ranks: np.ndarray  # [kinds] N_{<=q}
+    pair_whole: np.ndarray  # the pair gets a row of its own: its group's every rank is in its micro-batch
 
 
-def _data(tables: CostTables) -> _Data:
+def _data(tables: CostTables, by_kind: bool = True) -> _Data:
+    """The LP's data; ``by_kind`` False counts every rank as the fastest and roomiest (one kind)."""
     tables = tables.for_bounds
     deg = tables.degrees.astype(np.float64)
     t = tables.best_time
@@ -112,7 +143,22 @@ def _data(tables: CostTables) -> _Data:
     b_d = np.asarray(tables.best_group_constants, dtype=np.float64)
     cap = float(tables.rank_capacity.max())
     lengths = tables.lengths.astype(np.float64)
-    ii, jj = np.nonzero(np.arange(k)[None, :] >= tables.min_degree_index[:, None])
+    kinds = gpu_kinds(tables) if by_kind else [(float(tables.rank_speed.max()), cap, tables.n_ranks)]
+    valid = np.arange(k)[None, :] >= tables.min_degree_index[:, None]
+    ii, jj, cc, area, finish, heavy, whole = [], [], [], [], [], [], []
+    for q, (speed, kind_cap, _) in enumerate(kinds):
+        t_q = t if len(kinds) == 1 else tables.best_time_at(speed)
+        fits = valid if len(kinds) == 1 else valid & kind_fits(kinds, q, deg, lengths)
+        i_q, j_q = np.nonzero(fits)
+        ii.append(i_q)
+        jj.append(j_q)
+        cc.append(q * k + j_q)
+        area.append(t_q[i_q, j_q] * deg[j_q])
+        finish.append(b_d[j_q] + t_q[i_q, j_q] - b)
+        heavy.append(lengths[i_q] > HALF * kind_cap * deg[j_q])
+        whole.append((deg[j_q] >= 2) & (lengths[i_q] > WHOLE_SHARE * kind_cap * deg[j_q]))
+    counts = np.array([count for _, _, count in kinds], dtype=np.float64)
+    below = np.cumsum(counts)
     return _Data(
         n=n,
         k=k,
@@ -122,11 +168,20 @@ def _data(tables: CostTables) -> _Data:
         deg=deg,
         delta=b_d - b,
         lengths=lengths,
-        pair_sample=ii,
-        pair_size=jj,
-        pair_area=t[ii, jj] * deg[jj],
-        pair_length=b_d[jj] + t[ii, jj] - b,
-        pair_heavy=lengths[ii] > HALF * cap * deg[jj],
+        pair_sample=np.concatenate(ii),
+        pair_size=np.concatenate(jj),
+        pair_area=np.concatenate(area),
+        pair_length=np.concatenate(finish),
+        pair_heavy=np.concatenate(heavy),
+        memory=float(sum(kind_cap * count for _, kind_cap, count in kinds)),
+        pair_col=np.concatenate(cc),
+        col_deg=np.tile(deg, len(kinds)),
+        col_delta=np.tile(b_d - b, len(kinds)),
+        col_cap=np.repeat([kind_cap for _, kind_cap, _ in kinds], k),
+        col_ranks=np.repeat(below, k),
+        held=np.stack([held_ranks(kinds, q, deg).reshape(-1) for q in range(len(kinds))]) / np.tile(deg, len(kinds)),
+        kind_ranks=below,
+        pair_whole=np.concatenate(whole),
     )
 
 
@@ -171,28 +226,36 @@ class _Rows:
 
 
 def _length_sum_rows(
-    rows: _Rows, x: int, lengths: int, w: np.ndarray, n: np.ndarray, low: float, high: float, n_ranks: float
+    rows: _Rows, x: int, lengths: int, w: np.ndarray, n: np.ndarray, low: float, high: float, d: _Data
 ) -> None:
-    """The rows of a class (low, high] that tie S_g (column ``lengths``) and W_gd (columns ``w``) to x_g and
-    N_gd (columns ``n``): l x <= S <= u x, W_d <= u N_d, W_d <= l N_d + N (S - l x), sum_d W_d <= N S."""
+    """The rows of a class (low, high] that tie S_g (column ``lengths``) and W_gc (columns ``w``) to x_g and
+    N_gc (columns ``n``): l x <= S <= u x, W_c <= u N_c, W_c <= l N_c + N_{<=q} (S - l x) for a column of
+    kind q, and per kind q sum_c h^q_c W_c <= N_{<=q} S."""
     inf = math.inf
-    k = w.shape[0]
+    c = w.shape[0]
     pair = np.zeros(2, dtype=np.int64)
     rows.add(pair, np.array([lengths, x]), np.array([1.0, -low]), 1, 0.0, inf)
     rows.add(pair, np.array([lengths, x]), np.array([1.0, -high]), 1, -inf, 0.0)
-    per_size = np.arange(k)
+    per_col = np.arange(c)
+    rows.add(np.tile(per_col, 2), np.concatenate([w, n]), np.concatenate([np.ones(c), np.full(c, -high)]), c, -inf, 0.0)
     rows.add(
-        np.tile(per_size, 2), np.concatenate([w, n]), np.concatenate([np.ones(k), np.full(k, -high)]), k, -inf, 0.0
-    )
-    rows.add(
-        np.tile(per_size, 4),
-        np.concatenate([w, n, np.full(k, lengths), np.full(k, x)]),
-        np.concatenate([np.ones(k), np.full(k, -low), np.full(k, -n_ranks), np.full(k, n_ranks * low)]),
-        k,
+        np.tile(per_col, 4),
+        np.concatenate([w, n, np.full(c, lengths), np.full(c, x)]),
+        np.concatenate([np.ones(c), np.full(c, -low), -d.col_ranks, d.col_ranks * low]),
+        c,
         -inf,
         0.0,
     )
-    rows.add(np.zeros(k + 1, dtype=np.int64), np.append(w, lengths), np.append(np.ones(k), -n_ranks), 1, -inf, 0.0)
+    for share, ranks in zip(d.held, d.kind_ranks, strict=True):
+        on = np.flatnonzero(share > 0)
+        rows.add(
+            np.zeros(on.shape[0] + 1, dtype=np.int64),
+            np.append(w[on], lengths),
+            np.append(share[on], -ranks),
+            1,
+            -inf,
+            0.0,
+        )
 
 
 def _solve(
@@ -201,7 +264,7 @@ def _solve(
     """The LP of the module docstring on the classes ending at ``taus`` (ascending): its value and the
     classes it uses, or None when HiGHS fails or runs past ``limit_s``."""
     inf = highspy.kHighsInf
-    k = d.k
+    k = d.col_deg.shape[0]  # group columns: (kind, size)
     rows = _Rows()
     cost: list[np.ndarray] = []
     cover_cols: list[np.ndarray] = []
@@ -215,20 +278,20 @@ def _solve(
         floor, below = below, tau
         if sel.shape[0] == 0:
             continue  # such micro-batches hold nothing: they cost b each and cover no sample
-        ii, jj = d.pair_sample[sel], d.pair_size[sel]
+        ii, jj = d.pair_sample[sel], d.pair_col[sel]
         z = col + np.arange(sel.shape[0])
         n_col = col + sel.shape[0] + np.arange(k)
         x = col + sel.shape[0] + k
         lengths = x + 1  # S_g
-        w_col = lengths + 1 + np.arange(k)  # W_gd
+        w_col = lengths + 1 + np.arange(k)  # W_gc
         col = lengths + 1 + k
         cost += [np.zeros(sel.shape[0] + k), np.array([d.b, 1.0]), np.zeros(k)]
-        _length_sum_rows(rows, x, lengths, w_col, n_col, _charged(floor, tau), tau, float(d.n_ranks))
+        _length_sum_rows(rows, x, lengths, w_col, n_col, _charged(floor, tau), tau, d)
         classes.append(g)
         count_cols.append(x)
         cover_cols.append(z)
         cover_rows.append(ii)
-        # a sample at most once per micro-batch: sum_d Z_gid - x_g <= 0
+        # a sample at most once per micro-batch: sum_c Z_gic - x_g <= 0
         samples, local = np.unique(ii, return_inverse=True)
         rows.add(
             np.concatenate([local, np.arange(samples.shape[0])]),
@@ -238,15 +301,22 @@ def _solve(
             -inf,
             0.0,
         )
-        # ranks: sum_d N_gd - N x_g <= 0
-        rows.add(
-            np.zeros(k + 1, dtype=np.int64), np.append(n_col, x), np.append(np.ones(k), -float(d.n_ranks)), 1, -inf, 0.0
-        )
-        # memory and time per size: sum L Z - C N <= 0, sum a Z - (W - delta_d N) <= 0
+        # ranks, per kind q: sum_c h^q_c N_gc - N_{<=q} x_g <= 0
+        for share, ranks in zip(d.held, d.kind_ranks, strict=True):
+            on = np.flatnonzero(share > 0)
+            rows.add(
+                np.zeros(on.shape[0] + 1, dtype=np.int64),
+                np.append(n_col[on], x),
+                np.append(share[on], -float(ranks)),
+                1,
+                -inf,
+                0.0,
+            )
+        # memory and time per column: sum L Z - C_q N <= 0, sum a Z - (W - delta_d N) <= 0
         rows.add(
             np.concatenate([jj, np.arange(k)]),
             np.concatenate([z, n_col]),
-            np.concatenate([d.lengths[ii], np.full(k, -d.cap)]),
+            np.concatenate([d.lengths[ii], -d.col_cap]),
             k,
             -inf,
             0.0,
@@ -254,20 +324,31 @@ def _solve(
         rows.add(
             np.concatenate([jj, np.arange(k), np.arange(k)]),
             np.concatenate([z, n_col, w_col]),  # sum a Z + delta_d N - W <= 0
-            np.concatenate([d.pair_area[sel], d.delta, -np.ones(k)]),
+            np.concatenate([d.pair_area[sel], d.col_delta, -np.ones(k)]),
             k,
             -inf,
             0.0,
         )
+        # a group's ranks whenever it holds a sample: d Z_gic - N_gc <= 0 (pairs of groups of 2 or more)
+        wide = np.flatnonzero(d.pair_whole[sel])
+        if wide.shape[0]:
+            rows.add(
+                np.tile(np.arange(wide.shape[0]), 2),
+                np.concatenate([z[wide], n_col[jj[wide]]]),
+                np.concatenate([d.col_deg[jj[wide]], -np.ones(wide.shape[0])]),
+                wide.shape[0],
+                -inf,
+                0.0,
+            )
         heavy = d.pair_heavy[sel]
         if heavy.any():
-            sizes = np.unique(jj[heavy])
-            slot = np.searchsorted(sizes, jj[heavy])
+            cols = np.unique(jj[heavy])
+            slot = np.searchsorted(cols, jj[heavy])
             rows.add(
-                np.concatenate([slot, np.arange(sizes.shape[0])]),
-                np.concatenate([z[heavy], n_col[sizes]]),
-                np.concatenate([d.deg[jj[heavy]], -np.ones(sizes.shape[0])]),
-                sizes.shape[0],
+                np.concatenate([slot, np.arange(cols.shape[0])]),
+                np.concatenate([z[heavy], n_col[cols]]),
+                np.concatenate([d.col_deg[jj[heavy]], -np.ones(cols.shape[0])]),
+                cols.shape[0],
                 -inf,
                 0.0,
             )
@@ -315,13 +396,13 @@ def _refined(taus: list[float], used: set[int]) -> set[float]:
 
 
 def first_classes(
-    tables: CostTables, upper_s: float, hints: tuple[float, ...]
+    tables: CostTables, upper_s: float, hints: tuple[float, ...], by_kind: bool = True
 ) -> tuple[_Data, int, int, list[float]] | None:
-    """What a class LP below an incumbent of ``upper_s`` starts from: the tables' data, the fewest (M) and
-    most (K) micro-batches, and the first round's class ends (``FIRST_CLASSES`` in log up to tau_G, finer
-    near ``hints``); None when the incumbent leaves no room."""
-    d = _data(tables)
-    m_low = max(1, math.ceil(float(d.lengths.sum()) / (d.n_ranks * d.cap) * (1 - 1e-12)))
+    """What a class LP below an incumbent of ``upper_s`` starts from: the tables' data (per GPU kind unless
+    ``by_kind`` is False), the fewest (M) and most (K) micro-batches, and the first round's class ends
+    (``FIRST_CLASSES`` in log up to tau_G, finer near ``hints``); None when the incumbent leaves no room."""
+    d = _data(tables, by_kind)
+    m_low = max(1, math.ceil(float(d.lengths.sum()) / d.memory * (1 - 1e-12)))
     m_high = min(int(tables.problem.options.micro_batch_limit), d.n)
     if d.b > 0:
         m_high = min(m_high, int(math.floor(upper_s / d.b)))

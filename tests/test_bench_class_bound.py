@@ -98,6 +98,12 @@ def test_an_earlier_runs_bounds_are_reused_and_the_grid_summed_per_profile(tmp_p
     assert json.loads(again.read_text())["rows"][0]["class_bound_s"] == bound
     out = capsys.readouterr().out
     assert "| stress-group-constant | 1 |" in out  # the per-profile summary over the grid's batches
+    # several earlier runs (side by side, each on some profiles) are read together
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"rows": []}))
+    both = [*argv[: argv.index("--reuse") + 1], str(other), *argv[argv.index("--reuse") + 1 :]]
+    assert cb.main(both) == 0
+    assert json.loads(again.read_text())["rows"][0]["class_bound_s"] == bound
     # an earlier bound of the batch under other rules (another micro-batch limit) is not taken
     rows = json.loads(first.read_text())
     rows["rows"][0]["max_micro_batches"] = 3
@@ -105,7 +111,7 @@ def test_an_earlier_runs_bounds_are_reused_and_the_grid_summed_per_profile(tmp_p
     assert cb.main(argv) == 0
     assert json.loads(again.read_text())["rows"][0]["class_bound_s"] is None
     assert cb.main([str(source), "--reuse", str(tmp_path / "missing.json")]) == 2
-    assert "give a file an earlier --out wrote" in capsys.readouterr().err
+    assert "give files an earlier --out wrote" in capsys.readouterr().err
 
 
 def test_the_group_column_bound_on_the_same_batch(tmp_path):

@@ -305,18 +305,11 @@ def test_group_size_lp_over_gpu_kinds_never_exceeds_the_optimum(monkeypatch):
         value = sb.size_bound(tables)
         assert value is not None and value <= optimum * (1 + 1e-9), f"seed {seed} {tags}: {value} > {optimum}"
         with monkeypatch.context() as patched:
-            patched.setattr(
-                sb, "gpu_kinds", lambda t: [(float(t.rank_speed.max()), float(t.rank_capacity.max()), t.n_ranks)]
-            )
+            patched.setattr(sb, "gpu_kinds", _one_kind)
             single = sb.size_bound(tables)
         raised += single is not None and value > single * 1.001
         with monkeypatch.context() as patched:
-            patched.setattr(sb, "kind_fits", lambda kinds, q, deg, lengths: np.ones((len(lengths), len(deg)), bool))
-            patched.setattr(
-                sb,
-                "held_ranks",
-                lambda kinds, q, deg: np.array([deg * (r <= q) for r in range(len(kinds))], dtype=np.float64),
-            )
+            _loosen_kinds(patched, sb)
             loose = sb.size_bound(tables)
         spans += loose is not None and value > loose * 1.001
         checked += 1
@@ -327,13 +320,14 @@ def test_group_size_lp_over_gpu_kinds_never_exceeds_the_optimum(monkeypatch):
 
 def test_length_class_lp_never_exceeds_the_optimum(monkeypatch):
     """The LP over micro-batch length classes (solver_models.length_class_bound) against the oracle,
-    under two incumbents; it is the largest bound on some instances, and a wrong variant (a class's
+    under two incumbents; it is the largest bound on some instances, its whole-group rows raise it on
+    some (a long sample no longer runs on a sliver of a wide group), and a wrong variant (a class's
     micro-batches charged their longest length, not their shortest) exceeds the optimum on some."""
     pytest.importorskip("highspy")
     from solver_models import length_class_bound as lc
     from solver_models import size_bound as sb
 
-    checked = binding = wrong_caught = 0
+    checked = binding = wrong_caught = whole = 0
     for seed, tags, _, tables, optimum in _solved_cases():
         for upper in (optimum * 1.5, optimum * 1.05):
             found = lc.length_class_bound(tables, upper, rounds=4)
@@ -347,10 +341,60 @@ def test_length_class_lp_never_exceeds_the_optimum(monkeypatch):
             patched.setattr(lc, "_charged", lambda low, high: high)
             wrong = lc.length_class_bound(tables, optimum * 1.5, rounds=4)
         wrong_caught += wrong is not None and wrong.bound_s > optimum * (1 + 1e-9)
+        with monkeypatch.context() as patched:
+            patched.setattr(lc, "WHOLE_SHARE", math.inf)
+            partial = lc.length_class_bound(tables, optimum * 1.05, rounds=4)
+        whole += partial is not None and found.bound_s > partial.bound_s * 1.001
         checked += 1
     assert checked >= 150
     assert binding >= 3, binding
     assert wrong_caught >= 1
+    assert whole >= 10, whole
+
+
+def test_length_class_lp_over_gpu_kinds_never_exceeds_the_optimum(monkeypatch):
+    """On clusters of two GPU kinds the class LP's groups are of a kind (the speed and memory of their
+    slowest rank, on ranks of that kind or faster): never above the oracle's optimum; above the LP that
+    counts every rank as the fastest and roomiest on some instances; and above the LP whose groups of the
+    slow kind may be wider than its ranks or hold more than its memory, and use none of the fast ranks."""
+    pytest.importorskip("highspy")
+    from solver_models import length_class_bound as lc
+    from solver_models import size_bound as sb
+
+    checked = raised = spans = 0
+    for seed, tags, _, tables, optimum in _solved_cases():
+        if not tags["shape"].endswith("-mixed") or len(sb.gpu_kinds(tables.for_bounds)) < 2:
+            continue
+        found = lc.length_class_bound(tables, optimum * 1.05, rounds=4)
+        assert found is not None and found.bound_s <= optimum * (1 + 1e-9), f"seed {seed} {tags}: {found}"
+        with monkeypatch.context() as patched:
+            patched.setattr(lc, "gpu_kinds", _one_kind)
+            single = lc.length_class_bound(tables, optimum * 1.05, rounds=4)
+        raised += single is not None and found.bound_s > single.bound_s * 1.001
+        with monkeypatch.context() as patched:
+            _loosen_kinds(patched, lc)
+            loose = lc.length_class_bound(tables, optimum * 1.05, rounds=4)
+        spans += loose is not None and found.bound_s > loose.bound_s * 1.001
+        checked += 1
+    assert checked >= 10, checked
+    assert raised >= 1, raised
+    assert spans >= 1, spans
+
+
+def _loosen_kinds(patched: pytest.MonkeyPatch, module: object) -> None:
+    """An LP over GPU kinds (``module``: size_bound or length_class_bound) whose groups of a slow kind may be
+    wider than its ranks or hold more than its memory, and use none of the fast ranks."""
+    patched.setattr(module, "kind_fits", lambda kinds, q, deg, lengths: np.ones((len(lengths), len(deg)), bool))
+    patched.setattr(
+        module,
+        "held_ranks",
+        lambda kinds, q, deg: np.array([deg * (r <= q) for r in range(len(kinds))], dtype=np.float64),
+    )
+
+
+def _one_kind(tables: CostTables) -> list[tuple[float, float, int]]:
+    """size_bound.gpu_kinds as if every rank were the fastest and roomiest."""
+    return [(float(tables.rank_speed.max()), float(tables.rank_capacity.max()), tables.n_ranks)]
 
 
 def _ticks():
@@ -372,7 +416,8 @@ def _slowest_alone(tables, d, micro_batches):
 
 def test_column_generation_lp_never_exceeds_the_optimum(monkeypatch):
     """The group-column LP (solver_models.column_bound) against the oracle, under two incumbents; it is
-    at least the length-class LP on the same classes, the largest bound on some instances, and a wrong
+    at least the length-class LP on the same classes when that LP too counts every rank as the fastest
+    and roomiest (the column LP knows no GPU kinds), the largest bound on some instances, and a wrong
     variant (each class's micro-batches charged their longest length) exceeds the optimum on some."""
     pytest.importorskip("highspy")
     from solver_models import column_bound as cb
@@ -388,7 +433,9 @@ def test_column_generation_lp_never_exceeds_the_optimum(monkeypatch):
             assert found.bound_s <= optimum * (1 + 1e-9), (
                 f"seed {seed} {tags}: column bound {found.bound_s} above the optimum {optimum} (upper {upper})"
             )
-        classes = lc.length_class_bound(tables, optimum * 1.05, rounds=1)
+        with monkeypatch.context() as patched:
+            patched.setattr(lc, "gpu_kinds", _one_kind)
+            classes = lc.length_class_bound(tables, optimum * 1.05, rounds=1)
         assert classes is not None
         assert found.bound_s >= classes.bound_s * (1 - cb.CLOSE), (
             f"seed {seed} {tags}: below the class LP {found.bound_s} {classes.bound_s}"
