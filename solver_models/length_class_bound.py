@@ -137,8 +137,7 @@ def _data(tables: CostTables, by_kind: bool = True) -> _Data:
     """The LP's data; ``by_kind`` False counts every rank as the fastest and roomiest (one kind)."""
     tables = tables.for_bounds
     deg = tables.degrees.astype(np.float64)
-    t = tables.best_time
-    n, k = t.shape
+    n, k = tables.n_samples, deg.shape[0]
     b = float(tables.group_constant)
     b_d = np.asarray(tables.best_group_constants, dtype=np.float64)
     cap = float(tables.rank_capacity.max())
@@ -147,7 +146,7 @@ def _data(tables: CostTables, by_kind: bool = True) -> _Data:
     valid = np.arange(k)[None, :] >= tables.min_degree_index[:, None]
     ii, jj, cc, area, finish, heavy, whole = [], [], [], [], [], [], []
     for q, (speed, kind_cap, _) in enumerate(kinds):
-        t_q = t if len(kinds) == 1 else tables.best_time_at(speed)
+        t_q = tables.best_time_at(speed)  # best_time itself at the fastest speed
         fits = valid if len(kinds) == 1 else valid & kind_fits(kinds, q, deg, lengths)
         i_q, j_q = np.nonzero(fits)
         ii.append(i_q)
