@@ -245,14 +245,20 @@ def _length_sum_rows(
         -inf,
         0.0,
     )
+    _per_kind_rows(rows, d, w, lengths)
+
+
+def _per_kind_rows(rows: _Rows, d: _Data, cols: np.ndarray, total: int) -> None:
+    """Per GPU kind q: sum_c h^q_c cols[c] - N_{<=q} total <= 0 (the share of each column's groups on ranks of
+    kinds up to q, against those ranks)."""
     for share, ranks in zip(d.held, d.kind_ranks, strict=True):
         on = np.flatnonzero(share > 0)
         rows.add(
             np.zeros(on.shape[0] + 1, dtype=np.int64),
-            np.append(w[on], lengths),
-            np.append(share[on], -ranks),
+            np.append(cols[on], total),
+            np.append(share[on], -float(ranks)),
             1,
-            -inf,
+            -math.inf,
             0.0,
         )
 
@@ -300,17 +306,7 @@ def _solve(
             -inf,
             0.0,
         )
-        # ranks, per kind q: sum_c h^q_c N_gc - N_{<=q} x_g <= 0
-        for share, ranks in zip(d.held, d.kind_ranks, strict=True):
-            on = np.flatnonzero(share > 0)
-            rows.add(
-                np.zeros(on.shape[0] + 1, dtype=np.int64),
-                np.append(n_col[on], x),
-                np.append(share[on], -float(ranks)),
-                1,
-                -inf,
-                0.0,
-            )
+        _per_kind_rows(rows, d, n_col, x)  # ranks, per kind q: sum_c h^q_c N_gc - N_{<=q} x_g <= 0
         # memory and time per column: sum L Z - C_q N <= 0, sum a Z - (W - delta_d N) <= 0
         rows.add(
             np.concatenate([jj, np.arange(k)]),
